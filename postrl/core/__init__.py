@@ -1,0 +1,63 @@
+"""postrl.core: the math of the notes as pure functions on torch tensors.
+
+No I/O, no models, no global state; time on the last dimension (``[..., T]``); inputs never modified.
+See DESIGN.md, "The core API".
+"""
+
+from postrl.core.distributions import diag_gaussian_entropy, diag_gaussian_log_prob
+from postrl.core.grpo import GRPO_LOSS_TYPES, group_advantages, grpo_loss
+from postrl.core.kl import (
+    KL_KINDS,
+    AdaptiveKLController,
+    FixedKLController,
+    kl_estimate,
+    kl_shaped_rewards,
+)
+from postrl.core.policy_gradient import (
+    clipped_surrogate,
+    entropy_from_logits,
+    ppo_clip_loss,
+    reinforce_loss,
+    value_loss,
+)
+from postrl.core.preferences import pairwise_loss, preference_loss
+from postrl.core.returns import discounted_returns, gae, td_errors
+from postrl.core.stats import masked_mean, masked_sum, masked_whiten
+from postrl.core.trpo import (
+    backtracking_line_search,
+    conjugate_gradient,
+    flat_grad,
+    flat_params,
+    set_flat_params,
+)
+
+__all__ = [
+    "GRPO_LOSS_TYPES",
+    "KL_KINDS",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "backtracking_line_search",
+    "clipped_surrogate",
+    "conjugate_gradient",
+    "diag_gaussian_entropy",
+    "diag_gaussian_log_prob",
+    "discounted_returns",
+    "entropy_from_logits",
+    "flat_grad",
+    "flat_params",
+    "gae",
+    "group_advantages",
+    "grpo_loss",
+    "kl_estimate",
+    "kl_shaped_rewards",
+    "masked_mean",
+    "masked_sum",
+    "masked_whiten",
+    "pairwise_loss",
+    "preference_loss",
+    "ppo_clip_loss",
+    "reinforce_loss",
+    "set_flat_params",
+    "td_errors",
+    "value_loss",
+]

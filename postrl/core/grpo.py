@@ -1,0 +1,162 @@
+"""Group Relative Policy Optimization: group-normalised advantages and the GRPO loss family.
+
+GRPO (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300) samples G responses per prompt and uses the
+group-normalised reward as every token's advantage; Dr. GRPO (Liu et al. 2025, arXiv:2503.20783) removes the
+std scaling and the per-response length normalisation; DAPO (Yu et al. 2025, arXiv:2503.14476) adds
+clip-higher (ε_high > ε) and token-level averaging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from postrl.core.kl import kl_estimate
+from postrl.core.policy_gradient import clipped_surrogate
+from postrl.core.stats import _fill, masked_mean
+
+__all__ = ["GRPO_LOSS_TYPES", "group_advantages", "grpo_loss"]
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, eps: float = 1e-4, scale: bool = True
+) -> torch.Tensor:
+    """Group-relative advantages (Shao et al. 2024, §4.1.2 "outcome supervision").
+
+        A_i = (r_i − mean_g(r)) / (std_g(r) + eps)      (scale=True, GRPO)
+        A_i = r_i − mean_g(r)                           (scale=False, Dr. GRPO, Liu et al. 2025)
+
+    std_g is ``torch.std`` (Bessel-corrected). A group whose rewards are all equal (including G = 1) gives
+    exactly 0 for each of its members, whatever rounding the mean has.
+
+    Args:
+        rewards: ``[n·G]`` rewards, the G responses of each prompt contiguous (other shapes are flattened in
+            row-major order and the result is reshaped back).
+        group_size: G.
+        eps: added to the std.
+        scale: divide by the group std (GRPO) or not (Dr. GRPO).
+
+    Returns:
+        Advantages of the shape of ``rewards``, detached.
+
+    Raises:
+        ValueError: if the number of rewards is not a multiple of ``group_size``.
+    """
+    if group_size < 1 or rewards.numel() % group_size != 0:
+        raise ValueError(
+            f"group_advantages: {rewards.numel()} rewards cannot be split into groups of {group_size}"
+        )
+    with torch.no_grad():
+        groups = rewards.reshape(-1, group_size)  # (n, G)
+        centered = groups - groups.mean(dim=-1, keepdim=True)
+        if scale and group_size > 1:
+            centered = centered / (groups.std(dim=-1, keepdim=True) + eps)
+        constant = (groups == groups[:, :1]).all(dim=-1, keepdim=True)  # (n, 1)
+        advantages = torch.where(constant, torch.zeros_like(centered), centered)
+    return advantages.reshape(rewards.shape)
+
+
+# Each aggregation maps masked per-token losses [B, T] (0 on padding) to a scalar.
+# `normalizer` overrides the denominator with a global count so that micro-batch / shard losses sum to the
+# full-batch loss: the global number of responses (grpo), of tokens (token), of responses × max_len (dr_grpo).
+Aggregation = Callable[..., torch.Tensor]  # (per_token, mask, max_len, normalizer) -> loss
+
+
+def _grpo_mean(per_token: torch.Tensor, mask: torch.Tensor, max_len, normalizer) -> torch.Tensor:
+    """Shao et al. 2024, eq. 3: (1/G) Σ_i (1/|o_i|) Σ_t ℓ_{i,t}."""
+    lengths = mask.sum(dim=-1).clamp(min=1.0)
+    per_response = per_token.sum(dim=-1) / lengths  # [B]
+    denom = per_token.shape[0] if normalizer is None else normalizer
+    return per_response.sum() / denom
+
+
+def _token_mean(per_token: torch.Tensor, mask: torch.Tensor, max_len, normalizer) -> torch.Tensor:
+    """DAPO (Yu et al. 2025), eq. 12: Σ_{i,t} ℓ_{i,t} / Σ_i |o_i|."""
+    denom = mask.sum().clamp(min=1.0) if normalizer is None else normalizer
+    return per_token.sum() / denom
+
+
+def _dr_grpo(per_token: torch.Tensor, mask: torch.Tensor, max_len, normalizer) -> torch.Tensor:
+    """Dr. GRPO (Liu et al. 2025): Σ_{i,t} ℓ_{i,t} / (B · max_len), a constant denominator."""
+    if normalizer is None:
+        normalizer = per_token.shape[0] * (mask.shape[-1] if max_len is None else max_len)
+    return per_token.sum() / normalizer
+
+
+GRPO_LOSS_TYPES: dict[str, Aggregation] = {"grpo": _grpo_mean, "token": _token_mean, "dr_grpo": _dr_grpo}
+
+
+def grpo_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    beta: float,
+    loss_type: str = "grpo",
+    *,
+    clip_eps_high: float | None = None,
+    max_len: int | None = None,
+    normalizer: float | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GRPO clipped surrogate with a k3 KL penalty, aggregated per ``loss_type``.
+
+        ρ_{i,t} = exp(log π − log π_old),  k3_{i,t} = kl_estimate(log π, log π_ref, "k3")
+        ℓ_{i,t} = −[ min(ρ A_i, clip(ρ, 1−ε, 1+ε_high) A_i) − β k3_{i,t} ]
+
+    ``loss_type`` (see ``GRPO_LOSS_TYPES``):
+        ``"grpo"``:    mean over each response's tokens, then over responses (Shao et al. 2024, eq. 3);
+        ``"token"``:   sum over all tokens / number of tokens (DAPO, Yu et al. 2025);
+        ``"dr_grpo"``: sum over all tokens / (B · max_len) (Liu et al. 2025).
+
+    Args:
+        log_probs: ``[B, T]`` log π of the response tokens, differentiable.
+        old_log_probs: ``[B, T]`` log π_old (sampling policy), detached.
+        ref_log_probs: ``[B, T]`` log π_ref, or None when ``beta == 0``.
+        advantages: ``[B]`` (one per response, e.g. from :func:`group_advantages`), or ``[B, 1]``/``[B, T]``.
+        mask: ``[B, T]`` bool/float 0/1 response mask.
+        clip_eps: ε.
+        beta: KL coefficient β.
+        loss_type: ``"grpo"``, ``"token"`` or ``"dr_grpo"``.
+        clip_eps_high: ε_high (DAPO clip-higher); defaults to ``clip_eps``.
+        max_len: the L of Dr. GRPO; defaults to the mask's width T.
+        normalizer: global denominator for gradient accumulation / data parallelism: the global number of
+            responses (grpo), of response tokens (token), or of responses × max_len (dr_grpo). Give every
+            micro-batch the same value and the sum of their losses equals the full-batch loss. For
+            ``dr_grpo`` it replaces ``B · max_len``.
+
+    Returns:
+        ``(loss, stats)``: 0-dim loss and detached 0-dim local stats: ``clip_fraction`` (as
+        :func:`ppo_clip_loss`), ``kl`` (masked mean k3; 0 when ``ref_log_probs`` is None), ``ratio_mean``.
+
+    Raises:
+        ValueError: unknown ``loss_type``, or ``beta != 0`` without ``ref_log_probs``.
+    """
+    if loss_type not in GRPO_LOSS_TYPES:
+        raise ValueError(f"grpo_loss: unknown loss_type {loss_type!r}; valid: {sorted(GRPO_LOSS_TYPES)}")
+    if ref_log_probs is None and beta != 0:
+        raise ValueError("grpo_loss: ref_log_probs is required when beta != 0")
+    real = mask != 0
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)  # [B, 1]
+    log_probs = _fill(log_probs, real)
+    old_log_probs = _fill(old_log_probs.detach(), real)
+    advantages = _fill(advantages.detach(), real)  # [B, T]
+    ratio = torch.exp(log_probs - old_log_probs)
+    surrogate, clipped = clipped_surrogate(ratio, advantages, clip_eps, clip_eps_high)
+    per_token = -surrogate
+    kl = None
+    if ref_log_probs is not None:
+        kl = kl_estimate(log_probs, _fill(ref_log_probs.detach(), real), "k3")
+        per_token = per_token + beta * kl
+    per_token = _fill(per_token, real)
+    loss = GRPO_LOSS_TYPES[loss_type](per_token, real.to(per_token.dtype), max_len, normalizer)
+    with torch.no_grad():
+        stats = {
+            "clip_fraction": masked_mean(clipped.to(ratio.dtype), real),
+            "kl": torch.zeros((), dtype=ratio.dtype) if kl is None else masked_mean(kl, real),
+            "ratio_mean": masked_mean(ratio, real),
+        }
+    return loss, stats
