@@ -1,0 +1,181 @@
+"""Checkpoints written atomically: a temp folder, fsync, then one rename.
+
+A checkpoint is a folder ``root/step_{step:08d}/`` holding ``{name}.safetensors`` for every module
+and ``state.pt`` for everything else (optimizers, schedulers, the step, every RNG state, ``extra``).
+``state.pt`` holds only tensors and plain python, and is read with ``torch.load(weights_only=True)``,
+so loading a checkpoint never runs code. A crash before the rename leaves the previous checkpoint
+untouched; a crash after it leaves the new one complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_model, save_model
+
+from postrl.runtime.seeding import get_rng_state, set_rng_state
+
+STATE_FILE = "state.pt"
+PREFIX = "step_"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some platforms cannot open a folder; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same folder, fsync, rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _to_safe(x: Any) -> Any:
+    """numpy arrays and scalars → tensors / python numbers, so ``weights_only`` loading accepts them."""
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(x))
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, Mapping):
+        return {k: _to_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_safe(v) for v in x)
+    return x
+
+
+def _fsync_tree(folder: Path) -> None:
+    for file in folder.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(folder)
+
+
+def step_dir(root: str | Path, step: int) -> Path:
+    return Path(root) / f"{PREFIX}{step:08d}"
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints under ``root``, oldest first (temp folders are ignored)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)]
+    found = [p for p in found if (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest complete checkpoint under ``root``, or None."""
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    *,
+    modules: Mapping[str, torch.nn.Module],
+    optimizers: Mapping[str, torch.optim.Optimizer] | None = None,
+    schedulers: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+    keep_last: int = 3,
+    write_files: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write checkpoint ``root/step_{step:08d}`` atomically and keep the newest ``keep_last``.
+
+    ``extra`` holds plain python, tensors or numpy arrays (stored as tensors). ``write_files(tmp)``
+    may add files (e.g. a ``save_pretrained`` export) inside the folder before it is renamed into place.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = step_dir(root, step)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
+    try:
+        for name, module in modules.items():
+            save_model(module, str(tmp / f"{name}.safetensors"))
+        state = {
+            "step": int(step),
+            "optimizers": {k: o.state_dict() for k, o in (optimizers or {}).items()},
+            "schedulers": {k: s.state_dict() for k, s in (schedulers or {}).items()},
+            "rng": get_rng_state(),
+            "extra": _to_safe(dict(extra or {})),
+        }
+        torch.save(state, tmp / STATE_FILE)
+        if write_files is not None:
+            write_files(tmp)
+        _fsync_tree(tmp)
+        if final.exists():  # re-saving a step: move the old one aside, then swap
+            old = root / f".old-{final.name}-{os.getpid()}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep_last > 0:
+        for old in list_checkpoints(root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    modules: Mapping[str, torch.nn.Module] | None = None,
+    optimizers: Mapping[str, torch.optim.Optimizer] | None = None,
+    schedulers: Mapping[str, Any] | None = None,
+    restore_rng: bool = True,
+    map_location: str | torch.device = "cpu",
+) -> dict[str, Any]:
+    """Load checkpoint folder ``path`` into the given objects; return ``{"step", "extra"}``."""
+    path = Path(path)
+    if not (path / STATE_FILE).is_file():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (no {STATE_FILE})")
+    for name, module in (modules or {}).items():
+        file = path / f"{name}.safetensors"
+        if not file.is_file():
+            raise FileNotFoundError(f"checkpoint {path} has no weights for '{name}' ({file.name})")
+        load_model(module, str(file), strict=True, device=str(map_location))
+    state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True)
+    for name, opt in (optimizers or {}).items():
+        opt.load_state_dict(state["optimizers"][name])
+    for name, sched in (schedulers or {}).items():
+        sched.load_state_dict(state["schedulers"][name])
+    if restore_rng:
+        set_rng_state(state["rng"])
+    return {"step": state["step"], "extra": state["extra"], "rng": state["rng"]}

@@ -1,0 +1,327 @@
+"""Configs: frozen dataclasses loaded from YAML, then overridden on the command line.
+
+A config is a ``@dataclass(frozen=True)`` whose fields each carry a docstring (a string literal under
+the field); that docstring is the ``--help`` text. Nested dataclasses group fields per concern
+(``ppo.clip_eps``). Every key is checked: an unknown or mistyped key raises :class:`ConfigError` that
+names the dotted key and suggests the closest valid one.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import textwrap
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from postrl.runtime.errors import UserError
+
+T = TypeVar("T")
+
+
+class ConfigError(UserError, ValueError):
+    """A config file or override that does not match the config's dataclass."""
+
+
+def _suggest(key: str, valid: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    return f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(sorted(valid))}"
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Return ``value`` converted to type ``tp``, or raise ConfigError naming ``key``."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        return _coerce_union(value, typing.get_args(tp), key)
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            choices = ", ".join(repr(a) for a in typing.get_args(tp))
+            raise ConfigError(f"'{key}': {value!r} is not one of {choices}")
+        return value
+    if origin in (list, tuple, Sequence):
+        return _coerce_sequence(value, tp, key)
+    if origin is dict or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"'{key}': expected a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"'{key}': expected a mapping of {tp.__name__} fields, got {value!r}")
+        return _from_dict(tp, value, prefix=f"{key}.")
+    return _coerce_scalar(value, tp, key)
+
+
+def _coerce_union(value: Any, args: tuple[Any, ...], key: str) -> Any:
+    if value is None and type(None) in args:
+        return None
+    errors = []
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _coerce(value, arg, key)
+        except ConfigError as err:
+            errors.append(str(err))
+    raise ConfigError(errors[0] if errors else f"'{key}': cannot be None")
+
+
+def _coerce_sequence(value: Any, tp: Any, key: str) -> Any:
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"'{key}': expected a list, got {value!r}")
+    item_tp, *rest = typing.get_args(tp) or (Any,)
+    items = [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    return tuple(items) if typing.get_origin(tp) is tuple or rest else items
+
+
+_NO = object()  # "this converter does not accept the value"
+
+
+def _to_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+        return value.lower() in ("true", "yes", "1")
+    return _NO
+
+
+def _to_int(value: Any) -> Any:
+    if isinstance(value, bool):
+        return _NO
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        value = _to_float(value)  # "1e5" from the command line
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # YAML reads 1e5 as a float; an integral one is a fine int
+    return _NO
+
+
+def _to_float(value: Any) -> Any:
+    if isinstance(value, bool):
+        return _NO
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)  # PyYAML reads "1e-3" (no dot) as a string
+        except ValueError:
+            return _NO
+    return _NO
+
+
+def _to_str(value: Any) -> Any:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return _NO
+
+
+_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+
+
+def _coerce_scalar(value: Any, tp: Any, key: str) -> Any:
+    convert = _SCALARS.get(tp)
+    if convert is not None:
+        out = convert(value)
+    else:
+        out = value if isinstance(tp, type) and isinstance(value, tp) else _NO
+    if out is _NO:
+        name = getattr(tp, "__name__", str(tp))
+        raise ConfigError(f"'{key}': expected {name}, got {value!r}")
+    return out
+
+
+def _from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
+    types_ = _field_types(cls)
+    unknown = [k for k in data if k not in types_]
+    if unknown:
+        key = unknown[0]
+        valid = [prefix + name for name in types_]
+        raise ConfigError(f"unknown config key '{prefix}{key}'{_suggest(prefix + key, valid)}")
+    kwargs = {k: _coerce(v, types_[k], prefix + k) for k, v in data.items()}
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name not in kwargs
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ConfigError(f"missing required config key '{prefix}{missing[0]}'")
+    return cls(**kwargs)
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any] | None) -> T:
+    """Build config ``cls`` (a dataclass, possibly nested) from a plain mapping, checking every key."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"a config must be a mapping of keys to values, got {type(data).__name__}")
+    return _from_dict(cls, data)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The config as plain python (nested dicts, lists), ready for YAML or JSON."""
+    out = dataclasses.asdict(cfg)
+    return _plain(out)
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"ppo.clip_eps=0.1"`` → ``(["ppo", "clip_eps"], 0.1)``; the value is read as YAML (safe)."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' is not of the form key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip().lstrip("-").replace("-", "_")
+    if not key:
+        raise ConfigError(f"override '{text}' has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def merge_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``a.b=value`` override applied (nested dicts created)."""
+    merged = _deepcopy_dict(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = merged
+        for part in path[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {} if child is None else _as_dict(child)
+                node[part] = child
+            node = child
+        node[path[-1]] = value
+    return merged
+
+
+def _as_dict(x: Any) -> dict[str, Any]:
+    return to_dict(x) if dataclasses.is_dataclass(x) else dict(x)
+
+
+def _deepcopy_dict(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _deepcopy_dict(v) if isinstance(v, Mapping) else v for k, v in d.items()}
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping (safe loader); errors name the file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: invalid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
+    return data
+
+
+def load_config(
+    cls: type[T],
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    base: Mapping[str, Any] | None = None,
+) -> T:
+    """Config ``cls`` from ``base`` (a mapping), then the YAML file at ``path``, then ``a.b=value`` overrides."""
+    data: dict[str, Any] = _deepcopy_dict(base or {})
+    if path is not None:
+        data = _deep_merge(data, read_yaml(path))
+    where = f" (in {path})" if path is not None else ""
+    try:
+        return from_dict(cls, merge_overrides(data, overrides))
+    except ConfigError as err:
+        raise ConfigError(f"{err}{where}") from None
+
+
+def _deep_merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    """Write the resolved config as YAML (atomically)."""
+    from postrl.runtime.checkpoint import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+@cache
+def field_help(cls: type) -> dict[str, str]:
+    """The docstring under each field of dataclass ``cls`` (its ``--help`` text), by field name."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:], strict=False):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
+    """``(dotted key, default, help)`` for every leaf field of config ``cls``: the override reference."""
+    rows: list[tuple[str, str, str]] = []
+    docs = field_help(cls)
+    types_ = _field_types(cls)
+    for f in dataclasses.fields(cls):
+        tp = types_[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows += describe(tp, prefix=f"{prefix}{f.name}.")
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = repr(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            default = repr(f.default_factory())
+        else:
+            default = "(required)"
+        rows.append((prefix + f.name, default, docs.get(f.name, "")))
+    return rows
+
+
+def format_help(cls: type) -> str:
+    """A help paragraph listing every overridable key with its default and docstring."""
+    lines = ["config keys (override with key=value, e.g. ppo.clip_eps=0.1):"]
+    for key, default, doc in describe(cls):
+        lines.append(f"  {key} = {default}" + (f"\n      {doc}" if doc else ""))
+    return "\n".join(lines)

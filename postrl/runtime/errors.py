@@ -1,0 +1,9 @@
+"""Errors caused by the user's input (a config, a data file, a reward function).
+
+The CLI prints these as one clear message (no traceback) and exits with status 2; anything else is a
+bug in postrl and keeps its traceback.
+"""
+
+
+class UserError(Exception):
+    """Bad input: the message says what and where (file, line, key, sample)."""

@@ -1,0 +1,140 @@
+"""A run folder: ``config.yaml``, ``metrics.jsonl``, optional TensorBoard, and ``summary.json``.
+
+``metrics.jsonl`` holds one JSON object per logged step, with ``step`` and ``time`` (wall seconds
+since the logger started, continuing across a resume). ``summary.json`` holds the final metrics plus
+``wall_seconds`` and ``peak_rss_mb`` and is written at the end of every training command.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from postrl.runtime.checkpoint import atomic_write_text
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process, in MiB (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Read a JSONL file; a malformed line raises ValueError naming the file and line."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: malformed JSON: {err.msg}") from None
+    return rows
+
+
+def _jsonable(value: Any) -> Any:
+    """Tensors and numpy numbers → python; NaN/inf → None (JSON has no NaN)."""
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class RunLogger:
+    """Writes a run folder's metrics. With ``enabled=False`` (ranks other than 0) it writes nothing."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        config: Any = None,
+        tensorboard: bool = False,
+        enabled: bool = True,
+        resume: bool = False,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.enabled = enabled
+        self._start = time.perf_counter()
+        self._time_offset = 0.0
+        self._tb = None
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        if resume and self.metrics_path.exists():
+            rows = read_jsonl(self.metrics_path)
+            self._time_offset = float(rows[-1].get("time", 0.0)) if rows else 0.0
+        elif self.metrics_path.exists():
+            self.metrics_path.unlink()
+        if config is not None:
+            from postrl.runtime.config import save_config
+
+            save_config(config, self.run_dir / "config.yaml")
+        if tensorboard:
+            self._tb = _open_tensorboard(self.run_dir / "tb")
+
+    @property
+    def elapsed(self) -> float:
+        """Wall seconds of this run, including the time before a resume."""
+        return self._time_offset + time.perf_counter() - self._start
+
+    def truncate_after(self, step: int) -> None:
+        """Drop logged rows past ``step`` (a resumed run replays from its checkpoint's step)."""
+        if not self.enabled or not self.metrics_path.exists():
+            return
+        rows = [r for r in read_jsonl(self.metrics_path) if r.get("step", 0) <= step]
+        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
+        self._time_offset = float(rows[-1].get("time", 0.0)) if rows else 0.0
+        self._start = time.perf_counter()
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Append one row ``{"step", "time", **metrics}`` to metrics.jsonl (and TensorBoard)."""
+        if not self.enabled:
+            return
+        row = {"step": int(step), "time": round(self.elapsed, 4), **_jsonable(metrics)}
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(key, value, int(step))
+
+    def finish(self, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write summary.json: ``metrics`` plus ``wall_seconds`` and ``peak_rss_mb``; return it."""
+        summary = {
+            **_jsonable(dict(metrics or {})),
+            "wall_seconds": round(self.elapsed, 3),
+            "peak_rss_mb": round(peak_rss_mb(), 1),
+        }
+        if self.enabled:
+            atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        self.close()
+        return summary
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def _open_tensorboard(log_dir: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # optional extra: say so instead of failing the run
+        print(
+            "postrl: tensorboard is not installed (pip install 'postrl[tensorboard]'); "
+            "metrics go to metrics.jsonl only",
+            file=sys.stderr,
+        )
+        return None
+    return SummaryWriter(log_dir=str(log_dir))

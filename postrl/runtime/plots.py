@@ -1,0 +1,40 @@
+"""Learning-curve PNGs (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def plot_curves(
+    rows: Sequence[dict[str, Any]],
+    keys: Sequence[str],
+    path: str | Path,
+    x: str = "step",
+    title: str | None = None,
+) -> Path | None:
+    """Plot each metric in ``keys`` against ``x`` (one panel per key); None when nothing to plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in keys if any(r.get(k) is not None for r in rows)]
+    if not keys:
+        return None
+    fig, axes = plt.subplots(len(keys), 1, figsize=(7, 2.6 * len(keys)), squeeze=False, sharex=True)
+    for ax, key in zip(axes[:, 0], keys, strict=True):
+        pts = [(r[x], r[key]) for r in rows if r.get(key) is not None and r.get(x) is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.5)
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel(x)
+    if title:
+        axes[0, 0].set_title(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,100 @@
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from postrl.runtime.config import (
+    ConfigError,
+    field_help,
+    format_help,
+    from_dict,
+    load_config,
+    parse_override,
+    to_dict,
+)
+
+
+@dataclass(frozen=True)
+class Optim:
+    lr: float = 3e-4
+    """Adam learning rate."""
+    max_grad_norm: float | None = 0.5
+    """Global gradient-norm clip; null turns it off."""
+
+
+@dataclass(frozen=True)
+class Cfg:
+    env: str = "CartPole-v1"
+    """Gymnasium id."""
+    n_envs: int = 8
+    """Parallel environments."""
+    anneal: bool = True
+    """Anneal the learning rate."""
+    kind: Literal["grpo", "token"] = "grpo"
+    """Aggregation."""
+    hidden: tuple[int, ...] = (64, 64)
+    """MLP sizes."""
+    optim: Optim = field(default_factory=Optim)
+    """Optimiser."""
+
+
+def test_defaults_and_nested_values():
+    cfg = from_dict(Cfg, {"n_envs": 4, "optim": {"lr": 1}})
+    assert cfg.n_envs == 4 and cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)
+    assert cfg.optim.max_grad_norm == 0.5 and cfg.hidden == (64, 64)
+
+
+def test_unknown_key_names_it_and_suggests_the_closest():
+    with pytest.raises(ConfigError, match=r"unknown config key 'n_env'.*did you mean 'n_envs'"):
+        from_dict(Cfg, {"n_env": 4})
+    with pytest.raises(ConfigError, match=r"'optim.learning_rat'.*"):
+        from_dict(Cfg, {"optim": {"learning_rat": 1e-3}})
+    with pytest.raises(ConfigError, match=r"did you mean 'optim.max_grad_norm'"):
+        from_dict(Cfg, {"optim": {"max_grad_nrm": 1.0}})
+
+
+def test_mistyped_values_name_the_key():
+    with pytest.raises(ConfigError, match=r"'n_envs': expected int, got 'four'"):
+        from_dict(Cfg, {"n_envs": "four"})
+    with pytest.raises(ConfigError, match=r"'n_envs': expected int, got 2.5"):
+        from_dict(Cfg, {"n_envs": 2.5})
+    with pytest.raises(ConfigError, match=r"'kind'.*not one of"):
+        from_dict(Cfg, {"kind": "sum"})
+    with pytest.raises(ConfigError, match=r"'anneal': expected bool"):
+        from_dict(Cfg, {"anneal": "maybe"})
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("n_envs: 2\noptim:\n  lr: 1e-3\n  max_grad_norm: 1.0\n")
+    cfg = load_config(Cfg, path, ["optim.max_grad_norm=null", "hidden=[32, 32]", "env=Pendulum-v1"])
+    assert cfg.n_envs == 2
+    assert cfg.optim.lr == pytest.approx(1e-3)  # "1e-3" is a YAML string: coerced to float
+    assert cfg.optim.max_grad_norm is None
+    assert cfg.hidden == (32, 32) and cfg.env == "Pendulum-v1"
+    with pytest.raises(ConfigError, match=r"unknown config key 'optim.lrr'.*c.yaml"):
+        load_config(Cfg, path, ["optim.lrr=1"])
+
+
+def test_bad_yaml_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(Cfg, tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(Cfg, bad)
+
+
+def test_override_parsing():
+    assert parse_override("a.b=0.1") == (["a", "b"], 0.1)
+    assert parse_override("--a.b=x") == (["a", "b"], "x")
+    with pytest.raises(ConfigError):
+        parse_override("novalue")
+
+
+def test_round_trip_and_help():
+    cfg = from_dict(Cfg, {"n_envs": 3})
+    assert from_dict(Cfg, to_dict(cfg)) == cfg
+    assert field_help(Cfg)["n_envs"] == "Parallel environments."
+    text = format_help(Cfg)
+    assert "optim.lr = 0.0003" in text and "Adam learning rate." in text
