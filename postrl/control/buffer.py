@@ -1,0 +1,121 @@
+"""Rollout storage for the on-policy agents (A2C, TRPO, PPO) and the loop that fills it.
+
+Every per-step tensor is ``[n_envs, n_steps]``: time on the LAST dimension, as ``postrl.core`` expects.
+
+Bootstrapping (the part CleanRL gets wrong): ``next_values[:, t]`` is V of the state after step t.
+Within an episode that is ``values[:, t + 1]`` (or V of the observation after the rollout, for the last
+step). When step t ended the episode, the vector env has already reset that sub-env, so
+``values[:, t + 1]`` belongs to the *next* episode and is replaced: by V(final observation) when the episode
+was truncated (time limit: the MDP goes on, so we bootstrap), and by 0 when it terminated (``gae`` zeroes
+it anyway through ``terminated``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from postrl.control.envs import VecEnv
+
+__all__ = ["Batch", "RolloutBuffer", "collect_rollout"]
+
+
+@dataclass
+class Batch:
+    """A flattened rollout ``[N = n_envs · n_steps]`` for minibatch updates."""
+
+    obs: torch.Tensor  # [N, obs_dim]
+    actions: torch.Tensor  # [N] (discrete) or [N, act_dim]
+    log_probs: torch.Tensor  # [N] log π_old(a|s)
+    values: torch.Tensor  # [N] V_old(s)
+    advantages: torch.Tensor  # [N]
+    returns: torch.Tensor  # [N] critic targets
+
+    def __len__(self) -> int:
+        return self.log_probs.shape[0]
+
+    def take(self, idx: torch.Tensor) -> Batch:
+        return Batch(
+            *(
+                t[idx]
+                for t in (self.obs, self.actions, self.log_probs, self.values, self.advantages, self.returns)
+            )
+        )
+
+
+class RolloutBuffer:
+    """Pre-allocated ``[n_envs, n_steps, ...]`` storage of one rollout."""
+
+    def __init__(self, env: VecEnv, n_steps: int):
+        n, obs_shape = env.n_envs, env.single_observation_space.shape
+        space = env.single_action_space
+        discrete = not hasattr(space, "low")
+        self.n_envs, self.n_steps = n, n_steps
+        self.obs = torch.zeros((n, n_steps, *obs_shape))  # [E, T, obs_dim]
+        self.actions = (
+            torch.zeros((n, n_steps), dtype=torch.long)
+            if discrete
+            else torch.zeros((n, n_steps, *space.shape))
+        )
+        self.log_probs = torch.zeros((n, n_steps))  # [E, T]
+        self.rewards = torch.zeros((n, n_steps))
+        self.values = torch.zeros((n, n_steps))
+        self.final_values = torch.zeros((n, n_steps))  # V(final obs) where truncated
+        self.terminated = torch.zeros((n, n_steps), dtype=torch.bool)
+        self.truncated = torch.zeros((n, n_steps), dtype=torch.bool)
+        self.last_values = torch.zeros(n)  # V(obs after the last step)
+
+    @property
+    def episode_end(self) -> torch.Tensor:
+        return self.terminated | self.truncated
+
+    def next_values(self) -> torch.Tensor:
+        """``[E, T]`` V(s_{t+1}) with the autoreset correction described in the module docstring."""
+        shifted = torch.cat([self.values[:, 1:], self.last_values.unsqueeze(-1)], dim=-1)
+        out = torch.where(self.truncated, self.final_values, shifted)
+        return torch.where(self.terminated, torch.zeros_like(out), out)
+
+    def flatten(self, advantages: torch.Tensor, returns: torch.Tensor) -> Batch:
+        n = self.n_envs * self.n_steps
+        return Batch(
+            self.obs.reshape(n, *self.obs.shape[2:]),  # [E*T, obs_dim]
+            self.actions.reshape(n, *self.actions.shape[2:]),
+            self.log_probs.reshape(n),
+            self.values.reshape(n),
+            advantages.reshape(n),
+            returns.reshape(n),
+        )
+
+
+@torch.no_grad()
+def collect_rollout(
+    env: VecEnv, actor: nn.Module, critic: nn.Module | None, buf: RolloutBuffer
+) -> list[tuple[int, float, int]]:
+    """Step ``env`` for ``buf.n_steps`` steps with the current policy, filling ``buf``.
+
+    Returns the episodes that ended, as ``(env steps into this rollout, return, length)``.
+    """
+    episodes: list[tuple[int, float, int]] = []
+    obs = torch.from_numpy(env.obs)
+    for t in range(buf.n_steps):
+        actions, log_probs = actor.act(obs)
+        buf.obs[:, t] = obs
+        buf.actions[:, t] = actions
+        buf.log_probs[:, t] = log_probs
+        if critic is not None:
+            buf.values[:, t] = critic(obs)
+        step = env.step(actions.numpy())
+        buf.rewards[:, t] = torch.from_numpy(step.rewards)
+        buf.terminated[:, t] = torch.from_numpy(step.terminated)
+        buf.truncated[:, t] = torch.from_numpy(step.truncated)
+        if step.final_obs is not None and critic is not None:
+            rows = torch.from_numpy(np.flatnonzero(step.truncated))
+            buf.final_values[rows, t] = critic(torch.from_numpy(step.final_obs[rows.numpy()]))
+        episodes += [((t + 1) * env.n_envs, ret, length) for _, ret, length in step.episodes]
+        obs = torch.from_numpy(step.obs)
+    if critic is not None:
+        buf.last_values = critic(obs)
+    return episodes

@@ -1,0 +1,139 @@
+"""``postrl control train`` and ``postrl control eval``.
+
+Only argparse is imported at module level: torch and gymnasium load inside the handlers, so ``--help`` is
+instant. Config precedence: the algorithm's defaults, then the preset ``configs/<algo>-<env>.yaml`` (when
+it exists and no ``--config`` is given) or ``--config FILE``, then ``--env/--total-steps/--seed``, then
+``key=value`` overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+ALGOS = ("reinforce", "a2c", "trpo", "ppo")
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``control`` with its ``train`` and ``eval`` subcommands."""
+    control = subparsers.add_parser("control", help="Part 1: REINFORCE, A2C, TRPO, PPO on Gymnasium envs")
+    sub = control.add_subparsers(dest="control_command", metavar="{train,eval}")
+    sub.required = True
+    train = sub.add_parser(
+        "train",
+        help="train an agent; writes RUN_DIR/metrics.jsonl, summary.json, checkpoints, learning_curve.png",
+        description="Train an agent. Any config key can be overridden as key=value (e.g. ppo.lr=3e-4); "
+        "--list-keys prints them all with their help.",
+    )
+    train.add_argument("--algo", choices=ALGOS, default="ppo", help="algorithm (default ppo)")
+    train.add_argument("--env", default=None, help="Gymnasium id, e.g. CartPole-v1 (default: the config's)")
+    train.add_argument("--total-steps", type=float, default=None, help="environment steps to train for")
+    train.add_argument("--seed", type=int, default=None, help="random seed")
+    train.add_argument("--out", default=None, help="run folder (default runs/<algo>-<env>-s<seed>)")
+    train.add_argument(
+        "--config", default=None, help="YAML config (default: configs/<algo>-<env>.yaml if present)"
+    )
+    train.add_argument(
+        "--resume", default=None, metavar="RUN_DIR", help="continue an interrupted run exactly"
+    )
+    train.add_argument(
+        "--list-keys", action="store_true", help="print every config key with its help and exit"
+    )
+    train.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    train.set_defaults(handler=_train)
+    ev = sub.add_parser(
+        "eval", help="evaluate a trained run: mean ± std return, deterministic and stochastic"
+    )
+    ev.add_argument("run_dir", help="run folder written by `postrl control train`")
+    ev.add_argument("--episodes", type=int, default=20, help="evaluation episodes (default 20)")
+    ev.add_argument("--seed", type=int, default=None, help="evaluation seed (default: the run's)")
+    ev.add_argument(
+        "--gif", default=None, metavar="PATH", help="also write a GIF of one deterministic episode"
+    )
+    ev.set_defaults(handler=_eval)
+    return control
+
+
+def preset_path(algo: str, env_id: str) -> Path | None:
+    """``configs/<algo>-<env>.yaml`` for e.g. ("ppo", "CartPole-v1") → ppo-cartpole.yaml, if it exists."""
+    name = re.sub(r"-v\d+$", "", env_id).lower().replace("/", "-")
+    path = CONFIG_DIR / f"{algo}-{name}.yaml"
+    return path if path.is_file() else None
+
+
+def resolve_config(args: argparse.Namespace):
+    """The config of a ``train`` command line (see the module docstring for the precedence)."""
+    from postrl.control.train import algorithm
+    from postrl.runtime.config import load_config, read_yaml
+
+    if args.resume:
+        return load_config(
+            algorithm(_run_algo(args.resume)).Config, Path(args.resume) / "config.yaml", args.overrides
+        )
+    module = algorithm(args.algo)
+    path = args.config
+    if path is None:
+        env_id = args.env or module.Config().env.id
+        path = preset_path(args.algo, env_id)
+    base = {}
+    if path is not None:
+        base = read_yaml(path)
+        if base.get("algo", args.algo) != args.algo:
+            from postrl.runtime.config import ConfigError
+
+            raise ConfigError(f"{path} is a config for algo '{base['algo']}', not '{args.algo}'")
+    flags = [f"env.id={args.env}"] if args.env else []
+    if args.total_steps is not None:
+        flags.append(f"run.total_steps={int(args.total_steps)}")
+    if args.seed is not None:
+        flags.append(f"run.seed={args.seed}")
+    return load_config(module.Config, None, [*flags, *args.overrides], base=base)
+
+
+def _run_algo(run_dir: str) -> str:
+    from postrl.runtime.config import ConfigError, read_yaml
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"--resume {run_dir}: not a run folder (no config.yaml)")
+    return str(read_yaml(path).get("algo", "ppo"))
+
+
+def _train(args: argparse.Namespace) -> int:
+    if args.list_keys:
+        from postrl.control.train import algorithm
+        from postrl.runtime.config import format_help
+
+        print(format_help(algorithm(args.algo).Config))
+        return 0
+    from postrl.control.train import train
+
+    cfg = resolve_config(args)
+    out = args.resume or args.out or f"runs/{cfg.algo}-{cfg.env.id}-s{cfg.run.seed}"
+    summary = train(cfg, out, resume=bool(args.resume))
+    print(json.dumps(summary))
+    print(f"run folder: {out}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from postrl.control.train import evaluate, load_agent, record_gif
+
+    cfg, agent, env = load_agent(args.run_dir)
+    seed = cfg.run.seed if args.seed is None else args.seed
+    result = {}
+    for mode, deterministic in (("deterministic", True), ("stochastic", False)):
+        returns = evaluate(agent.actor, env, cfg, args.episodes, deterministic=deterministic, seed=seed)
+        result[mode] = {"mean": float(np.mean(returns)), "std": float(np.std(returns))}
+        print(f"{mode:>13}: {np.mean(returns):9.2f} ± {np.std(returns):.2f}  ({args.episodes} episodes)")
+    if args.gif:
+        path = record_gif(agent.actor, env, cfg, Path(args.gif))
+        if path is not None:
+            print(f"gif: {path}")
+    print(json.dumps(result))
+    return 0

@@ -1,0 +1,247 @@
+"""Vector environments for the control agents: autoreset, truncation, episode statistics, normalisation.
+
+One design choice runs through this file. Gymnasium 1.x vector envs reset a finished sub-env automatically;
+we create them in ``AutoresetMode.SAME_STEP``, so the observation returned by ``step`` after a finished
+episode is already the first observation of the next one, and the last observation of the finished episode
+is ``infos["final_obs"]``. The learner needs that final observation for exactly one thing: a *truncated*
+step (time limit) bootstraps from V(final obs), a *terminated* one does not (its next value is 0).
+``terminated`` and ``truncated`` are therefore kept apart all the way into ``postrl.core.gae``.
+
+Normalisation (for continuous control) follows Gymnasium's ``NormalizeObservation`` / ``NormalizeReward``
+(running mean and variance, rewards scaled by the std of the discounted return), but lives here so that the
+final observation is normalised with the same statistics and the statistics travel with the checkpoint.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+__all__ = ["EnvConfig", "RunningMeanStd", "StepResult", "VecEnv", "make_env", "make_vec_env"]
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    id: str = "CartPole-v1"
+    """Registered Gymnasium environment id (e.g. CartPole-v1, Acrobot-v1, Pendulum-v1, HalfCheetah-v5)."""
+    n_envs: int = 8
+    """Number of parallel environments in the vector env."""
+    async_: bool = False
+    """Step the envs in subprocesses (gymnasium AsyncVectorEnv) instead of in this process."""
+    normalize_obs: bool = False
+    """Normalise observations with a running mean and std (saved with the checkpoint)."""
+    normalize_reward: bool = False
+    """Scale rewards by the running std of the discounted return (saved with the checkpoint)."""
+    clip_obs: float = 10.0
+    """Clip normalised observations to [-clip_obs, clip_obs]."""
+    clip_reward: float = 10.0
+    """Clip normalised rewards to [-clip_reward, clip_reward]."""
+    reward_gamma: float = 0.99
+    """Discount of the return whose std scales the rewards (normalize_reward)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for gymnasium.make (e.g. {render_mode: rgb_array})."""
+
+
+def make_env(env_id: str, **kwargs: Any) -> gym.Env:
+    """``gym.make`` with a clear error for an unknown id."""
+    if env_id not in gym.registry:
+        close = [k for k in gym.registry if k.lower().startswith(env_id.lower().split("-")[0][:4])][:5]
+        raise ValueError(f"unknown Gymnasium environment {env_id!r}; similar registered ids: {close}")
+    return gym.make(env_id, **kwargs)
+
+
+class RunningMeanStd:
+    """Running mean and variance of a stream of arrays (parallel algorithm of Chan et al., 1979)."""
+
+    def __init__(self, shape: tuple[int, ...] = (), epsilon: float = 1e-4):
+        self.mean = np.zeros(shape, dtype=np.float64)
+        self.var = np.ones(shape, dtype=np.float64)
+        self.count = epsilon
+
+    def update(self, x: np.ndarray) -> None:
+        """Fold a batch ``x: [N, *shape]`` into the statistics."""
+        batch_mean, batch_var, n = x.mean(axis=0), x.var(axis=0), x.shape[0]
+        delta, total = batch_mean - self.mean, self.count + n
+        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
+        self.mean, self.var, self.count = self.mean + delta * n / total, m2 / total, total
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean.tolist(), "var": self.var.tolist(), "count": float(self.count)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.mean = np.asarray(state["mean"], dtype=np.float64)
+        self.var = np.asarray(state["var"], dtype=np.float64)
+        self.count = float(state["count"])
+
+
+@dataclass
+class StepResult:
+    """One vector step. Arrays are ``[n_envs, ...]``; ``obs`` already holds the next episode's first obs."""
+
+    obs: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: np.ndarray | None
+    """``[n_envs, *obs_shape]`` (normalised like ``obs``) where truncated, else None when no env truncated."""
+    episodes: list[tuple[int, float, int]]
+    """(env index, raw return, length) of every episode that ended in this step."""
+
+
+class VecEnv:
+    """A Gymnasium vector env in SAME_STEP autoreset mode, with episode statistics and normalisation."""
+
+    def __init__(self, cfg: EnvConfig, seed: int, training: bool = True):
+        kwargs = dict(cfg.kwargs)
+        make_env(cfg.id, **kwargs).close()  # validates the id with a readable error
+        mode = "async" if cfg.async_ else "sync"
+        self.env = gym.make_vec(
+            cfg.id,
+            num_envs=cfg.n_envs,
+            vectorization_mode=mode,
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+            **kwargs,
+        )
+        self.cfg, self.seed, self.training = cfg, seed, training
+        self.n_envs = cfg.n_envs
+        self.single_observation_space = self.env.single_observation_space
+        self.single_action_space = self.env.single_action_space
+        obs_shape = self.single_observation_space.shape
+        self.obs_rms = RunningMeanStd(obs_shape) if cfg.normalize_obs else None
+        self.ret_rms = RunningMeanStd(()) if cfg.normalize_reward else None
+        self._disc_return = np.zeros(cfg.n_envs, dtype=np.float64)
+        self._ep_return = np.zeros(cfg.n_envs, dtype=np.float64)
+        self._ep_length = np.zeros(cfg.n_envs, dtype=np.int64)
+        self.obs: np.ndarray | None = None
+        box = self.single_action_space
+        self._low = getattr(box, "low", None)
+        self._high = getattr(box, "high", None)
+        self._continuous = isinstance(box, gym.spaces.Box)
+
+    # -- normalisation -------------------------------------------------------------------------------
+    def normalize(self, obs: np.ndarray) -> np.ndarray:
+        """Normalise ``obs`` with the current statistics (no update); float32."""
+        if self.obs_rms is None:
+            return obs.astype(np.float32, copy=False)
+        z = (obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + 1e-8)
+        return np.clip(z, -self.cfg.clip_obs, self.cfg.clip_obs).astype(np.float32)
+
+    def _scale_rewards(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
+        if self.ret_rms is None:
+            return rewards.astype(np.float32, copy=False)
+        self._disc_return = self._disc_return * self.cfg.reward_gamma + rewards
+        if self.training:
+            self.ret_rms.update(self._disc_return)
+        self._disc_return[done] = 0.0
+        scaled = rewards / np.sqrt(self.ret_rms.var + 1e-8)
+        return np.clip(scaled, -self.cfg.clip_reward, self.cfg.clip_reward).astype(np.float32)
+
+    def _observe(self, raw: np.ndarray) -> np.ndarray:
+        if self.obs_rms is not None and self.training:
+            self.obs_rms.update(raw)
+        return self.normalize(raw)
+
+    # -- stepping ------------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        """Reset every sub-env (seeded ``seed, seed+1, ...``); returns normalised obs ``[n_envs, *obs_shape]``."""
+        raw, _ = self.env.reset(seed=self.seed if seed is None else seed)
+        self._ep_return[:] = 0.0
+        self._ep_length[:] = 0
+        self._disc_return[:] = 0.0
+        self.obs = self._observe(raw)
+        return self.obs
+
+    def to_env_actions(self, actions: np.ndarray) -> np.ndarray:
+        """Box actions are clipped to the bounds only here, when sent to the env."""
+        if self._continuous:
+            return np.clip(actions, self._low, self._high)
+        return actions
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        raw, rewards, terminated, truncated, infos = self.env.step(self.to_env_actions(actions))
+        done = terminated | truncated
+        self._ep_return += rewards
+        self._ep_length += 1
+        episodes: list[tuple[int, float, int]] = []
+        final_obs = None
+        if done.any():
+            for i in np.flatnonzero(done):
+                episodes.append((int(i), float(self._ep_return[i]), int(self._ep_length[i])))
+            self._ep_return[done] = 0.0
+            self._ep_length[done] = 0
+            if truncated.any():
+                final_obs = np.zeros_like(raw, dtype=np.float32)
+                rows = np.flatnonzero(truncated)
+                final_obs[rows] = self.normalize(np.stack([infos["final_obs"][i] for i in rows]))
+        scaled = self._scale_rewards(rewards, done)
+        self.obs = self._observe(raw)
+        return StepResult(self.obs, scaled, terminated, truncated, final_obs, episodes)
+
+    def close(self) -> None:
+        self.env.close()
+
+    # -- checkpointing -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Normaliser statistics and episode accumulators (plain python: safe to load with weights_only)."""
+        return {
+            "obs_rms": None if self.obs_rms is None else self.obs_rms.state_dict(),
+            "ret_rms": None if self.ret_rms is None else self.ret_rms.state_dict(),
+            "disc_return": self._disc_return.tolist(),
+            "ep_return": self._ep_return.tolist(),
+            "ep_length": self._ep_length.tolist(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.obs_rms is not None and state.get("obs_rms") is not None:
+            self.obs_rms.load_state_dict(state["obs_rms"])
+        if self.ret_rms is not None and state.get("ret_rms") is not None:
+            self.ret_rms.load_state_dict(state["ret_rms"])
+        self._disc_return = np.asarray(state["disc_return"], dtype=np.float64)
+        self._ep_return = np.asarray(state["ep_return"], dtype=np.float64)
+        self._ep_length = np.asarray(state["ep_length"], dtype=np.int64)
+
+    def snapshot(self) -> bytes | None:
+        """Pickled sub-envs and current obs, for exact resume; None when the envs cannot be pickled.
+
+        Resuming mid-episode exactly needs the simulator state, which is impossible in general (MuJoCo,
+        subprocesses). Pure-python envs (all of classic control) pickle, so for them a resumed run continues
+        bit-for-bit; otherwise the caller re-seeds and resets the envs and logs that the resume is inexact.
+        """
+        envs = getattr(self.env, "envs", None)
+        if envs is None:
+            return None
+        try:
+            return pickle.dumps({"envs": envs, "obs": self.obs})
+        except Exception:  # noqa: BLE001 - any unpicklable simulator means "not snapshottable"
+            return None
+
+    def restore(self, blob: bytes) -> None:
+        # Only ever loads a file this library wrote into its own run directory.
+        data = pickle.loads(blob)  # noqa: S301
+        self.env.envs = data["envs"]
+        self.obs = data["obs"]
+
+
+def make_vec_env(
+    env_id: str,
+    n_envs: int = 8,
+    seed: int = 0,
+    async_: bool = False,
+    normalize_obs: bool = False,
+    normalize_reward: bool = False,
+    **kwargs: Any,
+) -> VecEnv:
+    """Convenience constructor: ``VecEnv(EnvConfig(...), seed)``."""
+    cfg = EnvConfig(
+        id=env_id,
+        n_envs=n_envs,
+        async_=async_,
+        normalize_obs=normalize_obs,
+        normalize_reward=normalize_reward,
+        **kwargs,
+    )
+    return VecEnv(cfg, seed)

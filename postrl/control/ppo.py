@@ -1,0 +1,166 @@
+"""Proximal Policy Optimization with GAE (Schulman et al. 2017, arXiv:1707.06347).
+
+One iteration: collect ``n_steps`` steps from each of ``n_envs`` envs with π_old, compute GAE advantages
+and λ-returns (``postrl.core.gae``), then take ``n_epochs`` passes of minibatch Adam steps on
+
+    L = L_clip(θ) + vf_coef · L_V(φ) − ent_coef · H[π_θ]
+
+with the implementation details that matter (Engstrom et al. 2020; Huang et al. 2022, "The 37
+Implementation Details of PPO"): per-minibatch advantage normalisation, optional value clipping, global
+gradient-norm clipping, linear annealing of the learning rate and of ε, Adam ε = 1e-5, and an early stop of
+the epochs when the approximate KL passes ``target_kl``. Truncated episodes bootstrap from V(final obs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from postrl.control.buffer import Batch, RolloutBuffer, collect_rollout
+from postrl.control.envs import EnvConfig, VecEnv
+from postrl.control.policies import Critic, PolicyConfig, make_actor
+from postrl.control.train import Agent, RunConfig
+from postrl.core import gae, masked_whiten, ppo_clip_loss, value_loss
+
+__all__ = ["Config", "PPOConfig", "build", "ppo_loss"]
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    n_steps: int = 128
+    """Steps per env in each rollout (the rollout is n_envs · n_steps transitions)."""
+    batch_size: int = 256
+    """Minibatch size for the gradient steps."""
+    n_epochs: int = 4
+    """Passes over the rollout per iteration."""
+    gamma: float = 0.99
+    """Discount γ."""
+    lam: float = 0.95
+    """GAE λ."""
+    lr: float = 2.5e-4
+    """Adam learning rate (actor and critic)."""
+    anneal_lr: bool = True
+    """Anneal the learning rate linearly to 0 over the run."""
+    clip_eps: float = 0.2
+    """Clipping ε of the surrogate ratio."""
+    anneal_clip: bool = False
+    """Anneal ε linearly to 0 over the run (rl-zoo's lin_0.2)."""
+    clip_vf: float | None = None
+    """ε of PPO's clipped value loss; null disables value clipping."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    vf_coef: float = 0.5
+    """Weight of the value loss (which already holds the ½ of ½(V − R̂)²)."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    target_kl: float | None = None
+    """Stop the epochs early when the approximate KL(π_old‖π) exceeds this; null: never."""
+    normalize_advantages: bool = True
+    """Whiten advantages per minibatch."""
+    adam_eps: float = 1e-5
+    """Adam ε (1e-5 as in the PPO reference implementation)."""
+
+
+@dataclass(frozen=True)
+class Config:
+    algo: str = "ppo"
+    """Algorithm name (fixed for this config class)."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Environment settings."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """Actor and critic networks."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """Budget, seed, logging, evaluation and checkpoints."""
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    """PPO hyperparameters."""
+
+
+def ppo_loss(
+    actor: nn.Module, critic: nn.Module, batch: Batch, cfg: PPOConfig, clip_eps: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO objective on one minibatch: clipped surrogate + vf_coef · value loss − ent_coef · entropy.
+
+    ``batch.advantages`` are used as given (``PPO.update`` whitens them per minibatch).
+    """
+    log_probs, entropy = actor.evaluate(batch.obs, batch.actions)
+    values = critic(batch.obs)
+    pg_loss, stats = ppo_clip_loss(log_probs, batch.log_probs, batch.advantages, clip_eps)
+    old_values = None if cfg.clip_vf is None else batch.values
+    v_loss = value_loss(values, batch.returns, old_values=old_values, clip_eps=cfg.clip_vf)
+    entropy = entropy.mean()
+    loss = pg_loss + cfg.vf_coef * v_loss
+    if cfg.ent_coef != 0:
+        loss = loss - cfg.ent_coef * entropy
+    return loss, {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy, **stats}
+
+
+class PPO(Agent):
+    def __init__(self, cfg: Config, env: VecEnv):
+        self.cfg = cfg.ppo
+        self.actor = make_actor(env.single_observation_space, env.single_action_space, cfg.policy)
+        self.critic = Critic(env.single_observation_space.shape[0], cfg.policy)
+        params = [*self.actor.parameters(), *self.critic.parameters()]
+        self.optimizer = torch.optim.Adam(params, lr=self.cfg.lr, eps=self.cfg.adam_eps, foreach=True)
+        self.buffer = RolloutBuffer(env, self.cfg.n_steps)
+        self.modules = {"actor": self.actor, "critic": self.critic}
+        self.optimizers = {"optimizer": self.optimizer}
+        self.steps_per_iteration = env.n_envs * self.cfg.n_steps
+
+    def iteration(self, env: VecEnv, it: int, n_iterations: int) -> tuple[dict, list]:
+        cfg, buf = self.cfg, self.buffer
+        frac = 1.0 - it / n_iterations  # 1 → 1/n_iterations over the run
+        lr = cfg.lr * frac if cfg.anneal_lr else cfg.lr
+        clip_eps = cfg.clip_eps * frac if cfg.anneal_clip else cfg.clip_eps
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        episodes = collect_rollout(env, self.actor, self.critic, buf)
+        advantages, returns = gae(
+            buf.rewards, buf.values, buf.next_values(), buf.terminated, buf.episode_end, cfg.gamma, cfg.lam
+        )
+        batch = buf.flatten(advantages, returns)
+        metrics = self.update(batch, clip_eps)
+        metrics.update(lr=lr, clip_eps=clip_eps, explained_variance=_explained_variance(batch))
+        return metrics, episodes
+
+    def update(self, batch: Batch, clip_eps: float) -> dict[str, float]:
+        cfg, n = self.cfg, len(batch)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        full_batch = cfg.batch_size >= n
+        if full_batch:  # one minibatch: whiten once, and no shuffle (the loss is a mean over it)
+            batch = self._whiten(batch)
+        history: list[dict[str, torch.Tensor]] = []
+        epochs = 0
+        for _ in range(cfg.n_epochs):
+            epochs += 1
+            order = None if full_batch else torch.randperm(n)
+            for start in range(0, n, cfg.batch_size):
+                mb = batch if full_batch else self._whiten(batch.take(order[start : start + cfg.batch_size]))
+                loss, stats = ppo_loss(self.actor, self.critic, mb, cfg, clip_eps)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=True)
+                self.optimizer.step()
+                history.append(stats)
+            if cfg.target_kl is not None and float(stats["approx_kl"]) > cfg.target_kl:
+                break
+        out = {k: float(torch.stack([h[k].detach() for h in history]).mean()) for k in history[0]}
+        out["epochs"] = epochs
+        return out
+
+    def _whiten(self, batch: Batch) -> Batch:
+        if not self.cfg.normalize_advantages or len(batch) < 2:
+            return batch
+        adv = masked_whiten(batch.advantages, torch.ones_like(batch.advantages))
+        return Batch(batch.obs, batch.actions, batch.log_probs, batch.values, adv, batch.returns)
+
+
+def _explained_variance(batch: Batch) -> float:
+    """1 − Var[R̂ − V] / Var[R̂]: how much of the return the critic explains (1 is perfect)."""
+    var = batch.returns.var()
+    return float("nan") if var == 0 else float(1 - (batch.returns - batch.values).var() / var)
+
+
+def build(cfg: Config, env: VecEnv) -> PPO:
+    return PPO(cfg, env)

@@ -1,0 +1,337 @@
+"""The training loop every control algorithm shares: run folder, logging, evaluation, checkpoints, resume.
+
+An algorithm file (``ppo.py``, ``a2c.py``, …) provides a ``Config`` dataclass and ``build(cfg, env)``
+returning an :class:`Agent` whose ``iteration`` collects experience and updates the networks once. This
+file runs the iterations and does everything around them.
+
+Exact resume. Checkpoints are taken at iteration boundaries and hold the networks, optimizers, every RNG
+state, the step counters, the normaliser statistics and a pickled snapshot of the sub-environments (their
+simulator state, including each env's own RNG and elapsed time steps). A resumed run therefore continues
+bit-for-bit as the uninterrupted run would have. Envs that cannot be pickled (MuJoCo, subprocess envs) are
+instead reset with a seed derived from (seed, iteration); such a resume is not exact and says so on stderr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from postrl.control.envs import VecEnv
+
+__all__ = ["ALGORITHMS", "Agent", "RunConfig", "evaluate", "load_agent", "train"]
+
+ALGORITHMS = {
+    "reinforce": "postrl.control.reinforce",
+    "a2c": "postrl.control.a2c",
+    "trpo": "postrl.control.trpo",
+    "ppo": "postrl.control.ppo",
+}
+# Score thresholds of "solved" used for steps_to_threshold (the peer benchmark's, else the env spec's).
+THRESHOLDS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "Pendulum-v1": -200.0}
+WINDOW = 20  # episodes in the training moving average
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    total_steps: int = 100_000
+    """Environment steps to train for (rounded up to whole iterations)."""
+    seed: int = 0
+    """Seed of python, numpy, torch and the environments."""
+    torch_threads: int = 1
+    """torch.set_num_threads for training (1 is fastest for small MLPs)."""
+    eval_episodes: int = 20
+    """Episodes of the final deterministic evaluation (seeds 10000 + 100·seed + i)."""
+    eval_every: int = 0
+    """Also evaluate every this many env steps during training (0: only at the end)."""
+    checkpoint_every: int = 50
+    """Checkpoint every this many iterations (and always at the end)."""
+    keep_checkpoints: int = 3
+    """How many of the newest checkpoints to keep."""
+    log_every: int = 1
+    """Log metrics every this many iterations."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files."""
+    gif: bool = False
+    """Write eval.gif of one deterministic episode at the end (env must render rgb_array)."""
+
+
+class Agent:
+    """What the loop needs from an algorithm (see ppo.PPO for a full example)."""
+
+    actor: nn.Module
+    modules: dict[str, nn.Module]
+    optimizers: dict[str, torch.optim.Optimizer]
+    steps_per_iteration: int
+    needs_env_reset: bool = False  # True: the agent resets the env itself (e.g. full-episode REINFORCE)
+
+    def iteration(self, env: VecEnv, it: int, n_iterations: int) -> tuple[dict[str, Any], list]:
+        """Collect and learn once; return (metrics, [(env steps into the iteration, return, length)])."""
+        raise NotImplementedError
+
+
+def algorithm(name: str):
+    """The module of algorithm ``name`` (imported lazily)."""
+    from postrl.runtime.config import ConfigError
+
+    if name not in ALGORITHMS:
+        raise ConfigError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
+    return importlib.import_module(ALGORITHMS[name])
+
+
+@dataclass
+class _Progress:
+    """Counters that a checkpoint carries."""
+
+    iteration: int = 0
+    env_steps: int = 0
+    train_seconds: float = 0.0
+    episodes: int = 0
+    recent: deque = dataclasses.field(default_factory=lambda: deque(maxlen=WINDOW))
+    steps_to_threshold: int | None = None
+
+    def record(self, episodes: list, base_steps: int, threshold: float | None) -> None:
+        for offset, ret, _length in episodes:
+            self.episodes += 1
+            self.recent.append(ret)
+            full = len(self.recent) == WINDOW
+            if (
+                self.steps_to_threshold is None
+                and threshold is not None
+                and full
+                and np.mean(self.recent) >= threshold
+            ):
+                self.steps_to_threshold = base_steps + offset
+
+    def state_dict(self) -> dict[str, Any]:
+        state = dataclasses.asdict(self)
+        state["recent"] = list(self.recent)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, deque(value, maxlen=WINDOW) if key == "recent" else value)
+
+
+def train(cfg: Any, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
+    """Train ``cfg.algo`` on ``cfg.env``; write the run folder; return the summary."""
+    from postrl.runtime.checkpoint import latest_checkpoint
+    from postrl.runtime.logging import RunLogger, read_jsonl
+    from postrl.runtime.plots import plot_curves
+    from postrl.runtime.progress import Progress
+    from postrl.runtime.seeding import seed_everything
+
+    run_dir = Path(run_dir)
+    torch.set_num_threads(cfg.run.torch_threads)
+    seed_everything(cfg.run.seed)
+    env = VecEnv(cfg.env, cfg.run.seed)
+    agent = algorithm(cfg.algo).build(cfg, env)
+    n_iterations = max(1, math.ceil(cfg.run.total_steps / agent.steps_per_iteration))
+    progress = _Progress()
+    ckpt = latest_checkpoint(run_dir / "checkpoints") if resume else None
+    if ckpt is not None:
+        _restore(ckpt, agent, env, progress, cfg.run.seed)
+    elif not agent.needs_env_reset:
+        env.reset(seed=cfg.run.seed)
+    logger = RunLogger(run_dir, config=cfg, tensorboard=cfg.run.tensorboard, resume=ckpt is not None)
+    if ckpt is not None:
+        logger.truncate_after(progress.env_steps)
+    threshold = THRESHOLDS.get(cfg.env.id, getattr(env.env.spec, "reward_threshold", None))
+    total = n_iterations * agent.steps_per_iteration
+    with Progress(total, f"{cfg.algo} {cfg.env.id}", unit="step", initial=progress.env_steps) as bar:
+        for it in range(progress.iteration, n_iterations):
+            start = time.perf_counter()
+            metrics, episodes = agent.iteration(env, it, n_iterations)
+            progress.train_seconds += time.perf_counter() - start
+            progress.record(episodes, progress.env_steps, threshold)
+            progress.iteration, progress.env_steps = it + 1, progress.env_steps + agent.steps_per_iteration
+            row = _row(metrics, progress)
+            if cfg.run.eval_every and _crossed(
+                progress.env_steps, agent.steps_per_iteration, cfg.run.eval_every
+            ):
+                row["eval_return"] = float(np.mean(evaluate(agent.actor, env, cfg, cfg.run.eval_episodes)))
+            if (it + 1) % cfg.run.log_every == 0 or "eval_return" in row or it + 1 == n_iterations:
+                logger.log(progress.env_steps, row)
+            bar.update(agent.steps_per_iteration, ret=row.get("train_return_ma20"))
+            if (
+                cfg.run.checkpoint_every
+                and (it + 1) % cfg.run.checkpoint_every == 0
+                or it + 1 == n_iterations
+            ):
+                _save(run_dir, agent, env, progress, cfg)
+    returns = evaluate(agent.actor, env, cfg, cfg.run.eval_episodes)
+    if cfg.run.gif:
+        record_gif(agent.actor, env, cfg, run_dir / "eval.gif")
+    env.close()
+    summary = {
+        "algo": cfg.algo,
+        "env_id": cfg.env.id,
+        "seed": cfg.run.seed,
+        "eval_return_mean": float(np.mean(returns)),
+        "eval_return_std": float(np.std(returns)),
+        "env_steps": progress.env_steps,
+        "train_seconds": round(progress.train_seconds, 3),
+        "steps_per_second": round(progress.env_steps / max(progress.train_seconds, 1e-9), 1),
+        "train_episodes": progress.episodes,
+        "train_return_ma20": float(np.mean(progress.recent)) if progress.recent else None,
+        "threshold": threshold,
+        "steps_to_threshold": progress.steps_to_threshold,
+    }
+    summary = logger.finish(summary)
+    plot_curves(
+        read_jsonl(run_dir / "metrics.jsonl"),
+        ["train_return_ma20", "eval_return"],
+        run_dir / "learning_curve.png",
+        x="step",
+        title=f"{cfg.algo} on {cfg.env.id} (seed {cfg.run.seed})",
+    )
+    return summary
+
+
+def _crossed(steps: int, per_iteration: int, every: int) -> bool:
+    """True when ``steps`` just crossed a multiple of ``every``."""
+    return steps // every != (steps - per_iteration) // every
+
+
+def _row(metrics: dict[str, Any], progress: _Progress) -> dict[str, Any]:
+    row = {k: float(v) for k, v in metrics.items()}
+    row["episodes"] = progress.episodes
+    if progress.recent:
+        row["train_return_ma20"] = float(np.mean(progress.recent))
+    return row
+
+
+def _save(run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, cfg: Any) -> Path:
+    from postrl.runtime.checkpoint import save_checkpoint
+
+    snapshot = env.snapshot()
+
+    def write_env(tmp: Path) -> None:
+        if snapshot is not None:
+            (tmp / "env_state.pkl").write_bytes(snapshot)
+
+    extra = {"progress": progress.state_dict(), "env": env.state_dict(), "agent": agent_state(agent)}
+    return save_checkpoint(
+        run_dir / "checkpoints",
+        progress.env_steps,
+        modules=agent.modules,
+        optimizers=agent.optimizers,
+        extra=extra,
+        keep_last=cfg.run.keep_checkpoints,
+        write_files=write_env,
+    )
+
+
+def agent_state(agent: Agent) -> dict[str, Any]:
+    return agent.state_dict() if hasattr(agent, "state_dict") else {}
+
+
+def _restore(ckpt: Path, agent: Agent, env: VecEnv, progress: _Progress, seed: int) -> None:
+    from postrl.runtime.checkpoint import load_checkpoint
+
+    state = load_checkpoint(ckpt, modules=agent.modules, optimizers=agent.optimizers)
+    extra = state["extra"]
+    progress.load_state_dict(extra["progress"])
+    env.load_state_dict(extra["env"])
+    if hasattr(agent, "load_state_dict"):
+        agent.load_state_dict(extra["agent"])
+    snapshot = ckpt / "env_state.pkl"
+    if snapshot.is_file():
+        env.restore(snapshot.read_bytes())
+    elif not agent.needs_env_reset:
+        reseed = seed * 1_000_003 + progress.iteration
+        print(
+            f"postrl: the envs of {ckpt} could not be saved; they are reset with seed {reseed} "
+            "(the resumed run is not bit-identical to an uninterrupted one)",
+            file=sys.stderr,
+        )
+        env.reset(seed=reseed)
+
+
+@torch.no_grad()
+def evaluate(
+    actor: nn.Module,
+    env: VecEnv,
+    cfg: Any,
+    episodes: int,
+    deterministic: bool = True,
+    seed: int | None = None,
+) -> list[float]:
+    """Returns of ``episodes`` evaluation episodes, run in parallel, one per env seeded 10000 + 100·seed + i.
+
+    Observations are normalised with the training env's statistics (frozen); returns are raw rewards.
+    Stochastic evaluation samples from its own torch generator, so it does not disturb training's RNG.
+    """
+    seed = cfg.run.seed if seed is None else seed
+    eval_cfg = dataclasses.replace(cfg.env, n_envs=episodes, async_=False, normalize_reward=False)
+    eval_env = VecEnv(eval_cfg, seed, training=False)
+    if env.obs_rms is not None:
+        eval_env.obs_rms.load_state_dict(env.obs_rms.state_dict())
+    generator = torch.Generator().manual_seed(10_000 + seed)
+    obs = eval_env.reset(seed=10_000 + 100 * seed)
+    returns: list[float | None] = [None] * episodes
+    while any(r is None for r in returns):
+        actions, _ = actor.act(torch.from_numpy(obs), deterministic=deterministic, generator=generator)
+        step = eval_env.step(actions.numpy())
+        for i, ret, _length in step.episodes:
+            if returns[i] is None:
+                returns[i] = ret
+        obs = step.obs
+    eval_env.close()
+    return [float(r) for r in returns]
+
+
+@torch.no_grad()
+def record_gif(actor: nn.Module, env: VecEnv, cfg: Any, path: Path, max_frames: int = 500) -> Path | None:
+    """One deterministic episode rendered to an animated GIF; None (with a message) if it cannot render."""
+    from postrl.control.envs import make_env
+
+    try:
+        from PIL import Image
+
+        single = make_env(cfg.env.id, **{**cfg.env.kwargs, "render_mode": "rgb_array"})
+    except Exception as err:  # noqa: BLE001 - rendering is optional; say why and go on
+        print(f"postrl: no GIF ({err})", file=sys.stderr)
+        return None
+    obs, _ = single.reset(seed=10_000 + 100 * cfg.run.seed)
+    frames = [Image.fromarray(single.render())]
+    for _ in range(max_frames):
+        x = env.normalize(np.asarray(obs)[None])
+        action, _ = actor.act(torch.from_numpy(x), deterministic=True)
+        obs, _, terminated, truncated, _ = single.step(env.to_env_actions(action.numpy())[0])
+        frames.append(Image.fromarray(single.render()))
+        if terminated or truncated:
+            break
+    single.close()
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=20, loop=0)
+    return path
+
+
+def load_agent(run_dir: str | Path) -> tuple[Any, Agent, VecEnv]:
+    """Config, agent (latest checkpoint's weights) and a training env with its normaliser state, for eval."""
+    from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint
+    from postrl.runtime.config import ConfigError, load_config, read_yaml
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{run_dir} is not a run folder (no config.yaml)")
+    algo_name = read_yaml(run_dir / "config.yaml").get("algo", "ppo")
+    cfg = load_config(algorithm(algo_name).Config, run_dir / "config.yaml")
+    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    if ckpt is None:
+        raise ConfigError(f"{run_dir} has no checkpoint")
+    env = VecEnv(dataclasses.replace(cfg.env, n_envs=1, async_=False), cfg.run.seed, training=False)
+    agent = algorithm(algo_name).build(cfg, env)
+    state = load_checkpoint(ckpt, modules=agent.modules, restore_rng=False)
+    env.load_state_dict({**state["extra"]["env"], "disc_return": [0.0], "ep_return": [0.0], "ep_length": [0]})
+    return cfg, agent, env
