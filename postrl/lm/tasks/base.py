@@ -14,12 +14,14 @@ import random
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from postrl.runtime.errors import UserError
+
 Split = Literal["train", "test"]
 SPLITS: tuple[str, ...] = ("train", "test")
 KINDS: tuple[str, ...] = ("sft", "prefs", "prompts")
 
 
-class TaskError(ValueError):
+class TaskError(UserError, ValueError):
     """A task was asked for something it does not have (unknown split, kind, option)."""
 
 

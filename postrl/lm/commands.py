@@ -1,0 +1,76 @@
+"""``postrl`` subcommands of the LM world. ``add_parser(subparsers)`` registers them with the CLI.
+
+    postrl data export --task arithmetic --kind sft --split train --out sft.jsonl [--option digits=3]
+
+Heavy imports happen inside the handlers, so ``postrl --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from postrl.runtime.errors import UserError
+
+
+def _parse_option(text: str) -> tuple[str, Any]:
+    """ "key=value" → (key, value), the value read as YAML ("3" → 3, "true" → True, "+-" → "+-")."""
+    import yaml
+
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        parsed = value
+    return key.strip(), value if parsed is None or isinstance(parsed, (dict, list)) else parsed
+
+
+def run_data_export(args: argparse.Namespace) -> int:
+    """Write one task's rows (``--kind``, ``--split``) as JSONL with TRL's columns."""
+    from postrl.lm.data import write_jsonl
+    from postrl.lm.tasks import get_task
+
+    task = get_task(args.task, **dict(args.option))
+    rows = task.rows(args.kind, args.split)
+    if args.limit is not None:
+        rows = rows[: args.limit]
+    if not rows:
+        raise UserError(f"task {args.task!r} has no {args.kind} rows in split {args.split!r}")
+    path = write_jsonl(rows, args.out)
+    print(f"wrote {len(rows)} {args.kind} rows of {args.task}/{args.split} to {path}")
+    return 0
+
+
+def _add_data_parser(subparsers: Any) -> None:
+    from postrl.lm.tasks.base import KINDS, SPLITS
+
+    data = subparsers.add_parser("data", help="export the built-in tasks' data")
+    commands = data.add_subparsers(dest="data_command", metavar="ACTION")
+    commands.required = True
+    export = commands.add_parser(
+        "export",
+        help="write a built-in task's rows as JSONL (TRL columns)",
+        description="Write a built-in task's rows as JSONL: sft → prompt/completion, prefs → "
+        "prompt/chosen/rejected/target, prompts → prompt (+ answer where a verifier exists).",
+    )
+    export.add_argument("--task", required=True, help="built-in task: arithmetic or reviews")
+    export.add_argument("--kind", required=True, choices=KINDS, help="which rows")
+    export.add_argument("--split", default="train", choices=SPLITS, help="train, or the held-out test split")
+    export.add_argument("--out", required=True, help="output JSONL file")
+    export.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        type=_parse_option,
+        metavar="KEY=VALUE",
+        help="task option, repeatable (e.g. digits=3, ops=+-*, label_noise=0.2, seed=1)",
+    )
+    export.add_argument("--limit", type=int, default=None, help="write at most this many rows")
+    export.set_defaults(handler=run_data_export)
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register the LM subcommands on the ``postrl`` command's subparsers."""
+    _add_data_parser(subparsers)
