@@ -1,0 +1,116 @@
+"""Truncation vs termination through the vector env, the buffer and GAE, with a hand-built env."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from postrl.control.buffer import RolloutBuffer, collect_rollout
+from postrl.control.envs import EnvConfig, RunningMeanStd, VecEnv
+from postrl.core import gae
+
+
+class CounterEnv(gym.Env):
+    """obs = [t]; reward 1 per step. Terminates when it reaches ``terminate_at`` (if set); the TimeLimit
+    wrapper (max_episode_steps) truncates otherwise."""
+
+    observation_space = gym.spaces.Box(-100, 100, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, terminate_at=None):
+        self.terminate_at = terminate_at
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        terminated = self.terminate_at is not None and self.t >= self.terminate_at
+        return np.array([float(self.t)], np.float32), 1.0, terminated, False, {}
+
+
+gym.register("postrl-test/Counter-v0", entry_point=CounterEnv, max_episode_steps=3)
+
+
+class LinearValue(nn.Module):
+    """V(s) = 10·s + 100: distinct for every observation, so a wrong bootstrap shows."""
+
+    def forward(self, obs):
+        return 10 * obs[..., 0] + 100
+
+
+class ConstantActor(nn.Module):
+    def act(self, obs, deterministic=False, generator=None):
+        return torch.zeros(obs.shape[0], dtype=torch.long), torch.zeros(obs.shape[0])
+
+
+def _rollout(terminate_at, n_steps=4):
+    env = VecEnv(EnvConfig(id="postrl-test/Counter-v0", n_envs=1, kwargs={"terminate_at": terminate_at}), 0)
+    env.reset()
+    buf = RolloutBuffer(env, n_steps)
+    episodes = collect_rollout(env, ConstantActor(), LinearValue(), buf)
+    return buf, episodes
+
+
+def test_truncated_step_bootstraps_from_the_final_observation():
+    buf, episodes = _rollout(terminate_at=None)  # time limit 3: steps 0,1,2 then a new episode
+    assert buf.truncated[0].tolist() == [False, False, True, False]
+    assert not buf.terminated.any()
+    # obs 0,1,2 | 0 ; V = 100, 110, 120 | 100 ; final obs of the truncated step is 3 → V = 130
+    assert buf.values[0].tolist() == [100.0, 110.0, 120.0, 100.0]
+    assert buf.next_values()[0].tolist() == [110.0, 120.0, 130.0, 110.0]
+    adv, ret = gae(buf.rewards, buf.values, buf.next_values(), buf.terminated, buf.episode_end, 0.5, 1.0)
+    # λ = 1 return of step 2 = 1 + 0.5·V(final obs) = 66 (not 1 + 0.5·V(reset obs) = 51)
+    assert ret[0, 2].item() == pytest.approx(1 + 0.5 * 130)
+    assert ret[0, 0].item() == pytest.approx(1 + 0.5 * (1 + 0.5 * (1 + 0.5 * 130)))
+    assert episodes == [(3, 3.0, 3)]
+
+
+def test_terminated_step_does_not_bootstrap():
+    buf, _ = _rollout(terminate_at=2)
+    assert buf.terminated[0].tolist() == [False, True, False, True]
+    assert not buf.truncated.any()
+    adv, ret = gae(buf.rewards, buf.values, buf.next_values(), buf.terminated, buf.episode_end, 0.5, 1.0)
+    assert ret[0].tolist() == pytest.approx([1.5, 1.0, 1.5, 1.0])
+
+
+def test_episode_statistics_use_raw_rewards_when_rewards_are_normalised():
+    env = VecEnv(EnvConfig(id="postrl-test/Counter-v0", n_envs=2, normalize_reward=True), 0)
+    env.reset()
+    rewards, episodes = [], []
+    for _ in range(6):
+        step = env.step(np.zeros(2, dtype=np.int64))
+        rewards.append(step.rewards)
+        episodes += step.episodes
+    assert [e[1:] for e in episodes] == [(3.0, 3)] * 4
+    assert not np.allclose(np.concatenate(rewards), 1.0)  # the learner sees scaled rewards
+
+
+def test_running_mean_std_matches_numpy():
+    rng = np.random.default_rng(0)
+    data = rng.normal(3.0, 2.0, size=(1000, 3))
+    rms = RunningMeanStd((3,), epsilon=0.0)
+    rms.count = 0.0
+    for chunk in np.split(data, 10):
+        rms.update(chunk)
+    np.testing.assert_allclose(rms.mean, data.mean(0), rtol=1e-10)
+    np.testing.assert_allclose(rms.var, data.var(0), rtol=1e-10)
+    clone = RunningMeanStd((3,))
+    clone.load_state_dict(rms.state_dict())
+    np.testing.assert_array_equal(clone.mean, rms.mean)
+
+
+def test_box_actions_are_clipped_only_when_sent_to_the_env():
+    env = VecEnv(EnvConfig(id="Pendulum-v1", n_envs=2), 0)
+    actions = np.array([[5.0], [-0.5]], np.float32)
+    np.testing.assert_array_equal(env.to_env_actions(actions), [[2.0], [-0.5]])
+    assert actions[0, 0] == 5.0
+
+
+def test_unknown_env_id_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown Gymnasium environment 'CartPol-v1'"):
+        VecEnv(EnvConfig(id="CartPol-v1", n_envs=1), 0)

@@ -1,0 +1,81 @@
+import gymnasium as gym
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from postrl.control.policies import CategoricalActor, GaussianActor, PolicyConfig, make_actor
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 6), st.floats(-2.0, 1.0), st.integers(0, 10_000))
+def test_gaussian_log_prob_and_entropy_match_torch_distributions(act_dim, n, log_std, seed):
+    torch.manual_seed(seed)
+    actor = GaussianActor(3, act_dim, PolicyConfig(log_std_init=log_std)).double()
+    with torch.no_grad():
+        actor.log_std.add_(torch.randn(act_dim, dtype=torch.float64) * 0.3)
+    obs = torch.randn(n, 3, dtype=torch.float64)
+    actions = torch.randn(n, act_dim, dtype=torch.float64) * 2
+    log_probs, entropy = actor.evaluate(obs, actions)
+    ref = torch.distributions.Independent(torch.distributions.Normal(actor(obs), actor.log_std.exp()), 1)
+    torch.testing.assert_close(log_probs, ref.log_prob(actions))
+    torch.testing.assert_close(entropy, ref.entropy())
+
+
+def test_gaussian_sample_log_prob_is_of_the_unclipped_action():
+    torch.manual_seed(0)
+    actor = GaussianActor(2, 1, PolicyConfig(log_std_init=1.0))
+    obs = torch.zeros(512, 2)
+    with torch.no_grad():
+        actions, log_probs = actor.act(obs)
+    assert actions.abs().max() > 2.0  # σ = e: samples leave Pendulum's [-2, 2]; they are not clipped here
+    ref = torch.distributions.Normal(actor(obs), actor.log_std.exp()).log_prob(actions).sum(-1)
+    torch.testing.assert_close(log_probs, ref)
+
+
+def test_categorical_matches_torch_distributions():
+    torch.manual_seed(0)
+    actor = CategoricalActor(4, 3, PolicyConfig())
+    obs = torch.randn(7, 4)
+    actions = torch.randint(0, 3, (7,))
+    log_probs, entropy = actor.evaluate(obs, actions)
+    ref = torch.distributions.Categorical(logits=actor(obs))
+    torch.testing.assert_close(log_probs, ref.log_prob(actions))
+    torch.testing.assert_close(entropy, ref.entropy())
+    with torch.no_grad():
+        greedy, _ = actor.act(obs, deterministic=True)
+    assert torch.equal(greedy, actor(obs).argmax(-1))
+
+
+def test_kl_is_zero_at_the_same_policy_and_positive_elsewhere():
+    torch.manual_seed(0)
+    for actor in (CategoricalActor(4, 3, PolicyConfig()), GaussianActor(4, 2, PolicyConfig())):
+        obs = torch.randn(16, 4)
+        old = tuple(p.detach() for p in actor.dist_params(obs))
+        assert actor.kl(old, obs).abs().max() < 1e-6
+        with torch.no_grad():
+            for p in actor.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+        assert (actor.kl(old, obs) > 0).all()
+
+
+def test_orthogonal_init_gains():
+    torch.manual_seed(0)
+    actor = CategoricalActor(4, 2, PolicyConfig())
+    first, *_, last = actor.net.layers
+    w = first.weight.detach()
+    # rows of an orthogonal 64×4 matrix times √2: W^T W = 2·I
+    torch.testing.assert_close(w.T @ w, 2 * torch.eye(4), atol=1e-5, rtol=0)
+    assert last.weight.abs().max() < 0.05 and torch.all(last.bias == 0)
+
+
+def test_make_actor_rejects_unsupported_spaces():
+    box = gym.spaces.Box(-1, 1, (3,), np.float32)
+    assert isinstance(make_actor(box, gym.spaces.Discrete(2), PolicyConfig()), CategoricalActor)
+    assert isinstance(make_actor(box, gym.spaces.Box(-2, 2, (1,), np.float32), PolicyConfig()), GaussianActor)
+    try:
+        make_actor(box, gym.spaces.MultiBinary(3), PolicyConfig())
+    except ValueError as err:
+        assert "unsupported action space" in str(err)
+    else:
+        raise AssertionError("MultiBinary should be rejected")

@@ -1,0 +1,135 @@
+"""End-to-end: short runs that must learn, exact resume, the run folder, the CLI."""
+
+import argparse
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from postrl.control import ppo
+from postrl.control.commands import add_parser, preset_path, resolve_config
+from postrl.control.train import evaluate, train
+from postrl.runtime.config import ConfigError, load_config
+
+
+def _cli(*argv):
+    parser = argparse.ArgumentParser(prog="postrl")
+    add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def _random_return(episodes=20):
+    """CartPole-v1 under the uniform random policy: ≈ 22."""
+    import gymnasium as gym
+
+    env, rng, total = gym.make("CartPole-v1"), np.random.default_rng(0), []
+    for i in range(episodes):
+        env.reset(seed=i)
+        ret, done = 0.0, False
+        while not done:
+            _, r, term, trunc, _ = env.step(int(rng.integers(2)))
+            ret, done = ret + r, term or trunc
+        total.append(ret)
+    return float(np.mean(total))
+
+
+def test_ppo_learns_cartpole_in_seconds(tmp_path):
+    cfg = load_config(
+        ppo.Config, preset_path("ppo", "CartPole-v1"), ["run.total_steps=12000", "run.eval_episodes=10"]
+    )
+    summary = train(cfg, tmp_path / "run")
+    assert summary["eval_return_mean"] > 3 * _random_return()  # random ≈ 22; PPO reaches ≈ 150–500 here
+    for key in ("eval_return_std", "env_steps", "steps_per_second", "wall_seconds", "peak_rss_mb"):
+        assert key in summary
+    assert summary["env_steps"] == 12032  # whole iterations of 8 × 32
+    written = {p.name for p in (tmp_path / "run").iterdir()}
+    assert {"metrics.jsonl", "summary.json", "config.yaml", "learning_curve.png", "checkpoints"} <= written
+
+
+SMALL = [
+    "env.n_envs=2",
+    "ppo.n_steps=16",
+    "ppo.batch_size=8",
+    "ppo.n_epochs=2",
+    "run.total_steps=192",
+    "run.checkpoint_every=1",
+    "run.keep_checkpoints=20",
+    "run.eval_episodes=2",
+]
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_resume_is_exact(tmp_path, env_id):
+    overrides = [f"env.id={env_id}", *SMALL]
+    if env_id == "Pendulum-v1":
+        overrides += ["env.normalize_obs=true", "env.normalize_reward=true"]
+    cfg = load_config(ppo.Config, None, overrides)
+    straight = tmp_path / "straight"
+    train(cfg, straight)
+    interrupted = tmp_path / "interrupted"
+    shutil.copytree(straight, interrupted)
+    for ckpt in (interrupted / "checkpoints").iterdir():
+        if int(ckpt.name.split("_")[1]) > 96:  # as if killed after the 3rd of 6 iterations
+            shutil.rmtree(ckpt)
+    (interrupted / "summary.json").unlink()
+    train(cfg, interrupted, resume=True)
+    last = "step_00000192"
+    for name in ("actor.safetensors", "critic.safetensors"):
+        a = (straight / "checkpoints" / last / name).read_bytes()
+        b = (interrupted / "checkpoints" / last / name).read_bytes()
+        assert a == b, f"{name} differs after resume"
+
+    def rows(run):
+        return [
+            {k: v for k, v in r.items() if k != "time"} for r in map(json.loads, open(run / "metrics.jsonl"))
+        ]
+
+    assert rows(straight) == rows(interrupted)
+
+
+def test_cli_preset_flags_and_overrides():
+    cfg = resolve_config(_cli("control", "train", "--algo", "ppo", "--env", "CartPole-v1", "--seed", "3"))
+    assert (cfg.ppo.n_steps, cfg.ppo.n_epochs, cfg.ppo.gamma, cfg.ppo.lam) == (32, 20, 0.98, 0.8)
+    assert cfg.ppo.anneal_clip and cfg.run.seed == 3 and cfg.env.n_envs == 8
+    args = _cli(
+        "control", "train", "--env", "Pendulum-v1", "--total-steps", "1e4", "ppo.lr=3e-4", "env.n_envs=2"
+    )
+    cfg = resolve_config(args)
+    assert (cfg.env.id, cfg.run.total_steps, cfg.ppo.lr, cfg.env.n_envs) == ("Pendulum-v1", 10_000, 3e-4, 2)
+    with pytest.raises(ConfigError, match="ppo.clip_eps"):
+        resolve_config(_cli("control", "train", "ppo.clip_epss=0.1"))
+
+
+def test_cli_train_then_eval(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = _cli(
+        "control",
+        "train",
+        "--env",
+        "CartPole-v1",
+        "--total-steps",
+        "512",
+        "--out",
+        str(out),
+        "run.eval_episodes=2",
+    )
+    assert args.handler(args) == 0
+    capsys.readouterr()
+    args = _cli("control", "eval", str(out), "--episodes", "3")
+    assert args.handler(args) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(result) == {"deterministic", "stochastic"}
+
+
+def test_stochastic_evaluation_does_not_touch_the_training_rng():
+    cfg = load_config(ppo.Config, None, ["env.n_envs=1"])
+    from postrl.control.envs import VecEnv
+
+    env = VecEnv(cfg.env, 0)
+    actor = ppo.build(cfg, env).actor
+    torch.manual_seed(1)
+    before = torch.get_rng_state()
+    evaluate(actor, env, cfg, 2, deterministic=False)
+    assert torch.equal(before, torch.get_rng_state())
