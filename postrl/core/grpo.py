@@ -146,12 +146,11 @@ def grpo_loss(
     advantages = _fill(advantages.detach(), real)  # [B, T]
     ratio = torch.exp(log_probs - old_log_probs)
     surrogate, clipped = clipped_surrogate(ratio, advantages, clip_eps, clip_eps_high)
-    per_token = -surrogate
+    per_token = -surrogate  # 0 on padding: every input is 0 there, so ρ = 1, A = 0 and k3 = 0
     kl = None
     if ref_log_probs is not None:
         kl = kl_estimate(log_probs, _fill(ref_log_probs.detach(), real), "k3")
         per_token = per_token + beta * kl
-    per_token = _fill(per_token, real)
     loss = GRPO_LOSS_TYPES[loss_type](per_token, real.to(per_token.dtype), max_len, normalizer)
     with torch.no_grad():
         stats = {
