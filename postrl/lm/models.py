@@ -74,14 +74,22 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str:
     return DTYPES[dtype]
 
 
+def _looks_local(path_or_name: str | Path) -> bool:
+    """A filesystem path rather than a hub name ("org/model" has exactly one slash and no leading ./ or /)."""
+    text = str(path_or_name)
+    return isinstance(path_or_name, Path) or text.startswith(("/", ".", "~")) or text.count("/") > 1
+
+
 def _hub_kwargs(path_or_name: str | Path, dtype: Any, trust_remote_code: bool) -> dict[str, Any]:
-    local = Path(path_or_name).is_dir()
+    local = Path(path_or_name).expanduser().is_dir()
+    if not local and _looks_local(path_or_name):
+        raise FileNotFoundError(f"no model directory at {path_or_name}")
     return {"dtype": resolve_dtype(dtype), "trust_remote_code": trust_remote_code, "local_files_only": local}
 
 
 def _from_pretrained(auto_cls: Any, path_or_name: str | Path, **kwargs: Any) -> PreTrainedModel:
     try:
-        return auto_cls.from_pretrained(str(path_or_name), **kwargs)
+        return auto_cls.from_pretrained(str(Path(path_or_name).expanduser()), **kwargs)
     except OSError as err:
         where = "local directory" if kwargs["local_files_only"] else "hub name (needs network access)"
         raise OSError(f"could not load a model from {path_or_name!r} as a {where}: {err}") from err
@@ -370,32 +378,3 @@ class PolicyWithValueHead(nn.Module):
         """Load a saved policy + value head; ``new_head=True`` starts a head on a plain causal LM."""
         lm = load_causal_lm(path, dtype, device, trust_remote_code)
         return cls(lm, _head_for(path, hidden_size_of(lm), new_head, seed))
-
-
-def model_summary(model: nn.Module) -> dict[str, Any]:
-    """Parameter count and (for HF models) the architecture, for logs."""
-    n_params = sum(p.numel() for p in model.parameters())
-    config = getattr(model, "config", None)
-    arch = getattr(config, "architectures", None) or [type(model).__name__]
-    return {"params": n_params, "architecture": arch[0]}
-
-
-__all__ = [
-    "HEAD_CONFIG",
-    "HEAD_WEIGHTS",
-    "PolicyWithValueHead",
-    "ScalarHeadModel",
-    "TinyLMConfig",
-    "assert_dropout_off",
-    "build_tiny_lm",
-    "gather_last",
-    "last_token_index",
-    "load_causal_lm",
-    "load_head",
-    "model_summary",
-    "new_scalar_head",
-    "position_ids_from_mask",
-    "resolve_dtype",
-    "save_head",
-    "set_dropout_off",
-]

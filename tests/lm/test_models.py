@@ -1,0 +1,193 @@
+"""Models: positions and last-token indices on padded batches, scalar heads (init, scoring, save/load),
+the shared-trunk policy, dropout, and loading a saved model through the user's path."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from postrl.lm.data import join_prompt_response
+from postrl.lm.models import (
+    HEAD_CONFIG,
+    HEAD_WEIGHTS,
+    PolicyWithValueHead,
+    ScalarHeadModel,
+    TinyLMConfig,
+    assert_dropout_off,
+    build_tiny_lm,
+    gather_last,
+    last_token_index,
+    load_causal_lm,
+    new_scalar_head,
+    position_ids_from_mask,
+    set_dropout_off,
+)
+
+# two prompts left-padded to 3, responses right-padded to 3: [pad p p | r r pad], [p p p | r pad pad]
+MASK = torch.tensor([[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]])
+
+
+def test_position_ids_from_mask_left_padding() -> None:
+    expected = torch.tensor([[0, 0, 1, 2, 3, 3], [0, 1, 2, 3, 3, 3]])
+    assert torch.equal(position_ids_from_mask(MASK), expected)
+    assert torch.equal(position_ids_from_mask(torch.tensor([[0, 0, 1, 1]])), torch.tensor([[0, 0, 0, 1]]))
+
+
+def test_last_token_index_and_gather_last() -> None:
+    assert last_token_index(MASK).tolist() == [4, 3]
+    values = torch.arange(12.0).view(2, 6)
+    assert gather_last(values, MASK).tolist() == [4.0, 9.0]
+    assert last_token_index(torch.zeros(1, 4, dtype=torch.long)).tolist() == [0]
+
+
+def test_scalar_head_init_statistics() -> None:
+    d = 4095
+    head = new_scalar_head(d, seed=1)
+    assert head.weight.std().item() == pytest.approx(1 / math.sqrt(d + 1), rel=0.05)
+    assert head.bias.item() == 0.0 and head.weight.dtype == torch.float32
+    assert torch.equal(new_scalar_head(d, seed=1).weight, head.weight)
+
+
+def test_build_tiny_lm_default_architecture() -> None:
+    state = torch.random.get_rng_state()
+    model = build_tiny_lm(512, seed=3)
+    assert torch.equal(state, torch.random.get_rng_state())  # global RNG untouched
+    c = model.config
+    assert isinstance(model, LlamaForCausalLM)
+    assert (c.hidden_size, c.num_attention_heads, c.intermediate_size, c.num_hidden_layers) == (
+        128,
+        4,
+        512,
+        2,
+    )
+    assert c.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
+    assert (c.pad_token_id, c.eos_token_id, c.bos_token_id) == (0, 1, 2)
+    assert_dropout_off(model)
+    again = build_tiny_lm(512, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(), strict=True))
+
+
+def test_user_path_loads_saved_model_and_tokenizer(tiny_lm_dir, tiny_tokenizer) -> None:
+    assert inspect.signature(load_causal_lm).parameters["trust_remote_code"].default is False
+    model = load_causal_lm(tiny_lm_dir)
+    assert isinstance(model, LlamaForCausalLM) and next(model.parameters()).dtype == torch.float32
+    assert sorted(p.name for p in tiny_lm_dir.iterdir() if p.suffix in (".bin", ".pt", ".safetensors")) == [
+        "model.safetensors"
+    ]
+    half = load_causal_lm(str(tiny_lm_dir), dtype="bfloat16")
+    assert next(half.parameters()).dtype == torch.bfloat16
+    batch = tiny_tokenizer(["What is 1+1?", "Review: the tea"], padding=True, return_tensors="pt")
+    logits = model(**batch).logits
+    assert logits.shape == (2, batch["input_ids"].shape[1], len(tiny_tokenizer))
+
+
+def test_missing_model_directory_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="no model directory"):
+        load_causal_lm(tmp_path / "missing")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        load_causal_lm(tmp_path, dtype="float8")
+
+
+def _padded_pair(tiny_tokenizer) -> dict[str, torch.Tensor]:
+    prompts = [tiny_tokenizer(t)["input_ids"] for t in ["Review: the tea", "Review: the soup at the cafe"]]
+    responses = [tiny_tokenizer(t)["input_ids"] + [1] for t in [" was warm and very fresh .", " was ok ."]]
+    return join_prompt_response(prompts, responses, pad_id=tiny_tokenizer.pad_token_id)
+
+
+def test_score_reads_last_real_token_and_ignores_padding(tiny_lm, tiny_tokenizer) -> None:
+    model = ScalarHeadModel.from_causal_lm(tiny_lm, seed=0).eval()
+    batch = _padded_pair(tiny_tokenizer)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    with torch.no_grad():
+        values = model(ids, mask)
+        scores = model.score(ids, mask)
+        for b in range(2):
+            last = int(last_token_index(mask)[b])
+            assert mask[b, last] == 1 and (last == ids.shape[1] - 1 or mask[b, last + 1 :].sum() == 0)
+            assert scores[b] == values[b, last]
+            alone = ids[b, mask[b].bool()].unsqueeze(0)  # the same sequence with no padding at all
+            assert model.score(alone, torch.ones_like(alone)).item() == pytest.approx(
+                scores[b].item(), abs=1e-5
+            )
+
+
+def test_scalar_head_model_save_and_load(tiny_lm, tiny_lm_dir, tiny_tokenizer, tmp_path) -> None:
+    model = ScalarHeadModel.from_causal_lm(copy.deepcopy(tiny_lm), seed=4).eval()
+    assert model.backbone.embed_tokens.weight is not tiny_lm.model.embed_tokens.weight
+    batch = _padded_pair(tiny_tokenizer)
+    model.save_pretrained(tmp_path / "rm")
+    names = {p.name for p in (tmp_path / "rm").iterdir()}
+    assert {HEAD_WEIGHTS, HEAD_CONFIG, "model.safetensors", "config.json"} <= names
+    assert not any(n.endswith((".bin", ".pt")) for n in names)
+    loaded = ScalarHeadModel.from_pretrained(tmp_path / "rm").eval()
+    with torch.no_grad():
+        assert torch.allclose(loaded.score(**_ids(batch)), model.score(**_ids(batch)))
+    with pytest.raises(FileNotFoundError, match="new_head=True"):
+        ScalarHeadModel.from_pretrained(tiny_lm_dir)
+    fresh = ScalarHeadModel.from_pretrained(tiny_lm_dir, new_head=True)  # SFT model → reward model
+    assert torch.equal(fresh.backbone.embed_tokens.weight, tiny_lm.model.embed_tokens.weight)
+
+
+def _ids(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+
+def test_policy_with_value_head(tiny_lm, tiny_tokenizer, tmp_path) -> None:
+    policy = PolicyWithValueHead(tiny_lm, seed=2).eval()
+    batch = _padded_pair(tiny_tokenizer)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    logits, values = policy(ids, mask)
+    reference = tiny_lm(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+    assert torch.allclose(logits, reference) and values.shape == ids.shape
+    critic = ScalarHeadModel(tiny_lm.model, head=policy.head)  # the same trunk and head
+    assert torch.allclose(critic(ids, mask), values, atol=1e-6)
+    last_logits, _ = policy(ids, mask, logits_to_keep=1)
+    assert torch.allclose(last_logits[:, 0], logits[:, -1], atol=1e-6)
+    (logits.sum() + values.sum()).backward()
+    assert policy.head.weight.grad is not None and tiny_lm.model.embed_tokens.weight.grad is not None
+    policy.save_pretrained(tmp_path / "policy")
+    assert isinstance(AutoModelForCausalLM.from_pretrained(str(tmp_path / "policy")), LlamaForCausalLM)
+    loaded = PolicyWithValueHead.from_pretrained(tmp_path / "policy").eval()
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids, mask)[1], values, atol=1e-6)
+
+
+def test_heads_work_on_another_architecture(tmp_path) -> None:
+    config = GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=32, resid_pdrop=0.1)
+    gpt2 = GPT2LMHeadModel(config)
+    with pytest.raises(ValueError, match="dropout is on"):
+        assert_dropout_off(gpt2)
+    set_dropout_off(gpt2)
+    assert_dropout_off(gpt2)
+    assert gpt2.config.resid_pdrop == 0.0 and gpt2.config.attn_pdrop == 0.0
+    gpt2.save_pretrained(str(tmp_path))
+    model = ScalarHeadModel.from_pretrained(tmp_path, new_head=True)
+    ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]])
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    assert model.score(ids, mask).shape == (2,)
+
+
+def test_set_dropout_off_on_llama_attention_dropout() -> None:
+    config = LlamaConfig(
+        vocab_size=40,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        attention_dropout=0.2,
+    )
+    model = LlamaForCausalLM(config)
+    with pytest.raises(ValueError, match="attention_dropout=0.2"):
+        assert_dropout_off(model)
+    assert_dropout_off(set_dropout_off(model))
+    assert model.config.attention_dropout == 0.0
+
+
+def test_tiny_config_is_respected() -> None:
+    model = build_tiny_lm(300, TinyLMConfig(n_layers=3, hidden_size=64, n_heads=2, intermediate_size=96))
+    assert len(model.model.layers) == 3 and model.config.head_dim == 32

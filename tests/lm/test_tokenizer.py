@@ -1,0 +1,95 @@
+"""The postrl tokenizer: round trip through AutoTokenizer, special ids, digits, left padding, chat template,
+determinism."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from transformers import AutoTokenizer
+
+from postrl.lm.tokenizer import (
+    CHAT_TEMPLATE,
+    SPECIAL_TOKENS,
+    build_tokenizer,
+    load_tokenizer,
+    train_bpe,
+    wrap_tokenizer,
+)
+
+TEXTS = [
+    "What is 47+38? 85",
+    "Review: the pasta at the cafe was very fresh and tasty .",
+    "the old fox ran past the river .",
+    "héllo wörld — 1,234 ünïcode ✓",
+    "  leading spaces and\ttabs\nnewlines  ",
+]
+
+
+def test_round_trip_through_auto_tokenizer(tiny_tokenizer_dir) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+    for text in TEXTS:
+        ids = tokenizer(text)["input_ids"]
+        assert tokenizer.decode(ids) == text
+        assert ids == tokenizer(text, add_special_tokens=False)["input_ids"]  # no special token is added
+    assert len(tokenizer) == 400
+
+
+def test_special_tokens_and_padding_side(tiny_tokenizer_dir) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id) == (0, 1, 2)
+    assert tokenizer.convert_tokens_to_ids(["<|system|>", "<|user|>", "<|assistant|>"]) == [3, 4, 5]
+    assert tokenizer.padding_side == "left"
+    batch = tokenizer(["What is 1+1?", "Review: the pasta at the cafe"], padding=True)
+    short = batch["input_ids"][0]
+    assert short[0] == 0 and batch["attention_mask"][0][0] == 0 and batch["attention_mask"][0][-1] == 1
+    ids = tokenizer(" 9")["input_ids"] + [tokenizer.eos_token_id]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == " 9"
+
+
+def test_digits_are_single_tokens(tiny_tokenizer) -> None:
+    tokens = tiny_tokenizer.convert_ids_to_tokens(tiny_tokenizer("What is 47+38? 1085")["input_ids"])
+    digits = [t.lstrip("Ġ") for t in tokens if any(c.isdigit() for c in t)]
+    assert digits == list("47381085")
+
+
+def test_chat_template(tiny_tokenizer_dir) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 4+5?"},
+        {"role": "assistant", "content": " 9"},
+    ]
+    full = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert full == "<|system|>Be brief.<|user|>What is 4+5?<|assistant|> 9<eos>"
+    prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+    assert prompt == "<|system|>Be brief.<|user|>What is 4+5?<|assistant|>"
+    # rendered prompt + completion + EOS tokenises exactly as the rendered conversation
+    joined = tokenizer(prompt)["input_ids"] + tokenizer(" 9")["input_ids"] + [tokenizer.eos_token_id]
+    assert joined == tokenizer(full)["input_ids"]
+    with pytest.raises(Exception, match="unknown chat role"):
+        tokenizer.apply_chat_template([{"role": "robot", "content": "hi"}], tokenize=False)
+
+
+def test_training_is_deterministic(tiny_corpus) -> None:
+    first = json.loads(train_bpe(tiny_corpus, vocab_size=300).to_str())
+    second = json.loads(train_bpe(list(tiny_corpus), vocab_size=300).to_str())
+    assert first["model"]["vocab"] == second["model"]["vocab"]
+    assert first["model"]["merges"] == second["model"]["merges"]
+    assert [first["model"]["vocab"][t] for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4, 5]
+
+
+def test_vocab_too_small_is_refused() -> None:
+    with pytest.raises(ValueError, match="vocab_size must exceed"):
+        build_tokenizer(["a b c"], vocab_size=200)
+
+
+def test_load_tokenizer_sets_missing_pad_and_logs(tmp_path, tiny_corpus, caplog) -> None:
+    tokenizer = wrap_tokenizer(train_bpe(tiny_corpus[:200], vocab_size=300))
+    tokenizer.pad_token = None
+    tokenizer.save_pretrained(str(tmp_path))
+    with caplog.at_level(logging.WARNING):
+        loaded = load_tokenizer(tmp_path)
+    assert loaded.pad_token_id == loaded.eos_token_id and "no pad token" in caplog.text
+    assert loaded.chat_template == CHAT_TEMPLATE
