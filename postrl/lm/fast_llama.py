@@ -1,0 +1,207 @@
+"""A decode-only forward for Llama-family causal LMs: the fast path of `postrl.lm.rollout`.
+
+Sampling a batch of short responses from a small model on a CPU is dominated by per-operation overhead, not
+arithmetic. The stock Hugging Face forward rebuilds a 4-D attention mask, grows a dynamic KV cache by
+concatenation and runs separate q/k/v and gate/up projections at every step. `FastLlama` owns the decode
+forward instead:
+
+- fused projections: one GEMM for ``[q; k; v; rotate_half(q); rotate_half(k)]`` (RoPE's ``rotate_half`` is a
+  signed permutation of weight rows, so it folds into the GEMM) and one for ``[gate; up]``;
+- the RMSNorm weights are folded into the projection that follows each norm (``(x·n)Wᵀ = x(W·n)ᵀ``);
+- a KV cache preallocated to ``P + T`` positions, written in place;
+- one additive key mask ``[B, 1, 1, P + T]`` built once (−inf on left padding) and sliced at every step.
+
+Every fused weight is built at construction from the LIVE parameters (the policy is trained between
+rollouts): build a new `FastLlama` for every `generate` call, never keep one across optimiser steps.
+`unsupported_reason` says why a model must take the Hugging Face fallback instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# RoPE variants whose inverse frequencies do not depend on the sequence length ("dynamic" and "longrope" do).
+STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """None when `FastLlama` reproduces ``model``'s forward, else why not (the caller falls back to HF)."""
+    from transformers import LlamaForCausalLM
+
+    if not isinstance(model, LlamaForCausalLM):
+        return f"{type(model).__name__} is not a LlamaForCausalLM"
+    cfg = model.config
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    checks = {
+        f"hidden_act={cfg.hidden_act!r} is not 'silu'": cfg.hidden_act != "silu",
+        f"rope_type={rope_type!r} depends on the sequence length": rope_type not in STATIC_ROPE_TYPES,
+        "pretraining_tp > 1": getattr(cfg, "pretraining_tp", 1) != 1,
+        f"dtype {model.dtype} is not float32": model.dtype != torch.float32,
+        "attention dropout is active": model.training and cfg.attention_dropout > 0,
+    }
+    return next((reason for reason, failed in checks.items() if failed), None)
+
+
+def _rotate_half_rows(w: Tensor, head_dim: int) -> Tensor:
+    """Rows of ``w`` [n·hs, ...] such that ``(x @ out.T) == rotate_half(x @ w.T)`` head by head."""
+    w = w.view(-1, head_dim, *w.shape[1:])  # (n, hs, ...)
+    half = head_dim // 2
+    return torch.cat((-w[:, half:], w[:, :half]), dim=1).reshape(-1, *w.shape[2:])
+
+
+def _cat_bias(*biases: Tensor | None) -> Tensor | None:
+    return None if biases[0] is None else torch.cat(biases)
+
+
+@dataclass
+class _Layer:
+    """Fused weights of one decoder layer (norm weights folded in, biases None unless the config has them)."""
+
+    w_qkv: Tensor  # (nh·hs + 2·nkv·hs + (nh + nkv)·hs, d): [q; k; v; rot q; rot k]
+    b_qkv: Tensor | None
+    w_o: Tensor  # (nh·hs, d): o_proj transposed, for addmm
+    b_o: Tensor | None
+    w_gate_up: Tensor  # (2·I, d)
+    b_gate_up: Tensor | None
+    w_down: Tensor  # (I, d): down_proj transposed
+    b_down: Tensor | None
+
+
+def _fuse_layer(layer: torch.nn.Module, head_dim: int) -> _Layer:
+    """Fused weights of one ``LlamaDecoderLayer`` from its current parameters."""
+    att, mlp = layer.self_attn, layer.mlp
+    n1, n2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+    wq, wk, wv = att.q_proj.weight, att.k_proj.weight, att.v_proj.weight
+    bq, bk, bv = att.q_proj.bias, att.k_proj.bias, att.v_proj.bias
+    w_qkv = torch.cat((wq, wk, wv, _rotate_half_rows(wq, head_dim), _rotate_half_rows(wk, head_dim)))
+    b_qkv = None
+    if bq is not None:
+        b_qkv = _cat_bias(bq, bk, bv, _rotate_half_rows(bq, head_dim), _rotate_half_rows(bk, head_dim))
+    return _Layer(
+        w_qkv=w_qkv * n1,
+        b_qkv=b_qkv,
+        w_o=att.o_proj.weight.t().contiguous(),
+        b_o=att.o_proj.bias,
+        w_gate_up=torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)) * n2,
+        b_gate_up=_cat_bias(mlp.gate_proj.bias, mlp.up_proj.bias),
+        w_down=mlp.down_proj.weight.t().contiguous(),
+        b_down=mlp.down_proj.bias,
+    )
+
+
+class FastLlama:
+    """Prefill + incremental decode for a `LlamaForCausalLM`, batch laid out as ``[B, P + t]``.
+
+    Left padding keeps every row's step-t token in the same column ``P + t``, so one cache write serves the
+    whole batch; only the RoPE positions differ per row. Use: ``prefill`` once, then ``step`` per new token.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"FastLlama cannot run this model: {reason}")
+        cfg = model.config
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.eps = cfg.rms_norm_eps
+        self._rotary = model.model.rotary_emb
+        with torch.no_grad():
+            self.embed = model.model.embed_tokens.weight.detach()
+            self.layers = [_fuse_layer(layer, self.head_dim) for layer in model.model.layers]
+            self.w_lm = model.lm_head.weight * model.model.norm.weight  # (V, d), final norm folded in
+        self.length = 0  # cache columns filled so far
+
+    # ---- pieces -----------------------------------------------------------------------------------------
+    def _norm(self, x: Tensor) -> Tensor:
+        """RMSNorm without its weight (folded into the next projection): x / sqrt(mean(x²) + eps)."""
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def _alloc(self, batch: int, max_len: int) -> None:
+        """Preallocate the KV cache and the RoPE tables for ``max_len`` columns."""
+        nkv, hs, like = self.n_kv, self.head_dim, self.embed
+        self.k_cache = [like.new_zeros(batch, nkv, max_len, hs) for _ in self.layers]  # (B, nkv, L, hs)
+        self.v_cache = [like.new_zeros(batch, nkv, max_len, hs) for _ in self.layers]
+        pos = torch.arange(max_len, device=like.device)[None]  # (1, L)
+        cos, sin = self._rotary(like[:1], position_ids=pos)  # (1, L, hs) each: the model's own RoPE values
+        reps = self.n_heads + self.n_kv
+        self.cos = cos[0].repeat(1, reps)  # (L, (nh + nkv)·hs), one copy per q and k head
+        self.sin = sin[0].repeat(1, reps)
+
+    def _layer(self, i: int, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
+        """Decoder layer ``i`` on x [B, S, d], whose tokens fill cache columns ``length … length + S − 1``.
+
+        cos, sin: [B, S, (nh + nkv)·hs]; mask: additive [B, 1, S, length + S]. Returns x [B, S, d].
+        """
+        layer, (B, S, d) = self.layers[i], x.shape
+        nh, nkv, hs = self.n_heads, self.n_kv, self.head_dim
+        qk_dim, v_dim = (nh + nkv) * hs, nkv * hs
+        y = F.linear(self._norm(x), layer.w_qkv, layer.b_qkv)  # (B, S, qk + v + qk): [q k | v | rot q, rot k]
+        qk = torch.addcmul(y[..., :qk_dim] * cos, y[..., qk_dim + v_dim :], sin)  # RoPE: x·cos + rot(x)·sin
+        start, end = self.length, self.length + S
+        k_cache, v_cache = self.k_cache[i], self.v_cache[i]
+        k_cache[:, :, start:end] = qk[..., nh * hs :].view(B, S, nkv, hs).transpose(1, 2)  # (B, nkv, S, hs)
+        v_cache[:, :, start:end] = y[..., qk_dim : qk_dim + v_dim].view(B, S, nkv, hs).transpose(1, 2)
+        q = qk[..., : nh * hs].view(B, S, nh, hs).transpose(1, 2)  # (B, nh, S, hs)
+        att = F.scaled_dot_product_attention(
+            q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask, enable_gqa=nh != nkv
+        )  # (B, nh, S, hs)
+        att = att.transpose(1, 2).reshape(B * S, nh * hs)  # (B·S, nh·hs)
+        x = torch.addmm(x.view(B * S, d), att, layer.w_o)  # residual + attention output, (B·S, d)
+        if layer.b_o is not None:
+            x = x + layer.b_o
+        gate_up = F.linear(self._norm(x), layer.w_gate_up, layer.b_gate_up)  # (B·S, 2I)
+        inter = gate_up.shape[-1] // 2
+        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]  # SwiGLU, (B·S, I)
+        x = torch.addmm(x, act, layer.w_down)
+        if layer.b_down is not None:
+            x = x + layer.b_down
+        return x.view(B, S, d)
+
+    def _run(self, ids: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
+        """All layers on ids [B, S] at RoPE positions [B, S]; returns the last hidden states [B, S, d]."""
+        x = F.embedding(ids, self.embed)  # (B, S, d)
+        cos, sin = self.cos[positions], self.sin[positions]  # (B, S, (nh + nkv)·hs)
+        for i in range(len(self.layers)):
+            x = self._layer(i, x, cos, sin, mask)
+        self.length += ids.shape[1]
+        return x
+
+    # ---- public -----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        max_len: int,
+        all_logits: bool = False,
+    ) -> Tensor:
+        """Run the left-padded prompts [B, P] and fill the cache (sized ``max_len`` ≥ P columns).
+
+        Returns the next-token logits [B, V], or with ``all_logits`` every position's logits [B, P, V].
+        Pad keys are masked; a pad query attends to itself only (no all −inf row, no NaN).
+        """
+        B, P = input_ids.shape
+        self._alloc(B, max_len)
+        self.length = 0
+        valid = attention_mask.bool()
+        self.key_bias = self.embed.new_zeros(B, 1, 1, max_len)  # (B, 1, 1, L): 0 or −inf, built once
+        self.key_bias[:, 0, 0, :P].masked_fill_(~valid, float("-inf"))
+        eye = torch.eye(P, dtype=torch.bool, device=valid.device)
+        allowed = torch.ones(P, P, dtype=torch.bool, device=valid.device).tril() & (valid[:, None, :] | eye)
+        mask = self.embed.new_zeros(B, 1, P, P).masked_fill_(~allowed[:, None], float("-inf"))  # (B, 1, P, P)
+        x = self._run(input_ids, position_ids, mask)
+        hidden = x if all_logits else x[:, -1]
+        return F.linear(self._norm(hidden), self.w_lm)
+
+    @torch.no_grad()
+    def step(self, tokens: Tensor, position_ids: Tensor) -> Tensor:
+        """Append one token per row: tokens, position_ids [B] → next-token logits [B, V]."""
+        mask = self.key_bias[..., : self.length + 1]  # (B, 1, 1, length + 1)
+        x = self._run(tokens[:, None], position_ids[:, None], mask)  # (B, 1, d)
+        return F.linear(self._norm(x[:, 0]), self.w_lm)
