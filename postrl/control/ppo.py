@@ -106,11 +106,10 @@ class PPO(Agent):
         self.buffer = RolloutBuffer(env, self.cfg.n_steps)
         self.modules = {"actor": self.actor, "critic": self.critic}
         self.optimizers = {"optimizer": self.optimizer}
-        self.steps_per_iteration = env.n_envs * self.cfg.n_steps
 
-    def iteration(self, env: VecEnv, it: int, n_iterations: int) -> tuple[dict, list]:
+    def iteration(self, env: VecEnv, it: int, frac_done: float) -> tuple[dict, list, int]:
         cfg, buf = self.cfg, self.buffer
-        frac = 1.0 - it / n_iterations  # 1 → 1/n_iterations over the run
+        frac = 1.0 - frac_done  # linear annealing: 1 at the start → 0 at the end of the run
         lr = cfg.lr * frac if cfg.anneal_lr else cfg.lr
         clip_eps = cfg.clip_eps * frac if cfg.anneal_clip else cfg.clip_eps
         for group in self.optimizer.param_groups:
@@ -122,7 +121,7 @@ class PPO(Agent):
         batch = buf.flatten(advantages, returns)
         metrics = self.update(batch, clip_eps)
         metrics.update(lr=lr, clip_eps=clip_eps, explained_variance=_explained_variance(batch))
-        return metrics, episodes
+        return metrics, episodes, buf.n_envs * buf.n_steps
 
     def update(self, batch: Batch, clip_eps: float) -> dict[str, float]:
         cfg, n = self.cfg, len(batch)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import math
 import sys
 import time
 from collections import deque
@@ -72,11 +71,13 @@ class Agent:
     actor: nn.Module
     modules: dict[str, nn.Module]
     optimizers: dict[str, torch.optim.Optimizer]
-    steps_per_iteration: int
     needs_env_reset: bool = False  # True: the agent resets the env itself (e.g. full-episode REINFORCE)
 
-    def iteration(self, env: VecEnv, it: int, n_iterations: int) -> tuple[dict[str, Any], list]:
-        """Collect and learn once; return (metrics, [(env steps into the iteration, return, length)])."""
+    def iteration(self, env: VecEnv, it: int, frac_done: float) -> tuple[dict[str, Any], list, int]:
+        """Collect and learn once, ``frac_done`` (env steps so far / total) into the run.
+
+        Returns (metrics, episodes as [(env steps into the iteration, return, length)], env steps taken).
+        """
         raise NotImplementedError
 
 
@@ -126,9 +127,7 @@ class _Progress:
 def train(cfg: Any, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
     """Train ``cfg.algo`` on ``cfg.env``; write the run folder; return the summary."""
     from postrl.runtime.checkpoint import latest_checkpoint
-    from postrl.runtime.logging import RunLogger, read_jsonl
-    from postrl.runtime.plots import plot_curves
-    from postrl.runtime.progress import Progress
+    from postrl.runtime.logging import RunLogger
     from postrl.runtime.seeding import seed_everything
 
     run_dir = Path(run_dir)
@@ -136,7 +135,6 @@ def train(cfg: Any, run_dir: str | Path, resume: bool = False) -> dict[str, Any]
     seed_everything(cfg.run.seed)
     env = VecEnv(cfg.env, cfg.run.seed)
     agent = algorithm(cfg.algo).build(cfg, env)
-    n_iterations = max(1, math.ceil(cfg.run.total_steps / agent.steps_per_iteration))
     progress = _Progress()
     ckpt = latest_checkpoint(run_dir / "checkpoints") if resume else None
     if ckpt is not None:
@@ -147,28 +145,39 @@ def train(cfg: Any, run_dir: str | Path, resume: bool = False) -> dict[str, Any]
     if ckpt is not None:
         logger.truncate_after(progress.env_steps)
     threshold = THRESHOLDS.get(cfg.env.id, getattr(env.env.spec, "reward_threshold", None))
-    total = n_iterations * agent.steps_per_iteration
+    _loop(cfg, run_dir, agent, env, progress, logger, threshold)
+    return _finish(cfg, run_dir, agent, env, progress, logger, threshold)
+
+
+def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, logger, threshold) -> None:
+    """Iterate until ``run.total_steps`` env steps: learn, log, evaluate, checkpoint."""
+    from postrl.runtime.progress import Progress
+
+    total, run = cfg.run.total_steps, cfg.run
     with Progress(total, f"{cfg.algo} {cfg.env.id}", unit="step", initial=progress.env_steps) as bar:
-        for it in range(progress.iteration, n_iterations):
+        while progress.env_steps < total:
+            it = progress.iteration
             start = time.perf_counter()
-            metrics, episodes = agent.iteration(env, it, n_iterations)
+            metrics, episodes, n_steps = agent.iteration(env, it, progress.env_steps / total)
             progress.train_seconds += time.perf_counter() - start
             progress.record(episodes, progress.env_steps, threshold)
-            progress.iteration, progress.env_steps = it + 1, progress.env_steps + agent.steps_per_iteration
+            progress.iteration, progress.env_steps = it + 1, progress.env_steps + n_steps
+            done = progress.env_steps >= total
             row = _row(metrics, progress)
-            if cfg.run.eval_every and _crossed(
-                progress.env_steps, agent.steps_per_iteration, cfg.run.eval_every
-            ):
-                row["eval_return"] = float(np.mean(evaluate(agent.actor, env, cfg, cfg.run.eval_episodes)))
-            if (it + 1) % cfg.run.log_every == 0 or "eval_return" in row or it + 1 == n_iterations:
+            if run.eval_every and _crossed(progress.env_steps, n_steps, run.eval_every):
+                row["eval_return"] = float(np.mean(evaluate(agent.actor, env, cfg, run.eval_episodes)))
+            if (it + 1) % run.log_every == 0 or "eval_return" in row or done:
                 logger.log(progress.env_steps, row)
-            bar.update(agent.steps_per_iteration, ret=row.get("train_return_ma20"))
-            if (
-                cfg.run.checkpoint_every
-                and (it + 1) % cfg.run.checkpoint_every == 0
-                or it + 1 == n_iterations
-            ):
+            bar.update(n_steps, ret=row.get("train_return_ma20"))
+            if done or run.checkpoint_every and (it + 1) % run.checkpoint_every == 0:
                 _save(run_dir, agent, env, progress, cfg)
+
+
+def _finish(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, logger, threshold) -> dict:
+    """Final evaluation (excluded from steps_per_second), optional GIF, summary.json and the curve PNG."""
+    from postrl.runtime.logging import read_jsonl
+    from postrl.runtime.plots import plot_curves
+
     returns = evaluate(agent.actor, env, cfg, cfg.run.eval_episodes)
     if cfg.run.gif:
         record_gif(agent.actor, env, cfg, run_dir / "eval.gif")
@@ -188,13 +197,9 @@ def train(cfg: Any, run_dir: str | Path, resume: bool = False) -> dict[str, Any]
         "steps_to_threshold": progress.steps_to_threshold,
     }
     summary = logger.finish(summary)
-    plot_curves(
-        read_jsonl(run_dir / "metrics.jsonl"),
-        ["train_return_ma20", "eval_return"],
-        run_dir / "learning_curve.png",
-        x="step",
-        title=f"{cfg.algo} on {cfg.env.id} (seed {cfg.run.seed})",
-    )
+    title = f"{cfg.algo} on {cfg.env.id} (seed {cfg.run.seed})"
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    plot_curves(rows, ["train_return_ma20", "eval_return"], run_dir / "learning_curve.png", title=title)
     return summary
 
 
