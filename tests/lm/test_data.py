@@ -1,0 +1,215 @@
+"""Data: errors that name file, line and field; Parquet and task sources; chat rendering; SFT labels;
+overlong prompts reported and handled; packing; the prompt/response padding layout."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from postrl.lm.data import (
+    DataError,
+    apply_length_limit,
+    collate_preferences,
+    join_prompt_response,
+    load_rows,
+    pack_examples,
+    pad,
+    render_rows,
+    tokenize_preferences,
+    tokenize_prompts,
+    tokenize_sft,
+    write_jsonl,
+)
+from postrl.runtime.errors import UserError
+
+
+def _write(tmp_path, lines: list[str], name: str = "data.jsonl"):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+GOOD = json.dumps({"prompt": "What is 1+1?", "completion": " 2"})
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "kind", "message"),
+    [
+        ('{"prompt": "a", "completion": ', "sft", r"data.jsonl:3: malformed JSON"),
+        ('["prompt", "completion"]', "sft", r"data.jsonl:3: expected a JSON object, got list"),
+        ('{"prompt": "a"}', "sft", r"data.jsonl:3: missing field 'completion'"),
+        (
+            '{"prompt": 7, "completion": "b"}',
+            "sft",
+            r"data.jsonl:3: field 'prompt': expected a string .* got int",
+        ),
+        ('{"messages": [{"role": "user", "content": null}]}', "sft", r":3: field 'messages\[0\].content'"),
+        (
+            '{"messages": [{"role": "user", "content": "hi"}]}',
+            "sft",
+            r":3: field 'messages': the last message",
+        ),
+        ('{"prompt": "a", "chosen": "b"}', "prefs", r"data.jsonl:3: missing field 'rejected'"),
+        ('{"prompt": "a", "chosen": "b", "rejected": "c", "target": 2}', "prefs", r":3: field 'target'"),
+        ('{"text": 5}', "sft", r":3: field 'text': expected a string, got int"),
+        ('{"answer": "2"}', "prompts", r":3: missing field 'prompt' \(has: answer\)"),
+    ],
+)
+def test_bad_record_names_file_line_and_field(tmp_path, bad_line: str, kind: str, message: str) -> None:
+    good = {
+        "sft": GOOD,
+        "prefs": json.dumps({"prompt": "a", "chosen": "b", "rejected": "c"}),
+        "prompts": GOOD,
+    }[kind]
+    path = _write(tmp_path, [good, "", bad_line])  # a blank line 2 still counts for line numbers
+    with pytest.raises(DataError, match=message) as info:
+        load_rows(path, kind)
+    assert isinstance(info.value, UserError) and str(path) in str(info.value)
+
+
+def test_sources(tmp_path) -> None:
+    rows = [{"prompt": "What is 1+1?", "completion": " 2"}, {"prompt": "Q", "completion": " A"}]
+    path = write_jsonl(rows, tmp_path / "sft.jsonl")
+    assert load_rows(path, "sft") == rows
+    (tmp_path / "list.json").write_text(json.dumps(rows))
+    assert load_rows(tmp_path / "list.json", "sft") == rows
+    with pytest.raises(DataError, match="no such data file"):
+        load_rows(tmp_path / "missing.jsonl", "sft")
+    assert load_rows("task:arithmetic", "prompts", "test", task_kwargs={"n_test": 5})[0].keys() == {
+        "prompt",
+        "answer",
+    }
+
+
+def test_parquet_source_and_row_errors(tmp_path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = pa.table({"prompt": ["a", "b"], "chosen": ["x", "y"], "rejected": ["z", None]})
+    pq.write_table(table, tmp_path / "prefs.parquet")
+    with pytest.raises(DataError, match=r"prefs.parquet: row 1: field 'rejected'.*got NoneType"):
+        load_rows(tmp_path / "prefs.parquet", "prefs")
+    pq.write_table(table.slice(0, 1), tmp_path / "ok.parquet")
+    assert load_rows(tmp_path / "ok.parquet", "prefs") == [{"prompt": "a", "chosen": "x", "rejected": "z"}]
+
+
+def test_unknown_name_needs_datasets(tmp_path) -> None:
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        with pytest.raises(DataError, match="pip install 'postrl\\[datasets\\]'"):
+            load_rows("someone/some-dataset", "sft")
+    else:
+        pytest.skip("datasets is installed; loading a hub name would need the network")
+
+
+def test_conversational_rows_render_through_chat_template(tiny_tokenizer) -> None:
+    rows = [
+        {"messages": [{"role": "user", "content": "What is 4+5?"}, {"role": "assistant", "content": " 9"}]},
+        {
+            "prompt": [{"role": "user", "content": "Review: the tea"}],
+            "completion": [{"role": "assistant", "content": " was warm ."}],
+        },
+        {"text": "the cat sat on the mat ."},
+    ]
+    rendered = render_rows(rows, "sft", tiny_tokenizer)
+    assert rendered[0] == {"prompt": "<|user|>What is 4+5?<|assistant|>", "completion": " 9"}
+    assert rendered[1] == {"prompt": "<|user|>Review: the tea<|assistant|>", "completion": " was warm ."}
+    assert rendered[2] == {"prompt": "", "completion": "the cat sat on the mat ."}
+    examples = tokenize_sft(rendered, tiny_tokenizer, max_length=64)
+    conversation = tiny_tokenizer.apply_chat_template(rows[0]["messages"], tokenize=False)
+    assert examples[0]["input_ids"] == tiny_tokenizer(conversation)["input_ids"]
+    assert examples[2]["input_ids"][0] == tiny_tokenizer.bos_token_id and examples[2]["labels"][0] == -100
+    assert examples[2]["labels"][1:] == examples[2]["input_ids"][1:]
+
+
+def test_tokenize_sft_masks_prompt_and_appends_eos(tiny_tokenizer) -> None:
+    (example,) = tokenize_sft(
+        [{"prompt": "What is 47+38?", "completion": " 85"}], tiny_tokenizer, max_length=64
+    )
+    prompt = tiny_tokenizer("What is 47+38?")["input_ids"]
+    completion = tiny_tokenizer(" 85")["input_ids"] + [tiny_tokenizer.eos_token_id]
+    assert example["input_ids"] == prompt + completion
+    assert example["labels"] == [-100] * len(prompt) + completion
+    assert example["attention_mask"] == [1] * len(prompt + completion)
+
+
+def test_overlong_prompts_are_reported_and_handled(caplog) -> None:
+    ids = [[1, 2], [1, 2, 3, 4, 5], [7], [1, 2, 3, 4]]
+    with caplog.at_level(logging.WARNING):
+        kept, index = apply_length_limit(ids, 3, "drop")
+    assert kept == [[1, 2], [7]] and index == [0, 2]
+    assert (
+        "2 of 4 prompts are longer than 3 tokens (e.g. row 1: 5 tokens)" in caplog.text
+        and "dropped" in caplog.text
+    )
+    kept, index = apply_length_limit(ids, 3, "truncate")
+    assert kept == [[1, 2], [3, 4, 5], [7], [2, 3, 4]] and index == [
+        0,
+        1,
+        2,
+        3,
+    ]  # the end of a prompt is kept
+    with pytest.raises(DataError, match="2 of 4 prompts are longer than 3 tokens"):
+        apply_length_limit(ids, 3, "error")
+    with pytest.raises(DataError, match="overlong must be one of"):
+        apply_length_limit(ids, 3, "ignore")
+
+
+def test_overlong_sft_and_prompts(tiny_tokenizer, caplog) -> None:
+    rows = [
+        {"prompt": "What is 1+1?", "completion": " 2"},
+        {"prompt": "Review: the pasta", "completion": " was great ." * 5},
+    ]
+    n_prompt = len(tiny_tokenizer(rows[1]["prompt"])["input_ids"])
+    with caplog.at_level(logging.WARNING):
+        dropped = tokenize_sft(rows, tiny_tokenizer, max_length=12, overlong="drop")
+    assert len(dropped) == 1 and "1 of 2 SFT examples" in caplog.text
+    cut = tokenize_sft(rows, tiny_tokenizer, max_length=12, overlong="truncate")
+    assert (
+        len(cut) == 2 and len(cut[1]["input_ids"]) == 12 and cut[1]["labels"][:n_prompt] == [-100] * n_prompt
+    )
+    short = {
+        "prompt": "Q",
+        "completion": " A",
+    }  # 4 tokens with EOS: fits; row 1's prompt alone fills the limit
+    assert (
+        tokenize_sft([short, rows[1]], tiny_tokenizer, max_length=n_prompt, overlong="truncate")[0]["labels"][
+            -1
+        ]
+        == 1
+    )
+    assert len(tokenize_sft([short, rows[1]], tiny_tokenizer, max_length=n_prompt, overlong="truncate")) == 1
+    long_prompt = {"prompt": "Review: the pasta at the cafe " * 3}
+    kept, prompt_ids = tokenize_prompts(
+        [{"prompt": "What is 1+1?", "answer": "2"}, long_prompt], tiny_tokenizer, 8
+    )
+    assert kept == [{"prompt": "What is 1+1?", "answer": "2"}] and len(prompt_ids) == 1
+
+
+def test_pack_examples_keeps_whole_examples() -> None:
+    examples = [
+        {"input_ids": [i] * n, "attention_mask": [1] * n, "labels": [i] * n}
+        for i, n in enumerate([3, 4, 2, 5])
+    ]
+    blocks = pack_examples(examples, max_length=7)
+    assert [b["input_ids"] for b in blocks] == [[0, 0, 0, 1, 1, 1, 1], [2, 2, 3, 3, 3, 3, 3]]
+    assert all(len(b["labels"]) == len(b["input_ids"]) == len(b["attention_mask"]) for b in blocks)
+
+
+def test_padding_layout() -> None:
+    ids, mask = pad([[5, 6], [7]], pad_id=0, side="left")
+    assert ids.tolist() == [[5, 6], [0, 7]] and mask.tolist() == [[1, 1], [0, 1]]
+    batch = join_prompt_response([[5, 6], [7]], [[8], [9, 10, 11]], pad_id=0)
+    assert batch["input_ids"].tolist() == [[5, 6, 8, 0, 0], [0, 7, 9, 10, 11]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 0, 0], [0, 1, 1, 1, 1]]
+    assert batch["response_mask"].tolist() == [[1, 0, 0], [1, 1, 1]]
+
+
+def test_preference_collation(tiny_tokenizer) -> None:
+    rows = [{"prompt": "Review: the tea", "chosen": " was warm .", "rejected": " was cold .", "target": 0.5}]
+    examples = tokenize_preferences(rows * 2, tiny_tokenizer, max_prompt_length=16)
+    assert examples[0]["chosen_ids"][-1] == tiny_tokenizer.eos_token_id and examples[0]["target"] == 0.5
+    batch = collate_preferences(examples, pad_id=tiny_tokenizer.pad_token_id)
+    assert batch["input_ids"].shape[0] == 4 and batch["target"].tolist() == [0.5, 0.5]
