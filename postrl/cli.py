@@ -41,9 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _registrars() -> list:
     from postrl.control.commands import add_parser as control
-    from postrl.lm.commands import add_parser as lm
+    from postrl.lm.commands import add_parser as data
+    from postrl.lm.stage_commands import add_parser as lm_stages
 
-    return [control, lm]
+    return [control, data, lm_stages]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as err:
         print(f"postrl: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `postrl sft --list-keys | head`
+        return 0
     except KeyboardInterrupt:
         print(
             "\npostrl: interrupted; rerun the same command to resume from the last checkpoint",

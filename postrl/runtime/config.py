@@ -321,7 +321,7 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
 
 def format_help(cls: type) -> str:
     """A help paragraph listing every overridable key with its default and docstring."""
-    lines = ["config keys (override with key=value, e.g. ppo.clip_eps=0.1):"]
+    lines = ["config keys (override on the command line as key=value, e.g. train.max_steps=100):"]
     for key, default, doc in describe(cls):
         lines.append(f"  {key} = {default}" + (f"\n      {doc}" if doc else ""))
     return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""Pretraining the built-in tiny LM from scratch on the generated corpus (the world of `postrl.lm.tasks`).
+
+Builds the tokenizer on the corpus, a tiny Llama from config, and trains next-token prediction on every
+token (packed blocks). The result, ``RUN_DIR/model``, is a standard Hugging Face folder (safetensors +
+tokenizer) that SFT, the reward model and every HF tool load like any other causal LM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from postrl.lm.models import TinyLMConfig, build_tiny_lm
+from postrl.lm.trainer import (
+    OptimConfig,
+    TrainConfig,
+    export_model,
+    prepare_examples,
+    run_training,
+    set_threads,
+)
+from postrl.runtime import distributed as dist
+from postrl.runtime.logging import RunLogger
+from postrl.runtime.seeding import seed_everything
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """`postrl pretrain`: tokenizer + tiny Llama + next-token training on the generated corpus."""
+
+    model: TinyLMConfig = field(default_factory=TinyLMConfig)
+    """Shape of the tiny Llama."""
+    vocab_size: int = 512
+    """BPE vocabulary size of the built tokenizer."""
+    corpus_lines: int = 20000
+    """Lines of generated text (arithmetic, reviews, generic)."""
+    arithmetic: dict[str, Any] = field(default_factory=dict)
+    """Options of the arithmetic task whose train split feeds the corpus (e.g. {digits: 3})."""
+    reviews: dict[str, Any] = field(default_factory=dict)
+    """Options of the reviews task whose train split feeds the corpus."""
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(
+            max_steps=600,
+            batch_size=32,
+            max_length=128,
+            packing=True,
+            eval_every=200,
+            save_every=200,
+            optim=OptimConfig(lr=3e-3, warmup_steps=50, weight_decay=0.1),
+        )
+    )
+    """The optimisation loop."""
+    device: str = "auto"
+    """cpu, cuda, cuda:1, mps, or auto."""
+    threads: int | None = None
+    """torch intra-op threads (null: torch's default)."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files."""
+
+
+def corpus_and_heldout(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
+    """Train text (the corpus) and held-out text (the tasks' test-split demonstrations)."""
+    from postrl.lm.tasks import build_corpus, get_task
+
+    arith, reviews = get_task("arithmetic", **cfg.arithmetic), get_task("reviews", **cfg.reviews)
+    corpus = build_corpus(cfg.corpus_lines, cfg.train.seed, arithmetic=arith.config, reviews=reviews.config)
+    heldout = [r["prompt"] + r["completion"] for t in (arith, reviews) for r in t.sft_rows("test")]
+    return corpus, heldout
+
+
+def run_pretrain(cfg: PretrainConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
+    """Train and export ``RUN_DIR/model``; writes the run folder and returns the summary."""
+    from postrl.lm.data import tokenize_sft
+    from postrl.lm.tokenizer import build_tokenizer
+
+    run_dir = Path(run_dir)
+    info = dist.init_distributed(cfg.device)
+    set_threads(cfg.threads)
+    seed_everything(cfg.train.seed, info.rank)
+    logger = RunLogger(run_dir, cfg, tensorboard=cfg.tensorboard, enabled=info.is_main, resume=resume)
+    corpus, heldout = corpus_and_heldout(cfg)
+    tokenizer = build_tokenizer(
+        corpus, vocab_size=cfg.vocab_size, model_max_length=cfg.model.max_position_embeddings
+    )
+    rows = [{"prompt": "", "completion": line} for line in corpus]
+    train = prepare_examples(tokenize_sft(rows, tokenizer, cfg.train.max_length, "truncate"), cfg.train)
+    heldout_rows = [{"prompt": "", "completion": line} for line in heldout]
+    evals = tokenize_sft(heldout_rows, tokenizer, cfg.train.max_length, "truncate")
+    model = build_tiny_lm(
+        len(tokenizer),
+        cfg.model,
+        seed=cfg.train.seed,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    ).to(info.device)
+    ddp = dist.wrap_ddp(model, info)
+    n_tokens = sum(len(e["input_ids"]) for e in train)
+    result = run_training(
+        ddp,
+        tokenizer,
+        train,
+        evals,
+        cfg.train,
+        run_dir,
+        logger,
+        device=info.device,
+        desc="pretrain",
+        resume=resume,
+    )
+    if info.is_main:
+        export_model(model, tokenizer, run_dir / "model")
+    n_params = sum(p.numel() for p in model.parameters())
+    return logger.finish(
+        {
+            **result,
+            "n_params": n_params,
+            "corpus_tokens": n_tokens,
+            "tokens_per_second": _tokens_per_second(logger, cfg.train, n_tokens, len(train)),
+        }
+    )
+
+
+def _tokens_per_second(logger: RunLogger, cfg: TrainConfig, n_tokens: int, n_examples: int) -> float:
+    seen = cfg.max_steps * cfg.batch_size * (n_tokens / max(1, n_examples))
+    return seen / max(1e-9, logger.elapsed)

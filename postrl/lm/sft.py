@@ -1,0 +1,129 @@
+"""`postrl sft`: supervised fine-tuning of any HF causal LM on prompt/completion data (loss on completion
+tokens only), with held-out loss and — for tasks with a verifier — greedy exact-match accuracy, and an
+optional stop once the accuracy reaches a band (to leave room for RL, as the notes' pipeline wants)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from postrl.lm.trainer import TrainConfig, export_model, prepare_examples, run_training, set_threads
+from postrl.runtime import distributed as dist
+from postrl.runtime.errors import UserError
+from postrl.runtime.logging import RunLogger
+from postrl.runtime.seeding import seed_everything
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """`postrl sft --model PATH --data FILE_OR_TASK --out RUN_DIR`."""
+
+    model: str = "runs/pretrain/model"
+    """Hugging Face causal LM: a local folder, or a hub name when online."""
+    tokenizer: str | None = None
+    """Tokenizer folder or name (default: the model's)."""
+    data: str = "task:arithmetic"
+    """Training rows: a JSONL/JSON/Parquet file, task:NAME (built-in), or a `datasets` name."""
+    task: dict[str, Any] = field(default_factory=dict)
+    """Options of a built-in task (e.g. {digits: 3, ops: "+"})."""
+    eval_data: str | None = None
+    """Held-out rows (default: the test split of a built-in task, else the last 5% of the data)."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """The optimisation loop."""
+    eval_prompts: int = 200
+    """Held-out prompts for greedy exact-match accuracy (built-in tasks with a verifier)."""
+    eval_max_new_tokens: int = 8
+    """Tokens generated per prompt for the accuracy check."""
+    stop_accuracy: float | None = None
+    """Stop once held-out accuracy reaches this (e.g. 0.3 to leave room for RL); null: never."""
+    device: str = "auto"
+    """cpu, cuda, cuda:1, mps, or auto."""
+    dtype: str = "float32"
+    """Weights dtype: float32, bfloat16 or float16."""
+    threads: int | None = None
+    """torch intra-op threads (null: torch's default)."""
+    trust_remote_code: bool = False
+    """Run the model repository's own code (only for models you trust)."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files."""
+
+
+def load_sft_rows(cfg: SFTConfig, tokenizer: Any) -> tuple[list[dict], list[dict], Any]:
+    """(train rows, held-out rows, the built-in task or None), rendered to plain prompt/completion text."""
+    from postrl.lm.data import load_rows, render_rows
+    from postrl.lm.tasks import get_task
+
+    task = get_task(cfg.data[len("task:") :], **cfg.task) if cfg.data.startswith("task:") else None
+    rows = load_rows(cfg.data, "sft", "train", task_kwargs=cfg.task)
+    if cfg.eval_data is not None:
+        heldout = load_rows(cfg.eval_data, "sft", "test", task_kwargs=cfg.task)
+    elif task is not None:
+        heldout = task.sft_rows("test")
+    else:
+        cut = max(1, len(rows) // 20)
+        rows, heldout = rows[:-cut], rows[-cut:]
+    return render_rows(rows, "sft", tokenizer), render_rows(heldout, "sft", tokenizer), task
+
+
+def accuracy_callback(task: Any, tokenizer: Any, cfg: SFTConfig):
+    """``evaluate(model) -> {"heldout_accuracy"}`` for a built-in task with a verifier, else None."""
+    if task is None or "answer" not in (task.prompt_rows("test")[:1] or [{}])[0]:
+        return None
+    from postrl.lm.evaluation import evaluate_task
+
+    def evaluate(model: Any) -> dict[str, float]:
+        result = evaluate_task(
+            model, tokenizer, task, n=cfg.eval_prompts, max_new_tokens=cfg.eval_max_new_tokens
+        )
+        return {"heldout_accuracy": result["reward"]}
+
+    return evaluate
+
+
+def run_sft(cfg: SFTConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
+    """Fine-tune, export ``RUN_DIR/model`` (HF format), write the run folder, return the summary."""
+    from postrl.lm.data import tokenize_sft
+    from postrl.lm.models import load_causal_lm, resolve_dtype
+    from postrl.lm.tokenizer import load_tokenizer
+
+    run_dir = Path(run_dir)
+    info = dist.init_distributed(cfg.device)
+    set_threads(cfg.threads)
+    seed_everything(cfg.train.seed, info.rank)
+    logger = RunLogger(run_dir, cfg, tensorboard=cfg.tensorboard, enabled=info.is_main, resume=resume)
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
+    model = load_causal_lm(
+        cfg.model, dtype=resolve_dtype(cfg.dtype), device=info.device, trust_remote_code=cfg.trust_remote_code
+    )
+    rows, heldout, task = load_sft_rows(cfg, tokenizer)
+    train = prepare_examples(
+        tokenize_sft(rows, tokenizer, cfg.train.max_length, cfg.train.overlong), cfg.train
+    )
+    evals = tokenize_sft(heldout, tokenizer, cfg.train.max_length, "truncate")
+    if not train:
+        raise UserError(f"{cfg.data}: no SFT example fits max_length={cfg.train.max_length}")
+    evaluate = accuracy_callback(task, tokenizer, cfg)
+    stop = None
+    if cfg.stop_accuracy is not None and evaluate is not None:
+
+        def stop(metrics: dict[str, float]) -> bool:
+            return metrics.get("heldout_accuracy", 0.0) >= cfg.stop_accuracy
+
+    result = run_training(
+        dist.wrap_ddp(model, info),
+        tokenizer,
+        train,
+        evals,
+        cfg.train,
+        run_dir,
+        logger,
+        device=info.device,
+        desc="sft",
+        evaluate=evaluate,
+        should_stop=stop,
+        resume=resume,
+    )
+    if info.is_main:
+        export_model(model, tokenizer, run_dir / "model")
+    return logger.finish({**result, "train_examples": len(train)})

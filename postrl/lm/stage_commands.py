@@ -1,0 +1,132 @@
+"""``postrl pretrain``, ``postrl sft`` and ``postrl generate`` (and the pattern the RL stages follow).
+
+Config precedence: the stage's defaults, then ``--config FILE.yaml``, then the flags (``--model``,
+``--data``, ...), then ``key=value`` overrides. ``--list-keys`` prints every key with its help.
+Heavy imports happen inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+# stage name → (module, config class, run function, help, {flag: config key})
+STAGES: dict[str, tuple[str, str, str, str, dict[str, str]]] = {
+    "pretrain": (
+        "postrl.lm.pretrain",
+        "PretrainConfig",
+        "run_pretrain",
+        "pretrain the built-in tiny LM (and its tokenizer) on the generated corpus",
+        {},
+    ),
+    "sft": (
+        "postrl.lm.sft",
+        "SFTConfig",
+        "run_sft",
+        "supervised fine-tuning on prompt/completion data (loss on completions only)",
+        {"--model": "model", "--data": "data"},
+    ),
+}
+
+
+def stage_config(name: str, args: argparse.Namespace) -> Any:
+    """The resolved config of stage ``name`` from its command line (or the run folder on --resume)."""
+    from postrl.runtime.config import load_config
+
+    module, cls_name, _, _, flags = STAGES[name]
+    cls = getattr(importlib.import_module(module), cls_name)
+    path = args.config
+    if args.resume and path is None and (Path(args.out) / "config.yaml").is_file():
+        path = Path(args.out) / "config.yaml"
+    overrides = [
+        f"{key}={getattr(args, _dest(flag))}"
+        for flag, key in flags.items()
+        if getattr(args, _dest(flag)) is not None
+    ]
+    return load_config(cls, path, [*overrides, *args.overrides])
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def _run_stage(name: str):
+    def handler(args: argparse.Namespace) -> int:
+        module, cls_name, run_name, _, _ = STAGES[name]
+        mod = importlib.import_module(module)
+        if args.list_keys:
+            from postrl.runtime.config import format_help
+
+            print(format_help(getattr(mod, cls_name)))
+            return 0
+        if args.out is None:
+            raise SystemExit(f"postrl {name}: --out RUN_DIR is required")
+        summary = getattr(mod, run_name)(stage_config(name, args), args.out, resume=args.resume)
+        print(json.dumps(summary))
+        return 0
+
+    return handler
+
+
+def add_stage_parser(subparsers: Any, name: str) -> argparse.ArgumentParser:
+    """One training stage's parser: its flags, --config, --out, --resume, --list-keys, key=value."""
+    _, _, _, help_text, flags = STAGES[name]
+    parser = subparsers.add_parser(
+        name,
+        help=help_text,
+        description=help_text[0].upper()
+        + help_text[1:]
+        + ". Any config key can be overridden as key=value (--list-keys).",
+    )
+    for flag, key in flags.items():
+        parser.add_argument(flag, default=None, help=f"sets the config key '{key}'")
+    parser.add_argument("--out", default=None, metavar="RUN_DIR", help="run folder (required)")
+    parser.add_argument("--config", default=None, metavar="FILE.yaml", help="YAML config")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from RUN_DIR's last checkpoint (with its config.yaml)"
+    )
+    parser.add_argument("--list-keys", action="store_true", help="print every config key and exit")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    parser.set_defaults(handler=_run_stage(name))
+    return parser
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from postrl.lm.evaluation import complete
+    from postrl.lm.models import load_causal_lm
+    from postrl.lm.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(args.tokenizer or args.model, trust_remote_code=args.trust_remote_code)
+    model = load_causal_lm(args.model, trust_remote_code=args.trust_remote_code)
+    prompts: Sequence[str] = args.prompt
+    texts = complete(
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens=args.max_new_tokens,
+        greedy=args.temperature == 0,
+        temperature=args.temperature or 1.0,
+        seed=args.seed,
+    )
+    for prompt, text in zip(prompts, texts, strict=True):
+        print(f"{prompt}{text}")
+    return 0
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register pretrain, sft and generate."""
+    for name in STAGES:
+        add_stage_parser(subparsers, name)
+    gen = subparsers.add_parser("generate", help="complete prompts with a causal LM")
+    gen.add_argument("--model", required=True, help="model folder or hub name")
+    gen.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's)")
+    gen.add_argument("--prompt", action="append", required=True, help="a prompt (repeatable)")
+    gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default 32)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed")
+    gen.add_argument("--trust-remote-code", action="store_true", help="run the model repo's own code")
+    gen.set_defaults(handler=_generate)

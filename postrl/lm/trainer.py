@@ -1,0 +1,351 @@
+"""Supervised fine-tuning (and pretraining): next-token cross-entropy on the completion tokens.
+
+Pretraining is the same loop on plain text with every token in the loss. The loss is a token mean over
+the whole optimiser step: each micro-batch's summed loss is divided by the step's total count of target
+tokens, so gradient accumulation (and sharding across ranks) gives the gradient of one big batch.
+
+Schedule: linear warmup then cosine decay to ``min_lr_ratio·lr`` (as in nanoGPT / Chinchilla).
+Checkpoints hold the model, optimiser, scheduler, data position and every RNG state, so a resumed run
+continues bit-for-bit; the final model is written with ``save_pretrained`` (safetensors).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from postrl.core import masked_sum
+from postrl.lm.data import pack_examples, pad
+from postrl.runtime import distributed as dist
+from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from postrl.runtime.logging import RunLogger
+from postrl.runtime.progress import Progress
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-3
+    """Peak learning rate (AdamW)."""
+    min_lr_ratio: float = 0.1
+    """The cosine schedule ends at min_lr_ratio · lr."""
+    warmup_steps: int = 50
+    """Linear warmup steps from 0 to lr."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (matrices only; norms and biases are not decayed)."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    max_grad_norm: float | None = 1.0
+    """Global gradient-norm clip; null turns it off."""
+
+
+def cosine_schedule(warmup_steps: int, total_steps: int, min_lr_ratio: float) -> Callable[[int], float]:
+    """LR multiplier at optimiser step s: s/warmup during warmup, then cosine from 1 to min_lr_ratio."""
+
+    def factor(step: int) -> float:
+        if warmup_steps > 0 and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        span = max(1, total_steps - warmup_steps)
+        progress = min(1.0, (step - warmup_steps) / span)
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
+    """AdamW with decay on ≥2-D weights only, and the warmup-cosine LambdaLR."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, foreach=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, cosine_schedule(cfg.warmup_steps, total_steps, cfg.min_lr_ratio)
+    )
+    return opt, sched
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation loop shared by pretraining and SFT."""
+
+    max_steps: int = 1000
+    """Optimiser steps."""
+    batch_size: int = 64
+    """Examples per optimiser step (over all micro-batches and ranks)."""
+    grad_accum: int = 1
+    """Micro-batches per optimiser step (the loss is normalised by the step's token count, so this never
+    changes the gradient)."""
+    max_length: int = 64
+    """Longest example in tokens (prompt + completion + EOS); see `overlong`."""
+    overlong: str = "drop"
+    """What to do with longer examples: drop, truncate or error (always reported)."""
+    packing: bool = False
+    """Concatenate whole examples into blocks of max_length tokens."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimiser and schedule."""
+    eval_every: int = 100
+    """Steps between held-out evaluations (0: only at the end)."""
+    eval_examples: int = 256
+    """Held-out examples for the held-out loss."""
+    save_every: int = 200
+    """Steps between checkpoints (0: only at the end)."""
+    keep_last: int = 2
+    """Checkpoints kept."""
+    seed: int = 0
+    """Seed of the data order and of everything random."""
+    log_every: int = 10
+    """Steps between metrics.jsonl rows."""
+
+
+def token_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token next-token NLL and its mask, both [B, L−1]: position t predicts token t+1."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    targets = batch["labels"][:, 1:]  # (B, L-1)
+    mask = targets != -100
+    nll = F.cross_entropy(
+        logits[:, :-1].flatten(0, 1).float(), targets.clamp_min(0).flatten(), reduction="none"
+    ).view_as(targets)
+    return nll, mask
+
+
+def sft_step_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], n_tokens: int) -> torch.Tensor:
+    """Σ NLL over this micro-batch's target tokens / ``n_tokens`` (the whole step's count)."""
+    nll, mask = token_losses(model, batch)
+    return masked_sum(nll, mask) / max(1, n_tokens)
+
+
+@torch.no_grad()
+def heldout_loss(model: torch.nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> float:
+    """Token-mean NLL over held-out batches (dropout off)."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for batch in batches:
+        nll, mask = token_losses(model, batch)
+        total += float(masked_sum(nll, mask))
+        count += int(mask.sum())
+    model.train(was_training)
+    return total / max(1, count)
+
+
+def batch_order(n_examples: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """Example indices for each batch of ``epoch``: a permutation that depends only on (seed, epoch)."""
+    order = list(range(n_examples))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return [order[i : i + batch_size] for i in range(0, n_examples, batch_size)]
+
+
+def iterate_batches(
+    n_examples: int, batch_size: int, seed: int, start: int = 0
+) -> Iterator[tuple[int, list[int]]]:
+    """Endless ``(position, indices)``; position counts batches from the start of training, so a resume at
+    position p continues with exactly the batch a straight run would have drawn next."""
+    per_epoch = math.ceil(n_examples / batch_size)
+    position = start
+    while True:
+        epoch, within = divmod(position, per_epoch)
+        yield position, batch_order(n_examples, batch_size, seed, epoch)[within]
+        position += 1
+
+
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def make_batches(examples: Sequence[dict[str, list[int]]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad tokenised examples: ``input_ids``, ``attention_mask``, ``labels`` (−100 = no loss), [B, L]."""
+    ids, mask = pad([e["input_ids"] for e in examples], pad_token_id, side="right")
+    labels, _ = pad([e["labels"] for e in examples], -100, side="right")
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def prepare_examples(examples: list[dict[str, list[int]]], cfg: TrainConfig) -> list[dict[str, list[int]]]:
+    return pack_examples(examples, cfg.max_length) if cfg.packing else examples
+
+
+@dataclass
+class LoopState:
+    """What the loop carries from step to step (and what a checkpoint restores)."""
+
+    step: int = 0
+    position: int = 0
+    best: dict[str, float] = field(default_factory=dict)
+
+
+def _micro_batches(indices: list[int], cfg: TrainConfig) -> list[list[int]]:
+    """This rank's share of a step's examples, cut into grad_accum micro-batches."""
+    mine = [indices[i] for i in dist.shard_range(len(indices))]
+    size = math.ceil(len(mine) / cfg.grad_accum) if mine else 0
+    return [mine[i : i + size] for i in range(0, len(mine), size)] if size else []
+
+
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    examples: Sequence[dict[str, list[int]]],
+    indices: list[int],
+    cfg: TrainConfig,
+    pad_token_id: int,
+    device: torch.device,
+) -> dict[str, float]:
+    """One optimiser step over ``indices`` (all ranks' examples); returns loss and gradient norm."""
+    micro = [
+        to_device(make_batches([examples[i] for i in m], pad_token_id), device)
+        for m in _micro_batches(indices, cfg)
+    ]
+    local_tokens = sum(int((b["labels"][:, 1:] != -100).sum()) for b in micro)
+    n_tokens = int(dist.all_reduce_sum(torch.tensor(local_tokens)).item())
+    scale = dist.world_size()  # DDP averages gradients over ranks; the loss is a global token sum
+    total = 0.0
+    for k, batch in enumerate(micro):
+        sync = k == len(micro) - 1 or not hasattr(model, "no_sync")
+        with model.no_sync() if not sync else _nullcontext():
+            loss = sft_step_loss(model, batch, n_tokens) * scale
+            loss.backward()
+        total += float(loss.detach()) / scale
+    total = float(dist.all_reduce_sum(torch.tensor(total)).item())
+    norm = _clip(model, cfg.optim.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"loss": total, "grad_norm": norm, "tokens": n_tokens}
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _clip(model: torch.nn.Module, max_norm: float | None) -> float:
+    params = [p for p in model.parameters() if p.grad is not None]
+    if max_norm is None:
+        return (
+            float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))) if params else 0.0
+        )
+    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+
+def run_training(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    train_examples: list[dict[str, list[int]]],
+    eval_examples: list[dict[str, list[int]]],
+    cfg: TrainConfig,
+    run_dir: Path,
+    logger: RunLogger,
+    *,
+    device: torch.device,
+    desc: str = "sft",
+    evaluate: Callable[[torch.nn.Module], dict[str, float]] | None = None,
+    should_stop: Callable[[dict[str, float]], bool] | None = None,
+    resume: bool = False,
+) -> dict[str, float]:
+    """The loop: batches in a (seed, epoch) order, optimiser steps, periodic held-out loss (and the
+    ``evaluate`` callback, e.g. accuracy), atomic checkpoints, exact resume. Returns the last evaluation."""
+    if not train_examples:
+        raise ValueError("no training examples left after tokenisation and the length limit")
+    inner = dist.unwrap(model)
+    optimizer, scheduler = make_optimizer(inner, cfg.optim, cfg.max_steps)
+    state = LoopState()
+    ckpt_root = run_dir / "checkpoints"
+    last = latest_checkpoint(ckpt_root) if resume else None
+    if last is not None:
+        loaded = load_checkpoint(
+            last, modules={"model": inner}, optimizers={"opt": optimizer}, schedulers={"sched": scheduler}
+        )
+        state = LoopState(
+            step=loaded["step"],
+            position=int(loaded["extra"]["position"]),
+            best=dict(loaded["extra"].get("best", {})),
+        )
+        logger.truncate_after(state.step)
+    eval_batches = [
+        make_batches(eval_examples[i : i + 64], tokenizer.pad_token_id)
+        for i in range(0, min(len(eval_examples), cfg.eval_examples), 64)
+    ]
+    eval_batches = [to_device(b, device) for b in eval_batches]
+    batches = iterate_batches(len(train_examples), cfg.batch_size, cfg.seed, start=state.position)
+    metrics: dict[str, float] = {}
+    model.train()
+    with Progress(cfg.max_steps, desc, initial=state.step, disable=None if dist.is_main() else True) as bar:
+        while state.step < cfg.max_steps:
+            state.position, indices = next(batches)
+            state.position += 1
+            out = train_step(model, optimizer, train_examples, indices, cfg, tokenizer.pad_token_id, device)
+            scheduler.step()
+            state.step += 1
+            bar.update(1, loss=out["loss"])
+            if state.step % cfg.log_every == 0:
+                logger.log(
+                    state.step,
+                    {"loss": out["loss"], "grad_norm": out["grad_norm"], "lr": scheduler.get_last_lr()[0]},
+                )
+            done = state.step == cfg.max_steps
+            if done or (cfg.eval_every and state.step % cfg.eval_every == 0):
+                metrics = {
+                    "heldout_loss": heldout_loss(inner, eval_batches) if eval_batches else float("nan")
+                }
+                if evaluate is not None:
+                    metrics.update(evaluate(inner))
+                logger.log(state.step, metrics)
+                bar.write(
+                    f"{desc} step {state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+                )
+                if should_stop is not None and should_stop(metrics):
+                    done = True
+            if done or (cfg.save_every and state.step % cfg.save_every == 0):
+                _save(ckpt_root, state, inner, optimizer, scheduler, cfg)
+            if done:
+                break
+    return {**metrics, "steps": state.step}
+
+
+def _save(root: Path, state: LoopState, model, optimizer, scheduler, cfg: TrainConfig) -> None:
+    if dist.is_main():
+        save_checkpoint(
+            root,
+            state.step,
+            modules={"model": model},
+            optimizers={"opt": optimizer},
+            schedulers={"sched": scheduler},
+            extra={"position": state.position, "best": state.best},
+            keep_last=cfg.keep_last,
+        )
+    dist.barrier()
+
+
+def export_model(model: torch.nn.Module, tokenizer: Any, path: Path) -> Path:
+    """``save_pretrained`` the model (safetensors) and tokenizer into ``path`` atomically (temp + rename)."""
+    import os
+    import shutil
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".tmp-{path.name}-"))
+    try:
+        dist.unwrap(model).save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def set_threads(threads: int | None) -> None:
+    """Use ``threads`` intra-op threads (None: torch's default)."""
+    if threads:
+        torch.set_num_threads(threads)
