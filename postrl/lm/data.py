@@ -237,7 +237,44 @@ def apply_length_limit(
 # ---- tokenisation ----------------------------------------------------------------------------------------
 def encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     """Token ids of each text, without special tokens (an empty text gives [])."""
-    return [tokenizer(t, add_special_tokens=False)["input_ids"] if t else [] for t in texts]
+    texts = list(texts)
+    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+
+def special_prefix(tokenizer: Any) -> list[int]:
+    """The ids a tokenizer puts before any text on its own: ``[bos]`` for Llama-style tokenizers, ``[]``
+    for postrl's, GPT-2's or Qwen's."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a")["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return full[:start]
+    return []
+
+
+def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Prompt ids as the model expects them: the tokenizer's own prefix (e.g. Llama's ``<s>``) plus the
+    text's tokens, but no second BOS when the text already starts with it (a rendered chat template).
+    An empty prompt becomes ``[bos]`` (or the prefix) so a language-modelling row has a first target.
+
+    The rollout engine and every trainer should encode prompts with this one function.
+    """
+    prefix = special_prefix(tokenizer)
+    bos_text, bos_id = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "bos_token_id", None)
+    out = []
+    for text, ids in zip(texts, encode(tokenizer, texts), strict=True):
+        if not text:
+            out.append(list(prefix) or ([bos_id] if bos_id is not None else []))
+        elif bos_text and text.startswith(bos_text):
+            out.append(list(ids))
+        else:
+            out.append(list(prefix) + list(ids))
+    return out
+
+
+def encode_completions(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Completion ids: the text's tokens (no special prefix) followed by EOS."""
+    return [list(ids) + [tokenizer.eos_token_id] for ids in encode(tokenizer, texts)]
 
 
 def tokenize_sft(
@@ -245,8 +282,8 @@ def tokenize_sft(
 ) -> list[dict[str, list[int]]]:
     """SFT examples ``{"input_ids", "attention_mask", "labels"}`` from plain prompt/completion rows.
 
-    input_ids = prompt + completion + EOS; labels = −100 on the prompt, the token ids elsewhere. An empty
-    prompt (``text`` rows) becomes ``[bos]`` when the tokenizer has one, so the first token is a target.
+    input_ids = `encode_prompts` + `encode_completions` (text + EOS); labels = −100 on the prompt, the token
+    ids elsewhere. An empty prompt (``text`` rows) becomes ``[bos]``, so the first token is a target.
     Overlong examples (prompt + completion + EOS > max_length) are dropped, truncated (the completion's end
     is cut; examples whose prompt alone fills the limit are dropped) or refused, and reported.
     """
@@ -285,10 +322,12 @@ def pack_examples(examples: Sequence[dict[str, list[int]]], max_length: int) -> 
 def tokenize_prompts(
     rows: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_length: int, overlong: str = "drop"
 ) -> tuple[list[dict[str, Any]], list[list[int]]]:
-    """(kept rows, their prompt ids) for RL; rows keep every column for the reward functions."""
-    ids, keep = apply_length_limit(
-        encode(tokenizer, [r["prompt"] for r in rows]), max_prompt_length, overlong
-    )
+    """(kept rows, their prompt ids) for RL; rows keep every column for the reward functions.
+
+    With ``overlong="truncate"`` the ids (not the row's text) are the truncated prompt: generate from them.
+    """
+    prompt_ids = encode_prompts(tokenizer, [r["prompt"] for r in rows])
+    ids, keep = apply_length_limit(prompt_ids, max_prompt_length, overlong)
     return [rows[i] for i in keep], ids
 
 
@@ -297,9 +336,8 @@ def tokenize_preferences(
 ) -> list[dict[str, Any]]:
     """``{"prompt_ids", "chosen_ids", "rejected_ids", "target"}`` per kept row; responses end with EOS."""
     kept, prompt_ids = tokenize_prompts(rows, tokenizer, max_prompt_length, overlong)
-    eos = tokenizer.eos_token_id
-    chosen = [c + [eos] for c in encode(tokenizer, [r["chosen"] for r in kept])]
-    rejected = [c + [eos] for c in encode(tokenizer, [r["rejected"] for r in kept])]
+    chosen = encode_completions(tokenizer, [r["chosen"] for r in kept])
+    rejected = encode_completions(tokenizer, [r["rejected"] for r in kept])
     return [
         {"prompt_ids": p, "chosen_ids": c, "rejected_ids": r, "target": float(row.get("target", 1.0))}
         for p, c, r, row in zip(prompt_ids, chosen, rejected, kept, strict=True)

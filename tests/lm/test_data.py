@@ -213,3 +213,25 @@ def test_preference_collation(tiny_tokenizer) -> None:
     assert examples[0]["chosen_ids"][-1] == tiny_tokenizer.eos_token_id and examples[0]["target"] == 0.5
     batch = collate_preferences(examples, pad_id=tiny_tokenizer.pad_token_id)
     assert batch["input_ids"].shape[0] == 4 and batch["target"].tolist() == [0.5, 0.5]
+
+
+def test_encode_prompts_follows_the_tokenizer_and_never_doubles_bos(tiny_corpus, tiny_tokenizer) -> None:
+    from tokenizers import processors
+
+    from postrl.lm.data import encode_completions, encode_prompts, special_prefix
+    from postrl.lm.tokenizer import train_bpe, wrap_tokenizer
+
+    raw = train_bpe(tiny_corpus[:300], vocab_size=300)
+    raw.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    llama_like = wrap_tokenizer(raw)  # adds <bos> by itself, as Llama's tokenizer does
+    assert special_prefix(llama_like) == [2] and special_prefix(tiny_tokenizer) == []
+    plain = llama_like("What is 1+1?", add_special_tokens=False)["input_ids"]
+    with_bos, rendered, empty = encode_prompts(llama_like, ["What is 1+1?", "<bos>What is 1+1?", ""])
+    assert with_bos == [2, *plain] and rendered == [2, *plain] and empty == [2]
+    assert encode_prompts(tiny_tokenizer, ["What is 1+1?", ""]) == [
+        tiny_tokenizer("What is 1+1?")["input_ids"],
+        [2],
+    ]
+    assert encode_completions(llama_like, [" 2"]) == [
+        [*llama_like(" 2", add_special_tokens=False)["input_ids"], 1]
+    ]
