@@ -191,3 +191,23 @@ def test_set_dropout_off_on_llama_attention_dropout() -> None:
 def test_tiny_config_is_respected() -> None:
     model = build_tiny_lm(300, TinyLMConfig(n_layers=3, hidden_size=64, n_heads=2, intermediate_size=96))
     assert len(model.model.layers) == 3 and model.config.head_dim == 32
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    layout=st.lists(
+        st.tuples(st.integers(0, 4), st.integers(1, 5), st.integers(0, 4)), min_size=1, max_size=4
+    )
+)
+def test_positions_and_last_index_on_any_left_and_right_padding(layout: list[tuple[int, int, int]]) -> None:
+    width = max(left + real + right for left, real, right in layout)
+    rows = [[0] * left + [1] * real + [0] * (width - left - real) for left, real, _ in layout]
+    mask = torch.tensor(rows)
+    positions = position_ids_from_mask(mask)
+    for b, (left, real, _) in enumerate(layout):
+        assert positions[b, left : left + real].tolist() == list(range(real))
+        assert int(last_token_index(mask)[b]) == left + real - 1

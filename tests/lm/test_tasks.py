@@ -180,7 +180,7 @@ def test_labeller_bradley_terry_frequency() -> None:
 
 
 def test_reviews_preferences_from_policy_samples() -> None:
-    task = get_task("reviews", label_noise=0.0)
+    task = get_task("reviews", label_noise=0.0, n_pairs_train=200)
     samples = {"Review: the soup": [" was cold .", " was delicious .", " was okay .", " was okay ."]}
     rows = task.preference_rows("train", policy_samples=samples)
     assert rows[0]["chosen"] == " was delicious ." and rows[0]["target"] == 1.0
@@ -216,3 +216,42 @@ def test_data_export_writes_trl_columns(tmp_path) -> None:
     args.handler(args)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 3 and set(rows[0]) == {"prompt", "answer"}
+
+
+# ---- properties ------------------------------------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from postrl.lm.tasks.review_language import ADJECTIVES, CONNECTIVES, INTENSIFIERS  # noqa: E402
+
+_NO_DIGITS = st.text(
+    alphabet=st.characters(blacklist_categories=("Nd",), blacklist_characters="-−,."), max_size=20
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(prefix=_NO_DIGITS, n=st.integers(-(10**9), 10**9), commas=st.booleans())
+def test_parse_last_number_reads_any_written_integer(prefix: str, n: int, commas: bool) -> None:
+    written = f"{n:,}" if commas else str(n)
+    assert parse_last_number(f"{prefix} {written}") == n
+    assert parse_last_number(f"{prefix} {written}.") == n
+
+
+_VOCAB = [*ADJECTIVES, *INTENSIFIERS, *CONNECTIVES, "was", ".", "the", "pasta"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(words=st.lists(st.sampled_from(_VOCAB), max_size=20))
+def test_gold_reward_is_bounded_and_spam_never_beats_a_clean_review(words: list[str]) -> None:
+    text = " " + " ".join(words)
+    gold = gold_reward_one("Review: the pasta", text)
+    assert -10 < gold < 1.0
+    if len([w for w in words if w in ADJECTIVES]) != len({w for w in words if w in ADJECTIVES}):
+        assert gold < gold_reward_one("Review: the pasta", " was very fresh and delicious .")
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=st.floats(-3, 3), b=st.floats(-3, 3))
+def test_noiseless_labeller_is_antisymmetric(a: float, b: float) -> None:
+    labeller = SyntheticLabeller(LabellerConfig(noise=0.0, tie_tolerance=0.05))
+    assert labeller.target(a, b) + labeller.target(b, a) == 1.0

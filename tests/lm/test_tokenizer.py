@@ -93,3 +93,16 @@ def test_load_tokenizer_sets_missing_pad_and_logs(tmp_path, tiny_corpus, caplog)
         loaded = load_tokenizer(tmp_path)
     assert loaded.pad_token_id == loaded.eos_token_id and "no pad token" in caplog.text
     assert loaded.chat_template == CHAT_TEMPLATE
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(max_size=40))
+def test_any_text_round_trips(tiny_tokenizer, text: str) -> None:
+    for special in SPECIAL_TOKENS:
+        text = text.replace(special, "")
+    ids = tiny_tokenizer(text)["input_ids"]
+    assert tiny_tokenizer.decode(ids) == text
