@@ -1,6 +1,7 @@
 """``postrl`` subcommands of the LM world. ``add_parser(subparsers)`` registers them with the CLI.
 
     postrl data export --task arithmetic --kind sft --split train --out sft.jsonl [--option digits=3]
+    postrl data check --kind prefs FILE.jsonl
 
 Heavy imports happen inside the handlers, so ``postrl --help`` stays instant.
 """
@@ -43,10 +44,37 @@ def run_data_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_data_check(args: argparse.Namespace) -> int:
+    """Validate a data file (or ``task:NAME``) as ``--kind`` rows; a bad record is reported with its line."""
+    import json
+
+    from postrl.lm.data import load_rows
+
+    rows = load_rows(args.source, args.kind, args.split)
+    columns = sorted({key for row in rows for key in row})
+    print(f"{args.source}: {len(rows)} valid {args.kind} rows; columns: {', '.join(columns)}")
+    print("first row: " + json.dumps(rows[0], ensure_ascii=False)[:500])
+    return 0
+
+
+def _add_check_parser(commands: Any) -> None:
+    from postrl.lm.tasks.base import KINDS
+
+    check = commands.add_parser(
+        "check",
+        help="validate a JSONL/Parquet file (or task:NAME) as sft, prefs or prompts rows",
+        description="Read and validate every record; a bad one is reported with its file, line and field.",
+    )
+    check.add_argument("source", help="a .jsonl/.json/.parquet file, task:NAME, or a datasets name")
+    check.add_argument("--kind", required=True, choices=KINDS, help="which rows the file should hold")
+    check.add_argument("--split", default="train", help="split (for task:NAME and datasets names)")
+    check.set_defaults(handler=run_data_check)
+
+
 def _add_data_parser(subparsers: Any) -> None:
     from postrl.lm.tasks.base import KINDS, SPLITS
 
-    data = subparsers.add_parser("data", help="export the built-in tasks' data")
+    data = subparsers.add_parser("data", help="export the built-in tasks' data, check a data file")
     commands = data.add_subparsers(dest="data_command", metavar="ACTION")
     commands.required = True
     export = commands.add_parser(
@@ -69,6 +97,7 @@ def _add_data_parser(subparsers: Any) -> None:
     )
     export.add_argument("--limit", type=int, default=None, help="write at most this many rows")
     export.set_defaults(handler=run_data_export)
+    _add_check_parser(commands)
 
 
 def add_parser(subparsers: Any) -> None:

@@ -350,13 +350,14 @@ class PolicyWithValueHead(nn.Module):
         """
         if position_ids is None:
             position_ids = position_ids_from_mask(attention_mask)
+        extra = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}  # not every model accepts it
         out = self.lm(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             output_hidden_states=True,
             use_cache=False,
-            logits_to_keep=logits_to_keep,
+            **extra,
         )
         return out.logits, _head_values(self.head, out.hidden_states[-1])  # final (normed) hidden states
 

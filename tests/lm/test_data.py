@@ -235,3 +235,19 @@ def test_encode_prompts_follows_the_tokenizer_and_never_doubles_bos(tiny_corpus,
     assert encode_completions(llama_like, [" 2"]) == [
         [*llama_like(" 2", add_special_tokens=False)["input_ids"], 1]
     ]
+
+
+def test_data_check_command(tmp_path, capsys) -> None:
+    import argparse
+
+    from postrl.lm.commands import add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    good = write_jsonl([{"prompt": "a", "completion": "b"}], tmp_path / "good.jsonl")
+    args = parser.parse_args(["data", "check", "--kind", "sft", str(good)])
+    assert args.handler(args) == 0 and "1 valid sft rows" in capsys.readouterr().out
+    bad = _write(tmp_path, [GOOD, '{"prompt": "a"}'], name="bad.jsonl")
+    args = parser.parse_args(["data", "check", "--kind", "sft", str(bad)])
+    with pytest.raises(DataError, match=r"bad.jsonl:2: missing field 'completion'"):
+        args.handler(args)

@@ -255,3 +255,43 @@ def test_gold_reward_is_bounded_and_spam_never_beats_a_clean_review(words: list[
 def test_noiseless_labeller_is_antisymmetric(a: float, b: float) -> None:
     labeller = SyntheticLabeller(LabellerConfig(noise=0.0, tie_tolerance=0.05))
     assert labeller.target(a, b) + labeller.target(b, a) == 1.0
+
+
+def test_default_preferences_leave_a_naive_reward_model_hackable() -> None:
+    """A bag-of-words Bradley–Terry reward model fit on the default pairs prefers positive-word spam to a
+    clean positive review, while the gold reward ranks them the other way: hacking is visible."""
+    import torch
+
+    from postrl.lm.tasks.review_language import words_of
+
+    rows = get_task("reviews", n_pairs_train=1000).preference_rows("train")
+    vocab = {
+        w: i for i, w in enumerate(sorted({w for r in rows for w in words_of(r["chosen"] + r["rejected"])}))
+    }
+
+    def features(texts: list[str]) -> torch.Tensor:
+        counts = [[0.0] * len(vocab) for _ in texts]
+        for row, text in zip(counts, texts, strict=True):
+            for w in words_of(text):
+                row[vocab[w]] += 1
+        return torch.tensor(counts, dtype=torch.float64)
+
+    diff = features([r["chosen"] for r in rows]) - features([r["rejected"] for r in rows])
+    target = torch.tensor([r["target"] for r in rows], dtype=torch.float64)
+    weights = torch.zeros(len(vocab), dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([weights], max_iter=100)
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = (
+            torch.nn.functional.binary_cross_entropy_with_logits(diff @ weights, target)
+            + 1e-3 * weights.square().sum()
+        )
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    clean, spam = " was very fresh and delicious .", " was great great amazing amazing perfect perfect ."
+    proxy = (features([clean, spam]) @ weights).tolist()
+    assert proxy[1] > proxy[0]
+    assert gold_reward_one("Review: the pasta", spam) < gold_reward_one("Review: the pasta", clean) - 2

@@ -86,7 +86,8 @@ class ReviewsTask(Task):
         held_out = [p for p in all_prompts() if in_test_split(p, self.config.seed, self.config.test_fraction)]
         if split == "test":
             return held_out
-        return [p for p in all_prompts() if p not in set(held_out)]
+        excluded = set(held_out)
+        return [p for p in all_prompts() if p not in excluded]
 
     def sft_rows(self, split: Split = "train") -> list[dict[str, Any]]:
         """Grammatical demonstrations of mixed sentiment ``{"prompt", "completion"}``."""
