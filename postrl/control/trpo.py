@@ -151,7 +151,7 @@ class TRPO(Agent):
             kl = float(actor.kl(old_dist, batch.obs).mean())
             new_loss = float(surrogate_loss(actor, batch)[0])
         return {
-            "surrogate_improvement": float(loss) - new_loss,
+            "surrogate_improvement": float(loss.detach()) - new_loss,
             "expected_improvement": float(expected_improve),
             "kl": kl,
             "step_accepted": float(accepted),
