@@ -156,21 +156,27 @@ def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, lo
     total, run = cfg.run.total_steps, cfg.run
     with Progress(total, f"{cfg.algo} {cfg.env.id}", unit="step", initial=progress.env_steps) as bar:
         while progress.env_steps < total:
+            # Training time counts everything but evaluation (logging and checkpoints included), as
+            # the peer benchmark times SB3's learn().
+            start, eval_seconds = time.perf_counter(), 0.0
             it = progress.iteration
-            start = time.perf_counter()
             metrics, episodes, n_steps = agent.iteration(env, it, progress.env_steps / total)
-            progress.train_seconds += time.perf_counter() - start
             progress.record(episodes, progress.env_steps, threshold)
             progress.iteration, progress.env_steps = it + 1, progress.env_steps + n_steps
             done = progress.env_steps >= total
             row = _row(metrics, progress)
             if run.eval_every and _crossed(progress.env_steps, n_steps, run.eval_every):
+                eval_start = time.perf_counter()
                 row["eval_return"] = float(np.mean(evaluate(agent.actor, env, cfg, run.eval_episodes)))
+                eval_seconds = time.perf_counter() - eval_start
             if (it + 1) % run.log_every == 0 or "eval_return" in row or done:
                 logger.log(progress.env_steps, row)
             bar.update(n_steps, ret=row.get("train_return_ma20"))
+            progress.train_seconds += time.perf_counter() - start - eval_seconds
             if done or run.checkpoint_every and (it + 1) % run.checkpoint_every == 0:
+                save_start = time.perf_counter()
                 _save(run_dir, agent, env, progress, cfg)
+                progress.train_seconds += time.perf_counter() - save_start
 
 
 def _finish(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, logger, threshold) -> dict:
