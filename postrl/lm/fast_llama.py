@@ -162,10 +162,9 @@ class FastLlama:
             x = x + layer.b_down
         return x.view(B, S, d)
 
-    def _run(self, ids: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
-        """All layers on ids [B, S] at RoPE positions [B, S]; returns the last hidden states [B, S, d]."""
+    def _run(self, ids: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
+        """All layers on ids [B, S] with RoPE tables [B, S, (nh + nkv)·hs]; returns hidden states [B, S, d]."""
         x = F.embedding(ids, self.embed)  # (B, S, d)
-        cos, sin = self.cos[positions], self.sin[positions]  # (B, S, (nh + nkv)·hs)
         for i in range(len(self.layers)):
             x = self._layer(i, x, cos, sin, mask)
         self.length += ids.shape[1]
@@ -195,13 +194,18 @@ class FastLlama:
         eye = torch.eye(P, dtype=torch.bool, device=valid.device)
         allowed = torch.ones(P, P, dtype=torch.bool, device=valid.device).tril() & (valid[:, None, :] | eye)
         mask = self.embed.new_zeros(B, 1, P, P).masked_fill_(~allowed[:, None], float("-inf"))  # (B, 1, P, P)
-        x = self._run(input_ids, position_ids, mask)
+        x = self._run(input_ids, self.cos[position_ids], self.sin[position_ids], mask)
+        # decode positions continue each row's count: the RoPE rows of every future step, gathered once
+        steps = position_ids[:, -1:] + 1 + torch.arange(max_len - P, device=valid.device)  # (B, T)
+        self.cos_steps, self.sin_steps = self.cos[steps], self.sin[steps]  # (B, T, (nh + nkv)·hs)
+        self.prompt_len = P
         hidden = x if all_logits else x[:, -1]
         return F.linear(self._norm(hidden), self.w_lm)
 
     @torch.no_grad()
-    def step(self, tokens: Tensor, position_ids: Tensor) -> Tensor:
-        """Append one token per row: tokens, position_ids [B] → next-token logits [B, V]."""
+    def step(self, tokens: Tensor) -> Tensor:
+        """Append one token per row (positions continue from the prompt): tokens [B] → logits [B, V]."""
+        t = self.length - self.prompt_len
         mask = self.key_bias[..., : self.length + 1]  # (B, 1, 1, length + 1)
-        x = self._run(tokens[:, None], position_ids[:, None], mask)  # (B, 1, d)
-        return F.linear(self._norm(x[:, 0]), self.w_lm)
+        x = self._run(tokens[:, None], self.cos_steps[:, t : t + 1], self.sin_steps[:, t : t + 1], mask)
+        return F.linear(self._norm(x[:, 0]), self.w_lm)  # (B, V)

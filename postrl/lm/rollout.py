@@ -84,20 +84,20 @@ def _top_p_keep(sorted_probs: Tensor, top_p: float) -> Tensor:
 def sample_tokens(
     log_probs: Tensor, top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None
 ) -> Tensor:
-    """Draw one token per row from log π_τ [B, V] restricted to the top-k, then the top-p nucleus → [B].
+    """Draw one token per row from log π_τ [B, V] restricted to the top-k, then the top-p nucleus → [B, 1].
 
     k = 0 and p = 1 disable the filters. Filtering works in sorted space, so no scatter back is needed.
     """
     probs = log_probs.exp()  # (B, V)
     if top_k <= 0 and top_p >= 1.0:
-        return _inverse_cdf(probs, generator)[:, 0]
+        return _inverse_cdf(probs, generator)
     if top_k > 0:
         probs, order = probs.topk(min(top_k, probs.shape[-1]), dim=-1)  # (B, k), descending
     else:
         probs, order = probs.sort(dim=-1, descending=True)
     if top_p < 1.0:
         probs = _top_p_keep(probs, top_p)
-    return order.gather(-1, _inverse_cdf(probs, generator))[:, 0]
+    return order.gather(-1, _inverse_cdf(probs, generator))
 
 
 def token_log_probs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
@@ -145,12 +145,14 @@ class HFDecoder:
         self.mask = attention_mask.new_ones(input_ids.shape[0], max_len)  # (B, P + T), sliced per step
         self.mask[:, : input_ids.shape[1]] = attention_mask
         self.length, self.cache = input_ids.shape[1], None
+        self.next_pos = position_ids[:, -1:] + 1  # (B, 1)
         return self._forward(input_ids, position_ids)
 
-    def step(self, tokens: Tensor, position_ids: Tensor) -> Tensor:
-        """tokens, position_ids [B] → next-token logits [B, V]."""
+    def step(self, tokens: Tensor) -> Tensor:
+        """Append one token per row (positions continue from the prompt): tokens [B] → logits [B, V]."""
         self.length += 1
-        return self._forward(tokens[:, None], position_ids[:, None])
+        positions, self.next_pos = self.next_pos, self.next_pos + 1
+        return self._forward(tokens[:, None], positions)
 
 
 def make_decoder(model: torch.nn.Module, use_fast: bool | None = None) -> FastLlama | HFDecoder:
@@ -201,26 +203,22 @@ def generate(
     greedy = greedy or temperature == 0
     tau = temperature if temperature > 0 else 1.0
     B, P = prompt_ids.shape
-    positions = position_ids_from_mask(prompt_mask)  # (B, P)
-    next_pos = positions[:, -1] + 1  # (B,) position of the first response token
     decoder = make_decoder(model, use_fast)
-    logits = decoder.prefill(prompt_ids, prompt_mask, positions, P + max_new_tokens)
-    response = prompt_ids.new_full((B, max_new_tokens), pad_token_id)
-    log_probs = torch.zeros(B, max_new_tokens, device=prompt_ids.device)
-    finished = torch.zeros(B, dtype=torch.bool, device=prompt_ids.device)
+    logits = decoder.prefill(prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask), P + max_new_tokens)
+    tokens, log_probs = [], []  # per step: [B, 1] each, stacked once at the end
+    finished = torch.zeros(B, 1, dtype=torch.bool, device=prompt_ids.device)
     for t in range(max_new_tokens):
         log_pi = torch.log_softmax(logits.float() / tau, dim=-1)  # (B, V): log π_τ, before any filter
-        token = log_pi.argmax(-1) if greedy else sample_tokens(log_pi, top_k, top_p, generator)
-        response[:, t] = token
-        log_probs[:, t] = log_pi.gather(-1, token[:, None])[:, 0]
+        token = log_pi.argmax(-1, keepdim=True) if greedy else sample_tokens(log_pi, top_k, top_p, generator)
+        tokens.append(token)
+        log_probs.append(log_pi.gather(-1, token))
         if eos_token_id is not None:
             finished |= token == eos_token_id
         if t + 1 == max_new_tokens or (eos_token_id is not None and bool(finished.all())):
             break
-        logits = decoder.step(token, next_pos + t)
-    return _assemble(
-        prompt_ids, prompt_mask, response[:, : t + 1], log_probs[:, : t + 1], eos_token_id, pad_token_id
-    )
+        logits = decoder.step(token[:, 0])
+    response, log_probs = torch.cat(tokens, dim=1), torch.cat(log_probs, dim=1)  # (B, T)
+    return _assemble(prompt_ids, prompt_mask, response, log_probs, eos_token_id, pad_token_id)
 
 
 def _assemble(

@@ -1,0 +1,126 @@
+"""Benchmarks of the LM foundation (issue 4), one function per part.
+
+Part ``rollout`` (a): generated tokens per second of `postrl.lm.rollout.generate` against
+``transformers``' ``generate`` on the same tiny Llama (2 layers, d = 128, vocab 512), in the same process,
+interleaved run by run so that machine noise hits both alike. Every row generates exactly ``--new-tokens``
+tokens in both (EOS ignored: ``eos_token_id=None`` for postrl, ``min_new_tokens`` for HF), by pure sampling
+(temperature 1, no top-k / top-p), from left-padded random prompts of 8–24 tokens.
+
+    .venv/bin/python benchmarks/lm_foundation.py --part rollout [--threads 2] [--batches 1 16 64 256]
+
+Prints a table and ends with ONE JSON line of results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from transformers import GenerationConfig
+
+from postrl.lm.models import build_tiny_lm
+from postrl.lm.rollout import generate, left_pad
+
+PAD, EOS, VOCAB = 0, 1, 512
+
+
+def _prompts(batch: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded random prompts [batch, ≤ 24] of 8–24 tokens (no pad / EOS inside)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(8, 25, (batch,), generator=g).tolist()
+    return left_pad([torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in lengths], PAD)
+
+
+def _time(fn: Callable[[], int]) -> float:
+    """Tokens per second of one call of ``fn`` (which returns the number of tokens generated)."""
+    start = time.perf_counter()
+    n = fn()
+    return n / (time.perf_counter() - start)
+
+
+def _rollout_runners(model: torch.nn.Module, batch: int, new_tokens: int) -> dict[str, Callable[[], int]]:
+    """The contenders at one batch size; each returns its number of generated tokens."""
+    ids, mask = _prompts(batch)
+    g = torch.Generator().manual_seed(0)
+    hf_config = GenerationConfig(
+        do_sample=True,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+    )
+
+    def postrl() -> int:
+        out = generate(
+            model, ids, mask, max_new_tokens=new_tokens, eos_token_id=None, pad_token_id=PAD, generator=g
+        )
+        return int(out.response_mask.sum())
+
+    def hf() -> int:
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=hf_config)
+        return (out.shape[1] - ids.shape[1]) * batch
+
+    return {"postrl": postrl, "hf": hf}
+
+
+def bench_rollout(args: argparse.Namespace) -> dict:
+    """Part (a): rollout throughput, postrl vs HF generate, per batch size."""
+    model = build_tiny_lm(VOCAB, seed=0, pad_token_id=PAD, eos_token_id=EOS).eval()
+    rows = []
+    print(f"rollout: {args.new_tokens} new tokens, {torch.get_num_threads()} threads, tiny Llama d=128 L=2")
+    print(f"{'batch':>6} {'postrl tok/s':>13} {'HF tok/s':>10} {'ratio':>6}")
+    for batch in args.batches:
+        runners = _rollout_runners(model, batch, args.new_tokens)
+        for fn in runners.values():  # warm-up (allocator, MKL, HF lazy init)
+            fn()
+        repeats = 2 if batch == 1 else args.repeats
+        times: dict[str, list[float]] = {name: [] for name in runners}
+        for _ in range(repeats):
+            for name, fn in runners.items():  # interleaved: noise hits both
+                times[name].append(_time(fn))
+        med = {name: statistics.median(t) for name, t in times.items()}
+        ratio = med["postrl"] / med["hf"]
+        rows.append(
+            {
+                "batch": batch,
+                "postrl_tok_s": round(med["postrl"]),
+                "hf_tok_s": round(med["hf"]),
+                "ratio": round(ratio, 2),
+                "repeats": repeats,
+            }
+        )
+        print(f"{batch:>6} {med['postrl']:>13,.0f} {med['hf']:>10,.0f} {ratio:>5.2f}x", flush=True)
+    return {"new_tokens": args.new_tokens, "rows": rows}
+
+
+PARTS: dict[str, Callable[[argparse.Namespace], dict]] = {"rollout": bench_rollout}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=sorted(PARTS), default="rollout", help="which benchmark to run")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256], help="batch sizes")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per row")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per contender (2 at batch 1)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    result = PARTS[args.part](args)
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS {peak_rss_mb:.0f} MiB")
+    print(
+        json.dumps({"part": args.part, "threads": args.threads, "peak_rss_mb": round(peak_rss_mb), **result})
+    )
+
+
+if __name__ == "__main__":
+    main()
