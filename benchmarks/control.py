@@ -1,0 +1,231 @@
+#!/usr/bin/env python
+"""Benchmarks of ``postrl.control`` against the goals of issue 3, optionally beside Stable-Baselines3.
+
+Each task trains the preset ``configs/<algo>-<env>.yaml`` for a fixed budget and several seeds and reports
+the deterministic evaluation return (20 episodes, seeds 10000 + 100·seed + i, as the SB3 harness), env
+steps per second (training wall time, evaluation excluded), the env steps until the 20-episode moving
+average first reaches the threshold, and peak memory. ``--with-sb3`` runs the peer harness
+(/work/shared/peers/sb3_bench.py, in its own venv) on the same task right after each postrl seed, so the
+two throughputs are measured side by side on the same (shared, noisy) machine, and prints their ratio.
+Also: the throughput ceiling (a random-action 8-env CartPole vector env), and the variance of the
+REINFORCE gradient estimate with and without the learned baseline.
+
+    python benchmarks/control.py --quick                       # a smoke version (minutes)
+    python benchmarks/control.py --tasks ppo-cartpole --seeds 0 1 2 --with-sb3
+    python benchmarks/control.py                               # every task, 3 seeds (hours on 2 cores)
+
+The last line printed is one JSON object with every result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# task → (algo, env id, budget in env steps, goal on the evaluation return, SB3 harness config or None)
+TASKS = {
+    "ppo-cartpole": ("ppo", "CartPole-v1", 100_000, 475.0, "cartpole_zoo"),
+    "ppo-acrobot": ("ppo", "Acrobot-v1", 200_000, -100.0, None),
+    "ppo-pendulum": ("ppo", "Pendulum-v1", 200_000, -200.0, None),
+    "a2c-cartpole": ("a2c", "CartPole-v1", 500_000, 475.0, None),
+    "trpo-cartpole": ("trpo", "CartPole-v1", 200_000, 475.0, None),
+    "trpo-pendulum": ("trpo", "Pendulum-v1", 300_000, -300.0, None),
+    "reinforce-cartpole": ("reinforce", "CartPole-v1", 500_000, 400.0, None),
+}
+QUICK_BUDGET = {
+    "ppo-cartpole": 30_000,
+    "ppo-pendulum": 50_000,
+    "trpo-cartpole": 40_000,
+    "reinforce-cartpole": 50_000,
+}
+PEERS = Path(os.environ.get("POSTRL_PEERS", "/work/shared/peers"))
+
+
+def run_postrl(task: str, seed: int, steps: int, out_root: Path, overrides=()) -> dict:
+    from postrl.control.commands import preset_path
+    from postrl.control.train import algorithm, train
+    from postrl.runtime.config import load_config
+
+    algo, env_id, _, goal, _ = TASKS[task]
+    cfg = load_config(
+        algorithm(algo).Config,
+        preset_path(algo, env_id),
+        [f"run.total_steps={steps}", f"run.seed={seed}", "run.checkpoint_every=0", *overrides],
+    )
+    summary = train(cfg, out_root / f"{task}-s{seed}")
+    keys = ("eval_return_mean", "eval_return_std", "steps_per_second", "steps_to_threshold", "peak_rss_mb")
+    row = {"backend": "postrl", "task": task, "seed": seed, "env_steps": summary["env_steps"]}
+    row.update({k: summary[k] for k in keys})
+    row["goal_met"] = summary["eval_return_mean"] >= goal
+    return row
+
+
+def run_sb3(config: str, seed: int, steps: int, python: str) -> dict | None:
+    """One seed of the SB3 harness in its own interpreter; None (with a message) if it cannot run."""
+    cmd = [
+        python,
+        str(PEERS / "sb3_bench.py"),
+        "--config",
+        config,
+        "--seeds",
+        str(seed),
+        "--timesteps",
+        str(steps),
+    ]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=3600).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        print(f"sb3: could not run {cmd}: {err}", file=sys.stderr)
+        return None
+    res = json.loads(out.strip().splitlines()[-1])
+    return {
+        "backend": "sb3",
+        "task": config,
+        "seed": seed,
+        "env_steps": res["total_timesteps"],
+        "eval_return_mean": res["eval_mean"],
+        "eval_return_std": res["eval_std"],
+        "steps_per_second": res["sps"],
+        "steps_to_threshold": res["steps_to_threshold"],
+    }
+
+
+def env_ceiling(seconds: float = 3.0) -> float:
+    """Env steps per second of an 8-env sync CartPole vector env under random actions (no learning)."""
+    import gymnasium as gym
+
+    env = gym.make_vec("CartPole-v1", num_envs=8, vectorization_mode="sync")
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    actions = rng.integers(0, 2, size=(4096, 8))
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        env.step(actions[steps % 4096])
+        steps += 1
+    return steps * 8 / (time.perf_counter() - start)
+
+
+def reinforce_gradient_variance(train_steps: int, batches: int, out_root: Path) -> dict:
+    """Trace of the covariance of the REINFORCE gradient over independent batches, G_t vs G_t − b(s_t).
+
+    The policy and its baseline are first trained for ``train_steps``; then the same sampled batches are
+    used for both estimators (a paired comparison).
+    """
+    import torch
+
+    from postrl.control import reinforce
+    from postrl.control.commands import preset_path
+    from postrl.control.envs import VecEnv
+    from postrl.control.train import train
+    from postrl.core import flat_grad, reinforce_loss
+    from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint
+    from postrl.runtime.config import load_config
+
+    cfg = load_config(
+        reinforce.Config, preset_path("reinforce", "CartPole-v1"), [f"run.total_steps={train_steps}"]
+    )
+    run_dir = out_root / "reinforce-variance"
+    train(cfg, run_dir)
+    env = VecEnv(cfg.env, 0)
+    agent = reinforce.build(cfg, env)
+    load_checkpoint(latest_checkpoint(run_dir / "checkpoints"), modules=agent.modules, restore_rng=False)
+    grads = {"without_baseline": [], "with_baseline": []}
+    for b in range(batches):
+        episodes = reinforce.collect_episodes(env, agent.actor, seed=10**6 + b * env.n_envs)
+        log_probs, _ = agent.actor.evaluate(episodes.obs, episodes.actions)
+        for name, base in (("without_baseline", None), ("with_baseline", agent.baseline)):
+            weights, _ = reinforce.policy_gradient_weights(episodes, cfg.reinforce, base)
+            loss = reinforce_loss(log_probs, weights, episodes.mask)
+            grads[name].append(flat_grad(loss, agent.actor, retain_graph=True))
+    out = {name: float(torch.stack(g).var(dim=0).sum()) for name, g in grads.items()}
+    out["variance_ratio"] = out["without_baseline"] / out["with_baseline"]
+    out["policy_train_steps"] = train_steps
+    out["batches"] = batches
+    return out
+
+
+def summarize(rows: list[dict]) -> dict:
+    by_task: dict[str, dict] = {}
+    for task in dict.fromkeys(r["task"] for r in rows if r["backend"] == "postrl"):
+        mine = [r for r in rows if r["backend"] == "postrl" and r["task"] == task]
+        by_task[task] = {
+            "eval_return_per_seed": [round(r["eval_return_mean"], 1) for r in mine],
+            "steps_to_threshold_per_seed": [r["steps_to_threshold"] for r in mine],
+            "steps_per_second_mean": round(float(np.mean([r["steps_per_second"] for r in mine])), 1),
+            "goal": TASKS[task][3],
+            "goal_met_seeds": f"{sum(r['goal_met'] for r in mine)}/{len(mine)}",
+            "env_steps": mine[0]["env_steps"],
+        }
+        sb3_name = TASKS[task][4]
+        peer = [r for r in rows if r["backend"] == "sb3" and r["task"] == sb3_name]
+        if peer:
+            pairs = [(m, p) for m in mine for p in peer if p["seed"] == m["seed"]]
+            ratios = [m["steps_per_second"] / p["steps_per_second"] for m, p in pairs]
+            by_task[task]["sb3"] = {
+                "eval_return_per_seed": [p["eval_return_mean"] for p in peer],
+                "steps_to_threshold_per_seed": [p["steps_to_threshold"] for p in peer],
+                "steps_per_second_mean": round(float(np.mean([p["steps_per_second"] for p in peer])), 1),
+                "speed_ratio_per_seed": [round(x, 2) for x in ratios],
+                "speed_ratio_median": round(float(np.median(ratios)), 2),
+            }
+    return by_task
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small budgets, one seed, a few tasks")
+    p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=None)
+    p.add_argument("--seeds", nargs="+", type=int, default=None)
+    p.add_argument("--with-sb3", action="store_true", help="run the SB3 harness side by side (needs .peers)")
+    p.add_argument("--peers-python", default=str(ROOT / ".peers" / "bin" / "python"))
+    p.add_argument("--no-variance", action="store_true", help="skip the REINFORCE gradient-variance study")
+    p.add_argument("--out-dir", default=None, help="keep the run folders here (default: a temp folder)")
+    args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    tasks = args.tasks or (list(QUICK_BUDGET) if args.quick else list(TASKS))
+    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    out_root = Path(args.out_dir or tempfile.mkdtemp(prefix="postrl-bench-"))
+    load = os.getloadavg()[0]
+    results: dict = {"seeds": seeds, "quick": args.quick, "load_average_at_start": round(load, 2)}
+    results["env_ceiling_steps_per_second"] = round(env_ceiling(), 0)
+    print(f"ceiling: random 8-env CartPole vector env {results['env_ceiling_steps_per_second']:.0f} steps/s")
+    rows = []
+    for task in tasks:
+        steps = QUICK_BUDGET.get(task, TASKS[task][2] // 10) if args.quick else TASKS[task][2]
+        for seed in seeds:
+            row = run_postrl(task, seed, steps, out_root)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if args.with_sb3 and TASKS[task][4]:
+                peer = run_sb3(TASKS[task][4], seed, steps, args.peers_python)
+                if peer is not None:
+                    rows.append(peer)
+                    ratio = row["steps_per_second"] / peer["steps_per_second"]
+                    print(json.dumps(peer) + f"  # postrl/sb3 speed ratio {ratio:.2f}", flush=True)
+    results["tasks"] = summarize(rows)
+    if not args.no_variance and (args.tasks is None or "reinforce-cartpole" in tasks):
+        variance_steps, batches = (10_000, 10) if args.quick else (50_000, 30)
+        results["reinforce_gradient_variance"] = reinforce_gradient_variance(
+            variance_steps, batches, out_root
+        )
+    results["runs"] = rows
+    results["out_dir"] = str(out_root)
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
