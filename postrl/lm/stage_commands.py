@@ -30,6 +30,13 @@ STAGES: dict[str, tuple[str, str, str, str, dict[str, str]]] = {
         "supervised fine-tuning on prompt/completion data (loss on completions only)",
         {"--model": "model", "--data": "data"},
     ),
+    "grpo": (
+        "postrl.lm.grpo",
+        "GRPOConfig",
+        "run_grpo",
+        "GRPO: G sampled responses per prompt, the group's rewards as the baseline, no critic",
+        {"--model": "model", "--data": "data"},
+    ),
 }
 
 
