@@ -30,6 +30,20 @@ STAGES: dict[str, tuple[str, str, str, str, dict[str, str]]] = {
         "supervised fine-tuning on prompt/completion data (loss on completions only)",
         {"--model": "model", "--data": "data"},
     ),
+    "rm": (
+        "postrl.lm.reward_model",
+        "RMConfig",
+        "run_rm",
+        "train a reward model on preference pairs (Bradley-Terry), with SFT-sample score statistics",
+        {"--model": "model", "--data": "data"},
+    ),
+    "ppo": (
+        "postrl.lm.ppo",
+        "PPOConfig",
+        "run_ppo",
+        "PPO-based RLHF: actor, critic, frozen reward model and frozen reference",
+        {"--model": "model", "--reward-model": "reward_model"},
+    ),
     "grpo": (
         "postrl.lm.grpo",
         "GRPOConfig",

@@ -1,0 +1,192 @@
+"""The reward model: the score sits on the last real token (padding and pad = EOS safe), hand-checked held-out
+metrics (accuracy, margin, ECE, gold agreement), the loss falls and accuracy rises on a toy set, the run
+folder (export with normalisation stats) and exact resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from postrl.lm.models import ScalarHeadModel, load_causal_lm
+from postrl.lm.reward_model import (
+    NORM_FILE,
+    NormConfig,
+    RMConfig,
+    choose_loss,
+    collate,
+    evaluate_pairs,
+    expected_calibration_error,
+    pair_scores,
+    read_reward_norm,
+    rm_loss,
+    run_rm,
+    tokenize_pairs,
+)
+from postrl.lm.trainer import OptimConfig, TrainConfig, make_optimizer
+from postrl.runtime.errors import UserError
+
+TOY = [
+    ("Review: the pasta", " was great .", " was awful ."),
+    ("Review: the soup", " was tasty and fresh .", " was cold ."),
+    ("Review: the staff", " was friendly .", " was rude and slow ."),
+    ("Review: the room", " was clean .", " was dirty ."),
+    ("Review: the tea", " was lovely .", " was bland ."),
+    ("Review: the view", " was perfect .", " was terrible ."),
+]
+
+
+def toy_rows(flip: bool = False) -> list[dict]:
+    return [{"prompt": p, "chosen": r if flip else c, "rejected": c if flip else r} for p, c, r in TOY]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: on a shared 2-core machine spin-waiting threads make tiny models 100× slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class LastIdModel(torch.nn.Module):
+    """A stub reward model whose value at each position is the token id there (score = last real id)."""
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return input_ids.float()
+
+
+def test_score_is_on_last_real_token_not_pad_after_eos(tiny_lm, tiny_tokenizer) -> None:
+    rm = ScalarHeadModel.from_causal_lm(tiny_lm).eval()
+    examples = tokenize_pairs(toy_rows(), tiny_tokenizer, 64)
+    batch = collate(examples, tiny_tokenizer.pad_token_id)
+    chosen, rejected = pair_scores(rm, batch)
+    for k, e in enumerate(examples):  # each row alone, no padding at all
+        for ids, got in ((e["chosen_ids"], chosen[k]), (e["rejected_ids"], rejected[k])):
+            alone = torch.tensor([e["prompt_ids"] + ids])
+            assert alone[0, -1] == tiny_tokenizer.eos_token_id  # the scored token is the response's EOS
+            expected = rm(alone, torch.ones_like(alone))[0, -1]
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_score_ignores_pad_ids_when_pad_equals_eos(tiny_lm, tiny_tokenizer) -> None:
+    """With pad = EOS the mask, not the ids, finds the last real token."""
+    rm = ScalarHeadModel.from_causal_lm(tiny_lm).eval()
+    examples = tokenize_pairs(toy_rows(), tiny_tokenizer, 64)
+    eos = tiny_tokenizer.eos_token_id
+    a = pair_scores(rm, collate(examples, tiny_tokenizer.pad_token_id))
+    b = pair_scores(rm, collate(examples, eos))
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_ece_hand_values() -> None:
+    # Δ = 0 → confidence 0.5, and counted wrong (Δ > 0 is false): gap 0.5 in bin 0
+    assert expected_calibration_error(torch.tensor([0.0])) == pytest.approx(0.5)
+    # two pairs at confidence σ(2) ≈ 0.8808 (same bin), one right one wrong: |0.5 − 0.8808|
+    conf = float(torch.sigmoid(torch.tensor(2.0)))
+    assert expected_calibration_error(torch.tensor([2.0, -2.0])) == pytest.approx(abs(0.5 - conf), abs=1e-6)
+    # all right at confidence σ(5) = 0.9933: gap 0.0067
+    conf5 = float(torch.sigmoid(torch.tensor(5.0)))
+    assert expected_calibration_error(torch.tensor([5.0, 5.0])) == pytest.approx(1 - conf5, abs=1e-6)
+
+
+def test_heldout_metrics_by_hand(tiny_tokenizer) -> None:
+    """Scores = id of the EOS (same for every row) → Δ = 0 for all; then swap in distinct last tokens."""
+    rows = [
+        {"prompt": "Review: the pasta", "chosen": " was great", "rejected": " was good", "target": 1.0},
+        {"prompt": "Review: the soup", "chosen": " was bad", "rejected": " was okay", "target": 0.5},
+    ]
+    examples = tokenize_pairs(rows, tiny_tokenizer, 64)
+    for e in examples:  # strip the EOS so the last token is the adjective's last token
+        e["chosen_ids"], e["rejected_ids"] = e["chosen_ids"][:-1], e["rejected_ids"][:-1]
+    d0 = examples[0]["chosen_ids"][-1] - examples[0]["rejected_ids"][-1]
+    m = evaluate_pairs(LastIdModel(), examples, 0, torch.device("cpu"), "soft", gold=[(1.0, 0.5), (0.0, 0.0)])
+    assert m["heldout_accuracy"] == (1.0 if d0 > 0 else 0.0)  # the tie (row 1) is not counted
+    assert m["heldout_margin"] == pytest.approx(float(d0))
+    assert m["gold_accuracy"] == (1.0 if d0 > 0 else 0.0)  # gold tie (row 1) not counted either
+    d1 = examples[1]["chosen_ids"][-1] - examples[1]["rejected_ids"][-1]
+
+    def soft(d: torch.Tensor, p: float) -> torch.Tensor:
+        logsig = torch.nn.functional.logsigmoid
+        return -(p * logsig(d) + (1 - p) * logsig(-d))
+
+    expected = (soft(torch.tensor(float(d0)), 1.0) + soft(torch.tensor(float(d1)), 0.5)) / 2
+    assert m["heldout_loss"] == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_loss_choice_and_margin(tiny_tokenizer) -> None:
+    rows = [dict(r, margin=0.5) for r in toy_rows()]
+    examples = tokenize_pairs(rows, tiny_tokenizer, 64)
+    assert choose_loss("auto", examples) == "pairwise"
+    with pytest.raises(UserError, match="soft"):
+        choose_loss("soft", examples)
+    batch = collate(examples, 0)
+    torch.testing.assert_close(batch["margin"], torch.full((len(TOY),), 0.5))
+    assert choose_loss("auto", tokenize_pairs(toy_rows(), tiny_tokenizer, 64)) == "soft"
+    with pytest.raises(UserError, match="margin"):
+        choose_loss("auto", examples[:2] + tokenize_pairs(toy_rows()[:1], tiny_tokenizer, 64))
+
+
+def test_overlong_pairs_are_dropped_or_cut(tiny_tokenizer) -> None:
+    rows = toy_rows()
+    full = tokenize_pairs(rows, tiny_tokenizer, 64)
+    limit = min(len(e["prompt_ids"]) + max(len(e["chosen_ids"]), len(e["rejected_ids"])) for e in full)
+    assert len(tokenize_pairs(rows, tiny_tokenizer, limit, "drop")) < len(rows)
+    cut = tokenize_pairs(rows, tiny_tokenizer, limit, "truncate")
+    assert len(cut) == len(rows)
+    assert all(len(e["prompt_ids"]) + len(e["chosen_ids"]) <= limit for e in cut)
+
+
+@pytest.mark.parametrize("loss", ["soft", "pairwise"])
+def test_training_lowers_loss_and_learns_toy_preferences(tiny_lm, tiny_tokenizer, loss) -> None:
+    torch.manual_seed(0)
+    rm = ScalarHeadModel.from_causal_lm(tiny_lm)
+    batch = collate(tokenize_pairs(toy_rows(), tiny_tokenizer, 64), tiny_tokenizer.pad_token_id)
+    opt, _ = make_optimizer(rm, OptimConfig(lr=1e-2, warmup_steps=0), 15)
+    first, metrics0 = rm_loss(rm, batch, loss)
+    for _ in range(15):
+        value, _ = rm_loss(rm, batch, loss)
+        value.backward()
+        opt.step()
+        opt.zero_grad()
+    last, metrics = rm_loss(rm, batch, loss)
+    assert float(last.detach()) < 0.5 * float(first.detach())
+    assert metrics["accuracy"] == 1.0
+
+
+def _cfg(model_dir: Path, **train) -> RMConfig:
+    return RMConfig(
+        model=str(model_dir),
+        data="task:reviews",
+        task={"n_pairs_train": 48, "n_pairs_test": 24},
+        train=TrainConfig(
+            max_steps=4, batch_size=8, max_length=48, eval_every=2, save_every=2, log_every=1, **train
+        ),
+        norm=NormConfig(samples=8, max_new_tokens=6),
+        device="cpu",
+    )
+
+
+def test_run_rm_folder_and_exact_resume(tiny_lm_dir: Path, tmp_path: Path) -> None:
+    cfg = _cfg(tiny_lm_dir)
+    summary = run_rm(cfg, tmp_path / "a")
+    for key in ("heldout_accuracy", "heldout_ece", "gold_accuracy", "sft_score_mean", "sft_score_std"):
+        assert key in summary
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["steps"] == 4
+    assert (tmp_path / "a" / "curves.png").is_file()
+    norm = read_reward_norm(tmp_path / "a" / "model")
+    assert norm is not None and norm["n"] == 8 and norm["std"] > 0 and "gold_std" in norm
+    loaded = ScalarHeadModel.from_pretrained(tmp_path / "a" / "model")
+    load_causal_lm(tiny_lm_dir)  # the SFT init is untouched and still loads
+    # interrupted after step 2: drop the later checkpoint and the export, then resume
+    run_rm(cfg, tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step_00000004")
+    shutil.rmtree(tmp_path / "b" / "model")
+    run_rm(cfg, tmp_path / "b", resume=True)
+    resumed = ScalarHeadModel.from_pretrained(tmp_path / "b" / "model")
+    for (name, p), q in zip(loaded.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(p, q), name
+    assert json.loads((tmp_path / "b" / "model" / NORM_FILE).read_text()) == norm
