@@ -1,0 +1,257 @@
+"""GRPO: a step raises the best response's log-probability, zero-variance groups give no gradient, gradient
+accumulation is exact for every loss type, μ = 1 behaves as documented, β = 0 loads no reference, a bad reward
+function stops the run, prompts do not repeat within a step, and resume is exact."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import pytest
+import torch
+
+import postrl.lm.grpo as grpo
+from postrl.core import group_advantages
+from postrl.lm.data import encode_completions, encode_prompts, join_prompt_response
+from postrl.lm.grpo import (
+    MU_ONE_NOTE,
+    Batch,
+    GRPOConfig,
+    GRPOLossConfig,
+    PromptStream,
+    backward_minibatch,
+    optimise,
+    overlong_penalty,
+    policy_log_probs,
+    run_grpo,
+)
+from postrl.lm.rewards import RewardError
+from postrl.lm.rollout import SamplingConfig
+from postrl.runtime.logging import read_jsonl
+
+
+# ---- reward functions used by the runs below (imported by spec) ------------------------------------------------
+def digits_reward(prompts, completions, **columns):
+    """Varies within a group for an untrained model: the share of digit characters."""
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+
+def constant_reward(prompts, completions, **columns):
+    return [1.0] * len(completions)
+
+
+def broken_reward(prompts, completions, **columns):
+    raise KeyError("no such column")
+
+
+# ---- a fixed batch -------------------------------------------------------------------------------------------
+def _fixed_batch(model, tokenizer, rewards, prompts=("What is 1+1?",), responses=(" 2", " 3", " 45", " 7")):
+    """G = len(responses) responses per prompt, old log-probs = the current policy's."""
+    G = len(responses)
+    p = encode_prompts(tokenizer, [q for q in prompts for _ in range(G)])
+    r = encode_completions(tokenizer, list(responses) * len(prompts))
+    joined = join_prompt_response(p, r, tokenizer.pad_token_id)
+    P = joined["input_ids"].shape[1] - joined["response_mask"].shape[1]
+    with torch.no_grad():
+        old, _ = policy_log_probs(model, joined["input_ids"], joined["attention_mask"], P, 1.0)
+    advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), G)
+    return Batch(
+        joined["input_ids"], joined["attention_mask"], P, joined["response_mask"], old, advantages, old
+    )
+
+
+def _sequence_log_probs(model, batch):
+    with torch.no_grad():
+        lp, _ = policy_log_probs(model, batch.input_ids, batch.attention_mask, batch.prompt_len, 1.0)
+    return lp.sum(-1)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "token", "dr_grpo"])
+def test_a_step_raises_the_log_prob_of_the_best_response(tiny_lm, tiny_tokenizer, loss_type):
+    batch = _fixed_batch(tiny_lm, tiny_tokenizer, rewards=[1.0, 0.0, 0.0, 0.0])
+    before = _sequence_log_probs(tiny_lm, batch)
+    opt = torch.optim.AdamW(tiny_lm.parameters(), lr=1e-2)
+    cfg = GRPOLossConfig(group_size=4, beta=0.04, loss_type=loss_type)
+    stats = optimise(tiny_lm, opt, batch, cfg, temperature=1.0, max_len=8, max_grad_norm=1.0)
+    after = _sequence_log_probs(tiny_lm, batch)
+    assert after[0] > before[0] + 0.05  # the rewarded response became more likely
+    # and more likely relative to the others (they share the space and EOS tokens, so may rise too)
+    assert after[0] - after[1:].mean() > before[0] - before[1:].mean() + 0.05
+    assert stats["clip_fraction"] == 0.0 and stats["kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_zero_variance_groups_give_zero_policy_gradient(tiny_lm, tiny_tokenizer, beta):
+    batch = _fixed_batch(tiny_lm, tiny_tokenizer, rewards=[0.5, 0.5, 0.5, 0.5])
+    assert torch.equal(batch.advantages, torch.zeros(4))
+    cfg = GRPOLossConfig(group_size=4, beta=beta)
+    backward_minibatch(tiny_lm, batch, cfg, temperature=1.0, max_len=8)
+    for p in tiny_lm.parameters():
+        # k3's gradient vanishes where π = π_ref, so nothing but the (zero) advantages could move the policy
+        assert p.grad is None or float(p.grad.abs().max()) < 1e-7
+
+
+def _grads(model):
+    return [p.grad.detach().clone() if p.grad is not None else None for p in model.parameters()]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "token", "dr_grpo"])
+def test_four_micro_batches_equal_one_batch(tiny_lm_dir, tiny_tokenizer, loss_type):
+    from postrl.lm.models import load_causal_lm
+
+    grads = []
+    for micro in (0, 2):  # one batch of 8 vs 4 micro-batches of 2
+        model = load_causal_lm(tiny_lm_dir)
+        batch = _fixed_batch(
+            model,
+            tiny_tokenizer,
+            rewards=[1.0, 0.0, 0.0, 0.5, 0.0, 1.0, 1.0, 0.25],
+            prompts=("What is 1+1?", "What is 12+30?"),
+        )
+        # off-policy old log-probs and a different reference, so that the ratio, the clip and k3 all act
+        g = torch.Generator().manual_seed(0)
+        batch.old_log_probs = (
+            batch.old_log_probs + 0.3 * torch.randn(8, 4, generator=g)
+        ) * batch.response_mask
+        batch.ref_log_probs = (
+            batch.ref_log_probs - 0.2 * torch.rand(8, 4, generator=g)
+        ) * batch.response_mask
+        cfg = GRPOLossConfig(group_size=4, beta=0.1, micro_batch_size=micro, loss_type=loss_type)
+        stats = backward_minibatch(model, batch, cfg, temperature=1.0, max_len=8)
+        grads.append((stats, _grads(model)))
+    assert grads[0][0]["loss"] == pytest.approx(grads[1][0]["loss"], abs=1e-6)
+    assert grads[0][0]["clip_fraction"] > 0
+    for a, b in zip(grads[0][1], grads[1][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_overlong_penalty_by_hand():
+    lengths = torch.tensor([2, 6, 7, 8])
+    got = overlong_penalty(lengths, max_len=8, buffer=4, penalty=1.0)
+    assert got.tolist() == pytest.approx([0.0, -0.5, -0.75, -1.0])
+    assert overlong_penalty(lengths, 8, 0, 1.0).tolist() == [0.0] * 4
+
+
+def test_prompts_do_not_repeat_within_a_step_and_the_order_is_a_function_of_position():
+    stream = PromptStream(10, seed=3)
+    steps = [stream.take(4, set()) for _ in range(6)]  # 24 draws: crosses two epoch boundaries
+    assert all(len(set(s)) == 4 for s in steps)
+    assert sorted(i for s in steps[:2] for i in s) == sorted(set(i for s in steps[:2] for i in s))
+    resumed = PromptStream(10, seed=3, position=8)
+    assert [resumed.take(4, set()) for _ in range(4)] == steps[2:]
+    # asked for repeats (fewer prompts than a step needs): the stream just wraps
+    assert len(PromptStream(3, seed=0).take(7)) == 7
+
+
+# ---- whole runs on the tiny model ------------------------------------------------------------------------------
+def _config(tiny_lm_dir, **kw) -> GRPOConfig:
+    grpo_kw = kw.pop("grpo", {})
+    base = dict(
+        model=str(tiny_lm_dir),
+        task={"n_train": 40, "n_test": 6},
+        rewards=[f"{__name__}:digits_reward", "task:arithmetic"],
+        sampling=SamplingConfig(max_new_tokens=4),
+        grpo=GRPOLossConfig(**{"group_size": 4, "prompts_per_step": 2, **grpo_kw}),
+        max_steps=4,
+        eval_every=2,
+        save_every=2,
+        eval_prompts=6,
+        device="cpu",
+        threads=1,
+    )
+    return GRPOConfig(**{**base, **kw})
+
+
+def test_mu_one_has_ratio_one_and_says_so(tiny_lm_dir, tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="postrl.lm.grpo"):
+        summary = run_grpo(_config(tiny_lm_dir, max_steps=2), tmp_path / "run")
+    assert MU_ONE_NOTE in caplog.text
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert len(rows) == 2
+    for r in rows:
+        assert r["clip_fraction"] == 0.0
+        assert r["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+        assert abs(r["loss"]) < 1e-2  # zero-mean advantages (+ β·k3 ≈ 0 on the first steps)
+        for key in ("reward_std", "zero_std_fraction", "entropy", "completion_length_max", "time_generate"):
+            assert key in r
+    for key in ("heldout_accuracy", "kl_to_ref", "wall_seconds", "peak_rss_mb", "heldout_accuracy_sampled"):
+        assert key in summary
+    assert (tmp_path / "run" / "curves.png").is_file()
+    assert (tmp_path / "run" / "model" / "config.json").is_file()
+
+
+def test_beta_zero_never_builds_a_reference_model(tiny_lm_dir, tmp_path, monkeypatch):
+    loaded = []
+    real = grpo.load_causal_lm
+
+    def counting(*args, **kwargs):
+        loaded.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grpo, "load_causal_lm", counting)
+    summary = run_grpo(_config(tiny_lm_dir, max_steps=1, grpo={"beta": 0.0}), tmp_path / "run")
+    assert loaded == [str(tiny_lm_dir)]  # the policy only
+    assert summary["kl_to_ref"] is None
+    run_grpo(_config(tiny_lm_dir, max_steps=1), tmp_path / "run2")
+    assert len(loaded) == 3  # β > 0: policy + reference
+
+
+def test_a_bad_reward_function_stops_the_run_with_its_name(tiny_lm_dir, tmp_path):
+    cfg = _config(tiny_lm_dir, rewards=[f"{__name__}:broken_reward"], eval_at_start=False)
+    with pytest.raises(RewardError, match=r"broken_reward raised KeyError.*sample 0: prompt='What is"):
+        run_grpo(cfg, tmp_path / "run")
+
+
+def test_dynamic_sampling_refills_and_counts_zero_std_groups(tiny_lm_dir, tmp_path):
+    cfg = _config(
+        tiny_lm_dir,
+        rewards=[f"{__name__}:constant_reward"],
+        max_steps=1,
+        grpo={"dynamic_sampling": True, "max_refills": 2},
+    )
+    run_grpo(cfg, tmp_path / "run")
+    row = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r][0]
+    assert row["zero_std_fraction"] == 1.0 and row["refill_rounds"] == 2
+    assert row["generated_tokens"] <= 3 * 2 * 4 * 4 and row["loss"] == 0.0
+
+
+def test_resume_is_exact(tiny_lm_dir, tmp_path):
+    cfg = _config(tiny_lm_dir, keep_last=5, grpo={"mu": 2, "minibatches": 2})
+    run_grpo(cfg, tmp_path / "a")
+    run_grpo(cfg, tmp_path / "b")
+    # interrupt "b" after its step-2 checkpoint: remove what steps 3-4 wrote, then resume
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step_00000004")
+    shutil.rmtree(tmp_path / "b" / "model")
+    torch.manual_seed(123)  # nothing may depend on the RNG state left behind
+    run_grpo(cfg, tmp_path / "b", resume=True)
+    from safetensors.torch import load_file
+
+    a = load_file(str(tmp_path / "a" / "model" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "model" / "model.safetensors"))
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+    drop = {
+        "time",
+        "time_generate",
+        "time_reward",
+        "time_score",
+        "time_train",
+        "time_step",
+        "tokens_per_second",
+    }
+    rows_a, rows_b = (
+        [{k: v for k, v in r.items() if k not in drop} for r in read_jsonl(tmp_path / x / "metrics.jsonl")]
+        for x in ("a", "b")
+    )
+    assert rows_a == rows_b
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["steps"] == 4
+
+
+def test_cli_stage_lists_keys(capsys):
+    from postrl.cli import main
+
+    assert main(["grpo", "--list-keys"]) == 0
+    out = capsys.readouterr().out
+    assert "grpo.clip_eps_high" in out and "grpo.loss_type" in out and "sampling.temperature" in out
