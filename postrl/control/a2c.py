@@ -80,7 +80,9 @@ def _n_step(buf: RolloutBuffer, cfg: A2CConfig) -> tuple[torch.Tensor, torch.Ten
 
 
 def _gae(buf: RolloutBuffer, cfg: A2CConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    return gae(buf.rewards, buf.values, buf.next_values(), buf.terminated, buf.episode_end, cfg.gamma, cfg.lam)
+    return gae(
+        buf.rewards, buf.values, buf.next_values(), buf.terminated, buf.episode_end, cfg.gamma, cfg.lam
+    )
 
 
 TARGETS: dict[str, Callable[[RolloutBuffer, A2CConfig], tuple[torch.Tensor, torch.Tensor]]] = {

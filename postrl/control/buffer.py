@@ -99,23 +99,30 @@ def collect_rollout(
     Returns the episodes that ended, as ``(env steps into this rollout, return, length)``.
     """
     episodes: list[tuple[int, float, int]] = []
-    obs = torch.from_numpy(env.obs)
+    # numpy views of the buffer's tensors (shared memory): a numpy row write costs ~1 µs, a torch one ~5 µs
+    views = [t.numpy() for t in (buf.obs, buf.actions, buf.log_probs, buf.values, buf.rewards)]
+    np_obs, np_actions, np_log_probs, np_values, np_rewards = views
+    np_terminated, np_truncated = buf.terminated.numpy(), buf.truncated.numpy()
+    obs = env.obs
     for t in range(buf.n_steps):
-        actions, log_probs = actor.act(obs)
-        buf.obs[:, t] = obs
-        buf.actions[:, t] = actions
-        buf.log_probs[:, t] = log_probs
+        obs_t = torch.from_numpy(obs)
+        actions, log_probs = actor.act(obs_t)
+        actions = actions.numpy()
+        np_obs[:, t], np_actions[:, t], np_log_probs[:, t] = obs, actions, log_probs.numpy()
         if critic is not None:
-            buf.values[:, t] = critic(obs)
-        step = env.step(actions.numpy())
-        buf.rewards[:, t] = torch.from_numpy(step.rewards)
-        buf.terminated[:, t] = torch.from_numpy(step.terminated)
-        buf.truncated[:, t] = torch.from_numpy(step.truncated)
+            np_values[:, t] = critic(obs_t).numpy()
+        step = env.step(actions)
+        np_rewards[:, t], np_terminated[:, t], np_truncated[:, t] = (
+            step.rewards,
+            step.terminated,
+            step.truncated,
+        )
         if step.final_obs is not None and critic is not None:
             rows = torch.from_numpy(np.flatnonzero(step.truncated))
             buf.final_values[rows, t] = critic(torch.from_numpy(step.final_obs[rows.numpy()]))
-        episodes += [((t + 1) * env.n_envs, ret, length) for _, ret, length in step.episodes]
-        obs = torch.from_numpy(step.obs)
+        if step.episodes:
+            episodes += [((t + 1) * env.n_envs, ret, length) for _, ret, length in step.episodes]
+        obs = step.obs
     if critic is not None:
-        buf.last_values = critic(obs)
+        buf.last_values = critic(torch.from_numpy(obs))
     return episodes

@@ -104,11 +104,14 @@ class CategoricalActor(nn.Module):
             actions = torch.multinomial(log_p.exp(), 1, generator=generator).squeeze(-1)
         return actions, log_p.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
 
-    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log π(a|s) ``[N]``, entropy ``[N]``), differentiable."""
+    def evaluate(
+        self, obs: torch.Tensor, actions: torch.Tensor, with_entropy: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log π(a|s) ``[N]``, entropy ``[N]`` or None when not asked for), differentiable."""
         logits = self.net(obs)
         log_p = torch.log_softmax(logits, dim=-1)
-        return log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy_from_logits(logits)
+        entropy = entropy_from_logits(logits) if with_entropy else None
+        return log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy
 
     def dist_params(self, obs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (self.net(obs),)
@@ -144,9 +147,12 @@ class GaussianActor(nn.Module):
             actions = mean + noise * self.log_std.exp()
         return actions, diag_gaussian_log_prob(actions, mean, self.log_std)
 
-    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def evaluate(
+        self, obs: torch.Tensor, actions: torch.Tensor, with_entropy: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log π(a|s) ``[N]``, entropy ``[N]`` or None when not asked for), differentiable."""
         mean = self.net(obs)
-        entropy = diag_gaussian_entropy(self.log_std).expand(mean.shape[0])
+        entropy = diag_gaussian_entropy(self.log_std).expand(mean.shape[0]) if with_entropy else None
         return diag_gaussian_log_prob(actions, mean, self.log_std), entropy
 
     def dist_params(self, obs: torch.Tensor) -> tuple[torch.Tensor, ...]:
