@@ -180,7 +180,7 @@ class Reinforce(Agent):
             self.baseline_opt.zero_grad(set_to_none=True)
             loss.backward()
             self.baseline_opt.step()
-        return float(loss)
+        return float(loss.detach())
 
 
 def build(cfg: Config, env: VecEnv) -> Reinforce:

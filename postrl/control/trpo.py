@@ -167,7 +167,7 @@ class TRPO(Agent):
                 self.critic_opt.zero_grad(set_to_none=True)
                 loss.backward()
                 self.critic_opt.step()
-        return float(loss)
+        return float(loss.detach())
 
 
 def build(cfg: Config, env: VecEnv) -> TRPO:
