@@ -1,0 +1,32 @@
+"""postrl.control: Part 1 of the notes on Gymnasium — REINFORCE, A2C, TRPO and PPO, plus tabular methods.
+
+Layout (each algorithm is one file you can read top to bottom; all the math comes from ``postrl.core``):
+
+- ``envs``: vector envs in SAME_STEP autoreset mode (``terminated`` and ``truncated`` kept apart; the final
+  observation of a truncated episode is kept for bootstrapping), episode statistics, observation and
+  reward normalisation whose statistics are saved with the checkpoint.
+- ``policies``: MLP actor (categorical or diagonal Gaussian with state-independent log σ) and critic,
+  orthogonal init, deterministic evaluation (argmax / mean).
+- ``buffer``: ``[n_envs, n_steps]`` rollout storage (time last, as core) and the collection loop.
+- ``reinforce``, ``a2c``, ``trpo``, ``ppo``: a config dataclass, a batch → loss function, the iteration.
+- ``train``: the loop they share — run folder, metrics.jsonl, summary.json, checkpoints, exact resume,
+  evaluation, learning-curve PNG, GIF.
+- ``tabular``: value iteration, SARSA and Q-learning on FrozenLake / CliffWalking.
+- ``commands``: ``postrl control train`` / ``postrl control eval``.
+
+Quick start::
+
+    postrl control train --algo ppo --env CartPole-v1 --seed 0 --out runs/ppo-cartpole
+    postrl control eval runs/ppo-cartpole --episodes 20 --gif runs/ppo-cartpole/eval.gif
+
+or from Python::
+
+    from postrl.control import ppo
+    from postrl.control.train import train
+    from postrl.runtime.config import load_config
+
+    cfg = load_config(ppo.Config, "configs/ppo-cartpole.yaml", ["run.seed=1"])
+    summary = train(cfg, "runs/ppo-cartpole-s1")
+
+This package never imports ``postrl.lm``; modules load lazily, so ``import postrl.control`` is cheap.
+"""
