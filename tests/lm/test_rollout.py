@@ -24,9 +24,10 @@ PAD, EOS = 0, 1
 TOL = 1e-4
 
 
-def tiny_llama(vocab: int = 64, n_kv_heads: int | None = None, seed: int = 0) -> LlamaForCausalLM:
-    """2 layers, d = 64, 4 heads (GQA with ``n_kv_heads``); a small vocab so EOS gets sampled."""
-    if n_kv_heads is None:
+def tiny_llama(vocab: int = 64, n_kv_heads: int | None = None, seed: int = 0, **extra) -> LlamaForCausalLM:
+    """2 layers, d = 64, 4 heads (GQA with ``n_kv_heads``, other config fields in ``extra``); a small vocab
+    so that EOS gets sampled."""
+    if n_kv_heads is None and not extra:
         cfg = TinyLMConfig(
             n_layers=2, hidden_size=64, n_heads=4, intermediate_size=128, max_position_embeddings=128
         )
@@ -38,13 +39,19 @@ def tiny_llama(vocab: int = 64, n_kv_heads: int | None = None, seed: int = 0) ->
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=n_kv_heads,
+        num_key_value_heads=n_kv_heads or 4,
         max_position_embeddings=128,
         tie_word_embeddings=True,
         pad_token_id=PAD,
         eos_token_id=EOS,
+        **extra,
     )
-    return LlamaForCausalLM(cfg).eval()
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # HF initialises biases and norm weights to 0 and 1: make them matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
 
 
 def tiny_gpt2(vocab: int = 64) -> GPT2LMHeadModel:
@@ -71,9 +78,17 @@ def run(model, ids, mask, seed: int = 0, **kwargs):
 
 
 # ---- fast path == HF forward ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("n_kv_heads", [None, 2])
-def test_fast_path_logits_match_hf_on_left_padded_batch_and_decode_steps(n_kv_heads):
-    model = tiny_llama(n_kv_heads=n_kv_heads)
+LLAMA_VARIANTS = {
+    "mha": {},
+    "gqa": {"n_kv_heads": 2},
+    "biases": {"attention_bias": True, "mlp_bias": True},
+    "linear_rope": {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}},
+}
+
+
+@pytest.mark.parametrize("variant", sorted(LLAMA_VARIANTS))
+def test_fast_path_logits_match_hf_on_left_padded_batch_and_decode_steps(variant):
+    model = tiny_llama(**LLAMA_VARIANTS[variant])
     assert unsupported_reason(model) is None
     ids, mask = prompts(batch=4, width=8)
     full_ids = torch.cat(
