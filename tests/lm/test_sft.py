@@ -1,0 +1,173 @@
+"""SFT/pretraining loop: the schedule by hand, the loss against an independent formulation, exact
+gradient accumulation, exact resume, and a short run that must lower the held-out loss."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from postrl.lm.data import tokenize_sft
+from postrl.lm.trainer import (
+    OptimConfig,
+    TrainConfig,
+    cosine_schedule,
+    iterate_batches,
+    make_batches,
+    make_optimizer,
+    run_training,
+    sft_step_loss,
+    train_step,
+)
+from postrl.runtime.logging import RunLogger, read_jsonl
+
+ROWS = [
+    {"prompt": "What is 12+30?", "completion": " 42"},
+    {"prompt": "What is 1+1?", "completion": " 2"},
+    {"prompt": "What is 7+8?", "completion": " 15"},
+    {"prompt": "Review: the pasta", "completion": " was great and fresh ."},
+] * 4
+
+
+def test_cosine_schedule_by_hand():
+    f = cosine_schedule(warmup_steps=4, total_steps=14, min_lr_ratio=0.1)
+    assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert f(4) == pytest.approx(1.0)
+    assert f(9) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))  # = 0.55
+    assert f(14) == pytest.approx(0.1) and f(100) == pytest.approx(0.1)
+
+
+def test_loss_is_mean_nll_of_completion_tokens_only(tiny_lm, tiny_tokenizer):
+    examples = tokenize_sft(ROWS[:3], tiny_tokenizer, max_length=64)
+    batch = make_batches(examples, tiny_tokenizer.pad_token_id)
+    n_tokens = int((batch["labels"][:, 1:] != -100).sum())
+    loss = sft_step_loss(tiny_lm, batch, n_tokens)
+    # independent formulation: one sequence at a time, no padding, explicit completion positions
+    total, count = 0.0, 0
+    for row in ROWS[:3]:
+        p = tiny_tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        c = tiny_tokenizer(row["completion"], add_special_tokens=False)["input_ids"] + [
+            tiny_tokenizer.eos_token_id
+        ]
+        ids = torch.tensor([p + c])
+        logp = torch.log_softmax(tiny_lm(input_ids=ids).logits[0].double(), -1)
+        for j in range(len(c)):
+            total -= float(logp.detach()[len(p) + j - 1, c[j]])
+            count += 1
+    assert count == n_tokens
+    assert float(loss.detach()) == pytest.approx(total / count, abs=1e-5)
+
+
+def _params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("accum", [2, 4])
+def test_gradient_accumulation_does_not_change_the_step(tiny_lm_dir, tiny_tokenizer, accum):
+    from postrl.lm.models import load_causal_lm
+
+    examples = tokenize_sft(ROWS, tiny_tokenizer, max_length=64)
+    indices = list(range(8))
+    results = []
+    for grad_accum in (1, accum):
+        model = load_causal_lm(tiny_lm_dir)
+        cfg = TrainConfig(batch_size=8, grad_accum=grad_accum, optim=OptimConfig(lr=1e-2, warmup_steps=0))
+        opt, _ = make_optimizer(model, cfg.optim, 10)
+        out = train_step(model, opt, examples, indices, cfg, tiny_tokenizer.pad_token_id, torch.device("cpu"))
+        results.append((out["loss"], _params(model)))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
+    for a, b in zip(results[0][1], results[1][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_batch_order_is_a_function_of_position():
+    straight = [idx for _, idx in itertools.islice(iterate_batches(10, 4, seed=3), 7)]
+    resumed = [idx for _, idx in itertools.islice(iterate_batches(10, 4, seed=3, start=3), 4)]
+    assert straight[3:] == resumed
+    first_epoch = sorted(i for b in straight[:3] for i in b)
+    assert first_epoch == list(range(10))  # every example once per epoch
+
+
+def _cfg(**kw):
+    base = dict(
+        max_steps=6,
+        batch_size=4,
+        eval_every=3,
+        save_every=3,
+        log_every=1,
+        optim=OptimConfig(lr=5e-3, warmup_steps=2),
+    )
+    return TrainConfig(**{**base, **kw})
+
+
+def test_resume_is_exact(tiny_lm_dir, tiny_tokenizer, tmp_path):
+    from postrl.lm.models import load_causal_lm
+
+    examples = tokenize_sft(ROWS, tiny_tokenizer, max_length=64)
+    cfg = _cfg()
+    straight = load_causal_lm(tiny_lm_dir)
+    run_training(
+        straight,
+        tiny_tokenizer,
+        examples,
+        examples[:4],
+        cfg,
+        tmp_path / "a",
+        RunLogger(tmp_path / "a"),
+        device=torch.device("cpu"),
+    )
+    # an interrupted run: it stops right after the step-3 checkpoint
+    model = load_causal_lm(tiny_lm_dir)
+    run_training(
+        model,
+        tiny_tokenizer,
+        examples,
+        examples[:4],
+        cfg,
+        tmp_path / "b",
+        RunLogger(tmp_path / "b"),
+        device=torch.device("cpu"),
+        should_stop=lambda m: True,
+    )
+    torch.manual_seed(123)  # a different process: nothing may depend on the RNG left behind
+    resumed = load_causal_lm(tiny_lm_dir)
+    run_training(
+        resumed,
+        tiny_tokenizer,
+        examples,
+        examples[:4],
+        cfg,
+        tmp_path / "b",
+        RunLogger(tmp_path / "b", resume=True),
+        device=torch.device("cpu"),
+        resume=True,
+    )
+    for a, b in zip(straight.parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(a, b)
+    steps = [r["step"] for r in read_jsonl(tmp_path / "b" / "metrics.jsonl") if "loss" in r]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_short_sft_lowers_heldout_loss(tiny_lm_dir, tiny_tokenizer, tmp_path):
+    from postrl.lm.models import load_causal_lm
+
+    model = load_causal_lm(tiny_lm_dir)
+    examples = tokenize_sft(ROWS, tiny_tokenizer, max_length=64)
+    cfg = TrainConfig(
+        max_steps=30, batch_size=8, eval_every=0, save_every=0, optim=OptimConfig(lr=1e-2, warmup_steps=3)
+    )
+    from postrl.lm.trainer import heldout_loss
+
+    batches = [make_batches(examples[:4], tiny_tokenizer.pad_token_id)]
+    before = heldout_loss(model, batches)
+    result = run_training(
+        model,
+        tiny_tokenizer,
+        examples,
+        examples[:4],
+        cfg,
+        tmp_path,
+        RunLogger(tmp_path),
+        device=torch.device("cpu"),
+    )
+    assert result["heldout_loss"] < 0.5 * before
