@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
 ALGOS = ("reinforce", "a2c", "trpo", "ppo")
@@ -93,6 +94,12 @@ def resolve_config(args: argparse.Namespace):
     return load_config(module.Config, None, [*flags, *args.overrides], base=base)
 
 
+def _interrupted(run_dir: Path) -> bool:
+    """A run folder with a checkpoint but no summary.json: rerunning the same command resumes it."""
+    ckpts = run_dir / "checkpoints"
+    return ckpts.is_dir() and any(ckpts.glob("step_*/state.pt")) and not (run_dir / "summary.json").exists()
+
+
 def _run_algo(run_dir: str) -> str:
     from postrl.runtime.config import ConfigError, read_yaml
 
@@ -113,7 +120,12 @@ def _train(args: argparse.Namespace) -> int:
 
     cfg = resolve_config(args)
     out = args.resume or args.out or f"runs/{cfg.algo}-{cfg.env.id}-s{cfg.run.seed}"
-    summary = train(cfg, out, resume=bool(args.resume))
+    resume = bool(args.resume) or _interrupted(Path(out))
+    if resume and not args.resume:
+        print(
+            f"postrl: {out} holds an interrupted run; resuming it from its last checkpoint", file=sys.stderr
+        )
+    summary = train(cfg, out, resume=resume)
     print(json.dumps(summary))
     print(f"run folder: {out}")
     return 0
