@@ -1,0 +1,381 @@
+"""PPO-RLHF set-up and bookkeeping: the four roles, prompts, the ptx data, the reward scorer, the held-out
+evaluation (RM score, gold reward, KL to the reference) that makes over-optimisation visible, checkpoints
+with everything a resumed run needs, the summary and the plots."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from postrl.core import kl_estimate, masked_sum
+from postrl.lm.ppo_batch import Roles, reward_model_scores
+from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, score
+from postrl.runtime import distributed as dist
+from postrl.runtime.errors import UserError
+
+if TYPE_CHECKING:
+    from postrl.lm.ppo import PPOConfig
+
+Scorer = Callable[[Rollout, Sequence[dict[str, Any]]], Tensor]
+
+
+# ---- roles -----------------------------------------------------------------------------------------------
+def _frozen(model: torch.nn.Module) -> torch.nn.Module:
+    return model.eval().requires_grad_(False)
+
+
+def build_roles(cfg: Any, device: torch.device) -> Roles:
+    """Actor (SFT), critic (per ``cfg.critic``), frozen reward model, frozen reference; dropout off in all
+    (`load_causal_lm` and `ScalarHeadModel.from_pretrained` zero it)."""
+    from postrl.lm.models import PolicyWithValueHead, ScalarHeadModel, load_causal_lm, resolve_dtype
+
+    load = {"dtype": resolve_dtype(cfg.dtype), "device": device, "trust_remote_code": cfg.trust_remote_code}
+    actor = load_causal_lm(cfg.model, **load)
+    reference = _frozen(load_causal_lm(cfg.ref_model or cfg.model, **load))
+    reward_model = None
+    if cfg.reward_model is not None and not cfg.reward_fns:
+        reward_model = _frozen(ScalarHeadModel.from_pretrained(cfg.reward_model, **load))
+    critic: torch.nn.Module | None
+    if cfg.critic == "reward_model":  # N+ details: the value model starts as the reward model
+        critic = ScalarHeadModel.from_pretrained(cfg.reward_model, **load)
+    elif cfg.critic == "sft":
+        critic = ScalarHeadModel.from_pretrained(cfg.model, new_head=True, seed=cfg.seed, **load)
+    else:
+        actor, critic = PolicyWithValueHead(actor, seed=cfg.seed), None
+    return Roles(actor=actor, critic=critic, reference=reference, reward_model=reward_model)
+
+
+def trainable_parts(roles: Roles) -> dict[str, torch.nn.Module]:
+    """The modules each optimiser owns: the actor's LM, and the critic (or the shared value head)."""
+    return {"actor": roles.policy, "critic": roles.critic if roles.critic is not None else roles.actor.head}
+
+
+# ---- data ------------------------------------------------------------------------------------------------
+@dataclass
+class PromptSet:
+    """Prompt rows (all columns kept for reward functions) and their texts."""
+
+    rows: list[dict[str, Any]]
+
+    @property
+    def texts(self) -> list[str]:
+        return [r["prompt"] for r in self.rows]
+
+
+def load_prompts(cfg: Any, tokenizer: Any) -> tuple[PromptSet, PromptSet]:
+    """(train, held-out) prompts, rendered (chat template where conversational), overlong ones dropped."""
+    from postrl.lm.data import DataError, load_rows, render_rows, tokenize_prompts
+
+    rows = load_rows(cfg.data, "prompts", "train", task_kwargs=cfg.task)
+    if cfg.eval_data is not None:
+        heldout = load_rows(cfg.eval_data, "prompts", "test", task_kwargs=cfg.task)
+    elif cfg.data.startswith("task:"):
+        heldout = load_rows(cfg.data, "prompts", "test", task_kwargs=cfg.task)
+    else:
+        cut = max(1, len(rows) // 20)
+        rows, heldout = rows[:-cut], rows[-cut:]
+    out = []
+    for part in (rows, heldout):
+        kept, _ = tokenize_prompts(render_rows(part, "prompts", tokenizer), tokenizer, cfg.max_prompt_length)
+        out.append(PromptSet(kept))
+    if not out[0].rows:
+        raise DataError(f"{cfg.data}: no prompt fits max_prompt_length={cfg.max_prompt_length}")
+    return out[0], out[1]
+
+
+def load_task(cfg: Any) -> Any:
+    """The built-in task of ``cfg.data`` (for its gold reward), or None."""
+    from postrl.lm.tasks import get_task
+
+    return get_task(cfg.data[len("task:") :], **cfg.task) if cfg.data.startswith("task:") else None
+
+
+def load_ptx_examples(cfg: Any, tokenizer: Any) -> list[dict[str, list[int]]]:
+    """Tokenised SFT examples for the ptx loss (empty when ``ptx.coef`` is 0)."""
+    from postrl.lm.data import load_rows, render_rows, tokenize_sft
+
+    if cfg.ptx.coef == 0:
+        return []
+    source = cfg.ptx.data or (cfg.data if cfg.data.startswith("task:") else None)
+    if source is None:
+        raise UserError("ptx.coef > 0 needs ptx.data (SFT rows) when data is not a built-in task")
+    rows = render_rows(load_rows(source, "sft", "train", task_kwargs=cfg.task), "sft", tokenizer)
+    examples = tokenize_sft(rows, tokenizer, cfg.ptx.max_length, "drop")
+    if not examples:
+        raise UserError(f"{source}: no SFT example fits ptx.max_length={cfg.ptx.max_length}")
+    return examples
+
+
+# ---- rewards ---------------------------------------------------------------------------------------------
+def _columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    keys = dict.fromkeys(k for r in rows for k in r if k != "prompt")
+    return {k: [r.get(k) for r in rows] for k in keys}
+
+
+def make_scorer(cfg: Any, roles: Roles, device: torch.device) -> Scorer:
+    """rollout, its prompt rows → raw sequence scores [B]: the frozen RM on the rollout's own tokens, or the
+    weighted sum of the reward functions on the decoded texts."""
+    if not cfg.reward_fns:
+        return lambda rollout, rows: reward_model_scores(roles.reward_model, rollout)
+    from postrl.lm.rewards import compute_rewards, load_reward_fns
+
+    fns = load_reward_fns(cfg.reward_fns, cfg.reward_weights, task_kwargs=cfg.task, device=device)
+    return lambda rollout, rows: compute_rewards(fns, rollout.prompts, rollout.texts, _columns(rows))
+
+
+def read_norm_stats(cfg: Any) -> dict[str, float] | None:
+    """The reward model's score statistics on SFT samples (needed for reward.normalize=rm_stats)."""
+    from postrl.lm.reward_model import NORM_FILE, read_reward_norm
+
+    if cfg.reward.normalize != "rm_stats":
+        return None
+    stats = read_reward_norm(cfg.reward_model) if cfg.reward_model else None
+    if stats is None:
+        raise UserError(
+            f"reward.normalize=rm_stats but {cfg.reward_model}/{NORM_FILE} is missing (train the RM with "
+            "norm.samples > 0, or set reward.normalize to none or batch)"
+        )
+    return {"mean": float(stats["mean"]), "std": float(stats["std"])}
+
+
+# ---- evaluation ------------------------------------------------------------------------------------------
+@torch.no_grad()
+def sequence_kl(rollout: Rollout, reference: torch.nn.Module, temperature: float) -> tuple[Tensor, Tensor]:
+    """Per-response KL(π‖π_ref) estimates (k1 and k3 summed over tokens) → ([B], [B])."""
+    ref = score(
+        reference, rollout.input_ids, rollout.attention_mask, rollout.prompt_len, temperature=temperature
+    )
+    m = rollout.response_mask.float()
+    k1 = masked_sum(kl_estimate(rollout.log_probs, ref, "k1"), m, dim=-1)
+    k3 = masked_sum(kl_estimate(rollout.log_probs, ref, "k3"), m, dim=-1)
+    return k1, k3
+
+
+@torch.no_grad()
+def evaluate(
+    roles: Roles,
+    tokenizer: Any,
+    prompts: PromptSet,
+    sampling: SamplingConfig,
+    scorer: Scorer,
+    task: Any,
+    *,
+    n: int,
+    seed: int,
+    batch_size: int = 128,
+) -> dict[str, float]:
+    """Sample ``n`` held-out responses (the held-out prompts in turn, a fixed sampling seed, this rank's share)
+    and report the mean raw score, gold reward (built-in task), KL to the reference and length."""
+    if not prompts.rows or n <= 0:
+        return {}
+    rows = [prompts.rows[i % len(prompts.rows)] for i in dist.shard_range(n)]
+    engine = RolloutEngine(roles.policy, tokenizer, sampling)
+    device = next(roles.policy.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    sums: dict[str, float] = {}
+    for i in range(0, len(rows), batch_size):
+        part = rows[i : i + batch_size]
+        rollout = engine.generate([r["prompt"] for r in part], generator=generator)
+        k1, k3 = sequence_kl(rollout, roles.reference, sampling.temperature or 1.0)
+        values = {
+            "heldout_rm_score": scorer(rollout, part).float().cpu(),
+            "heldout_kl": k1.cpu(),
+            "heldout_kl_k3": k3.cpu(),
+            "heldout_length": rollout.response_lengths.float().cpu(),
+        }
+        if task is not None:
+            values["heldout_gold_reward"] = torch.tensor(task.gold_reward(rollout.prompts, rollout.texts))
+        for key, v in values.items():
+            sums[key] = sums.get(key, 0.0) + float(v.double().sum())
+    keys = sorted(sums)
+    totals = dist.all_reduce_sum(
+        torch.tensor([sums[k] for k in keys] + [float(len(rows))], dtype=torch.float64)
+    )
+    return {k: float(totals[j] / totals[-1]) for j, k in enumerate(keys)}
+
+
+# ---- the run: state, checkpoints, summary -----------------------------------------------------------------
+@dataclass
+class PPOState:
+    """What a checkpoint restores besides weights, optimisers and schedules."""
+
+    step: int = 0
+    position: int = 0
+    ptx_position: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    """held-out evaluations, one per evaluation step"""
+    totals: dict[str, float] = field(default_factory=dict)
+    """seconds per phase and generated tokens, summed over steps"""
+
+
+def seeded_generator(device: torch.device, *parts: object) -> torch.Generator:
+    """A generator seeded from ``parts`` (seed, purpose, step, rank): resumed runs draw the same numbers."""
+    from postrl.lm.tasks.base import stable_hash
+
+    return torch.Generator(device=device).manual_seed(stable_hash(":".join(map(str, parts))) % 2**63)
+
+
+@dataclass
+class PPORun:
+    """Everything one PPO run holds."""
+
+    cfg: PPOConfig
+    roles: Roles
+    """the unwrapped models (generation, scoring, saving)"""
+    train_roles: Roles
+    """actor and critic DDP-wrapped when distributed (the update)"""
+    parts: dict[str, torch.nn.Module]
+    optimizers: dict[str, torch.optim.Optimizer]
+    schedulers: dict[str, Any]
+    kl_ctl: Any
+    norm_stats: dict[str, float] | None
+    tokenizer: Any
+    prompts: Any
+    heldout: Any
+    task: Any
+    scorer: Any
+    ptx_examples: list[dict[str, list[int]]]
+    device: torch.device
+
+
+def build_run(cfg: PPOConfig, info: dist.DistInfo) -> PPORun:
+    from postrl.core import AdaptiveKLController, FixedKLController
+    from postrl.lm.ppo_setup import (
+        build_roles,
+        load_prompts,
+        load_ptx_examples,
+        load_task,
+        make_scorer,
+        read_norm_stats,
+        trainable_parts,
+    )
+    from postrl.lm.tokenizer import load_tokenizer
+    from postrl.lm.trainer import make_optimizer
+
+    if info.world_size > 1 and cfg.ptx.coef and cfg.critic == "shared":
+        raise UserError("ptx with critic=shared is single-process only; use critic=reward_model or sft")
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
+    roles = build_roles(cfg, info.device)
+    parts = trainable_parts(roles)
+    optimizers, schedulers = {}, {}
+    for name, optim in (("actor", cfg.actor_optim), ("critic", cfg.critic_optim)):
+        optimizers[name], schedulers[name] = make_optimizer(parts[name], optim, cfg.steps)
+    critic = None if roles.critic is None else dist.wrap_ddp(roles.critic, info)
+    train_roles = Roles(dist.wrap_ddp(roles.actor, info), critic, roles.reference, roles.reward_model)
+    if cfg.kl.target is not None:
+        kl_ctl = AdaptiveKLController(cfg.kl.beta, cfg.kl.target, cfg.kl.horizon)
+    else:
+        kl_ctl = FixedKLController(cfg.kl.beta)
+    prompts, heldout = load_prompts(cfg, tokenizer)
+    return PPORun(
+        cfg,
+        roles,
+        train_roles,
+        parts,
+        optimizers,
+        schedulers,
+        kl_ctl,
+        read_norm_stats(cfg),
+        tokenizer,
+        prompts,
+        heldout,
+        load_task(cfg),
+        make_scorer(cfg, roles, info.device),
+        load_ptx_examples(cfg, tokenizer),
+        info.device,
+    )
+
+
+def save_state(run_dir: Path, run: PPORun, state: PPOState) -> None:
+    from postrl.runtime.checkpoint import save_checkpoint
+
+    if dist.is_main():
+        save_checkpoint(
+            run_dir / "checkpoints",
+            state.step,
+            modules=run.parts,
+            optimizers=run.optimizers,
+            schedulers=run.schedulers,
+            extra={
+                "position": state.position,
+                "ptx_position": state.ptx_position,
+                "kl": run.kl_ctl.state_dict(),
+                "reward_norm": run.norm_stats or {},
+                "history": state.history,
+                "totals": state.totals,
+            },
+            keep_last=run.cfg.keep_last,
+        )
+    dist.barrier()
+
+
+def restore_state(run_dir: Path, run: PPORun, logger: Any) -> PPOState:
+    """The state of the last checkpoint (weights, optimisers, schedules, β, reward statistics, RNGs)."""
+    from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint
+
+    last = latest_checkpoint(run_dir / "checkpoints")
+    if last is None:
+        return PPOState()
+    loaded = load_checkpoint(last, modules=run.parts, optimizers=run.optimizers, schedulers=run.schedulers)
+    extra = loaded["extra"]
+    run.kl_ctl.load_state_dict(extra["kl"])
+    run.norm_stats = dict(extra["reward_norm"]) or None  # the statistics the run started with
+    logger.truncate_after(loaded["step"])
+    return PPOState(
+        loaded["step"],
+        int(extra["position"]),
+        int(extra["ptx_position"]),
+        list(extra["history"]),
+        dict(extra["totals"]),
+    )
+
+
+def summarize(state: PPOState, beta: float) -> dict[str, Any]:
+    """The run's summary: the last and first held-out evaluation, throughput and time per phase."""
+    last, first = (state.history[-1], state.history[0]) if state.history else ({}, {})
+    names = {"heldout_gold_reward": "gold_reward", "heldout_rm_score": "rm_score", "heldout_kl": "kl_to_ref"}
+    names |= {"heldout_kl_k3": "kl_k3", "heldout_length": "response_length"}
+    t = state.totals
+    steps = max(1, state.step)
+    return {
+        **{new: last.get(old) for old, new in names.items()},
+        **{f"start_{new}": first.get(old) for old, new in names.items()},
+        "steps": state.step,
+        "beta": beta,
+        "seconds_per_step": (t.get("generate", 0) + t.get("score", 0) + t.get("train", 0)) / steps,
+        "time_generate": t.get("generate", 0.0),
+        "time_score": t.get("score", 0.0),
+        "time_train": t.get("train", 0.0),
+        "tokens_per_second": t.get("tokens", 0.0) / max(t.get("generate", 0.0), 1e-9),
+        "heldout": state.history,
+    }
+
+
+def plot_run(run_dir: Path) -> None:
+    """``heldout.png`` (RM score, gold reward, KL over training: over-optimisation shows as the RM score
+    rising while the gold reward falls) and ``train.png`` (per-step training metrics)."""
+    from postrl.runtime.logging import read_jsonl
+    from postrl.runtime.plots import plot_curves
+
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    heldout = ["heldout_rm_score", "heldout_gold_reward", "heldout_kl", "heldout_length"]
+    plot_curves(
+        [r for r in rows if "heldout_kl" in r], heldout, run_dir / "heldout.png", title="held-out prompts"
+    )
+    train = [
+        "rm_score",
+        "gold_reward",
+        "kl_to_ref",
+        "entropy",
+        "clip_fraction",
+        "approx_kl",
+        "explained_variance",
+    ]
+    plot_curves(
+        [r for r in rows if "rm_score" in r], train, run_dir / "train.png", title="PPO training batches"
+    )
