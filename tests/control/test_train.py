@@ -133,3 +133,22 @@ def test_stochastic_evaluation_does_not_touch_the_training_rng():
     before = torch.get_rng_state()
     evaluate(actor, env, cfg, 2, deterministic=False)
     assert torch.equal(before, torch.get_rng_state())
+
+
+def test_cli_resume_continues_an_interrupted_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["control", "train", "--env", "CartPole-v1", "--total-steps", "96", "--out", str(out), *SMALL[:4]]
+    argv += ["run.checkpoint_every=1", "run.keep_checkpoints=10", "run.eval_episodes=1"]
+    args = _cli(*argv)
+    args.handler(args)
+    final = (out / "checkpoints" / "step_00000096" / "actor.safetensors").read_bytes()
+    for step in ("step_00000064", "step_00000096"):
+        shutil.rmtree(out / "checkpoints" / step)
+    (out / "summary.json").unlink()
+    args = _cli(*argv)  # the same command again: resumes from step 32
+    args.handler(args)
+    assert "resuming" in capsys.readouterr().err
+    assert (out / "checkpoints" / "step_00000096" / "actor.safetensors").read_bytes() == final
+    args = _cli("control", "train", "--resume", str(out))  # explicit: finishes at once (already at 96)
+    args.handler(args)
+    assert json.loads((out / "summary.json").read_text())["env_steps"] == 96
