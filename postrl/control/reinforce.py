@@ -163,7 +163,10 @@ class Reinforce(Agent):
         if self.cfg.max_grad_norm is not None:
             nn.utils.clip_grad_norm_(self.actor.parameters(), self.cfg.max_grad_norm)
         self.optimizer.step()
-        metrics = {"policy_loss": float(loss.detach()), "episode_length": float(episodes.mask.sum(1).float().mean())}
+        metrics = {
+            "policy_loss": float(loss.detach()),
+            "episode_length": float(episodes.mask.sum(1).float().mean()),
+        }
         if self.baseline is not None:
             metrics["baseline_loss"] = self._fit_baseline(episodes, returns)
         lengths = episodes.mask.sum(1).tolist()
