@@ -146,6 +146,8 @@ class PPOConfig:
     """Run the model repository's own code (only for models you trust)."""
     tensorboard: bool = False
     """Also write TensorBoard event files."""
+    plots: bool = True
+    """Write heldout.png and train.png at the end."""
 
 
 # ---- the loss --------------------------------------------------------------------------------------------
@@ -417,5 +419,6 @@ def run_ppo(cfg: PPOConfig, run_dir: str | Path, resume: bool = False) -> dict[s
         export_model(run.roles.policy, run.tokenizer, run_dir / "model")
         if run.roles.critic is not None:
             run.roles.critic.save_pretrained(run_dir / "critic", kind="value")
-        plot_run(run_dir)
+        if cfg.plots:
+            plot_run(run_dir)
     return logger.finish(summarize(state, run.kl_ctl.value))

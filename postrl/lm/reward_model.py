@@ -107,6 +107,8 @@ class RMConfig:
     """Run the model repository's own code (only for models you trust)."""
     tensorboard: bool = False
     """Also write TensorBoard event files."""
+    plots: bool = True
+    """Write curves.png at the end."""
 
 
 # ---- data ----------------------------------------------------------------------------------------------
@@ -461,7 +463,8 @@ def run_rm(cfg: RMConfig, run_dir: str | Path, resume: bool = False) -> dict[str
         norm = score_policy_samples(rm, tokenizer, prompts, cfg, info.device, task)
     if info.is_main:
         export_reward_model(rm, tokenizer, run_dir / "model", norm)
-        _plot(run_dir)
+        if cfg.plots:
+            _plot(run_dir)
     summary = {**metrics, "steps": state.step, "train_pairs": len(train), "loss_type": loss}
     if norm is not None:
         summary.update({f"sft_score_{k}": v for k, v in norm.items() if k in ("mean", "std")})

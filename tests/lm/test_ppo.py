@@ -29,7 +29,7 @@ from postrl.lm.ppo_batch import (
 )
 from postrl.lm.ppo_setup import build_roles, trainable_parts
 from postrl.lm.reward_model import NORM_FILE
-from postrl.lm.rollout import RolloutEngine, SamplingConfig
+from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig
 from postrl.lm.trainer import OptimConfig, make_optimizer
 from postrl.runtime.checkpoint import latest_checkpoint
 from postrl.runtime.errors import UserError
@@ -184,35 +184,63 @@ def test_temperature_in_actor_and_reference_log_probs(tiny_lm_dir, tiny_rm_dir, 
         assert (at_one[mask] - rollout.log_probs[mask]).abs().max() > 1e-2  # τ matters: the test can fail
 
 
-def test_score_on_last_real_token_and_left_padding(tiny_lm_dir, tiny_rm_dir, tiny_tokenizer) -> None:
-    """RM score, reference log-probs and values of each row equal those of the row alone (no padding)."""
+def handmade_rollout(tokenizer, pad_id: int) -> Rollout:
+    """Left-padded prompts and right-padded responses of different lengths (three end with EOS, then pads;
+    one is cut without EOS), padded with ``pad_id``."""
+    from postrl.lm.data import encode_completions, encode_prompts, join_prompt_response
+
+    responses = encode_completions(tokenizer, [" was great .", " was very bad and cold .", " was ok ."])
+    responses.append(encode_completions(tokenizer, [" was fine and"])[0][:-1])  # no EOS: cut at the limit
+    batch = join_prompt_response(encode_prompts(tokenizer, PROMPTS), responses, pad_id)
+    P = batch["input_ids"].shape[1] - batch["response_mask"].shape[1]
+    return Rollout(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        prompt_len=P,
+        response_ids=batch["input_ids"][:, P:],
+        response_mask=batch["response_mask"],
+        log_probs=torch.zeros(batch["response_mask"].shape),
+        finished=torch.tensor([True, True, True, False]),
+    )
+
+
+@pytest.mark.parametrize("pad", ["pad", "eos"])
+def test_score_on_last_real_token_and_left_padding(tiny_lm_dir, tiny_rm_dir, tiny_tokenizer, pad) -> None:
+    """RM score (at EOS, not at a pad after it; pad = EOS too), reference log-probs and values of each row of
+    a padded batch equal those of the row alone, without any padding."""
     cfg = _cfg(tiny_lm_dir, tiny_rm_dir, reward=RewardConfig("none", None, None))
     roles = build_roles(cfg, torch.device("cpu"))
-    rollout = _rollout(roles, tiny_tokenizer, 1.0, seed=3)
+    pad_id = tiny_tokenizer.pad_token_id if pad == "pad" else tiny_tokenizer.eos_token_id
+    rollout = handmade_rollout(tiny_tokenizer, pad_id)
+    scores = reward_model_scores(roles.reward_model, rollout)
     full, _ = make_batch(
         roles,
         rollout,
-        torch.zeros(4),
-        temperature=1.0,
+        scores,
+        temperature=0.7,
         beta=0.0,
         reward=cfg.reward,
         advantage=cfg.gae,
         norm_stats=None,
     )
-    scores = reward_model_scores(roles.reward_model, rollout)
-    P = rollout.prompt_len
+    from postrl.lm.ppo_setup import sequence_kl
+
+    k1, _ = sequence_kl(
+        rollout, roles.reference, 0.7
+    )  # Σ (0 − log π_ref): minus the reference log-likelihood
     for row in range(len(PROMPTS)):
         keep = rollout.attention_mask[row].bool()
         ids = rollout.input_ids[row][keep][None]  # the row with no padding at all
         n = int(rollout.response_mask[row].sum())
-        alone = roles.reward_model(ids, torch.ones_like(ids))[0, -1]
+        assert (ids[0, -1] == tiny_tokenizer.eos_token_id) == bool(rollout.finished[row])
+        with torch.no_grad():
+            alone = roles.reward_model(ids, torch.ones_like(ids))[0, -1]
+            critic_alone = roles.critic(ids, torch.ones_like(ids))[0, -n - 1 : -1]
+            ref_logits = roles.reference(ids).logits[0, -n - 1 : -1] / 0.7
         torch.testing.assert_close(scores[row], alone, atol=1e-5, rtol=1e-5)
-        critic_alone = roles.critic(ids, torch.ones_like(ids))[0, -n - 1 : -1]
         torch.testing.assert_close(full.values[row, :n], critic_alone, atol=1e-5, rtol=1e-5)
-        ref_logits = roles.reference(ids).logits[0, -n - 1 : -1]
         ref_lp = torch.log_softmax(ref_logits, -1).gather(-1, ids[0, -n:, None])[:, 0]
-        torch.testing.assert_close(rollout.log_probs[row, :n], ref_lp, atol=1e-4, rtol=1e-4)
-        assert bool((rollout.input_ids[row, P + n :] == tiny_tokenizer.pad_token_id).all())
+        torch.testing.assert_close(k1[row], -ref_lp.sum(), atol=1e-4, rtol=1e-4)
 
 
 # ---- the update ----------------------------------------------------------------------------------------
@@ -281,6 +309,7 @@ def test_run_ppo_folder_and_exact_resume(tiny_lm_dir, tiny_rm_dir, tmp_path) -> 
     assert state["extra"]["reward_norm"] == {"mean": 0.1, "std": 0.5}
     assert state["extra"]["kl"]["value"] == pytest.approx(summary["beta"])
     # interrupted after step 1: drop the later checkpoint and the export, then resume
+    cfg = replace(cfg, plots=False)
     run_ppo(cfg, tmp_path / "b")
     shutil.rmtree(tmp_path / "b" / "checkpoints" / "step_00000002")
     shutil.rmtree(tmp_path / "b" / "model")
@@ -306,6 +335,7 @@ def test_rule_based_reward_shared_critic_and_ptx(tiny_lm_dir, tiny_rm_dir, tmp_p
         ptx=PtxConfig(coef=0.5, batch_size=4),
         steps=1,
         eval_every=0,
+        plots=False,
     )
     summary = run_ppo(cfg, tmp_path / "run")
     assert summary["steps"] == 1 and summary["rm_score"] == pytest.approx(summary["gold_reward"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,7 @@ def test_run_rm_folder_and_exact_resume(tiny_lm_dir: Path, tmp_path: Path) -> No
     loaded = ScalarHeadModel.from_pretrained(tmp_path / "a" / "model")
     load_causal_lm(tiny_lm_dir)  # the SFT init is untouched and still loads
     # interrupted after step 2: drop the later checkpoint and the export, then resume
+    cfg = replace(cfg, plots=False)
     run_rm(cfg, tmp_path / "b")
     shutil.rmtree(tmp_path / "b" / "checkpoints" / "step_00000004")
     shutil.rmtree(tmp_path / "b" / "model")
