@@ -42,7 +42,9 @@ TASKS = {
     "trpo-cartpole": ("trpo", "CartPole-v1", 200_000, 475.0, None),
     "trpo-pendulum": ("trpo", "Pendulum-v1", 300_000, -300.0, None),
     "reinforce-cartpole": ("reinforce", "CartPole-v1", 500_000, 400.0, None),
+    "reinforce-nobaseline-cartpole": ("reinforce", "CartPole-v1", 500_000, 400.0, None),
 }
+TASK_OVERRIDES = {"reinforce-nobaseline-cartpole": ["reinforce.baseline=false"]}
 QUICK_BUDGET = {
     "ppo-cartpole": 30_000,
     "ppo-pendulum": 50_000,
@@ -52,7 +54,7 @@ QUICK_BUDGET = {
 PEERS = Path(os.environ.get("POSTRL_PEERS", "/work/shared/peers"))
 
 
-def run_postrl(task: str, seed: int, steps: int, out_root: Path, overrides=()) -> dict:
+def run_postrl(task: str, seed: int, steps: int, out_root: Path) -> dict:
     from postrl.control.commands import preset_path
     from postrl.control.train import algorithm, train
     from postrl.runtime.config import load_config
@@ -61,7 +63,12 @@ def run_postrl(task: str, seed: int, steps: int, out_root: Path, overrides=()) -
     cfg = load_config(
         algorithm(algo).Config,
         preset_path(algo, env_id),
-        [f"run.total_steps={steps}", f"run.seed={seed}", "run.checkpoint_every=0", *overrides],
+        [
+            f"run.total_steps={steps}",
+            f"run.seed={seed}",
+            "run.checkpoint_every=0",
+            *TASK_OVERRIDES.get(task, []),
+        ],
     )
     summary = train(cfg, out_root / f"{task}-s{seed}")
     keys = ("eval_return_mean", "eval_return_std", "steps_per_second", "steps_to_threshold", "peak_rss_mb")
