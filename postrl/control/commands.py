@@ -38,7 +38,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--config", default=None, help="YAML config (default: configs/<algo>-<env>.yaml if present)"
     )
     train.add_argument(
-        "--resume", default=None, metavar="RUN_DIR", help="continue an interrupted run exactly"
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="continue an interrupted run exactly, with its saved config (rerunning the same command "
+        "with --out RUN_DIR also resumes a run that has checkpoints but no summary.json)",
     )
     train.add_argument(
         "--list-keys", action="store_true", help="print every config key with its help and exit"
