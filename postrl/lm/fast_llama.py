@@ -5,8 +5,8 @@ arithmetic. The stock Hugging Face forward rebuilds a 4-D attention mask, grows 
 concatenation and runs separate q/k/v and gate/up projections at every step. `FastLlama` owns the decode
 forward instead:
 
-- fused projections: one GEMM for ``[q; k; v; rotate_half(q); rotate_half(k)]`` (RoPE's ``rotate_half`` is a
-  signed permutation of weight rows, so it folds into the GEMM) and one for ``[gate; up]``;
+- fused projections: one GEMM for ``[q; k; v]`` and one for ``[gate; up]``; RoPE as ``x·cos + swap(x)·sin±``
+  (``rotate_half`` = a swap of the two halves of each head with the sign folded into a precomputed sin);
 - the RMSNorm weights are folded into the projection that follows each norm (``(x·n)Wᵀ = x(W·n)ᵀ``);
 - a KV cache preallocated to ``P + T`` positions, written in place;
 - one additive key mask ``[B, 1, 1, P + T]`` built once (−inf on left padding) and sliced at every step.
@@ -47,13 +47,6 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     return next((reason for reason, failed in checks.items() if failed), None)
 
 
-def _rotate_half_rows(w: Tensor, head_dim: int) -> Tensor:
-    """Rows of ``w`` [n·hs, ...] such that ``(x @ out.T) == rotate_half(x @ w.T)`` head by head."""
-    w = w.view(-1, head_dim, *w.shape[1:])  # (n, hs, ...)
-    half = head_dim // 2
-    return torch.cat((-w[:, half:], w[:, :half]), dim=1).reshape(-1, *w.shape[2:])
-
-
 def _cat_bias(*biases: Tensor | None) -> Tensor | None:
     return None if biases[0] is None else torch.cat(biases)
 
@@ -62,7 +55,7 @@ def _cat_bias(*biases: Tensor | None) -> Tensor | None:
 class _Layer:
     """Fused weights of one decoder layer (norm weights folded in, biases None unless the config has them)."""
 
-    w_qkv: Tensor  # (nh·hs + 2·nkv·hs + (nh + nkv)·hs, d): [q; k; v; rot q; rot k]
+    w_qkv: Tensor  # ((nh + 2·nkv)·hs, d): [q; k; v]
     b_qkv: Tensor | None
     w_o: Tensor  # (nh·hs, d): o_proj transposed, for addmm
     b_o: Tensor | None
@@ -72,19 +65,13 @@ class _Layer:
     b_down: Tensor | None
 
 
-def _fuse_layer(layer: torch.nn.Module, head_dim: int) -> _Layer:
+def _fuse_layer(layer: torch.nn.Module) -> _Layer:
     """Fused weights of one ``LlamaDecoderLayer`` from its current parameters."""
     att, mlp = layer.self_attn, layer.mlp
     n1, n2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-    wq, wk, wv = att.q_proj.weight, att.k_proj.weight, att.v_proj.weight
-    bq, bk, bv = att.q_proj.bias, att.k_proj.bias, att.v_proj.bias
-    w_qkv = torch.cat((wq, wk, wv, _rotate_half_rows(wq, head_dim), _rotate_half_rows(wk, head_dim)))
-    b_qkv = None
-    if bq is not None:
-        b_qkv = _cat_bias(bq, bk, bv, _rotate_half_rows(bq, head_dim), _rotate_half_rows(bk, head_dim))
     return _Layer(
-        w_qkv=w_qkv * n1,
-        b_qkv=b_qkv,
+        w_qkv=torch.cat((att.q_proj.weight, att.k_proj.weight, att.v_proj.weight)) * n1,
+        b_qkv=_cat_bias(att.q_proj.bias, att.k_proj.bias, att.v_proj.bias),
         w_o=att.o_proj.weight.t().contiguous(),
         b_o=att.o_proj.bias,
         w_gate_up=torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)) * n2,
@@ -112,7 +99,7 @@ class FastLlama:
         self._rotary = model.model.rotary_emb
         with torch.no_grad():
             self.embed = model.model.embed_tokens.weight.detach()
-            self.layers = [_fuse_layer(layer, self.head_dim) for layer in model.model.layers]
+            self.layers = [_fuse_layer(layer) for layer in model.model.layers]
             self.w_lm = model.lm_head.weight * model.model.norm.weight  # (V, d), final norm folded in
         self.length = 0  # cache columns filled so far
 
@@ -128,9 +115,11 @@ class FastLlama:
         self.v_cache = [like.new_zeros(batch, nkv, max_len, hs) for _ in self.layers]
         pos = torch.arange(max_len, device=like.device)[None]  # (1, L)
         cos, sin = self._rotary(like[:1], position_ids=pos)  # (1, L, hs) each: the model's own RoPE values
+        half = torch.ones(hs // 2, device=like.device)
+        sign = torch.cat((-half, half))  # rotate_half(x) = swap(x)·sign, head by head
         reps = self.n_heads + self.n_kv
         self.cos = cos[0].repeat(1, reps)  # (L, (nh + nkv)·hs), one copy per q and k head
-        self.sin = sin[0].repeat(1, reps)
+        self.sin = (sin[0] * sign).repeat(1, reps)
 
     def _layer(self, i: int, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
         """Decoder layer ``i`` on x [B, S, d], whose tokens fill cache columns ``length … length + S − 1``.
@@ -140,8 +129,10 @@ class FastLlama:
         layer, (B, S, d) = self.layers[i], x.shape
         nh, nkv, hs = self.n_heads, self.n_kv, self.head_dim
         qk_dim, v_dim = (nh + nkv) * hs, nkv * hs
-        y = F.linear(self._norm(x), layer.w_qkv, layer.b_qkv)  # (B, S, qk + v + qk): [q k | v | rot q, rot k]
-        qk = torch.addcmul(y[..., :qk_dim] * cos, y[..., qk_dim + v_dim :], sin)  # RoPE: x·cos + rot(x)·sin
+        y = F.linear(self._norm(x), layer.w_qkv, layer.b_qkv)  # (B, S, qk + v): [q k | v]
+        qk = y[..., :qk_dim]
+        swapped = qk.unflatten(-1, (nh + nkv, 2, hs // 2)).flip(-2).flatten(-3)  # (B, S, qk): halves swapped
+        qk = torch.addcmul(qk * cos, swapped, sin)  # RoPE: x·cos + rotate_half(x)·sin
         start, end = self.length, self.length + S
         k_cache, v_cache = self.k_cache[i], self.v_cache[i]
         k_cache[:, :, start:end] = qk[..., nh * hs :].view(B, S, nkv, hs).transpose(1, 2)  # (B, nkv, S, hs)
@@ -156,7 +147,7 @@ class FastLlama:
             x = x + layer.b_o
         gate_up = F.linear(self._norm(x), layer.w_gate_up, layer.b_gate_up)  # (B·S, 2I)
         inter = gate_up.shape[-1] // 2
-        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]  # SwiGLU, (B·S, I)
+        act = F.silu(gate_up[:, :inter], inplace=True).mul_(gate_up[:, inter:])  # SwiGLU in place, (B·S, I)
         x = torch.addmm(x, act, layer.w_down)
         if layer.b_down is not None:
             x = x + layer.b_down
