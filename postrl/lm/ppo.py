@@ -32,7 +32,7 @@ from postrl.lm.models import position_ids_from_mask
 from postrl.lm.ppo_batch import GAEConfig, KLConfig, PPOBatch, RewardConfig, Roles
 from postrl.lm.ppo_setup import PPORun, PPOState, seeded_generator
 from postrl.lm.rollout import SamplingConfig, token_log_probs
-from postrl.lm.trainer import OptimConfig, _clip
+from postrl.lm.trainer import OptimConfig
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
 
@@ -252,7 +252,7 @@ def optimise(
         order = torch.randperm(n, generator=generator)
         for start in range(0, n, size):
             mb = batch.rows(order[start : start + size].to(batch.input_ids.device))
-            stats = backward_minibatch(roles, mb, cfg.ppo, cfg.sampling.temperature or 1.0, ptx_loss)
+            stats = backward_minibatch(roles, mb, cfg.ppo, cfg.sampling.temperature, ptx_loss)
             stats["actor_grad_norm"] = _clip_params(params["actor"], cfg.actor_optim.max_grad_norm)
             stats["critic_grad_norm"] = _clip_params(params["critic"], cfg.critic_optim.max_grad_norm)
             for opt in optimizers.values():
@@ -263,8 +263,13 @@ def optimise(
 
 
 def _clip_params(params: list[torch.nn.Parameter], max_norm: float | None) -> float:
-    holder = torch.nn.ParameterList(params)
-    return _clip(holder, max_norm)
+    """Clip one role's gradients to ``max_norm`` (None: only measure); returns the norm before clipping."""
+    grads = [p for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    if max_norm is None:
+        return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in grads])))
+    return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
 
 
 def check_config(cfg: PPOConfig) -> None:
@@ -286,7 +291,9 @@ def check_config(cfg: PPOConfig) -> None:
         f"batch_size={cfg.batch_size} must be >= ppo.minibatches·ppo.grad_accum per rank": (
             cfg.batch_size // dist.world_size() < p.minibatches * p.grad_accum
         ),
-        "sampling.greedy must be false for training": cfg.sampling.greedy,
+        "sampling.greedy must be false and sampling.temperature > 0 for training": (
+            cfg.sampling.greedy or cfg.sampling.temperature <= 0
+        ),
         "kl.beta must be >= 0": cfg.kl.beta < 0,
     }
     bad = [message for message, failed in problems.items() if failed]
@@ -312,7 +319,7 @@ def ppo_step(run: PPORun, state: PPOState, indices: list[int]) -> dict[str, floa
         run.roles,
         rollout,
         raw,
-        temperature=cfg.sampling.temperature or 1.0,
+        temperature=cfg.sampling.temperature,
         beta=run.kl_ctl.value,
         reward=cfg.reward,
         advantage=cfg.gae,
