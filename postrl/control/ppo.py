@@ -13,6 +13,7 @@ the epochs when the approximate KL passes ``target_kl``. Truncated episodes boot
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -98,8 +99,12 @@ def ppo_loss(
 
 
 class PPO(Agent):
-    def __init__(self, cfg: Config, env: VecEnv):
+    def __init__(self, cfg: Config, env: VecEnv, rollout_hook: Callable[[RolloutBuffer], None] | None = None):
+        """``rollout_hook(buf)``, when given, is called after each rollout is collected and before GAE; it
+        may rewrite ``buf.rewards`` in place (e.g. with a learned reward: ``postrl.control.prefs``). None
+        (the default) leaves PPO exactly as it is."""
         self.cfg = cfg.ppo
+        self.rollout_hook = rollout_hook
         self.actor = make_actor(env.single_observation_space, env.single_action_space, cfg.policy)
         self.critic = Critic(env.single_observation_space.shape[0], cfg.policy)
         params = [*self.actor.parameters(), *self.critic.parameters()]
@@ -116,6 +121,8 @@ class PPO(Agent):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         episodes = collect_rollout(env, self.actor, self.critic, buf)
+        if self.rollout_hook is not None:
+            self.rollout_hook(buf)
         advantages, returns = gae(
             buf.rewards, buf.values, buf.next_values(), buf.terminated, buf.episode_end, cfg.gamma, cfg.lam
         )
