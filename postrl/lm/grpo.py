@@ -117,7 +117,10 @@ class GRPOConfig:
     """Reward functions: task:NAME, module:function (or file.py:function), rm:PATH; empty: the built-in
     task's reward when data is task:NAME."""
     reward_weights: list[float] | None = None
-    """Weight of each reward function (default: all 1)."""
+    """Weight of each reward function (default: all 1; 0 keeps a function as a metric only)."""
+    verifier: str | None = None
+    """The reward spec (one of rewards) that checks correctness (0/1): its mean is logged as accuracy.
+    Default: the task: reward of a built-in task with answers."""
     max_prompt_length: int = 256
     """Longest prompt in tokens; see overlong_prompts."""
     overlong_prompts: str = "drop"
@@ -705,6 +708,10 @@ def _build_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
             )
         specs = [cfg.data]
     fns = load_reward_fns(specs, cfg.reward_weights, task_kwargs=cfg.task, device=info.device)
+    if cfg.verifier is not None:
+        if cfg.verifier not in specs:
+            raise UserError(f"verifier {cfg.verifier!r} is not one of the rewards {specs}")
+        fns = [replace(f, is_verifier=f.name == cfg.verifier) for f in fns]
     train, heldout = _load_prompts(cfg, tokenizer)
     if len(train.rows) < cfg.grpo.prompts_per_step and not cfg.grpo.repeat_prompts:
         raise UserError(

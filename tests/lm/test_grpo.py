@@ -255,3 +255,14 @@ def test_cli_stage_lists_keys(capsys):
     assert main(["grpo", "--list-keys"]) == 0
     out = capsys.readouterr().out
     assert "grpo.clip_eps_high" in out and "grpo.loss_type" in out and "sampling.temperature" in out
+
+
+def test_the_arithmetic_preset_loads():
+    from pathlib import Path
+
+    from postrl.runtime.config import load_config
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "grpo-arithmetic.yaml"
+    cfg = load_config(GRPOConfig, path, ["max_seconds=60"])
+    assert cfg.grpo.prompts_per_step == 32 and cfg.grpo.group_size == 8 and cfg.task == {"digits": 3}
+    assert cfg.optim.lr == 2e-4 and cfg.max_seconds == 60

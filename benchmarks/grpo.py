@@ -1,0 +1,433 @@
+"""Benchmarks of GRPO (issue 6), one function per part. Each ends with ONE JSON line of results.
+
+Part ``arithmetic``: the built-in ``arithmetic`` task from an SFT checkpoint. Held-out greedy exact-match
+accuracy before and after a fixed training budget (seconds of training, evaluation excluded), seconds per step,
+generated tokens per second and peak memory of `postrl grpo`, and, from the same checkpoint and for the same
+training time, the accuracy that continued SFT on the task's demonstrations reaches (the honest alternative).
+
+    .venv/bin/python benchmarks/grpo.py --part arithmetic --sft runs/base/sft/model --budget 180
+
+Part ``trl``: `postrl grpo` beside Hugging Face TRL's ``GRPOTrainer`` on TRL's own toy task
+(``/work/shared/peers/trl_grpo_bench.py``: "add a b =" prompts, character tokenizer, 2-layer GPT-2 of 407k
+parameters, its rule-based reward), at equal settings: G = 8, 16 completions of ≤ 16 tokens per step, β 0.04,
+``loss_type="grpo"``, μ = 1, AdamW lr 1e-3 constant, grad-norm clip 1, temperature 1. Both start from the same
+SFT warm start (a from-scratch policy learns only the format) and are evaluated alike: greedy completions of the
+100 problems, correct when the completion starts with the answer. postrl loads the GPT-2 through its Hugging
+Face fallback path. TRL runs in its own virtual environment (this file, ``--trl-worker`` mode):
+
+    python3 -m venv .peers-trl && .peers-trl/bin/pip install torch==2.13.0 transformers trl datasets accelerate
+    .venv/bin/python benchmarks/grpo.py --part trl --trl-python .peers-trl/bin/python --steps 200
+
+Timings on a shared 2-core machine are noisy (another busy process slows a run many times over): the runs
+record the load average, and the parts alternate the two contenders where they can.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PEERS = Path(os.environ.get("POSTRL_PEERS", "/work/shared/peers"))
+ROOT = Path(__file__).resolve().parents[1]
+THIS = Path(__file__).resolve()
+MAX_NEW_TOKENS = 16  # TRL task: max_completion_length
+
+
+# ---- TRL's task, as postrl reward functions (loaded by spec: benchmarks/grpo.py:trl_reward) -------------------
+def _peer():
+    if str(PEERS) not in sys.path:
+        sys.path.insert(0, str(PEERS))
+    import trl_grpo_bench
+
+    return trl_grpo_bench
+
+
+def trl_reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
+    """TRL task's reward (1 for the right answer first, 0.2 format credit, small length shaping)."""
+    return _peer().arith_reward_values(completions, answer, MAX_NEW_TOKENS)
+
+
+def trl_correct(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
+    """1 when the completion starts with the answer: the accuracy both contenders report."""
+    return [1.0 if c.lstrip().startswith(a) else 0.0 for c, a in zip(completions, answer, strict=True)]
+
+
+def _write_jsonl(rows: list[dict], path: Path) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _postrl(*args: str, log: Path) -> dict:
+    """Run ``postrl ARGS`` in a fresh process (its own peak memory); return its summary."""
+    with log.open("w") as f:
+        subprocess.run([sys.executable, "-m", "postrl.cli", *args], check=True, stdout=f, stderr=f, cwd=ROOT)
+    return json.loads(log.read_text().strip().splitlines()[-1])
+
+
+def _curve(run_dir: Path, key: str) -> list[tuple[int, float, float]]:
+    """(step, training seconds so far, value of key) from a GRPO run's metrics.jsonl."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    out, seconds = [], 0.0
+    for r in rows:
+        seconds += r.get("time_step", 0.0)
+        if key in r:
+            out.append((r["step"], round(seconds, 2), r[key]))
+    return out
+
+
+def _step_times(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["time_step"] for r in rows if "time_step" in r]
+
+
+# ---- part: arithmetic ---------------------------------------------------------------------------------------
+def _sft_settings(model: Path) -> tuple[float, int]:
+    """(lr, batch size) of the SFT run that wrote ``model`` (RUN_DIR/model), else (1e-3, 64)."""
+    config = model.parent / "config.yaml"
+    if config.is_file():
+        import yaml
+
+        train = yaml.safe_load(config.read_text()).get("train", {})
+        return float(train.get("optim", {}).get("lr", 1e-3)), int(train.get("batch_size", 64))
+    return 1e-3, 64
+
+
+def _continued_sft(model_dir: Path, task_opts: dict, seconds: float, args: argparse.Namespace) -> list:
+    """Continue SFT from ``model_dir`` on the task's demonstrations for ``seconds`` of training (evaluation
+    excluded), at the SFT run's peak lr held constant; returns [(training seconds, held-out accuracy)]."""
+    import torch
+
+    from postrl.lm.data import tokenize_sft
+    from postrl.lm.evaluation import evaluate_task
+    from postrl.lm.models import load_causal_lm
+    from postrl.lm.tasks import get_task
+    from postrl.lm.tokenizer import load_tokenizer
+    from postrl.lm.trainer import OptimConfig, TrainConfig, run_training
+    from postrl.runtime.logging import RunLogger
+
+    torch.set_num_threads(args.threads)
+    tok, model = load_tokenizer(model_dir), load_causal_lm(model_dir)
+    task = get_task("arithmetic", **task_opts)
+    examples = tokenize_sft(task.sft_rows("train"), tok, 64)
+    lr, batch_size = _sft_settings(model_dir)
+    cfg = TrainConfig(
+        max_steps=10**6, batch_size=batch_size, eval_every=args.sft_eval_every, save_every=0, log_every=10,
+        eval_examples=32, optim=OptimConfig(lr=lr, warmup_steps=0, min_lr_ratio=1.0),
+    )  # fmt: skip
+    clock = {"start": time.perf_counter(), "eval": 0.0}
+    curve: list = []
+
+    def train_seconds() -> float:
+        return time.perf_counter() - clock["start"] - clock["eval"]
+
+    def evaluate(m: Any) -> dict[str, float]:
+        now, start = train_seconds(), time.perf_counter()
+        acc = evaluate_task(m, tok, task, n=args.eval_prompts, max_new_tokens=args.max_new_tokens)["reward"]
+        curve.append((round(now, 2), acc))
+        clock["eval"] += time.perf_counter() - start
+        return {"heldout_accuracy": acc}
+
+    curve.append(
+        (
+            0.0,
+            evaluate_task(model, tok, task, n=args.eval_prompts, max_new_tokens=args.max_new_tokens)[
+                "reward"
+            ],
+        )
+    )
+    clock["start"] = time.perf_counter()
+    out = Path(args.workdir) / "arithmetic" / "sft_continued"
+    run_training(
+        model, tok, examples, examples[:32], cfg, out, RunLogger(out), device=torch.device("cpu"),
+        evaluate=evaluate, should_stop=lambda _: train_seconds() >= seconds,
+    )  # fmt: skip
+    return curve
+
+
+def bench_arithmetic(args: argparse.Namespace) -> dict:
+    """GRPO from the SFT checkpoint for a fixed training budget vs continued SFT for the same time."""
+    work = Path(args.workdir) / "arithmetic"
+    work.mkdir(parents=True, exist_ok=True)
+    task_opts = json.loads(args.task)
+    before = os.getloadavg()[0]
+    summary = _postrl(
+        "grpo", "--config", str(ROOT / "configs" / "grpo-arithmetic.yaml"), "--model", args.sft,
+        "--out", str(work / "grpo"), f"task={json.dumps(task_opts)}", f"max_seconds={args.budget}",
+        "max_steps=1000000", f"eval_every={args.eval_every}", f"eval_prompts={args.eval_prompts}",
+        f"sampling.max_new_tokens={args.max_new_tokens}", "save_every=0", f"threads={args.threads}",
+        f"seed={args.seed}",
+        log=work / "grpo.log",
+    )  # fmt: skip
+    rows = [json.loads(line) for line in (work / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "time_step" in r]
+    gen_tps = sum(r["generated_tokens"] for r in steps) / sum(r["time_generate"] for r in steps)
+    sft_curve = _continued_sft(Path(args.sft), task_opts, summary["train_seconds"], args)
+    grpo_curve = _curve(work / "grpo", "heldout_accuracy")
+    result = {
+        "accuracy_before": summary.get("heldout_accuracy_start"),
+        "accuracy_after_grpo": summary["heldout_accuracy"],
+        "accuracy_after_grpo_sampled": summary.get("heldout_accuracy_sampled"),
+        "accuracy_after_continued_sft": sft_curve[-1][1],
+        "train_seconds": summary["train_seconds"],
+        "steps": summary["steps"],
+        "seconds_per_step": summary["seconds_per_step"],
+        "generated_tokens_per_s": summary["tokens_per_second"],
+        "generate_only_tokens_per_s": gen_tps,
+        "peak_rss_mb": summary["peak_rss_mb"],
+        "grpo_curve": grpo_curve,
+        "sft_curve": sft_curve,
+        "loadavg": [round(before, 2), round(os.getloadavg()[0], 2)],
+    }
+    print(f"\narithmetic {task_opts}, {args.eval_prompts} held-out prompts, greedy exact match")
+    print(f"  before (SFT checkpoint)      {result['accuracy_before']:.3f}")
+    print(
+        f"  GRPO, {result['train_seconds']:.0f} s ({result['steps']} steps) {result['accuracy_after_grpo']:.3f}"
+    )
+    print(f"  continued SFT, same time     {result['accuracy_after_continued_sft']:.3f}")
+    print(f"  s/step {result['seconds_per_step']:.3f}, generated tokens/s {result['generated_tokens_per_s']:.0f} "
+          f"(generation alone {gen_tps:.0f}), peak RSS {result['peak_rss_mb']:.0f} MB")  # fmt: skip
+    print("  GRPO curve (step, train s, acc):", grpo_curve)
+    print("  SFT curve (train s, acc):", sft_curve)
+    return result
+
+
+# ---- part: TRL ----------------------------------------------------------------------------------------------
+def _trl_task(work: Path, args: argparse.Namespace) -> tuple[Path, Path, Path]:
+    """TRL's model + tokenizer (random init, seed 0) and prompts; an SFT warm start of it by `postrl sft`."""
+    peer = _peer()
+    _, rows, _ = peer.build_task(str(work / "init"), n_prompts=256, seed=0)
+    train = _write_jsonl(rows, work / "train.jsonl")
+    every = [{"prompt": f"add {a} {b} =", "answer": str(a + b)} for a in range(10) for b in range(10)]
+    heldout = _write_jsonl(every, work / "eval.jsonl")
+    sft_rows = [{"prompt": r["prompt"], "completion": " " + r["answer"]} for r in rows]
+    sft_data = _write_jsonl(sft_rows, work / "sft.jsonl")
+    _postrl(
+        "sft", "--model", str(work / "init"), "--data", str(sft_data), "--out", str(work / "sft"),
+        f"train.max_steps={args.sft_steps}", "train.batch_size=32", "train.optim.lr=0.001",
+        "train.optim.warmup_steps=10", "train.eval_every=0", "train.save_every=0", "train.log_every=10",
+        "device=cpu", f"threads={args.threads}",
+        log=work / "sft.log",
+    )  # fmt: skip
+    return work / "sft" / "model", train, heldout
+
+
+def _postrl_on_trl_task(model: Path, train: Path, heldout: Path, out: Path, args: argparse.Namespace) -> dict:
+    spec = f"{THIS}:trl"
+    summary = _postrl(
+        "grpo", "--model", str(model), "--data", str(train), "--out", str(out),
+        f"eval_data={heldout}", f"rewards=[{spec}_reward, {spec}_correct]", "reward_weights=[1.0, 0.0]",
+        f"verifier={spec}_correct", f"sampling.max_new_tokens={MAX_NEW_TOKENS}", "sampling.temperature=1.0",
+        "grpo.group_size=8", "grpo.prompts_per_step=2", f"grpo.beta={args.beta}", "grpo.loss_type=grpo",
+        "optim.lr=0.001", "optim.warmup_steps=0", "optim.min_lr_ratio=1.0", "optim.betas=[0.9, 0.999]",
+        "optim.weight_decay=0.0", "optim.max_grad_norm=1.0", f"max_steps={args.steps}",
+        f"eval_every={args.eval_every}", "eval_prompts=100", "save_every=0", "device=cpu",
+        f"threads={args.threads}", f"seed={args.seed}",
+        log=out.with_suffix(".log"),
+    )  # fmt: skip
+    times = _step_times(out)
+    return {
+        "step_time_median_s": statistics.median(times[1:]),
+        "train_seconds": sum(times),
+        "completion_tokens_per_s": summary["tokens_per_second"],
+        "peak_rss_mb": summary["peak_rss_mb"],
+        "accuracy_curve": _curve(out, "heldout_accuracy"),
+        "summary": summary,
+    }
+
+
+def _trl_run(model: Path, train: Path, heldout: Path, out: Path, args: argparse.Namespace) -> dict:
+    cmd = [
+        str(ROOT / args.trl_python),
+        str(THIS), "--trl-worker", "--model", str(model), "--train", str(train),
+        "--heldout", str(heldout), "--steps", str(args.steps), "--eval-every", str(args.eval_every),
+        "--beta", str(args.beta), "--threads", str(args.threads), "--seed", str(args.seed), "--json", str(out),
+    ]  # fmt: skip
+    with out.with_suffix(".log").open("w") as f:
+        subprocess.run(cmd, check=True, stdout=f, stderr=f, cwd=out.parent)
+    return json.loads(out.read_text())
+
+
+def _pair(model: Path, train: Path, heldout: Path, work: Path, args: argparse.Namespace) -> dict:
+    """Both contenders from ``model``, one after the other, each in a fresh process."""
+    work.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict] = {}
+    for name in args.order:
+        before = os.getloadavg()[0]
+        if name == "postrl":
+            results[name] = _postrl_on_trl_task(model, train, heldout, work / "postrl_grpo", args)
+            results[name].pop("summary")
+        else:
+            results[name] = _trl_run(model, train, heldout, work / "trl.json", args)
+        results[name]["loadavg"] = [round(before, 2), round(os.getloadavg()[0], 2)]
+    return results
+
+
+def _table(title: str, p: dict, t: dict) -> None:
+    print(f"\n{title}")
+    print(f"{'':24}{'postrl':>12}{'TRL':>12}{'TRL/postrl':>12}")
+    rows = [
+        ("s/step (median)", p["step_time_median_s"], t["step_time_median_s"]),
+        ("completion tokens/s", p["completion_tokens_per_s"], t["completion_tokens_per_s"]),
+        ("peak RSS MB", p["peak_rss_mb"], t["peak_rss_mb"]),
+    ]
+    for label, a, b in rows:
+        print(f"{label:24}{a:>12.4g}{b:>12.4g}{b / a:>11.2f}x")
+    print(f"load average (1 min) before/after: postrl {p['loadavg']}, TRL {t['loadavg']}")
+
+
+def bench_trl(args: argparse.Namespace) -> dict:
+    """postrl vs TRL GRPOTrainer on TRL's task: learning from the same SFT warm start (accuracy curves,
+    throughput, memory), and throughput from TRL's random init (long completions: generation-bound)."""
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    model, train, heldout = _trl_task(work, args)
+    learn = _pair(model, train, heldout, work / "warm", args)
+    p, t = learn["postrl"], learn["trl"]
+    settings = f"2 prompts x G=8, <= {MAX_NEW_TOKENS} tokens, beta {args.beta}, {args.threads} thread(s)"
+    _table(f"TRL task from the SFT warm start, {args.steps} steps of {settings}", p, t)
+    print("held-out greedy accuracy (step, postrl, TRL):")
+    for (step, _, acc_p), (_, _, acc_t) in zip(p["accuracy_curve"], t["accuracy_curve"], strict=False):
+        print(f"  {step:>5} {acc_p:>7.2f} {acc_t:>7.2f}")
+    scratch_args = argparse.Namespace(
+        **{**vars(args), "steps": args.scratch_steps, "eval_every": args.scratch_steps}
+    )
+    scratch = _pair(work / "init", train, heldout, work / "scratch", scratch_args)
+    _table(
+        f"TRL task from TRL's random init (its own benchmark setting), {args.scratch_steps} steps",
+        scratch["postrl"],
+        scratch["trl"],
+    )
+    return {"warm_start": learn, "from_init": scratch}
+
+
+# ---- TRL worker (runs inside the TRL virtual environment; imports nothing from postrl) --------------------------
+def _greedy_accuracy(model, tok, rows: list[dict]) -> float:
+    import torch
+
+    was_training = model.training
+    model.eval()
+    enc = tok([r["prompt"] for r in rows], return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(
+            **enc, do_sample=False, max_new_tokens=MAX_NEW_TOKENS, pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )  # fmt: skip
+    texts = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    model.train(was_training)
+    answers = [r["answer"] for r in rows]
+    return sum(trl_correct([], texts, answers)) / len(rows)
+
+
+def trl_worker(args: argparse.Namespace) -> None:
+    """Train TRL's GRPOTrainer from ``--model`` with the settings of `bench_trl`; write results JSON."""
+    peer = _peer()  # also sets the offline environment variables
+    import torch
+    import transformers
+    import trl
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()
+    tok = AutoTokenizer.from_pretrained(args.model)
+    tok.padding_side = "left"
+    train = [json.loads(line) for line in Path(args.train).read_text().splitlines()]
+    heldout = [json.loads(line) for line in Path(args.heldout).read_text().splitlines()]
+    tokens = [0]
+
+    def arith_reward(prompts, completions, completion_ids, answer, **kw):
+        tokens[0] += sum(len(ids) for ids in completion_ids)
+        return peer.arith_reward_values(completions, answer, MAX_NEW_TOKENS)
+
+    class Timer(TrainerCallback):
+        def __init__(self) -> None:
+            self.t0, self.times, self.curve = 0.0, [], []
+
+        def on_step_begin(self, a, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, a, state, control, model=None, **kw):
+            self.times.append(time.perf_counter() - self.t0)  # evaluation below is not timed
+            if state.global_step % args.eval_every == 0:
+                acc = _greedy_accuracy(model, tok, heldout)
+                self.curve.append((state.global_step, round(sum(self.times), 2), acc))
+
+    timer = Timer()
+    cfg = GRPOConfig(
+        output_dir=str(Path(args.json).parent / "trl_out"), max_steps=args.steps, per_device_train_batch_size=16,
+        gradient_accumulation_steps=1, num_generations=8, max_completion_length=MAX_NEW_TOKENS,
+        learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0, beta=args.beta, loss_type="grpo",
+        scale_rewards="group", num_iterations=1, temperature=1.0, logging_steps=1, save_strategy="no",
+        report_to="none", use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, use_vllm=False,
+        seed=args.seed, dataloader_num_workers=0, disable_tqdm=True,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        model=args.model, reward_funcs=arith_reward, args=cfg, train_dataset=Dataset.from_list(train),
+        processing_class=tok, callbacks=[timer],
+    )  # fmt: skip
+    timer.curve.append((0, 0.0, _greedy_accuracy(trainer.model, tok, heldout)))
+    trainer.train()
+    train_seconds = sum(timer.times)
+    result = {
+        "versions": {
+            "trl": trl.__version__,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+        },
+        "step_time_median_s": statistics.median(timer.times[1:]),
+        "train_seconds": train_seconds,
+        "completion_tokens_per_s": tokens[0] / train_seconds,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "accuracy_curve": timer.curve,
+    }
+    Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+PARTS = {"arithmetic": bench_arithmetic, "trl": bench_trl}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=sorted(PARTS), default="trl", help="which benchmark to run")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (1: fastest on a shared CPU)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of both trainers")
+    parser.add_argument("--workdir", default="runs/bench-grpo", help="folder for models and runs")
+    parser.add_argument("--steps", type=int, default=200, help="trl: GRPO steps of each contender")
+    parser.add_argument("--eval-every", type=int, default=20, help="trl: steps between accuracy checks")
+    parser.add_argument("--beta", type=float, default=0.04, help="KL coefficient of both")
+    parser.add_argument("--scratch-steps", type=int, default=40, help="trl: steps of the from-init run")
+    parser.add_argument("--sft-steps", type=int, default=100, help="trl: SFT steps of the warm start")
+    parser.add_argument("--trl-python", default=".peers-trl/bin/python", help="python of the TRL venv")
+    parser.add_argument("--order", nargs="+", default=["postrl", "trl"], help="trl: contender order")
+    parser.add_argument("--sft", default="runs/base/sft/model", help="arithmetic: the SFT checkpoint")
+    parser.add_argument("--task", default='{"digits": 3}', help="arithmetic: task options (JSON)")
+    parser.add_argument("--budget", type=float, default=180.0, help="arithmetic: GRPO training seconds")
+    parser.add_argument("--eval-prompts", type=int, default=200, help="arithmetic: held-out prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=8, help="arithmetic: tokens per answer")
+    parser.add_argument("--sft-eval-every", type=int, default=20, help="arithmetic: SFT steps per check")
+    parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--train", help=argparse.SUPPRESS)
+    parser.add_argument("--heldout", help=argparse.SUPPRESS)
+    parser.add_argument("--json", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.trl_worker:
+        trl_worker(args)
+        return
+    result = PARTS[args.part](args)
+    print(json.dumps({"part": args.part, **result}))
+
+
+if __name__ == "__main__":
+    main()
