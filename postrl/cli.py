@@ -44,7 +44,39 @@ def _registrars() -> list:
     from postrl.lm.commands import add_parser as data
     from postrl.lm.stage_commands import add_parser as lm_stages
 
-    return [control, data, lm_stages]
+    return [control, data, lm_stages, _add_demo]
+
+
+def _add_demo(subparsers: argparse._SubParsersAction) -> None:
+    demo = subparsers.add_parser(
+        "demo",
+        help="the whole pipeline on the built-in world: pretrain → SFT → RM → PPO → GRPO → report",
+        description="Run the notes' pipeline on the built-in tiny LM and tasks, evaluate every checkpoint "
+        "on held-out prompts and write RUN_DIR/report.md, report.html and summary.json. Rerunning the "
+        "same command skips finished stages and resumes an interrupted one.",
+    )
+    demo.add_argument("--out", default="runs/demo", metavar="RUN_DIR", help="output folder (runs/demo)")
+    demo.add_argument("--quick", action="store_true", help="small budgets, same stages (< 2 minutes)")
+    demo.add_argument("--config", default=None, metavar="FILE.yaml", help="YAML config")
+    demo.add_argument("--list-keys", action="store_true", help="print every config key and exit")
+    demo.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    demo.set_defaults(handler=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    import json
+
+    from postrl.demo import DemoConfig, quick, run_demo
+    from postrl.runtime.config import format_help, load_config, to_dict
+
+    if args.list_keys:
+        print(format_help(DemoConfig))
+        return 0
+    base = to_dict(quick(DemoConfig())) if args.quick else None
+    cfg = load_config(DemoConfig, args.config, args.overrides, base=base)
+    summary = run_demo(cfg, args.out)
+    print(json.dumps(summary["stages"]))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -74,3 +74,65 @@ def evaluate_task(
         "n": len(rows),
         "samples": list(zip(prompts[:5], texts[:5], strict=True)),
     }
+
+
+@torch.no_grad()
+def evaluate_preference_policy(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    task: Any,
+    *,
+    reference: torch.nn.Module | None = None,
+    reward_model: Any = None,
+    split: str = "test",
+    n: int = 256,
+    max_new_tokens: int = 24,
+    temperature: float = 1.0,
+    batch_size: int = 128,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Sample responses to ``n`` held-out prompts (cycling through them) at ``temperature``; report the mean
+    gold reward, the reward model's score (``reward_model(prompts, completions)``) and the KL to
+    ``reference`` (k1 summed over each response's tokens, averaged: an unbiased estimate of KL(π‖π_ref))."""
+    from postrl.core import kl_estimate, masked_sum
+    from postrl.lm.rollout import score
+
+    prompts_all = task.prompts(split)
+    prompts = [prompts_all[i % len(prompts_all)] for i in range(n)]
+    was_training = model.training
+    model.eval()
+    engine = RolloutEngine(
+        model, tokenizer, SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature)
+    )
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    gold: list[float] = []
+    rm: list[float] = []
+    kl: list[float] = []
+    texts: list[str] = []
+    for i in range(0, n, batch_size):
+        rollout = engine.generate(prompts[i : i + batch_size], generator=generator)
+        texts += rollout.texts
+        gold += task.gold_reward(rollout.prompts, rollout.texts)
+        if reward_model is not None:
+            rm += reward_model(rollout.prompts, rollout.texts)
+        if reference is not None:
+            ref = score(
+                reference,
+                rollout.input_ids,
+                rollout.attention_mask,
+                rollout.prompt_len,
+                temperature=temperature,
+            )
+            per_token = kl_estimate(rollout.log_probs, ref, "k1")
+            kl += masked_sum(per_token, rollout.response_mask.float(), dim=-1).tolist()
+    model.train(was_training)
+
+    def mean(xs: list[float]) -> float | None:
+        return sum(xs) / len(xs) if xs else None
+
+    return {
+        "gold_reward": mean(gold),
+        "rm_score": mean(rm),
+        "kl_to_ref": mean(kl),
+        "samples": list(zip(prompts[:5], texts[:5], strict=True)),
+    }

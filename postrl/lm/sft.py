@@ -24,9 +24,11 @@ class SFTConfig:
     tokenizer: str | None = None
     """Tokenizer folder or name (default: the model's)."""
     data: str = "task:arithmetic"
-    """Training rows: a JSONL/JSON/Parquet file, task:NAME (built-in), or a `datasets` name."""
+    """Training rows: a JSONL/JSON/Parquet file, task:NAME (built-in), or a `datasets` name; several
+    sources separated by commas are concatenated (e.g. task:arithmetic,task:reviews)."""
     task: dict[str, Any] = field(default_factory=dict)
-    """Options of a built-in task (e.g. {digits: 3, ops: "+"})."""
+    """Options of the built-in tasks, by task name (e.g. {arithmetic: {digits: 3}}), or of the one task
+    named in data (e.g. {digits: 3})."""
     eval_data: str | None = None
     """Held-out rows (default: the test split of a built-in task, else the last 5% of the data)."""
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -49,27 +51,46 @@ class SFTConfig:
     """Also write TensorBoard event files."""
 
 
-def load_sft_rows(cfg: SFTConfig, tokenizer: Any) -> tuple[list[dict], list[dict], Any]:
-    """(train rows, held-out rows, the built-in task or None), rendered to plain prompt/completion text."""
+def task_options(cfg_task: dict[str, Any], name: str, n_tasks: int) -> dict[str, Any]:
+    """The options of built-in task ``name``: ``cfg_task[name]`` when keyed by task, else all of it."""
+    from postrl.lm.tasks import list_tasks
+
+    if any(k in list_tasks() for k in cfg_task):
+        return dict(cfg_task.get(name) or {})
+    return dict(cfg_task) if n_tasks == 1 else {}
+
+
+def load_sft_rows(cfg: SFTConfig, tokenizer: Any) -> tuple[list[dict], list[dict], list[Any]]:
+    """(train rows, held-out rows, the built-in tasks), rendered to plain prompt/completion text."""
     from postrl.lm.data import load_rows, render_rows
     from postrl.lm.tasks import get_task
 
-    task = get_task(cfg.data[len("task:") :], **cfg.task) if cfg.data.startswith("task:") else None
-    rows = load_rows(cfg.data, "sft", "train", task_kwargs=cfg.task)
+    sources = [s.strip() for s in cfg.data.split(",") if s.strip()]
+    names = [s[len("task:") :] for s in sources if s.startswith("task:")]
+    tasks = [get_task(n, **task_options(cfg.task, n, len(names))) for n in names]
+    rows: list[dict] = []
+    heldout: list[dict] = []
+    for source in sources:
+        name = source[len("task:") :] if source.startswith("task:") else None
+        options = task_options(cfg.task, name, len(names)) if name else {}
+        part = load_rows(source, "sft", "train", task_kwargs=options)
+        if cfg.eval_data is None and name is not None:
+            heldout += get_task(name, **options).sft_rows("test")
+        elif cfg.eval_data is None:
+            cut = max(1, len(part) // 20)
+            part, heldout = part[:-cut], heldout + part[-cut:]
+        rows += part
     if cfg.eval_data is not None:
-        heldout = load_rows(cfg.eval_data, "sft", "test", task_kwargs=cfg.task)
-    elif task is not None:
-        heldout = task.sft_rows("test")
-    else:
-        cut = max(1, len(rows) // 20)
-        rows, heldout = rows[:-cut], rows[-cut:]
-    return render_rows(rows, "sft", tokenizer), render_rows(heldout, "sft", tokenizer), task
+        heldout = load_rows(cfg.eval_data, "sft", "test")
+    return render_rows(rows, "sft", tokenizer), render_rows(heldout, "sft", tokenizer), tasks
 
 
-def accuracy_callback(task: Any, tokenizer: Any, cfg: SFTConfig):
-    """``evaluate(model) -> {"heldout_accuracy"}`` for a built-in task with a verifier, else None."""
-    if task is None or "answer" not in (task.prompt_rows("test")[:1] or [{}])[0]:
+def accuracy_callback(tasks: list[Any], tokenizer: Any, cfg: SFTConfig):
+    """``evaluate(model) -> {"heldout_accuracy"}`` for the first built-in task with a verifier, else None."""
+    verified = [t for t in tasks if "answer" in (t.prompt_rows("test")[:1] or [{}])[0]]
+    if not verified:
         return None
+    task = verified[0]
     from postrl.lm.evaluation import evaluate_task
 
     def evaluate(model: Any) -> dict[str, float]:
@@ -96,14 +117,14 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path, resume: bool = False) -> dict[s
     model = load_causal_lm(
         cfg.model, dtype=resolve_dtype(cfg.dtype), device=info.device, trust_remote_code=cfg.trust_remote_code
     )
-    rows, heldout, task = load_sft_rows(cfg, tokenizer)
+    rows, heldout, tasks = load_sft_rows(cfg, tokenizer)
     train = prepare_examples(
         tokenize_sft(rows, tokenizer, cfg.train.max_length, cfg.train.overlong), cfg.train
     )
     evals = tokenize_sft(heldout, tokenizer, cfg.train.max_length, "truncate")
     if not train:
         raise UserError(f"{cfg.data}: no SFT example fits max_length={cfg.train.max_length}")
-    evaluate = accuracy_callback(task, tokenizer, cfg)
+    evaluate = accuracy_callback(tasks, tokenizer, cfg)
     stop = None
     if cfg.stop_accuracy is not None and evaluate is not None:
 

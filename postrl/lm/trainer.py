@@ -104,6 +104,8 @@ class TrainConfig:
     """Seed of the data order and of everything random."""
     log_every: int = 10
     """Steps between metrics.jsonl rows."""
+    max_seconds: float | None = None
+    """Stop after this much training wall time (e.g. to compare with an RL stage at equal time)."""
 
 
 def token_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -291,7 +293,9 @@ def run_training(
                     state.step,
                     {"loss": out["loss"], "grad_norm": out["grad_norm"], "lr": scheduler.get_last_lr()[0]},
                 )
-            done = state.step == cfg.max_steps
+            done = state.step == cfg.max_steps or (
+                cfg.max_seconds is not None and logger.elapsed >= cfg.max_seconds
+            )
             if done or (cfg.eval_every and state.step % cfg.eval_every == 0):
                 metrics = {
                     "heldout_loss": heldout_loss(inner, eval_batches) if eval_batches else float("nan")

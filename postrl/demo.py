@@ -1,0 +1,271 @@
+"""`postrl demo`: the notes' whole pipeline on the built-in world, then a report.
+
+pretrain → SFT → reward model → PPO-RLHF → GRPO → evaluation of every checkpoint → report. Each stage
+is an ordinary postrl run folder under RUN_DIR; a stage whose summary.json exists is skipped, one that
+was interrupted resumes from its last checkpoint, so rerunning the same command continues a killed demo.
+Each RL stage is compared with continued SFT for the same wall time from the same SFT checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from postrl.lm.grpo import GRPOConfig, GRPOLossConfig
+from postrl.lm.ppo import PPOConfig
+from postrl.lm.pretrain import PretrainConfig
+from postrl.lm.reward_model import RMConfig
+from postrl.lm.rollout import SamplingConfig
+from postrl.lm.sft import SFTConfig
+from postrl.lm.trainer import OptimConfig, TrainConfig
+from postrl.runtime.checkpoint import atomic_write_text
+from postrl.runtime.logging import peak_rss_mb
+
+ARITHMETIC = {"digits": 3, "ops": "+"}
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """`postrl demo --out RUN_DIR [--quick]`: every stage's config, nested (override e.g. grpo.max_steps=40)."""
+
+    pretrain: PretrainConfig = field(
+        default_factory=lambda: PretrainConfig(
+            arithmetic=ARITHMETIC,
+            train=TrainConfig(
+                max_steps=500,
+                batch_size=32,
+                max_length=128,
+                packing=True,
+                eval_every=250,
+                save_every=100,
+                optim=OptimConfig(lr=3e-3, warmup_steps=50, weight_decay=0.1),
+            ),
+        )
+    )
+    """Stage 1: the tiny LM and its tokenizer, from scratch."""
+    sft: SFTConfig = field(
+        default_factory=lambda: SFTConfig(
+            data="task:arithmetic,task:reviews",
+            task={"arithmetic": ARITHMETIC},
+            stop_accuracy=0.3,
+            train=TrainConfig(
+                max_steps=600,
+                batch_size=64,
+                max_length=48,
+                eval_every=50,
+                save_every=50,
+                optim=OptimConfig(lr=1e-3, warmup_steps=20),
+            ),
+        )
+    )
+    """Stage 2: supervised fine-tuning on both tasks' demonstrations, stopped at a held-out accuracy band."""
+    rm: RMConfig = field(default_factory=lambda: RMConfig(data="task:reviews"))
+    """Stage 3: the Bradley–Terry reward model on the synthetic labeller's preferences."""
+    ppo: PPOConfig = field(default_factory=lambda: PPOConfig(data="task:reviews", steps=40, eval_every=10))
+    """Stage 4: PPO-RLHF against the reward model with a frozen reference."""
+    grpo: GRPOConfig = field(
+        default_factory=lambda: GRPOConfig(
+            data="task:arithmetic",
+            task=ARITHMETIC,
+            max_steps=40,
+            eval_every=10,
+            sampling=SamplingConfig(max_new_tokens=8),
+            grpo=GRPOLossConfig(group_size=8, prompts_per_step=32, beta=0.04),
+            optim=OptimConfig(lr=2e-4, warmup_steps=0, min_lr_ratio=1.0),
+        )
+    )
+    """Stage 5: GRPO on the arithmetic verifier."""
+    compare_sft: bool = True
+    """Also run continued SFT for each RL stage's wall time (what RL adds beyond more supervision)."""
+    eval_prompts: int = 500
+    """Held-out arithmetic prompts for exact match (greedy)."""
+    eval_samples: int = 256
+    """Held-out review responses for gold reward, RM score and KL (sampled at temperature 1)."""
+    seed: int = 0
+    """Seed of every stage."""
+    threads: int | None = None
+    """torch intra-op threads for every stage (null: torch's default)."""
+
+
+def quick(cfg: DemoConfig) -> DemoConfig:
+    """The same stages with small budgets (the test suite runs this end to end)."""
+    r = dataclasses.replace
+    return r(
+        cfg,
+        pretrain=r(
+            cfg.pretrain,
+            corpus_lines=3000,
+            train=r(cfg.pretrain.train, max_steps=40, eval_every=20, save_every=20, batch_size=16),
+        ),
+        sft=r(
+            cfg.sft,
+            eval_prompts=50,
+            train=r(cfg.sft.train, max_steps=30, eval_every=15, save_every=15, batch_size=32),
+        ),
+        rm=r(
+            cfg.rm,
+            eval_pairs=64,
+            norm=r(cfg.rm.norm, samples=32),
+            train=r(cfg.rm.train, max_steps=20, eval_every=10, save_every=10, batch_size=16),
+        ),
+        ppo=r(cfg.ppo, steps=4, batch_size=16, eval_every=2, eval_samples=32),
+        grpo=r(
+            cfg.grpo,
+            max_steps=4,
+            eval_every=2,
+            eval_prompts=32,
+            grpo=r(cfg.grpo.grpo, prompts_per_step=8, group_size=4),
+        ),
+        eval_prompts=50,
+        eval_samples=32,
+    )
+
+
+def wire(cfg: DemoConfig, out: Path) -> DemoConfig:
+    """Point every stage at its inputs under ``out`` and give them the demo's seed and threads."""
+    r = dataclasses.replace
+    sft_model, rm_model = str(out / "sft" / "model"), str(out / "rm" / "model")
+    return r(
+        cfg,
+        pretrain=r(cfg.pretrain, threads=cfg.threads, train=r(cfg.pretrain.train, seed=cfg.seed)),
+        sft=r(
+            cfg.sft,
+            model=str(out / "pretrain" / "model"),
+            threads=cfg.threads,
+            train=r(cfg.sft.train, seed=cfg.seed),
+        ),
+        rm=r(
+            cfg.rm,
+            model=sft_model,
+            threads=cfg.threads,
+            train=r(cfg.rm.train, seed=cfg.seed),
+            norm=r(cfg.rm.norm, policy=sft_model),
+        ),
+        ppo=r(cfg.ppo, model=sft_model, reward_model=rm_model, threads=cfg.threads, seed=cfg.seed),
+        grpo=r(cfg.grpo, model=sft_model, threads=cfg.threads, seed=cfg.seed),
+    )
+
+
+def run_stage(name: str, out: Path, fn: Callable[..., dict[str, Any]], cfg: Any) -> dict[str, Any]:
+    """Run one stage into ``out/name`` unless it already finished; resume it if it was interrupted."""
+    run_dir = out / name
+    done = run_dir / "summary.json"
+    if done.is_file():
+        summary = json.loads(done.read_text())
+        print(f"[demo] {name}: already done ({run_dir}), skipped", file=sys.stderr)
+        return summary
+    resume = (run_dir / "checkpoints").is_dir()
+    print(f"[demo] {name}: {'resuming' if resume else 'starting'} → {run_dir}", file=sys.stderr)
+    summary = fn(cfg, run_dir, resume=resume)
+    print(
+        f"[demo] {name}: done in {summary.get('wall_seconds', 0):.0f}s — {_headline(name, summary)}",
+        file=sys.stderr,
+    )
+    return summary
+
+
+def _headline(name: str, s: dict[str, Any]) -> str:
+    keys = {
+        "pretrain": ["heldout_loss"],
+        "sft": ["heldout_loss", "heldout_accuracy"],
+        "rm": ["heldout_accuracy"],
+        "ppo": ["gold_reward", "rm_score", "kl_to_ref"],
+        "grpo": ["heldout_accuracy", "kl_to_ref"],
+    }.get(name.split("-")[0], ["heldout_loss"])
+    return ", ".join(f"{k} {s[k]:.3f}" for k in keys if isinstance(s.get(k), (int, float)))
+
+
+def continued_sft(cfg: DemoConfig, out: Path, seconds: float) -> SFTConfig:
+    """SFT from the SFT checkpoint for ``seconds`` of training (no accuracy stop)."""
+    r = dataclasses.replace
+    return r(
+        cfg.sft,
+        model=str(out / "sft" / "model"),
+        stop_accuracy=None,
+        train=r(
+            cfg.sft.train,
+            max_steps=100_000,
+            max_seconds=seconds,
+            eval_every=0,
+            save_every=50,
+            optim=r(cfg.sft.train.optim, warmup_steps=0, min_lr_ratio=1.0),
+        ),
+    )
+
+
+def run_demo(cfg: DemoConfig, out: str | Path) -> dict[str, Any]:
+    """Run every stage (skipping finished ones), evaluate every checkpoint, write the report."""
+    from postrl.lm.grpo import run_grpo
+    from postrl.lm.ppo import run_ppo
+    from postrl.lm.pretrain import run_pretrain
+    from postrl.lm.reward_model import run_rm
+    from postrl.lm.sft import run_sft
+    from postrl.report import evaluate_checkpoints, write_report
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = wire(cfg, out)
+    from postrl.runtime.config import save_config
+
+    save_config(cfg, out / "config.yaml")
+    stages: dict[str, dict[str, Any]] = {}
+    stages["pretrain"] = run_stage("pretrain", out, run_pretrain, cfg.pretrain)
+    stages["sft"] = run_stage("sft", out, run_sft, cfg.sft)
+    stages["rm"] = run_stage("rm", out, run_rm, cfg.rm)
+    stages["ppo"] = run_stage("ppo", out, run_ppo, cfg.ppo)
+    stages["grpo"] = run_stage("grpo", out, run_grpo, cfg.grpo)
+    if cfg.compare_sft:
+        for rl in ("ppo", "grpo"):
+            seconds = float(stages[rl].get("train_seconds") or stages[rl]["wall_seconds"])
+            stages[f"sft-vs-{rl}"] = run_stage(f"sft-vs-{rl}", out, run_sft, continued_sft(cfg, out, seconds))
+    eval_started = time.perf_counter()
+    evaluation = evaluate_checkpoints(cfg, out)
+    eval_seconds = time.perf_counter() - eval_started
+    summary = build_summary(stages, evaluation, eval_seconds)
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    write_report(out, cfg, stages, evaluation, summary)
+    print(f"[demo] report: {out / 'report.md'} (and report.html)", file=sys.stderr)
+    return summary
+
+
+def build_summary(
+    stages: dict[str, dict], evaluation: dict[str, dict], eval_seconds: float
+) -> dict[str, Any]:
+    """The demo's summary.json: the held-out numbers of each stage (from the common evaluation).
+
+    ``wall_seconds`` adds up the stages' own wall times and the evaluation, so a resumed demo reports the
+    time of the whole pipeline, not of its last invocation."""
+    ev = evaluation
+    out: dict[str, Any] = {
+        "wall_seconds": round(eval_seconds + sum(s.get("wall_seconds", 0) for s in stages.values()), 2),
+        "eval_seconds": round(eval_seconds, 2),
+        "peak_rss_mb": round(max([peak_rss_mb()] + [s.get("peak_rss_mb", 0) for s in stages.values()]), 1),
+        "stages": {
+            "pretrain": {"heldout_loss": stages["pretrain"].get("heldout_loss")},
+            "sft": {
+                "heldout_accuracy": ev["sft"]["heldout_accuracy"],
+                "gold_reward": ev["sft"]["gold_reward"],
+                "heldout_loss": stages["sft"].get("heldout_loss"),
+            },
+            "rm": {"heldout_accuracy": stages["rm"].get("heldout_accuracy")},
+            "ppo": {
+                "gold_reward": ev["ppo"]["gold_reward"],
+                "rm_score": ev["ppo"]["rm_score"],
+                "kl_to_ref": ev["ppo"]["kl_to_ref"],
+            },
+            "grpo": {
+                "heldout_accuracy": ev["grpo"]["heldout_accuracy"],
+                "kl_to_ref": ev["grpo"]["kl_to_ref"],
+            },
+        },
+        "evaluation": ev,
+    }
+    for name, stage in stages.items():
+        out["stages"].setdefault(name, {})["wall_seconds"] = stage.get("wall_seconds")
+    return out
