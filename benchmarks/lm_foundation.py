@@ -8,10 +8,17 @@ tokens in both (EOS ignored: ``eos_token_id=None`` for postrl, ``min_new_tokens`
 
     .venv/bin/python benchmarks/lm_foundation.py --part rollout [--threads 2] [--batches 1 16 64 256]
 
-Prints a table and ends with ONE JSON line of results.
+Prints a table and ends with ONE JSON line of results. ``OMP_WAIT_POLICY`` defaults to PASSIVE: on a shared,
+oversubscribed CPU, OpenMP threads that spin at barriers steal the time slices of their own peers and the
+timings of both contenders become noise (minutes instead of seconds); set it in the environment to override.
 """
 
+# ruff: noqa: E402  (OMP_WAIT_POLICY must be set before torch is imported)
 from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP
 
 import argparse
 import json
@@ -76,7 +83,10 @@ def bench_rollout(args: argparse.Namespace) -> dict:
     """Part (a): rollout throughput, postrl vs HF generate, per batch size."""
     model = build_tiny_lm(VOCAB, seed=0, pad_token_id=PAD, eos_token_id=EOS).eval()
     rows = []
-    print(f"rollout: {args.new_tokens} new tokens, {torch.get_num_threads()} threads, tiny Llama d=128 L=2")
+    print(
+        f"rollout: {args.new_tokens} new tokens, {torch.get_num_threads()} threads, tiny Llama d=128 L=2, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}"
+    )
     print(f"{'batch':>6} {'postrl tok/s':>13} {'HF tok/s':>10} {'ratio':>6}")
     for batch in args.batches:
         runners = _rollout_runners(model, batch, args.new_tokens)

@@ -168,13 +168,16 @@ def make_decoder(model: torch.nn.Module, use_fast: bool | None = None) -> FastLl
 
 # ---- generate -----------------------------------------------------------------------------------------------
 def _check_args(prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, temperature: float) -> None:
-    if prompt_ids.shape != prompt_mask.shape or prompt_ids.dim() != 2:
-        raise ValueError(f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)}")
+    if prompt_ids.shape != prompt_mask.shape or prompt_ids.dim() != 2 or prompt_ids.shape[1] == 0:
+        raise ValueError(
+            f"need prompt_ids and prompt_mask of one shape [B, P ≥ 1], got {tuple(prompt_ids.shape)} "
+            f"and {tuple(prompt_mask.shape)}"
+        )
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
     if temperature < 0:
         raise ValueError(f"temperature must be ≥ 0, got {temperature}")
-    if prompt_mask.shape[1] and bool((prompt_mask[:, -1] == 0).any()):
+    if bool((prompt_mask[:, -1] == 0).any()):
         raise ValueError("prompts must be LEFT-padded: some row's last prompt column is padding")
 
 

@@ -132,6 +132,25 @@ def test_sampled_log_probs_equal_teacher_forced_score(temperature, use_fast):
     assert (out.log_probs[out.response_mask.bool()] < 0).all()
 
 
+def test_rollout_tensors_feed_autograd_and_score_follows_the_grad_mode():
+    model = tiny_llama()
+    out = run(model, *prompts())
+    new_log_probs = score(model, out.input_ids, out.attention_mask, out.prompt_len)
+    ratio = torch.exp(new_log_probs - out.log_probs) * out.response_mask  # a PPO-style use of the rollout
+    ratio.sum().backward()
+    assert model.model.embed_tokens.weight.grad is not None
+    assert torch.allclose(ratio.detach(), out.response_mask.float(), atol=1e-4)
+
+
+def test_bad_prompts_are_refused():
+    model = tiny_llama()
+    ids, mask = prompts()
+    with pytest.raises(ValueError, match="LEFT-padded"):
+        run(model, ids.flip(1), mask.flip(1))
+    with pytest.raises(ValueError, match="one shape"):
+        run(model, ids, mask[:, 1:])
+
+
 def test_log_probs_are_of_the_unfiltered_tempered_distribution_under_top_k_top_p():
     model = tiny_llama()
     ids, mask = prompts()
