@@ -21,7 +21,7 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``control`` with its ``train`` and ``eval`` subcommands."""
     control = subparsers.add_parser("control", help="Part 1: REINFORCE, A2C, TRPO, PPO on Gymnasium envs")
-    sub = control.add_subparsers(dest="control_command", metavar="{train,eval}")
+    sub = control.add_subparsers(dest="control_command", metavar="{train,eval,prefs}")
     sub.required = True
     train = sub.add_parser(
         "train",
@@ -59,6 +59,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--gif", default=None, metavar="PATH", help="also write a GIF of one deterministic episode"
     )
     ev.set_defaults(handler=_eval)
+    _add_prefs_parser(sub)
     return control
 
 
@@ -153,3 +154,41 @@ def _eval(args: argparse.Namespace) -> int:
             print(f"gif: {path}")
     print(json.dumps(result))
     return 0
+
+
+def _add_prefs_parser(sub: argparse._SubParsersAction) -> None:
+    """``postrl control prefs``: PPO on a reward learned from segment preferences (``postrl.control.prefs``)."""
+    prefs = sub.add_parser(
+        "prefs",
+        help="PPO on a reward learned from labelled segment pairs (Christiano et al. 2017)",
+        description="Learn a reward-model ensemble from a synthetic labeller's preferences between segments "
+        "of the agent's behaviour and train PPO on it; the true reward is only logged. Writes RUN_DIR/"
+        "metrics.jsonl, summary.json (true_return, labels_used, rm_accuracy, reward_correlation), "
+        "checkpoints and true_return_vs_labels.png. Any config key can be overridden as key=value.",
+    )
+    prefs.add_argument("--env", default=None, help="Gymnasium id, e.g. CartPole-v1 or Pendulum-v1")
+    prefs.add_argument("--total-steps", type=float, default=None, help="environment steps to train for")
+    prefs.add_argument("--seed", type=int, default=None, help="random seed")
+    prefs.add_argument("--labels", type=int, default=None, help="label budget (prefs.label_budget)")
+    prefs.add_argument(
+        "--noise",
+        type=float,
+        default=None,
+        help="probability that the labeller flips a label (labeller.flip_prob)",
+    )
+    prefs.add_argument("--out", default=None, help="run folder (default runs/prefs-<env>-s<seed>)")
+    prefs.add_argument("--config", default=None, help="YAML config (default: configs/prefs-<env>.yaml)")
+    prefs.add_argument(
+        "--resume", default=None, metavar="RUN_DIR", help="continue an interrupted run exactly"
+    )
+    prefs.add_argument(
+        "--list-keys", action="store_true", help="print every config key with its help and exit"
+    )
+    prefs.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    prefs.set_defaults(handler=_prefs, algo="prefs")
+
+
+def _prefs(args: argparse.Namespace) -> int:
+    from postrl.control.prefs import main
+
+    return main(args)

@@ -35,6 +35,7 @@ ALGORITHMS = {
     "a2c": "postrl.control.a2c",
     "trpo": "postrl.control.trpo",
     "ppo": "postrl.control.ppo",
+    "prefs": "postrl.control.prefs",  # PPO on a reward learned from segment preferences
 }
 # Score thresholds of "solved" used for steps_to_threshold (the peer benchmark's, else the env spec's).
 THRESHOLDS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "Pendulum-v1": -200.0}

@@ -1,0 +1,449 @@
+"""Deep RL from segment preferences (Christiano et al. 2017, arXiv:1706.03741) on Gymnasium tasks.
+
+The loop of the notes (Part 2, §2), run as PPO iterations (``postrl.control.ppo``):
+
+1. the policy collects a rollout; random segments of ``segment_length`` steps are cut from it into a pool;
+2. following the label schedule (``initial_labels`` at once, the rest of ``label_budget`` linearly until
+   ``label_until`` of the run), pairs are drawn from the pool, at random or where the ensemble disagrees
+   most (variance of P_k(σ¹ ≻ σ²) over members), and the synthetic labeller compares their true returns;
+3. the reward-model ensemble (``prefs_reward``) takes gradient steps on every label so far;
+4. the rollout's rewards are replaced by the normalised learned reward, then GAE and the PPO update.
+
+Reward flow: the true reward never reaches the policy. Each sub-env is wrapped in :class:`RewardTap`, which
+writes the true reward onto its own tape and hands the vector env a *poisoned* reward (NaN): anything that
+learned from it would turn NaN. The labeller and the logged true return read the tape; the rollout buffer's
+rewards are overwritten with r̂ before GAE (PPO's ``rollout_hook``). Evaluation uses a fresh env without
+taps, so ``eval_return_mean`` is the true return of the final policy.
+
+Normalisation of r̂ (``center``): each member is divided by the std of its r̂ over every step of the
+labelled segments (so the PPO hyperparameters see a reward of unit scale), then centred, and the members
+are averaged.
+- ``absorbing`` (default): subtract the learned absorbing-state reward r̂_∅, so that the state after a
+  termination is worth exactly the 0 that PPO bootstraps. On CartPole survival is then rewarded iff the
+  model learned r̂(alive) > r̂_∅, i.e. iff the labels said falling is worse.
+- ``mean``: zero mean, unit std (Christiano et al.). Where episodes can terminate this changes the task:
+  every below-average state has a negative reward, so PPO (bootstrapping 0 after termination) is paid to
+  end the episode early there. Fine for tasks without termination (Pendulum).
+
+Observations handed to the reward model are raw (un-normalised with the env's running statistics), so the
+labelled segments do not drift with the observation normaliser.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from postrl.control import ppo
+from postrl.control.buffer import RolloutBuffer
+from postrl.control.envs import EnvConfig, VecEnv
+from postrl.control.policies import PolicyConfig
+from postrl.control.prefs_reward import (
+    LabellerConfig,
+    Pairs,
+    RewardEnsemble,
+    RewardModelConfig,
+    Segments,
+    accuracy,
+    reward_correlation,
+    synthetic_labels,
+    train_reward_model,
+)
+from postrl.control.train import Agent, RunConfig
+
+__all__ = ["Config", "PrefsConfig", "RewardTap", "build", "extract_segments", "run", "select_pairs"]
+
+
+@dataclass(frozen=True)
+class PrefsConfig:
+    segment_length: int = 25
+    """Steps L per segment (must not exceed ppo.n_steps: segments are cut from one rollout)."""
+    label_budget: int = 500
+    """Total number of labelled pairs over the run."""
+    initial_labels: int = 100
+    """Pairs labelled from the first rollout (the untrained policy), before PPO first uses r̂."""
+    label_until: float = 0.5
+    """Fraction of the run by which the whole budget is labelled (linearly after the initial labels)."""
+    pair_selection: str = "disagreement"
+    """How pairs are chosen: random, or disagreement (highest variance of P(σ¹≻σ²) over the ensemble)."""
+    candidates_per_label: int = 10
+    """disagreement: random candidate pairs scored per pair labelled."""
+    segments_per_rollout: int = 64
+    """Random segments cut from each rollout into the pool."""
+    pool_size: int = 512
+    """The pool keeps this many of the most recent segments."""
+    val_fraction: float = 0.2
+    """Share of the labelled pairs held out to measure the reward model's accuracy."""
+    center: str = "absorbing"
+    """Centring of the normalised r̂: absorbing (r̂_∅ = 0, for tasks that terminate) or mean (zero mean)."""
+
+
+@dataclass(frozen=True)
+class Config:
+    algo: str = "prefs"
+    """Algorithm name (fixed for this config class)."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Environment settings (sync envs, no reward normalisation: the reward is the learned one)."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """Actor and critic networks."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """Budget, seed, logging, evaluation and checkpoints."""
+    ppo: ppo.PPOConfig = field(default_factory=ppo.PPOConfig)
+    """PPO hyperparameters (the policy learner)."""
+    prefs: PrefsConfig = field(default_factory=PrefsConfig)
+    """Segments, label schedule, pair selection, normalisation of r̂."""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """The reward-model ensemble and its optimiser."""
+    labeller: LabellerConfig = field(default_factory=LabellerConfig)
+    """The synthetic labeller standing in for the human."""
+
+
+CENTERS = ("absorbing", "mean")
+SELECTIONS = ("random", "disagreement")
+
+
+class RewardTap(gym.Wrapper):
+    """Moves the true reward off the learning path: it is appended to ``tape`` (read by the labeller and
+    the logs), and the agent-facing reward becomes ``fill`` (NaN: a leak into learning would show)."""
+
+    fill = float("nan")
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.tape: list[float] = []
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.tape.append(float(reward))
+        return obs, self.fill, terminated, truncated, {**info, "true_reward": reward}
+
+
+def _tap_envs(env: VecEnv) -> list[RewardTap]:
+    from postrl.runtime.config import ConfigError
+
+    envs = getattr(env.env, "envs", None)
+    if envs is None:
+        raise ConfigError("prefs needs in-process envs (env.async_=false): the true reward is tapped per env")
+    env.env.envs = [e if isinstance(e, RewardTap) else RewardTap(e) for e in envs]
+    return env.env.envs
+
+
+def extract_segments(
+    obs: torch.Tensor,
+    actions: torch.Tensor,
+    true_rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    length: int,
+    n: int,
+) -> Segments:
+    """Cut up to ``n`` random segments of ``length`` steps from a rollout ``[E, T, ...]`` (time second).
+
+    A segment stays within one episode: after a termination it is padding (``alive`` False, true reward 0,
+    the absorbing state); a segment with a time-limit truncation before its last step is not used (what
+    follows a truncation is unknown, not worth 0).
+    """
+    n_envs, n_steps = terminated.shape
+    starts = torch.cartesian_prod(torch.arange(n_envs), torch.arange(n_steps - length + 1))  # (M, 2)
+    env_i, t_i = starts[:, :1], starts[:, 1:] + torch.arange(length)  # (M, 1), (M, L)
+    term = terminated[env_i, t_i]
+    alive = (term.long().cumsum(-1) - term.long()) == 0  # no termination strictly before t
+    valid = ~(truncated[env_i, t_i] & alive)[:, :-1].any(-1)
+    pick = torch.nonzero(valid).squeeze(-1)
+    pick = pick[torch.randperm(len(pick))[:n]]
+    env_i, t_i, alive = env_i[pick], t_i[pick], alive[pick]
+    true = torch.where(alive, true_rewards[env_i, t_i], torch.zeros(()))
+    return Segments(obs[env_i, t_i], actions[env_i, t_i], true, alive)
+
+
+@torch.no_grad()
+def select_pairs(
+    model: RewardEnsemble, pool: Segments, n: int, mode: str, candidates_per_label: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices ``(i, j)`` ``[n]`` of distinct pool segments to label: random, or the ``n`` of
+    ``n · candidates_per_label`` random pairs on which the members' P_k(σ_i ≻ σ_j) vary most."""
+    m = n * candidates_per_label if mode == "disagreement" else n
+    i = torch.randint(len(pool), (m,))
+    j = torch.randint(len(pool) - 1, (m,))
+    j = j + (j >= i)  # distinct from i
+    if mode == "disagreement":
+        scores = model.scores(pool)  # (K, S)
+        p = torch.sigmoid(scores[:, i] - scores[:, j])  # (K, m)
+        top = p.var(0).topk(min(n, m)).indices
+        i, j = i[top], j[top]
+    return i, j
+
+
+class Prefs(Agent):
+    """PPO whose reward is an ensemble learned from labelled segment pairs, trained as the policy trains."""
+
+    def __init__(self, cfg: Config, env: VecEnv):
+        _validate(cfg)
+        self.cfg, self.env = cfg, env
+        self.taps = _tap_envs(env)
+        self.ppo = ppo.PPO(cfg, env, rollout_hook=self._on_rollout)
+        self.actor = self.ppo.actor
+        obs_dim = env.single_observation_space.shape[0]
+        self.reward_model = RewardEnsemble(obs_dim, env.single_action_space, cfg.reward_model)
+        rm = cfg.reward_model
+        self.rm_optimizer = torch.optim.AdamW(
+            self.reward_model.parameters(), lr=rm.lr, weight_decay=rm.weight_decay
+        )
+        self.modules = {**self.ppo.modules, "reward_model": self.reward_model}
+        self.optimizers = {**self.ppo.optimizers, "rm_optimizer": self.rm_optimizer}
+        self.pairs: Pairs | None = None
+        self.pool: Segments | None = None
+        self.ep_true = np.zeros(env.n_envs)  # running true / learned return of each env's episode
+        self.ep_learned = np.zeros(env.n_envs)
+        self.ep_length = np.zeros(env.n_envs, dtype=np.int64)
+        self._frac, self._metrics, self._episodes = 0.0, {}, []
+
+    @property
+    def labels_used(self) -> int:
+        return 0 if self.pairs is None else len(self.pairs)
+
+    def iteration(self, env: VecEnv, it: int, frac_done: float) -> tuple[dict, list, int]:
+        self._frac = frac_done
+        metrics, _poisoned_episodes, n_steps = self.ppo.iteration(env, it, frac_done)
+        return {**metrics, **self._metrics}, self._episodes, n_steps
+
+    # -- the preference loop, run on each rollout before GAE ---------------------------------------------
+    def _on_rollout(self, buf: RolloutBuffer) -> None:
+        true = torch.tensor([tap.tape for tap in self.taps], dtype=torch.float32)  # (E, T)
+        for tap in self.taps:
+            tap.tape.clear()
+        obs = self._raw_obs(buf.obs)
+        p = self.cfg.prefs
+        segs = extract_segments(
+            obs, buf.actions, true, buf.terminated, buf.truncated, p.segment_length, p.segments_per_rollout
+        )
+        self.pool = (
+            segs if self.pool is None else Segments.cat([self.pool, segs]).take(slice(-p.pool_size, None))
+        )
+        first = self.labels_used == 0
+        self._label(self._labels_due() - self.labels_used)
+        rm = self.cfg.reward_model
+        steps = rm.pretrain_steps if first and self.pairs is not None else rm.steps_per_iteration
+        rm_loss = train_reward_model(self.reward_model, self.rm_optimizer, self.pairs, steps, rm.batch_size)
+        with torch.no_grad():
+            learned = self.learned_reward(obs, buf.actions)  # (E, T)
+        buf.rewards.copy_(learned)
+        self._episodes, learned_returns = self._track_episodes(true, learned, buf.episode_end)
+        metrics = {**self._eval_model(), "rm_loss": rm_loss, "learned_return": _mean(learned_returns)}
+        self._metrics = {k: math.nan if v is None else v for k, v in metrics.items()}  # NaN: not logged
+
+    def _labels_due(self) -> int:
+        p = self.cfg.prefs
+        ramp = min(1.0, self._frac / p.label_until) if p.label_until > 0 else 1.0
+        return min(p.label_budget, p.initial_labels + math.ceil((p.label_budget - p.initial_labels) * ramp))
+
+    def _label(self, n: int) -> None:
+        """Choose ``n`` pairs from the pool, ask the synthetic labeller, add them to the labelled set."""
+        if n <= 0 or self.pool is None or len(self.pool) < 2:
+            return
+        p, lab = self.cfg.prefs, self.cfg.labeller
+        i, j = select_pairs(self.reward_model, self.pool, n, p.pair_selection, p.candidates_per_label)
+        first, second = self.pool.take(i), self.pool.take(j)
+        labels = synthetic_labels(
+            first.true_returns(), second.true_returns(), lab.tie_tolerance, lab.flip_prob
+        )
+        index = torch.arange(self.labels_used, self.labels_used + len(i), dtype=torch.float64)
+        val = torch.floor((index + 1) * p.val_fraction) > torch.floor(index * p.val_fraction)
+        new = Pairs(first, second, labels, val)
+        if self.pairs is not None:
+            old = self.pairs
+            new = Pairs(
+                Segments.cat([old.first, first]),
+                Segments.cat([old.second, second]),
+                torch.cat([old.labels, labels]),
+                torch.cat([old.val, val]),
+            )
+        self.pairs = new
+
+    def learned_reward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Normalised ensemble reward ``[*B]`` for raw ``obs [*B, obs_dim]`` (see ``center`` above)."""
+        r = self.reward_model(obs, actions)  # (K, *B)
+        if self.pairs is None:
+            return torch.zeros(r.shape[1:])
+        ref = self.reward_model.step_rewards(Segments.cat([self.pairs.first, self.pairs.second]))
+        ref = ref.reshape(self.reward_model.k, -1)  # (K, N) r̂ on every step of the labelled segments
+        center = self.reward_model.absorbing if self.cfg.prefs.center == "absorbing" else ref.mean(-1)
+        shape = (-1, *([1] * (r.dim() - 1)))
+        return ((r - center.reshape(shape)) / (ref.std(-1).reshape(shape) + 1e-8)).mean(0)
+
+    def _eval_model(self) -> dict[str, Any]:
+        if self.pairs is None:
+            return {"labels_used": 0}
+        val = self.pairs.val
+        held = Pairs(
+            self.pairs.first.take(val), self.pairs.second.take(val), self.pairs.labels[val], val[val]
+        )
+        noiseless = synthetic_labels(
+            held.first.true_returns(), held.second.true_returns(), self.cfg.labeller.tie_tolerance
+        )
+        return {
+            "labels_used": self.labels_used,
+            "rm_accuracy": accuracy(self.reward_model, held, held.labels),
+            "rm_accuracy_true": accuracy(self.reward_model, held, noiseless),
+            "reward_correlation": reward_correlation(self.reward_model, held.first),
+            "label_ties": float((self.pairs.labels == 0.5).float().mean()),
+        }
+
+    def _track_episodes(self, true: torch.Tensor, learned: torch.Tensor, ends: torch.Tensor) -> tuple:
+        """Episodes ended in this rollout with their TRUE return (for the logs), and their learned returns."""
+        episodes, learned_returns = [], []
+        true_np, learned_np, ends_np = true.numpy(), learned.numpy(), ends.numpy()
+        for t in range(true_np.shape[1]):
+            self.ep_true += true_np[:, t]
+            self.ep_learned += learned_np[:, t]
+            self.ep_length += 1
+            for e in np.flatnonzero(ends_np[:, t]):
+                episodes.append(((t + 1) * len(self.taps), float(self.ep_true[e]), int(self.ep_length[e])))
+                learned_returns.append(float(self.ep_learned[e]))
+            self.ep_true[ends_np[:, t]], self.ep_learned[ends_np[:, t]], self.ep_length[ends_np[:, t]] = (
+                0,
+                0,
+                0,
+            )
+        return episodes, learned_returns
+
+    def _raw_obs(self, obs: torch.Tensor) -> torch.Tensor:
+        rms = self.env.obs_rms
+        if rms is None:
+            return obs.clone()
+        std = torch.as_tensor(np.sqrt(rms.var + 1e-8), dtype=obs.dtype)
+        return obs * std + torch.as_tensor(rms.mean, dtype=obs.dtype)
+
+    # -- checkpoint ---------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "pairs": None if self.pairs is None else self.pairs.state_dict(),
+            "pool": None if self.pool is None else self.pool.state_dict(),
+            "ep_true": self.ep_true.tolist(),
+            "ep_learned": self.ep_learned.tolist(),
+            "ep_length": self.ep_length.tolist(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pairs = None if state["pairs"] is None else Pairs.from_state(state["pairs"])
+        self.pool = None if state["pool"] is None else Segments(**state["pool"])
+        self.ep_true = np.asarray(state["ep_true"], dtype=np.float64)
+        self.ep_learned = np.asarray(state["ep_learned"], dtype=np.float64)
+        self.ep_length = np.asarray(state["ep_length"], dtype=np.int64)
+
+
+def _mean(xs: list[float]) -> float | None:
+    return float(np.mean(xs)) if xs else None
+
+
+def _validate(cfg: Config) -> None:
+    from postrl.runtime.config import ConfigError
+
+    p = cfg.prefs
+    if p.center not in CENTERS:
+        raise ConfigError(f"'prefs.center': {p.center!r} is not one of {', '.join(CENTERS)}")
+    if p.pair_selection not in SELECTIONS:
+        raise ConfigError(
+            f"'prefs.pair_selection': {p.pair_selection!r} is not one of {', '.join(SELECTIONS)}"
+        )
+    if not 1 <= p.segment_length <= cfg.ppo.n_steps:
+        raise ConfigError(f"'prefs.segment_length' must be in [1, ppo.n_steps={cfg.ppo.n_steps}]")
+    if not 0 <= p.initial_labels <= p.label_budget:
+        raise ConfigError("'prefs.initial_labels' must be between 0 and prefs.label_budget")
+    if cfg.env.normalize_reward:
+        raise ConfigError("'env.normalize_reward' must be false for prefs: the env reward is never used")
+    if not 0 <= cfg.labeller.flip_prob <= 1:
+        raise ConfigError("'labeller.flip_prob' must be in [0, 1]")
+
+
+def build(cfg: Config, env: VecEnv) -> Prefs:
+    return Prefs(cfg, env)
+
+
+def run(cfg: Config, run_dir, resume: bool = False) -> dict[str, Any]:
+    """Train (``postrl.control.train``), then add the preference metrics to summary.json and plot the
+    true return against the labels used (``true_return_vs_labels.png``)."""
+    import json
+    from pathlib import Path
+
+    from postrl.control.train import train
+    from postrl.runtime.checkpoint import atomic_write_text
+    from postrl.runtime.logging import read_jsonl
+
+    run_dir = Path(run_dir)
+    summary = train(cfg, run_dir, resume=resume)
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    last = rows[-1] if rows else {}
+    summary = {
+        **summary,
+        "true_return": summary["eval_return_mean"],
+        "labels_used": last.get("labels_used"),
+        "rm_accuracy": last.get("rm_accuracy"),
+        "rm_accuracy_true": last.get("rm_accuracy_true"),
+        "reward_correlation": last.get("reward_correlation"),
+        "label_noise": cfg.labeller.flip_prob,
+    }
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    _plot(
+        rows, summary, run_dir / "true_return_vs_labels.png", f"prefs on {cfg.env.id} (seed {cfg.run.seed})"
+    )
+    return summary
+
+
+def _plot(rows: list[dict], summary: dict, path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (
+        ("train_return_ma20", "true return (training, ma20)"),
+        ("eval_return", "true return (eval)"),
+    ):
+        pts = [(r["labels_used"], r[key]) for r in rows if r.get(key) is not None and "labels_used" in r]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker="." if key == "eval_return" else None, label=label)
+    ax.axhline(summary["true_return"], ls="--", c="gray", label="final eval")
+    ax.set_xlabel("labels used")
+    ax.set_ylabel("true return")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(args) -> int:
+    """The ``postrl control prefs`` handler (arguments: see ``commands._add_prefs_parser``)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from postrl.control.commands import _interrupted, resolve_config
+    from postrl.runtime.config import format_help
+
+    if args.list_keys:
+        print(format_help(Config))
+        return 0
+    flags = [f"prefs.label_budget={args.labels}"] if args.labels is not None else []
+    if args.noise is not None:
+        flags.append(f"labeller.flip_prob={args.noise}")
+    args.overrides = [*flags, *args.overrides]
+    cfg = resolve_config(args)
+    out = args.resume or args.out or f"runs/prefs-{cfg.env.id}-s{cfg.run.seed}"
+    resume = bool(args.resume) or _interrupted(Path(out))
+    if resume and not args.resume:
+        print(
+            f"postrl: {out} holds an interrupted run; resuming it from its last checkpoint", file=sys.stderr
+        )
+    summary = run(cfg, out, resume=resume)
+    print(json.dumps(summary))
+    print(f"run folder: {out}")
+    return 0
