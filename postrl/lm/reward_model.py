@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +32,6 @@ from postrl.lm.trainer import (
     LoopState,
     OptimConfig,
     TrainConfig,
-    _clip,
-    _micro_batches,
     iterate_batches,
     make_optimizer,
     set_threads,
@@ -375,19 +374,23 @@ def rm_train_step(
 ) -> dict[str, float]:
     """One optimiser step over ``indices`` (all ranks' pairs): each micro-batch's mean loss is weighted by
     its share of the step's pairs, so accumulation and sharding give the gradient of one big batch."""
-    micro = [
-        to_device(collate([examples[i] for i in m], pad_id), device) for m in _micro_batches(indices, cfg)
-    ]
+    mine = [indices[i] for i in dist.shard_range(len(indices))]  # this rank's pairs
+    weight = 1.0 if mine else 0.0  # a rank with no pair left still runs one (weight 0) to keep DDP in step
+    mine = mine or indices[:1]
+    size = max(1, math.ceil(len(mine) / cfg.grad_accum))
+    chunks = [mine[k : k + size] for k in range(0, len(mine), size)]
+    micro = [to_device(collate([examples[i] for i in c], pad_id), device) for c in chunks]
     total, accuracy = 0.0, 0.0
     for k, batch in enumerate(micro):
-        share = batch["target"].shape[0] / len(indices)
+        share = weight * batch["target"].shape[0] / len(indices)
         sync = k == len(micro) - 1 or not hasattr(model, "no_sync")
         with model.no_sync() if not sync else _nullcontext():
             value, metrics = rm_loss(model, batch, loss)
             (value * share * dist.world_size()).backward()  # DDP averages over ranks
         total += float(value.detach()) * share
         accuracy += metrics["accuracy"] * share
-    norm = _clip(model, cfg.optim.max_grad_norm)
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or float("inf")))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     out = dist.reduce_metrics({"loss": total, "accuracy": accuracy})
