@@ -79,3 +79,15 @@ def test_make_actor_rejects_unsupported_spaces():
         assert "unsupported action space" in str(err)
     else:
         raise AssertionError("MultiBinary should be rejected")
+
+
+def test_categorical_sampling_frequencies_match_the_probabilities():
+    actor = CategoricalActor(1, 3, PolicyConfig())
+    with torch.no_grad():
+        actor.net.layers[-1].bias.copy_(torch.log(torch.tensor([0.2, 0.5, 0.3])))
+    obs = torch.zeros(20_000, 1)
+    with torch.no_grad():
+        actions, log_probs = actor.act(obs, generator=torch.Generator().manual_seed(0))
+    freq = torch.bincount(actions, minlength=3).double() / len(actions)
+    torch.testing.assert_close(freq, torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64), atol=0.015, rtol=0)
+    torch.testing.assert_close(log_probs, actor.evaluate(obs, actions)[0])
