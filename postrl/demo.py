@@ -100,8 +100,10 @@ def quick(cfg: DemoConfig) -> DemoConfig:
         cfg,
         pretrain=r(
             cfg.pretrain,
-            corpus_lines=3000,
-            train=r(cfg.pretrain.train, max_steps=40, eval_every=20, save_every=20, batch_size=16),
+            corpus_lines=2000,
+            train=r(
+                cfg.pretrain.train, max_steps=30, eval_every=15, save_every=15, batch_size=8, max_length=64
+            ),
         ),
         sft=r(
             cfg.sft,
@@ -122,7 +124,7 @@ def quick(cfg: DemoConfig) -> DemoConfig:
             eval_prompts=32,
             grpo=r(cfg.grpo.grpo, prompts_per_step=8, group_size=4),
         ),
-        eval_prompts=50,
+        eval_prompts=32,
         eval_samples=32,
     )
 

@@ -1,0 +1,59 @@
+"""`postrl demo --quick` end to end: every stage runs, the report and summary are complete."""
+
+import json
+
+import pytest
+
+from postrl.demo import DemoConfig, quick, run_demo, run_stage
+
+REQUIRED = {
+    "pretrain": ["heldout_loss"],
+    "sft": ["heldout_accuracy", "gold_reward"],
+    "rm": ["heldout_accuracy"],
+    "ppo": ["gold_reward", "rm_score", "kl_to_ref"],
+    "grpo": ["heldout_accuracy", "kl_to_ref"],
+}
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    cfg = quick(DemoConfig(threads=1))
+    run_demo(cfg, out)
+    return out
+
+
+def test_summary_is_complete(demo_dir):
+    summary = json.loads((demo_dir / "summary.json").read_text())
+    assert summary["wall_seconds"] > 0 and summary["peak_rss_mb"] > 0
+    for stage, keys in REQUIRED.items():
+        for key in keys:
+            assert isinstance(summary["stages"][stage][key], float), (stage, key)
+        assert summary["stages"][stage]["wall_seconds"] > 0
+    assert 0.0 <= summary["stages"]["sft"]["heldout_accuracy"] <= 1.0
+
+
+def test_report_has_table_plots_and_samples(demo_dir):
+    report = (demo_dir / "report.md").read_text()
+    assert "| checkpoint |" in report and "| grpo |" in report and "| sft-vs-ppo |" in report
+    assert "## Samples before and after RL" in report and "continued SFT" in report
+    for stage in ("pretrain", "sft", "rm", "ppo", "grpo"):
+        assert (demo_dir / "plots" / f"{stage}.png").stat().st_size > 1000
+        assert (demo_dir / stage / "model" / "config.json").is_file()
+    page = (demo_dir / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 5 and "<table>" in page
+
+
+def test_finished_stages_are_skipped_and_unfinished_ones_resume(tmp_path):
+    calls = []
+
+    def stage(cfg, run_dir, resume):
+        calls.append(resume)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "summary.json").write_text(json.dumps({"wall_seconds": 1.0}))
+        return {"wall_seconds": 1.0}
+
+    (tmp_path / "x" / "checkpoints").mkdir(parents=True)  # an interrupted run
+    run_stage("x", tmp_path, stage, None)
+    run_stage("x", tmp_path, stage, None)  # finished: skipped
+    assert calls == [True]
