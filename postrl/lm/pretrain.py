@@ -15,7 +15,7 @@ from postrl.lm.models import TinyLMConfig, build_tiny_lm
 from postrl.lm.trainer import (
     OptimConfig,
     TrainConfig,
-    export_model,
+    export_on_main,
     prepare_examples,
     run_training,
     set_threads,
@@ -95,7 +95,7 @@ def run_pretrain(cfg: PretrainConfig, run_dir: str | Path, resume: bool = False)
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
     ).to(info.device)
-    ddp = dist.wrap_ddp(model, info)
+    ddp = dist.wrap_model(model, info, cfg.train.parallel)
     n_tokens = sum(len(e["input_ids"]) for e in train)
     result = run_training(
         ddp,
@@ -109,8 +109,7 @@ def run_pretrain(cfg: PretrainConfig, run_dir: str | Path, resume: bool = False)
         desc="pretrain",
         resume=resume,
     )
-    if info.is_main:
-        export_model(model, tokenizer, run_dir / "model")
+    export_on_main(ddp, tokenizer, run_dir / "model")
     n_params = sum(p.numel() for p in model.parameters())
     return logger.finish(
         {

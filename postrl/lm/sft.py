@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from postrl.lm.trainer import TrainConfig, export_model, prepare_examples, run_training, set_threads
+from postrl.lm.trainer import TrainConfig, export_on_main, prepare_examples, run_training, set_threads
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import RunLogger
@@ -132,7 +132,7 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path, resume: bool = False) -> dict[s
             return metrics.get("heldout_accuracy", 0.0) >= cfg.stop_accuracy
 
     result = run_training(
-        dist.wrap_ddp(model, info),
+        dist.wrap_model(model, info, cfg.train.parallel),
         tokenizer,
         train,
         evals,
@@ -145,6 +145,5 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path, resume: bool = False) -> dict[s
         should_stop=stop,
         resume=resume,
     )
-    if info.is_main:
-        export_model(model, tokenizer, run_dir / "model")
+    export_on_main(model, tokenizer, run_dir / "model")
     return logger.finish({**result, "train_examples": len(train)})

@@ -24,9 +24,10 @@ import torch.nn.functional as F
 from postrl.core import masked_sum
 from postrl.lm.data import pack_examples, pad
 from postrl.runtime import distributed as dist
-from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from postrl.runtime.checkpoint import STATE_FILE, latest_checkpoint, load_checkpoint, save_checkpoint
 from postrl.runtime.logging import RunLogger
 from postrl.runtime.progress import Progress
+from postrl.runtime.seeding import get_rng_state, set_rng_state
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,9 @@ class TrainConfig:
     """Steps between metrics.jsonl rows."""
     max_seconds: float | None = None
     """Stop after this much training wall time (e.g. to compare with an RL stage at equal time)."""
+    parallel: str = "ddp"
+    """Under torchrun: ddp (replicate the model) or fsdp (shard parameters, gradients and optimiser state
+    with FSDP2, for models one device cannot hold). No effect in one process."""
 
 
 def token_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,11 +187,19 @@ class LoopState:
     best: dict[str, float] = field(default_factory=dict)
 
 
-def _micro_batches(indices: list[int], cfg: TrainConfig) -> list[list[int]]:
-    """This rank's share of a step's examples, cut into grad_accum micro-batches."""
+def _micro_batches(indices: list[int], cfg: TrainConfig) -> list[tuple[list[int], float]]:
+    """This rank's share of a step's examples cut into micro-batches, each with its loss weight.
+
+    Every rank gets the same number of micro-batches (FSDP gathers parameters in every forward, DDP syncs in
+    the last backward, so the ranks must stay in step); a rank whose share runs out, e.g. on the last batch
+    of an epoch, runs one example with weight 0.
+    """
     mine = [indices[i] for i in dist.shard_range(len(indices))]
-    size = math.ceil(len(mine) / cfg.grad_accum) if mine else 0
-    return [mine[i : i + size] for i in range(0, len(mine), size)] if size else []
+    largest = math.ceil(len(indices) / dist.world_size())  # the largest share, the same on every rank
+    size = max(1, math.ceil(largest / cfg.grad_accum))
+    count = max(1, math.ceil(largest / size))
+    chunks = [mine[k * size : (k + 1) * size] for k in range(count)]
+    return [(c, 1.0) if c else ([indices[0]], 0.0) for c in chunks]
 
 
 def train_step(
@@ -199,19 +211,22 @@ def train_step(
     pad_token_id: int,
     device: torch.device,
 ) -> dict[str, float]:
-    """One optimiser step over ``indices`` (all ranks' examples); returns loss and gradient norm."""
+    """One optimiser step over ``indices`` (all ranks' examples); returns loss and gradient norm.
+
+    The loss is Σ NLL over the global step's target tokens / their global count, so 1 process with the
+    whole batch and N processes with a share each take the same step.
+    """
     micro = [
-        to_device(make_batches([examples[i] for i in m], pad_token_id), device)
-        for m in _micro_batches(indices, cfg)
+        (to_device(make_batches([examples[i] for i in m], pad_token_id), device), w)
+        for m, w in _micro_batches(indices, cfg)
     ]
-    local_tokens = sum(int((b["labels"][:, 1:] != -100).sum()) for b in micro)
+    local_tokens = sum(int((b["labels"][:, 1:] != -100).sum()) * w for b, w in micro)
     n_tokens = int(dist.all_reduce_sum(torch.tensor(local_tokens)).item())
-    scale = dist.world_size()  # DDP averages gradients over ranks; the loss is a global token sum
+    scale = dist.world_size()  # DDP and FSDP average gradients over ranks; the loss is a global token sum
     total = 0.0
-    for k, batch in enumerate(micro):
-        sync = k == len(micro) - 1 or not hasattr(model, "no_sync")
-        with model.no_sync() if not sync else _nullcontext():
-            loss = sft_step_loss(model, batch, n_tokens) * scale
+    for k, (batch, weight) in enumerate(micro):
+        with dist.no_grad_sync(model) if k < len(micro) - 1 else _nullcontext():
+            loss = sft_step_loss(model, batch, n_tokens) * (scale * weight)
             loss.backward()
         total += float(loss.detach()) / scale
     total = float(dist.all_reduce_sum(torch.tensor(total)).item())
@@ -230,12 +245,8 @@ class _nullcontext:
 
 
 def _clip(model: torch.nn.Module, max_norm: float | None) -> float:
-    params = [p for p in model.parameters() if p.grad is not None]
-    if max_norm is None:
-        return (
-            float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))) if params else 0.0
-        )
-    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    """Global gradient norm (over all ranks' shards), clipped to ``max_norm`` when it is not None."""
+    return dist.grad_norm(model.parameters(), max_norm)
 
 
 def run_training(
@@ -259,18 +270,10 @@ def run_training(
         raise ValueError("no training examples left after tokenisation and the length limit")
     inner = dist.unwrap(model)
     optimizer, scheduler = make_optimizer(inner, cfg.optim, cfg.max_steps)
-    state = LoopState()
     ckpt_root = run_dir / "checkpoints"
     last = latest_checkpoint(ckpt_root) if resume else None
+    state = _resume(last, model, optimizer, scheduler) if last is not None else LoopState()
     if last is not None:
-        loaded = load_checkpoint(
-            last, modules={"model": inner}, optimizers={"opt": optimizer}, schedulers={"sched": scheduler}
-        )
-        state = LoopState(
-            step=loaded["step"],
-            position=int(loaded["extra"]["position"]),
-            best=dict(loaded["extra"].get("best", {})),
-        )
         logger.truncate_after(state.step)
     eval_batches = [
         make_batches(eval_examples[i : i + 64], tokenizer.pad_token_id)
@@ -293,15 +296,11 @@ def run_training(
                     state.step,
                     {"loss": out["loss"], "grad_norm": out["grad_norm"], "lr": scheduler.get_last_lr()[0]},
                 )
-            done = state.step == cfg.max_steps or (
-                cfg.max_seconds is not None and logger.elapsed >= cfg.max_seconds
-            )
+            done = state.step == cfg.max_steps
+            if cfg.max_seconds is not None:  # rank 0's clock decides, so every rank stops at the same step
+                done = dist.broadcast_object(done or logger.elapsed >= cfg.max_seconds)
             if done or (cfg.eval_every and state.step % cfg.eval_every == 0):
-                metrics = {
-                    "heldout_loss": heldout_loss(inner, eval_batches) if eval_batches else float("nan")
-                }
-                if evaluate is not None:
-                    metrics.update(evaluate(inner))
+                metrics = _evaluate(model, eval_batches, evaluate)
                 logger.log(state.step, metrics)
                 bar.write(
                     f"{desc} step {state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
@@ -309,28 +308,77 @@ def run_training(
                 if should_stop is not None and should_stop(metrics):
                     done = True
             if done or (cfg.save_every and state.step % cfg.save_every == 0):
-                _save(ckpt_root, state, inner, optimizer, scheduler, cfg)
+                _save(ckpt_root, state, model, optimizer, scheduler, cfg)
             if done:
                 break
     return {**metrics, "steps": state.step}
 
 
+def _evaluate(
+    model: torch.nn.Module,
+    eval_batches: list[dict[str, torch.Tensor]],
+    evaluate: Callable[[torch.nn.Module], dict[str, float]] | None,
+) -> dict[str, float]:
+    """Held-out loss (and ``evaluate``): on rank 0, sent to the others, so every rank takes the same
+    stop decision; an FSDP-sharded model needs every rank in each forward, so there all ranks compute."""
+    inner = dist.unwrap(model)
+    metrics: dict[str, float] = {}
+    if dist.is_main() or dist.is_sharded(model):
+        metrics = {"heldout_loss": heldout_loss(inner, eval_batches) if eval_batches else float("nan")}
+        if evaluate is not None:
+            metrics.update(evaluate(inner))
+    return dist.broadcast_object(metrics)
+
+
+def _resume(last: Path, model: torch.nn.Module, optimizer, scheduler) -> LoopState:
+    """Restore model, optimiser, schedule and this rank's RNG from checkpoint ``last`` (same world size)."""
+    from safetensors.torch import load_file
+
+    sharded = dist.is_sharded(model)
+    modules = {} if sharded else {"model": dist.unwrap(model)}
+    loaded = load_checkpoint(last, modules=modules, schedulers={"sched": scheduler}, restore_rng=False)
+    if sharded:
+        dist.load_model_state_dict(model, load_file(str(last / "model.safetensors")))
+    saved = torch.load(last / STATE_FILE, map_location="cpu", weights_only=True)
+    dist.load_optimizer_state_dict(model, optimizer, saved["optimizers"]["opt"])
+    extra = loaded["extra"]
+    ranks = extra.get("rng_ranks") or [loaded["rng"]]
+    if len(ranks) != dist.world_size():
+        raise ValueError(
+            f"{last} was written by {len(ranks)} process(es); resume it with the same number "
+            f"(the weights in model.safetensors load anywhere)"
+        )
+    set_rng_state(ranks[dist.rank()])
+    return LoopState(step=loaded["step"], position=int(extra["position"]), best=dict(extra.get("best", {})))
+
+
 def _save(root: Path, state: LoopState, model, optimizer, scheduler, cfg: TrainConfig) -> None:
+    """Checkpoint written by rank 0: full (gathered) weights as safetensors, so 1 process can load it,
+    plus every rank's RNG state for an exact resume at the same world size."""
+    weights = dist.unwrap(model)
+    if dist.is_sharded(model):
+        weights = dist.without_tied_copies(model, dist.model_state_dict(model))
+    opt_state = dist.optimizer_state_dict(model, optimizer)
+    rng_ranks = dist.all_gather_object(get_rng_state())
     if dist.is_main():
         save_checkpoint(
             root,
             state.step,
-            modules={"model": model},
-            optimizers={"opt": optimizer},
+            modules={"model": weights},
+            optimizers={"opt": opt_state},
             schedulers={"sched": scheduler},
-            extra={"position": state.position, "best": state.best},
+            extra={"position": state.position, "best": state.best, "rng_ranks": rng_ranks},
             keep_last=cfg.keep_last,
         )
     dist.barrier()
 
 
-def export_model(model: torch.nn.Module, tokenizer: Any, path: Path) -> Path:
-    """``save_pretrained`` the model (safetensors) and tokenizer into ``path`` atomically (temp + rename)."""
+def export_model(
+    model: torch.nn.Module, tokenizer: Any, path: Path, state_dict: dict[str, torch.Tensor] | None = None
+) -> Path:
+    """``save_pretrained`` the model (safetensors) and tokenizer into ``path`` atomically (temp + rename).
+
+    ``state_dict``: the full weights when the model is sharded (see :func:`export_on_main`)."""
     import os
     import shutil
     import tempfile
@@ -338,7 +386,7 @@ def export_model(model: torch.nn.Module, tokenizer: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".tmp-{path.name}-"))
     try:
-        dist.unwrap(model).save_pretrained(str(tmp), safe_serialization=True)
+        dist.unwrap(model).save_pretrained(str(tmp), safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(str(tmp))
         if path.exists():
             shutil.rmtree(path)
@@ -347,6 +395,14 @@ def export_model(model: torch.nn.Module, tokenizer: Any, path: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def export_on_main(model: torch.nn.Module, tokenizer: Any, path: Path) -> None:
+    """Called by every rank: gather a sharded model's weights, rank 0 writes ``path``, all wait for it."""
+    state = dist.model_state_dict(model) if dist.is_sharded(model) else None
+    if dist.is_main():
+        export_model(model, tokenizer, path, state_dict=state)
+    dist.barrier()
 
 
 def set_threads(threads: int | None) -> None:

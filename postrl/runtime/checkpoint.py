@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model, save_file, save_model
 
 from postrl.runtime.seeding import get_rng_state, set_rng_state
 
@@ -74,6 +74,18 @@ def _to_safe(x: Any) -> Any:
     return x
 
 
+def _unshared(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous tensors, each with its own storage (safetensors refuses shared ones, e.g. tied weights)."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in state.items():
+        t = t.detach().contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        out[name] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    return out
+
+
 def _fsync_tree(folder: Path) -> None:
     for file in folder.rglob("*"):
         if file.is_file():
@@ -106,8 +118,8 @@ def save_checkpoint(
     root: str | Path,
     step: int,
     *,
-    modules: Mapping[str, torch.nn.Module],
-    optimizers: Mapping[str, torch.optim.Optimizer] | None = None,
+    modules: Mapping[str, torch.nn.Module | Mapping[str, torch.Tensor]],
+    optimizers: Mapping[str, torch.optim.Optimizer | Mapping[str, Any]] | None = None,
     schedulers: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
     keep_last: int = 3,
@@ -115,7 +127,8 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint ``root/step_{step:08d}`` atomically and keep the newest ``keep_last``.
 
-    ``extra`` holds plain python, tensors or numpy arrays (stored as tensors). ``write_files(tmp)``
+    A module may be given as its state dict and an optimizer as its ``state_dict()`` (what a sharded run
+    gathers on rank 0). ``extra`` holds plain python, tensors or numpy arrays (stored as tensors). ``write_files(tmp)``
     may add files (e.g. a ``save_pretrained`` export) inside the folder before it is renamed into place.
     """
     root = Path(root)
@@ -124,10 +137,16 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
     try:
         for name, module in modules.items():
-            save_model(module, str(tmp / f"{name}.safetensors"))
+            if isinstance(module, Mapping):  # a gathered state dict (e.g. of an FSDP-sharded model)
+                save_file(_unshared(module), str(tmp / f"{name}.safetensors"))
+            else:
+                save_model(module, str(tmp / f"{name}.safetensors"))
         state = {
             "step": int(step),
-            "optimizers": {k: o.state_dict() for k, o in (optimizers or {}).items()},
+            "optimizers": {
+                k: dict(o) if isinstance(o, Mapping) else o.state_dict()
+                for k, o in (optimizers or {}).items()
+            },
             "schedulers": {k: s.state_dict() for k, s in (schedulers or {}).items()},
             "rng": get_rng_state(),
             "extra": _to_safe(dict(extra or {})),

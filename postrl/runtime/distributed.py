@@ -6,7 +6,9 @@ exists, so trainers call them unconditionally and stay one code path.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,8 +111,148 @@ def wrap_ddp(module: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
 
 
 def unwrap(module: torch.nn.Module) -> torch.nn.Module:
-    """The module inside a DDP wrapper (what gets saved)."""
+    """The module inside a DDP wrapper (what gets saved). An FSDP2 module is its own inner module."""
     return module.module if isinstance(module, torch.nn.parallel.DistributedDataParallel) else module
+
+
+PARALLEL = ("ddp", "fsdp")
+"""How a trained model is spread over ranks: ``ddp`` replicates it (DistributedDataParallel), ``fsdp``
+shards parameters, gradients and optimiser state (FSDP2 ``fully_shard``) for models one device cannot hold."""
+
+
+def wrap_model(module: torch.nn.Module, info: DistInfo, strategy: str = "ddp") -> torch.nn.Module:
+    """``module`` ready for data-parallel training under ``strategy`` (``ddp`` or ``fsdp``).
+
+    One process: the module itself, whatever the strategy. ``fsdp`` shards each transformer block (the
+    classes a Hugging Face model lists in ``_no_split_modules``) and then the root, in place, so the
+    returned object is ``module``; build the optimiser after this call, on its (sharded) parameters.
+    Both strategies average gradients over ranks, so a loss normalised by a global count is multiplied by
+    ``world_size`` (see the trainers).
+    """
+    if strategy not in PARALLEL:
+        raise ValueError(f"parallel must be one of {PARALLEL}, got '{strategy}'")
+    if info.world_size <= 1:
+        return module
+    if strategy == "ddp":
+        return wrap_ddp(module, info)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard  # FSDP2, public since torch 2.6
+
+    mesh = init_device_mesh(info.device.type, (info.world_size,))
+    names = set(getattr(module, "_no_split_modules", None) or ())
+    for block in [m for m in module.modules() if type(m).__name__ in names]:
+        fully_shard(block, mesh=mesh)
+    fully_shard(module, mesh=mesh)
+    return module
+
+
+def is_sharded(module: torch.nn.Module) -> bool:
+    """Whether ``module`` holds FSDP2-sharded parameters (its state must be gathered to be saved)."""
+    if not is_distributed():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+@contextlib.contextmanager
+def no_grad_sync(model: torch.nn.Module) -> Iterator[None]:
+    """Accumulate gradients locally (no all-reduce / reduce-scatter) inside the block: DDP ``no_sync``,
+    FSDP2 ``set_requires_gradient_sync(False)``; a plain module needs nothing."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif is_sharded(model):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float | None) -> float:
+    """Global L2 norm of the gradients (over every rank's shard under FSDP); clip to ``max_norm`` if given."""
+    params = [p for p in params if p.grad is not None]
+    if not params:
+        return 0.0
+    if max_norm is None:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+def _full_options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def model_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole, unsharded state dict of ``module`` (what rank 0 saves).
+
+    Sharded (FSDP2): a collective that every rank must call; rank 0 gets the full tensors on CPU, the others
+    an empty dict. Otherwise: ``unwrap(module).state_dict()``.
+    """
+    if not is_sharded(module):
+        return unwrap(module).state_dict()
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(module, options=_full_options())
+
+
+def without_tied_copies(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` without the extra names of tied parameters (e.g. ``lm_head.weight`` = the embedding),
+    keeping the alphabetically first name as ``safetensors.torch.save_model`` does, so the file loads with
+    ``load_model(..., strict=True)`` like one written from the unsharded module."""
+    groups: dict[int, list[str]] = {}
+    for name, param in unwrap(module).named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    drop = {name for names in groups.values() for name in sorted(names)[1:]}
+    return {k: v for k, v in state.items() if k not in drop}
+
+
+def load_model_state_dict(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a full state dict (as saved by rank 0) into ``module``; each FSDP2 rank keeps its shard."""
+    if not is_sharded(module):
+        unwrap(module).load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True))
+
+
+def optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimiser state to save: gathered and keyed by parameter name under FSDP2 (a collective;
+    empty except on rank 0), ``optimizer.state_dict()`` otherwise."""
+    if not is_sharded(module):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(module, optimizer, options=_full_options())
+
+
+def load_optimizer_state_dict(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Inverse of :func:`optimizer_state_dict` (same world size and strategy as the run that saved it)."""
+    if not is_sharded(module):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """``[obj of rank 0, obj of rank 1, ...]`` on every rank (``[obj]`` in one process)."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def shard_range(n: int, info: DistInfo | None = None) -> range:
