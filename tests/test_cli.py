@@ -1,0 +1,70 @@
+"""The `postrl` command: --version, --help on every subcommand, clear errors for bad input."""
+
+import subprocess
+import sys
+
+import pytest
+
+from postrl import __version__
+from postrl.cli import build_parser, main
+
+SUBCOMMANDS = [
+    ["control", "train"],
+    ["control", "eval"],
+    ["data", "export"],
+    ["pretrain"],
+    ["sft"],
+    ["rm"],
+    ["ppo"],
+    ["grpo"],
+    ["generate"],
+    ["demo"],
+]
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"postrl {__version__}"
+
+
+@pytest.mark.parametrize("words", SUBCOMMANDS, ids=" ".join)
+def test_every_subcommand_has_help(words, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*words, "--help"])
+    assert exit_.value.code == 0
+    assert "usage: postrl " + " ".join(words) in capsys.readouterr().out
+
+
+def test_unknown_subcommand_suggests_the_closest(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["gpro"])
+    assert exit_.value.code == 2
+    assert "did you mean 'grpo'" in capsys.readouterr().err
+
+
+def test_unknown_config_key_is_a_clear_error(tmp_path, capsys):
+    code = main(["sft", "--out", str(tmp_path / "r"), "train.max_stepz=3"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "unknown config key 'train.max_stepz'" in err and "did you mean 'train.max_steps'" in err
+    assert "Traceback" not in err
+
+
+def test_list_keys_shows_the_help_of_every_field(capsys):
+    assert main(["grpo", "--list-keys"]) == 0
+    out = capsys.readouterr().out
+    assert "grpo.beta" in out and "grpo.loss_type" in out
+
+
+def test_help_is_fast_and_imports_no_torch():
+    code = "import sys, postrl.cli as c; c.build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_parser_lists_all_commands():
+    text = build_parser().format_help()
+    for name in ("control", "data", "pretrain", "sft", "rm", "ppo", "grpo", "generate", "demo"):
+        assert name in text
