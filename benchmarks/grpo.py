@@ -10,8 +10,10 @@ training time, the accuracy that continued SFT on the task's demonstrations reac
 Part ``trl``: `postrl grpo` beside Hugging Face TRL's ``GRPOTrainer`` on TRL's own toy task
 (``/work/shared/peers/trl_grpo_bench.py``: "add a b =" prompts, character tokenizer, 2-layer GPT-2 of 407k
 parameters, its rule-based reward), at equal settings: G = 8, 16 completions of ≤ 16 tokens per step, β 0.04,
-``loss_type="grpo"``, μ = 1, AdamW lr 1e-3 constant, grad-norm clip 1, temperature 1. Both start from the same
-SFT warm start (a from-scratch policy learns only the format) and are evaluated alike: greedy completions of the
+``loss_type="grpo"``, μ = 1, AdamW constant lr (1e-4 from the warm start; 1e-3, TRL's, from the random init),
+grad-norm clip 1, temperature 1. Both start from the same SFT warm start (a from-scratch policy learns only
+the format; a second pair of runs from TRL's random init measures throughput at TRL's own benchmark setting,
+where completions are long and generation dominates) and are evaluated alike: greedy completions of the
 100 problems, correct when the completion starts with the answer. postrl loads the GPT-2 through its Hugging
 Face fallback path. TRL runs in its own virtual environment (this file, ``--trl-worker`` mode):
 
@@ -226,14 +228,19 @@ def _postrl_on_trl_task(model: Path, train: Path, heldout: Path, out: Path, args
         f"eval_data={heldout}", f"rewards=[{spec}_reward, {spec}_correct]", "reward_weights=[1.0, 0.0]",
         f"verifier={spec}_correct", f"sampling.max_new_tokens={MAX_NEW_TOKENS}", "sampling.temperature=1.0",
         "grpo.group_size=8", "grpo.prompts_per_step=2", f"grpo.beta={args.beta}", "grpo.loss_type=grpo",
-        "optim.lr=0.001", "optim.warmup_steps=0", "optim.min_lr_ratio=1.0", "optim.betas=[0.9, 0.999]",
+        f"optim.lr={args.lr}", "optim.warmup_steps=0", "optim.min_lr_ratio=1.0", "optim.betas=[0.9, 0.999]",
         "optim.weight_decay=0.0", "optim.max_grad_norm=1.0", f"max_steps={args.steps}",
         f"eval_every={args.eval_every}", "eval_prompts=100", "save_every=0", "device=cpu",
         f"threads={args.threads}", f"seed={args.seed}",
         log=out.with_suffix(".log"),
     )  # fmt: skip
     times = _step_times(out)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "time_generate" in r]
     return {
+        "generate_tokens_per_s": sum(r["generated_tokens"] for r in steps)
+        / sum(r["time_generate"] for r in steps),
+        "generate_seconds": sum(r["time_generate"] for r in steps),
         "step_time_median_s": statistics.median(times[1:]),
         "train_seconds": sum(times),
         "completion_tokens_per_s": summary["tokens_per_second"],
@@ -248,7 +255,7 @@ def _trl_run(model: Path, train: Path, heldout: Path, out: Path, args: argparse.
         str(ROOT / args.trl_python),
         str(THIS), "--trl-worker", "--model", str(model), "--train", str(train),
         "--heldout", str(heldout), "--steps", str(args.steps), "--eval-every", str(args.eval_every),
-        "--beta", str(args.beta), "--threads", str(args.threads), "--seed", str(args.seed), "--json", str(out),
+        "--beta", str(args.beta), "--lr", str(args.lr), "--threads", str(args.threads), "--seed", str(args.seed), "--json", str(out),
     ]  # fmt: skip
     with out.with_suffix(".log").open("w") as f:
         subprocess.run(cmd, check=True, stdout=f, stderr=f, cwd=out.parent)
@@ -256,30 +263,51 @@ def _trl_run(model: Path, train: Path, heldout: Path, out: Path, args: argparse.
 
 
 def _pair(model: Path, train: Path, heldout: Path, work: Path, args: argparse.Namespace) -> dict:
-    """Both contenders from ``model``, one after the other, each in a fresh process."""
+    """Both contenders from ``model``, in ``args.order`` (e.g. postrl trl postrl trl: alternating, so machine
+    noise hits both), each run in a fresh process. Repeated runs of a contender are summarised by the median of
+    each timing (peak memory: the max); the accuracy curve is the first run's."""
     work.mkdir(parents=True, exist_ok=True)
-    results: dict[str, dict] = {}
-    for name in args.order:
+    runs: dict[str, list[dict]] = {}
+    for k, name in enumerate(args.order):
         before = os.getloadavg()[0]
         if name == "postrl":
-            results[name] = _postrl_on_trl_task(model, train, heldout, work / "postrl_grpo", args)
-            results[name].pop("summary")
+            result = _postrl_on_trl_task(model, train, heldout, work / f"postrl_grpo_{k}", args)
+            result.pop("summary")
         else:
-            results[name] = _trl_run(model, train, heldout, work / "trl.json", args)
-        results[name]["loadavg"] = [round(before, 2), round(os.getloadavg()[0], 2)]
-    return results
+            result = _trl_run(model, train, heldout, work / f"trl_{k}.json", args)
+        result["loadavg"] = [round(before, 2), round(os.getloadavg()[0], 2)]
+        runs.setdefault(name, []).append(result)
+    out = {}
+    for name, results in runs.items():
+        timing = [
+            "step_time_median_s",
+            "completion_tokens_per_s",
+            "generate_tokens_per_s",
+            "generate_seconds",
+        ]
+        summary = {key: statistics.median(r[key] for r in results) for key in timing}
+        summary["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
+        summary["accuracy_curve"] = results[0]["accuracy_curve"]
+        summary["loadavg"] = [r["loadavg"] for r in results]
+        summary["runs"] = results
+        out[name] = summary
+    return out
 
 
 def _table(title: str, p: dict, t: dict) -> None:
+    """Both contenders side by side; the last column is postrl's advantage (> 1: postrl better)."""
     print(f"\n{title}")
-    print(f"{'':24}{'postrl':>12}{'TRL':>12}{'TRL/postrl':>12}")
+    print(f"{'':24}{'postrl':>12}{'TRL':>12}{'postrl adv.':>13}")
     rows = [
-        ("s/step (median)", p["step_time_median_s"], t["step_time_median_s"]),
-        ("completion tokens/s", p["completion_tokens_per_s"], t["completion_tokens_per_s"]),
-        ("peak RSS MB", p["peak_rss_mb"], t["peak_rss_mb"]),
-    ]
-    for label, a, b in rows:
-        print(f"{label:24}{a:>12.4g}{b:>12.4g}{b / a:>11.2f}x")
+        ("steps/s", 1 / p["step_time_median_s"], 1 / t["step_time_median_s"], t["step_time_median_s"] / p["step_time_median_s"]),
+        ("s/step (median)", p["step_time_median_s"], t["step_time_median_s"], t["step_time_median_s"] / p["step_time_median_s"]),
+        ("completion tokens/s", p["completion_tokens_per_s"], t["completion_tokens_per_s"], p["completion_tokens_per_s"] / t["completion_tokens_per_s"]),
+        ("generation tokens/s", p["generate_tokens_per_s"], t["generate_tokens_per_s"], p["generate_tokens_per_s"] / t["generate_tokens_per_s"]),
+        ("generation s (total)", p["generate_seconds"], t["generate_seconds"], t["generate_seconds"] / p["generate_seconds"]),
+        ("peak RSS MB", p["peak_rss_mb"], t["peak_rss_mb"], t["peak_rss_mb"] / p["peak_rss_mb"]),
+    ]  # fmt: skip
+    for label, a, b, adv in rows:
+        print(f"{label:24}{a:>12.4g}{b:>12.4g}{adv:>12.2f}x")
     print(f"load average (1 min) before/after: postrl {p['loadavg']}, TRL {t['loadavg']}")
 
 
@@ -291,13 +319,13 @@ def bench_trl(args: argparse.Namespace) -> dict:
     model, train, heldout = _trl_task(work, args)
     learn = _pair(model, train, heldout, work / "warm", args)
     p, t = learn["postrl"], learn["trl"]
-    settings = f"2 prompts x G=8, <= {MAX_NEW_TOKENS} tokens, beta {args.beta}, {args.threads} thread(s)"
+    settings = f"2 prompts x G=8, <= {MAX_NEW_TOKENS} tokens, beta {args.beta}, lr {args.lr}, {args.threads} thread(s)"
     _table(f"TRL task from the SFT warm start, {args.steps} steps of {settings}", p, t)
     print("held-out greedy accuracy (step, postrl, TRL):")
     for (step, _, acc_p), (_, _, acc_t) in zip(p["accuracy_curve"], t["accuracy_curve"], strict=False):
         print(f"  {step:>5} {acc_p:>7.2f} {acc_t:>7.2f}")
     scratch_args = argparse.Namespace(
-        **{**vars(args), "steps": args.scratch_steps, "eval_every": args.scratch_steps}
+        **{**vars(args), "steps": args.scratch_steps, "eval_every": args.scratch_steps, "lr": args.scratch_lr}
     )
     scratch = _pair(work / "init", train, heldout, work / "scratch", scratch_args)
     _table(
@@ -350,7 +378,7 @@ def trl_worker(args: argparse.Namespace) -> None:
 
     class Timer(TrainerCallback):
         def __init__(self) -> None:
-            self.t0, self.times, self.curve = 0.0, [], []
+            self.t0, self.times, self.curve, self.evaluating = 0.0, [], [], False
 
         def on_step_begin(self, a, state, control, **kw):
             self.t0 = time.perf_counter()
@@ -358,14 +386,16 @@ def trl_worker(args: argparse.Namespace) -> None:
         def on_step_end(self, a, state, control, model=None, **kw):
             self.times.append(time.perf_counter() - self.t0)  # evaluation below is not timed
             if state.global_step % args.eval_every == 0:
+                self.evaluating = True
                 acc = _greedy_accuracy(model, tok, heldout)
+                self.evaluating = False
                 self.curve.append((state.global_step, round(sum(self.times), 2), acc))
 
     timer = Timer()
     cfg = GRPOConfig(
         output_dir=str(Path(args.json).parent / "trl_out"), max_steps=args.steps, per_device_train_batch_size=16,
         gradient_accumulation_steps=1, num_generations=8, max_completion_length=MAX_NEW_TOKENS,
-        learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0, beta=args.beta, loss_type="grpo",
+        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, beta=args.beta, loss_type="grpo",
         scale_rewards="group", num_iterations=1, temperature=1.0, logging_steps=1, save_strategy="no",
         report_to="none", use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, use_vllm=False,
         seed=args.seed, dataloader_num_workers=0, disable_tqdm=True,
@@ -375,6 +405,21 @@ def trl_worker(args: argparse.Namespace) -> None:
         processing_class=tok, callbacks=[timer],
     )  # fmt: skip
     timer.curve.append((0, 0.0, _greedy_accuracy(trainer.model, tok, heldout)))
+    gen = {"seconds": 0.0, "tokens": 0}
+    original = trainer.model.generate
+
+    def timed_generate(*a, **kw):  # as the peer script: time TRL's generation on its own
+        start = time.perf_counter()
+        out = original(*a, **kw)
+        if not timer.evaluating:
+            gen["seconds"] += time.perf_counter() - start
+            sequences = out.sequences if hasattr(out, "sequences") else out
+            prompt = kw.get("input_ids", a[0] if a else None)
+            new = sequences[:, prompt.shape[1] :] if prompt is not None else sequences[:, :0]
+            gen["tokens"] += int((new != tok.pad_token_id).sum())
+        return out
+
+    trainer.model.generate = timed_generate
     trainer.train()
     train_seconds = sum(timer.times)
     result = {
@@ -386,6 +431,8 @@ def trl_worker(args: argparse.Namespace) -> None:
         "step_time_median_s": statistics.median(timer.times[1:]),
         "train_seconds": train_seconds,
         "completion_tokens_per_s": tokens[0] / train_seconds,
+        "generate_tokens_per_s": gen["tokens"] / max(1e-9, gen["seconds"]),
+        "generate_seconds": gen["seconds"],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "accuracy_curve": timer.curve,
     }
@@ -406,6 +453,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="trl: GRPO steps of each contender")
     parser.add_argument("--eval-every", type=int, default=20, help="trl: steps between accuracy checks")
     parser.add_argument("--beta", type=float, default=0.04, help="KL coefficient of both")
+    parser.add_argument("--lr", type=float, default=1e-4, help="trl: AdamW lr of both (warm start)")
+    parser.add_argument("--scratch-lr", type=float, default=1e-3, help="trl: lr from the random init (TRL's)")
     parser.add_argument("--scratch-steps", type=int, default=40, help="trl: steps of the from-init run")
     parser.add_argument("--sft-steps", type=int, default=100, help="trl: SFT steps of the warm start")
     parser.add_argument("--trl-python", default=".peers-trl/bin/python", help="python of the TRL venv")
