@@ -53,32 +53,38 @@ def _cat_bias(*biases: Tensor | None) -> Tensor | None:
 
 @dataclass
 class _Layer:
-    """Fused weights of one decoder layer (norm weights folded in, biases None unless the config has them)."""
+    """Fused weights of one decoder layer, transposed to (in, out) for ``mm``; biases None unless configured."""
 
-    w_qkv: Tensor  # ((nh + 2·nkv)·hs, d): [q; k; v]
+    w_qkv: Tensor  # (d, (nh + 2·nkv)·hs): [q | k | v], input norm folded in
     b_qkv: Tensor | None
-    w_o: Tensor  # (nh·hs, d): o_proj transposed, for addmm
+    w_o: Tensor  # (nh·hs, d)
     b_o: Tensor | None
-    w_gate_up: Tensor  # (2·I, d)
+    w_gate_up: Tensor  # (d, 2·I): [gate | up], post-attention norm folded in
     b_gate_up: Tensor | None
-    w_down: Tensor  # (I, d): down_proj transposed
+    w_down: Tensor  # (I, d)
     b_down: Tensor | None
 
 
-def _fuse_layer(layer: torch.nn.Module) -> _Layer:
-    """Fused weights of one ``LlamaDecoderLayer`` from its current parameters."""
+def _fuse_layer(layer: torch.nn.Module, norm_scale: float) -> _Layer:
+    """Fused weights of one ``LlamaDecoderLayer`` from its current parameters (see `FastLlama._norm`)."""
     att, mlp = layer.self_attn, layer.mlp
-    n1, n2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+    n1 = layer.input_layernorm.weight * norm_scale
+    n2 = layer.post_attention_layernorm.weight * norm_scale
     return _Layer(
-        w_qkv=torch.cat((att.q_proj.weight, att.k_proj.weight, att.v_proj.weight)) * n1,
+        w_qkv=(torch.cat((att.q_proj.weight, att.k_proj.weight, att.v_proj.weight)) * n1).t().contiguous(),
         b_qkv=_cat_bias(att.q_proj.bias, att.k_proj.bias, att.v_proj.bias),
         w_o=att.o_proj.weight.t().contiguous(),
         b_o=att.o_proj.bias,
-        w_gate_up=torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)) * n2,
+        w_gate_up=(torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)) * n2).t().contiguous(),
         b_gate_up=_cat_bias(mlp.gate_proj.bias, mlp.up_proj.bias),
         w_down=mlp.down_proj.weight.t().contiguous(),
         b_down=mlp.down_proj.bias,
     )
+
+
+def _mm(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    """x [N, in] @ w [in, out] (+ b): one kernel, no transpose or reshape on the way."""
+    return torch.mm(x, w) if b is None else torch.addmm(b, x, w)
 
 
 class FastLlama:
@@ -86,6 +92,7 @@ class FastLlama:
 
     Left padding keeps every row's step-t token in the same column ``P + t``, so one cache write serves the
     whole batch; only the RoPE positions differ per row. Use: ``prefill`` once, then ``step`` per new token.
+    Activations are 2-D, [B·S, d], between layers.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -95,18 +102,21 @@ class FastLlama:
         cfg = model.config
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
-        self.eps = cfg.rms_norm_eps
         self._rotary = model.model.rotary_emb
+        d = cfg.hidden_size
         with torch.no_grad():
             self.embed = model.model.embed_tokens.weight.detach()
-            self.layers = [_fuse_layer(layer) for layer in model.model.layers]
-            self.w_lm = model.lm_head.weight * model.model.norm.weight  # (V, d), final norm folded in
+            self.layers = [_fuse_layer(layer, d**0.5) for layer in model.model.layers]
+            self.w_lm = (model.lm_head.weight * (model.model.norm.weight * d**0.5)).t().contiguous()  # (d, V)
+            self._ones = self.embed.new_ones(d, 1)
+            self._d_eps = self.embed.new_full((1,), d * cfg.rms_norm_eps)
         self.length = 0  # cache columns filled so far
 
     # ---- pieces -----------------------------------------------------------------------------------------
     def _norm(self, x: Tensor) -> Tensor:
-        """RMSNorm without its weight (folded into the next projection): x / sqrt(mean(x²) + eps)."""
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        """x [N, d] → x / sqrt(Σx² + d·eps) = RMSNorm(x) / √d without its weight: the √d and the weight are
+        folded into the next projection. Σx² + d·eps is one GEMV (no Python scalar enters an op)."""
+        return x * torch.addmm(self._d_eps, x * x, self._ones).rsqrt_()  # (N, d) · (N, 1)
 
     def _alloc(self, batch: int, max_len: int) -> None:
         """Preallocate the KV cache and the RoPE tables for ``max_len`` columns."""
@@ -121,44 +131,45 @@ class FastLlama:
         self.cos = cos[0].repeat(1, reps)  # (L, (nh + nkv)·hs), one copy per q and k head
         self.sin = (sin[0] * sign).repeat(1, reps)
 
-    def _layer(self, i: int, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
-        """Decoder layer ``i`` on x [B, S, d], whose tokens fill cache columns ``length … length + S − 1``.
-
-        cos, sin: [B, S, (nh + nkv)·hs]; mask: additive [B, 1, S, length + S]. Returns x [B, S, d].
-        """
-        layer, (B, S, d) = self.layers[i], x.shape
+    def _attention(self, i: int, y: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, batch: int) -> Tensor:
+        """RoPE, cache write and attention of layer ``i`` from its projections y [B·S, (nh + 2·nkv)·hs],
+        for tokens in cache columns ``length … length + S − 1``. Returns [B·S, nh·hs]."""
         nh, nkv, hs = self.n_heads, self.n_kv, self.head_dim
-        qk_dim, v_dim = (nh + nkv) * hs, nkv * hs
-        y = F.linear(self._norm(x), layer.w_qkv, layer.b_qkv)  # (B, S, qk + v): [q k | v]
-        qk = y[..., :qk_dim]
-        swapped = qk.unflatten(-1, (nh + nkv, 2, hs // 2)).flip(-2).flatten(-3)  # (B, S, qk): halves swapped
-        qk = torch.addcmul(qk * cos, swapped, sin)  # RoPE: x·cos + rotate_half(x)·sin
+        B, S, qk_dim = batch, y.shape[0] // batch, (nh + nkv) * hs
+        qk = y[:, :qk_dim]
+        swapped = qk.unflatten(-1, (nh + nkv, 2, hs // 2)).flip(-2).flatten(-3)  # halves of each head swapped
+        qk = torch.addcmul(qk * cos, swapped, sin)  # RoPE: x·cos + rotate_half(x)·sin, (B·S, qk)
         start, end = self.length, self.length + S
         k_cache, v_cache = self.k_cache[i], self.v_cache[i]
-        k_cache[:, :, start:end] = qk[..., nh * hs :].view(B, S, nkv, hs).transpose(1, 2)  # (B, nkv, S, hs)
-        v_cache[:, :, start:end] = y[..., qk_dim : qk_dim + v_dim].view(B, S, nkv, hs).transpose(1, 2)
-        q = qk[..., : nh * hs].view(B, S, nh, hs).transpose(1, 2)  # (B, nh, S, hs)
+        k_cache[:, :, start:end] = qk[:, nh * hs :].view(B, S, nkv, hs).transpose(1, 2)  # (B, nkv, S, hs)
+        v_cache[:, :, start:end] = y[:, qk_dim:].view(B, S, nkv, hs).transpose(1, 2)
+        q = qk[:, : nh * hs].view(B, S, nh, hs).transpose(1, 2)  # (B, nh, S, hs)
         att = F.scaled_dot_product_attention(
             q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask, enable_gqa=nh != nkv
         )  # (B, nh, S, hs)
-        att = att.transpose(1, 2).reshape(B * S, nh * hs)  # (B·S, nh·hs)
-        x = torch.addmm(x.view(B * S, d), att, layer.w_o)  # residual + attention output, (B·S, d)
+        return att.transpose(1, 2).reshape(B * S, nh * hs)  # (B·S, nh·hs)
+
+    def _layer(self, i: int, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, batch: int) -> Tensor:
+        """Decoder layer ``i`` on x [B·S, d]; cos, sin: [B·S, (nh + nkv)·hs]; mask: additive
+        [B, 1, S, length + S]. Returns x [B·S, d]."""
+        layer = self.layers[i]
+        y = _mm(self._norm(x), layer.w_qkv, layer.b_qkv)  # (B·S, (nh + 2·nkv)·hs)
+        x = torch.addmm(x, self._attention(i, y, cos, sin, mask, batch), layer.w_o)  # residual + attention
         if layer.b_o is not None:
             x = x + layer.b_o
-        gate_up = F.linear(self._norm(x), layer.w_gate_up, layer.b_gate_up)  # (B·S, 2I)
+        gate_up = _mm(self._norm(x), layer.w_gate_up, layer.b_gate_up)  # (B·S, 2I)
         inter = gate_up.shape[-1] // 2
         act = F.silu(gate_up[:, :inter], inplace=True).mul_(gate_up[:, inter:])  # SwiGLU in place, (B·S, I)
         x = torch.addmm(x, act, layer.w_down)
-        if layer.b_down is not None:
-            x = x + layer.b_down
-        return x.view(B, S, d)
+        return x if layer.b_down is None else x + layer.b_down
 
     def _run(self, ids: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
-        """All layers on ids [B, S] with RoPE tables [B, S, (nh + nkv)·hs]; returns hidden states [B, S, d]."""
-        x = F.embedding(ids, self.embed)  # (B, S, d)
+        """All layers on ids [B, S] with RoPE tables [B·S, (nh + nkv)·hs] → final hidden states [B·S, d]."""
+        B, S = ids.shape
+        x = F.embedding(ids.reshape(B * S), self.embed)  # (B·S, d)
         for i in range(len(self.layers)):
-            x = self._layer(i, x, cos, sin, mask)
-        self.length += ids.shape[1]
+            x = self._layer(i, x, cos, sin, mask, B)
+        self.length += S
         return x
 
     # ---- public -----------------------------------------------------------------------------------------
@@ -185,18 +196,20 @@ class FastLlama:
         eye = torch.eye(P, dtype=torch.bool, device=valid.device)
         allowed = torch.ones(P, P, dtype=torch.bool, device=valid.device).tril() & (valid[:, None, :] | eye)
         mask = self.embed.new_zeros(B, 1, P, P).masked_fill_(~allowed[:, None], float("-inf"))  # (B, 1, P, P)
-        x = self._run(input_ids, self.cos[position_ids], self.sin[position_ids], mask)
+        flat_pos = position_ids.reshape(B * P)
+        x = self._run(input_ids, self.cos[flat_pos], self.sin[flat_pos], mask).view(B, P, -1)  # (B, P, d)
         # decode positions continue each row's count: the RoPE rows of every future step, gathered once
         steps = position_ids[:, -1:] + 1 + torch.arange(max_len - P, device=valid.device)  # (B, T)
         self.cos_steps, self.sin_steps = self.cos[steps], self.sin[steps]  # (B, T, (nh + nkv)·hs)
         self.prompt_len = P
-        hidden = x if all_logits else x[:, -1]
-        return F.linear(self._norm(hidden), self.w_lm)
+        if not all_logits:
+            return self._norm(x[:, -1]) @ self.w_lm  # (B, V)
+        return (self._norm(x.reshape(B * P, -1)) @ self.w_lm).view(B, P, -1)  # (B, P, V)
 
     @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
         """Append one token per row (positions continue from the prompt): tokens [B] → logits [B, V]."""
         t = self.length - self.prompt_len
         mask = self.key_bias[..., : self.length + 1]  # (B, 1, 1, length + 1)
-        x = self._run(tokens[:, None], self.cos_steps[:, t : t + 1], self.sin_steps[:, t : t + 1], mask)
-        return F.linear(self._norm(x[:, 0]), self.w_lm)  # (B, V)
+        x = self._run(tokens[:, None], self.cos_steps[:, t], self.sin_steps[:, t], mask)  # (B, d)
+        return torch.mm(self._norm(x), self.w_lm)  # (B, V)
