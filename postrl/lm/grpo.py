@@ -281,7 +281,8 @@ def backward_minibatch(
             (loss * scale).backward()
         count = int(micro.response_mask.sum())
         tokens += count
-        totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
+        # × world: the rank average of this (reduce_metrics) is then the global loss, the sum over ranks
+        totals["loss"] = totals.get("loss", 0.0) + float(loss.detach()) * scale
         for key, value in stats.items():
             totals[key] = totals.get(key, 0.0) + float(value) * count
     return {k: v if k == "loss" else v / max(1, tokens) for k, v in totals.items()}

@@ -266,3 +266,20 @@ def test_the_arithmetic_preset_loads():
     cfg = load_config(GRPOConfig, path, ["max_seconds=60"])
     assert cfg.grpo.prompts_per_step == 32 and cfg.grpo.group_size == 8 and cfg.task == {"digits": 3}
     assert cfg.optim.lr == 2e-4 and cfg.max_seconds == 60
+
+
+@pytest.mark.slow
+def test_a_short_run_raises_the_reward(tiny_lm_dir, tmp_path):
+    cfg = _config(
+        tiny_lm_dir,
+        rewards=[f"{__name__}:digits_reward"],
+        max_steps=40,
+        eval_every=0,
+        save_every=0,
+        eval_at_start=False,
+        grpo={"group_size": 8, "prompts_per_step": 4, "beta": 0.0},
+        optim=grpo.OptimConfig(lr=1e-2, warmup_steps=0, min_lr_ratio=1.0),
+    )
+    run_grpo(cfg, tmp_path / "run")
+    rewards = [r["reward_mean"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "reward_mean" in r]
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.2
