@@ -204,14 +204,17 @@ def generate(
     """
     _check_args(prompt_ids, prompt_mask, max_new_tokens, temperature)
     greedy = greedy or temperature == 0
-    tau = temperature if temperature > 0 else 1.0
+    # τ as a tensor: dividing by a Python float costs a scalar-to-tensor conversion at every step
+    tau = None if temperature in (0.0, 1.0) else torch.tensor(temperature, device=prompt_ids.device)
     B, P = prompt_ids.shape
     decoder = make_decoder(model, use_fast)
     logits = decoder.prefill(prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask), P + max_new_tokens)
     tokens, log_probs = [], []  # per step: [B, 1] each, stacked once at the end
     finished = torch.zeros(B, 1, dtype=torch.bool, device=prompt_ids.device)
     for t in range(max_new_tokens):
-        log_pi = torch.log_softmax(logits.float() / tau, dim=-1)  # (B, V): log π_τ, before any filter
+        log_pi = torch.log_softmax(
+            logits if tau is None else logits / tau, dim=-1
+        )  # (B, V): log π_τ, unfiltered
         token = log_pi.argmax(-1, keepdim=True) if greedy else sample_tokens(log_pi, top_k, top_p, generator)
         tokens.append(token)
         log_probs.append(log_pi.gather(-1, token))
