@@ -11,6 +11,7 @@ continues bit-for-bit; the final model is written with ``save_pretrained`` (safe
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -236,12 +237,7 @@ def train_step(
     return {"loss": total, "grad_norm": norm, "tokens": n_tokens}
 
 
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+_nullcontext = contextlib.nullcontext  # (imported by the RL trainers)
 
 
 def _clip(model: torch.nn.Module, max_norm: float | None) -> float:

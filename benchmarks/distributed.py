@@ -1,0 +1,133 @@
+"""Throughput of data-parallel training under ``torchrun`` (issue 9): 1 process vs 2 (vs N) on this machine.
+
+The same SFT optimiser step (the built-in tiny Llama, the arithmetic and reviews demonstrations, a fixed
+GLOBAL batch) is timed with ``torchrun --standalone --nproc_per_node N`` for each N, one intra-op thread per
+process (so N processes use N cores: the fair data-parallel comparison on a CPU). Prints one line per N and
+ends with ONE JSON line.
+
+    .venv/bin/python benchmarks/distributed.py --procs 1,2 --steps 20
+    .venv/bin/python benchmarks/distributed.py --parallel fsdp          # FSDP2 sharding instead of DDP
+
+Scaling is strong (the global batch is split), so the ideal is N× the 1-process tokens/s; gloo's all-reduce
+of the gradients and a machine shared with other work take their share. On GPUs use nccl (the default
+there) and ``--device cuda``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+THIS = Path(__file__).resolve()
+
+
+def _prepare(work: Path, width: int, layers: int) -> Path:
+    """A tokenizer and a freshly initialised tiny Llama saved in Hugging Face format under ``work``."""
+    from postrl.lm.models import TinyLMConfig, build_tiny_lm
+    from postrl.lm.tasks import build_corpus
+    from postrl.lm.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer(build_corpus(n_lines=4000, seed=0), vocab_size=512)
+    shape = TinyLMConfig(n_layers=layers, hidden_size=width, n_heads=4, intermediate_size=4 * width)
+    model = build_tiny_lm(
+        len(tokenizer),
+        shape,
+        seed=0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    model.save_pretrained(str(work / "model"))
+    tokenizer.save_pretrained(str(work / "model"))
+    return work / "model"
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One rank: time ``args.steps`` SFT steps after 2 warm-up steps; rank 0 prints a JSON line."""
+
+    from postrl.lm.data import render_rows, tokenize_sft
+    from postrl.lm.models import load_causal_lm
+    from postrl.lm.tasks import get_task
+    from postrl.lm.tokenizer import load_tokenizer
+    from postrl.lm.trainer import OptimConfig, TrainConfig, make_optimizer, train_step
+    from postrl.runtime import distributed as dist
+
+    info = dist.init_distributed(args.device)
+    tokenizer = load_tokenizer(args.model)
+    model = dist.wrap_model(load_causal_lm(args.model, device=info.device), info, args.parallel)
+    rows = get_task("arithmetic").sft_rows("train") + get_task("reviews").sft_rows("train")
+    examples = tokenize_sft(
+        render_rows(rows, "sft", tokenizer), tokenizer, max_length=64, overlong="truncate"
+    )
+    cfg = TrainConfig(batch_size=args.batch_size, parallel=args.parallel, optim=OptimConfig(warmup_steps=0))
+    optimizer, _ = make_optimizer(dist.unwrap(model), cfg.optim, 10**6)
+    batches = [list(range(i * cfg.batch_size, (i + 1) * cfg.batch_size)) for i in range(args.steps + 2)]
+    tokens = 0
+    for k, indices in enumerate(batches):
+        if k == 2:  # warm-up done (allocator, gloo buffers, DDP buckets)
+            dist.barrier()
+            start, tokens = time.perf_counter(), 0
+        out = train_step(model, optimizer, examples, indices, cfg, tokenizer.pad_token_id, info.device)
+        tokens += int(sum(len(examples[i]["input_ids"]) for i in indices)) if k >= 2 else 0
+        del out
+    dist.barrier()
+    seconds = time.perf_counter() - start
+    if info.is_main:
+        n_params = sum(p.numel() for p in model.parameters())
+        print(json.dumps({"procs": info.world_size, "seconds_per_step": seconds / args.steps,
+                          "tokens_per_second": tokens / seconds, "n_params": n_params}))  # fmt: skip
+    dist.cleanup()
+
+
+def launch(n: int, model_dir: Path, args: argparse.Namespace) -> dict:
+    """``torchrun --standalone --nproc_per_node n`` of this file in worker mode; rank 0's JSON line."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(THIS)]
+    cmd += ["--worker", "--model", str(model_dir), "--steps", str(args.steps)]
+    cmd += ["--batch-size", str(args.batch_size), "--parallel", args.parallel, "--device", args.device]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"torchrun with {n} processes failed:\n{proc.stderr[-4000:]}")
+    return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--procs", default="1,2", help="comma-separated process counts (1,2)")
+    parser.add_argument("--steps", type=int, default=20, help="timed optimiser steps per run (20)")
+    parser.add_argument("--batch-size", type=int, default=32, help="global examples per step (32)")
+    parser.add_argument("--width", type=int, default=128, help="model width d (128)")
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers (4)")
+    parser.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp"], help="ddp or fsdp (ddp)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (cpu)")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads per process (1)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = _prepare(Path(tmp), args.width, args.layers)
+        results = [launch(int(n), model_dir, args) for n in args.procs.split(",")]
+    base = results[0]["tokens_per_second"] / results[0]["procs"]
+    for r in results:
+        r["speedup_vs_1"] = r["tokens_per_second"] / base
+        print(
+            f"{r['procs']} process(es), {args.parallel}: {r['seconds_per_step']:.3f} s/step, "
+            f"{r['tokens_per_second']:.0f} tokens/s, x{r['speedup_vs_1']:.2f}"
+        )
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    print(json.dumps({"parallel": args.parallel, "batch_size": args.batch_size, "load_avg": load,
+                      "results": results}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
