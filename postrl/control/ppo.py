@@ -91,10 +91,11 @@ def ppo_loss(
     old_values = None if cfg.clip_vf is None else batch.values
     v_loss = value_loss(values, batch.returns, old_values=old_values, clip_eps=cfg.clip_vf)
     loss = pg_loss + cfg.vf_coef * v_loss
-    stats = {"policy_loss": pg_loss, "value_loss": v_loss, **stats}
+    stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), **stats}
     if entropy is not None:  # skipped when ent_coef = 0: it would cost a quarter of the forward pass
-        stats["entropy"] = entropy.mean()
-        loss = loss - cfg.ent_coef * stats["entropy"]
+        entropy = entropy.mean()
+        loss = loss - cfg.ent_coef * entropy
+        stats["entropy"] = entropy.detach()
     return loss, stats
 
 
@@ -152,7 +153,7 @@ class PPO(Agent):
                 history.append(stats)
             if cfg.target_kl is not None and float(stats["approx_kl"]) > cfg.target_kl:
                 break
-        out = {k: float(torch.stack([h[k].detach() for h in history]).mean()) for k in history[0]}
+        out = {k: float(torch.stack([h[k] for h in history]).mean()) for k in history[0]}
         out["epochs"] = epochs
         if "entropy" not in out:
             with torch.no_grad():
