@@ -86,8 +86,12 @@ def _run_stage(name: str):
             return 0
         if args.out is None:
             raise SystemExit(f"postrl {name}: --out RUN_DIR is required")
+        from postrl.runtime import distributed as dist
+
         summary = getattr(mod, run_name)(stage_config(name, args), args.out, resume=args.resume)
-        print(json.dumps(summary))
+        if dist.is_main():  # under torchrun, one summary line
+            print(json.dumps(summary))
+        dist.cleanup()
         return 0
 
     return handler

@@ -39,8 +39,11 @@ class Progress:
         self._bar.update(n)
 
     def write(self, text: str) -> None:
-        """Print a line without breaking the bar."""
-        tqdm.write(text, file=sys.stderr)
+        """Print a line without breaking the bar (on rank 0 only, under torchrun)."""
+        from postrl.runtime.distributed import is_main
+
+        if is_main():
+            tqdm.write(text, file=sys.stderr)
 
     def close(self) -> None:
         self._bar.close()
