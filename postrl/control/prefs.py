@@ -185,7 +185,7 @@ class Prefs(Agent):
     def __init__(self, cfg: Config, env: VecEnv):
         _validate(cfg)
         self.cfg, self.env = cfg, env
-        self.taps = _tap_envs(env)
+        _tap_envs(env)
         self.ppo = ppo.PPO(cfg, env, rollout_hook=self._on_rollout)
         self.actor = self.ppo.actor
         obs_dim = env.single_observation_space.shape[0]
@@ -202,6 +202,11 @@ class Prefs(Agent):
         self.ep_learned = np.zeros(env.n_envs)
         self.ep_length = np.zeros(env.n_envs, dtype=np.int64)
         self._frac, self._metrics, self._episodes = 0.0, {}, []
+
+    @property
+    def taps(self) -> list[RewardTap]:
+        """The sub-envs' taps (read afresh: a resume swaps the sub-envs for their pickled copies)."""
+        return self.env.env.envs
 
     @property
     def labels_used(self) -> int:

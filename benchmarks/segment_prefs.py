@@ -1,0 +1,141 @@
+#!/usr/bin/env python
+"""Benchmark of learning from segment preferences (issue 8; Christiano et al. 2017) against PPO on the true
+reward, with the same presets, step budget and seed, in the same run.
+
+For each env and seed: PPO on the true reward (``configs/ppo-<env>.yaml``), then PPO on the reward learned
+from a synthetic labeller's preferences (``configs/prefs-<env>.yaml``), once per label-noise level. Reported:
+the final deterministic evaluation return on the TRUE reward (20 episodes), labels used, the reward model's
+held-out accuracy and the correlation of learned and true per-step reward, and the ratio to true-reward PPO:
+
+    ratio = (R_prefs − R_random) / (R_ppo − R_random)
+
+with R_random the uniform-random policy's return (≈ 22 on CartPole, ≈ −1200 on Pendulum), so that the ratio
+means the same thing for Pendulum's negative returns; ``raw_ratio`` = R_prefs / R_ppo is also given where
+returns are positive. Goals: ratio ≥ 0.9 on CartPole, ≥ 0.7 on Pendulum, with and without 10% noise.
+
+    python benchmarks/segment_prefs.py                         # both envs, seed 0, noise 0 and 0.1
+    python benchmarks/segment_prefs.py --envs cartpole --seeds 0 1 2 --jobs 3
+
+Runs go in parallel processes (``--jobs``, one torch thread each). The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+ENVS = {"cartpole": ("CartPole-v1", 100_000, 0.9), "pendulum": ("Pendulum-v1", 200_000, 0.7)}
+KEYS = ("true_return", "labels_used", "rm_accuracy", "rm_accuracy_true", "reward_correlation", "wall_seconds")
+
+
+def run_one(env: str, seed: int, noise: float | None, steps: int, labels: int | None, out: str) -> dict:
+    """One run: PPO on the true reward (noise None) or on the learned reward with label noise ``noise``."""
+    import torch
+
+    torch.set_num_threads(1)
+    from postrl.control import ppo, prefs
+    from postrl.control.train import train
+    from postrl.runtime.config import load_config
+
+    common = [
+        f"run.total_steps={steps}",
+        f"run.seed={seed}",
+        "run.checkpoint_every=0",
+        "run.eval_episodes=20",
+    ]
+    row = {"env": env, "seed": seed, "noise": noise}
+    if noise is None:
+        cfg = load_config(ppo.Config, ROOT / f"configs/ppo-{env}.yaml", common)
+        summary = train(cfg, Path(out) / f"ppo-{env}-s{seed}")
+        return {
+            **row,
+            "algo": "ppo",
+            "true_return": summary["eval_return_mean"],
+            "wall_seconds": summary["wall_seconds"],
+        }
+    extra = [f"labeller.flip_prob={noise}"] + ([f"prefs.label_budget={labels}"] if labels else [])
+    cfg = load_config(prefs.Config, ROOT / f"configs/prefs-{env}.yaml", [*common, *extra])
+    summary = prefs.run(cfg, Path(out) / f"prefs-{env}-s{seed}-n{noise}")
+    return {**row, "algo": "prefs", **{k: summary[k] for k in KEYS}}
+
+
+def random_return(env_id: str, episodes: int = 20) -> float:
+    import gymnasium as gym
+
+    env, total = gym.make(env_id), []
+    env.action_space.seed(0)
+    for i in range(episodes):
+        env.reset(seed=10_000 + i)
+        ret, done = 0.0, False
+        while not done:
+            _, r, term, trunc, _ = env.step(env.action_space.sample())
+            ret, done = ret + float(r), term or trunc
+        total.append(ret)
+    return float(np.mean(total))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--noise", nargs="+", type=float, default=[0.0, 0.1], help="label flip probabilities")
+    parser.add_argument("--steps", type=float, default=None, help="override every env's step budget")
+    parser.add_argument("--labels", type=int, default=None, help="override the presets' label budgets")
+    parser.add_argument("--jobs", type=int, default=3, help="runs in parallel (one process, one thread each)")
+    parser.add_argument("--out", default=None, help="folder for the run folders (default: a temp folder)")
+    args = parser.parse_args()
+    out = args.out or tempfile.mkdtemp(prefix="postrl-prefs-bench-")
+    tasks = [
+        (env, seed, noise, int(args.steps or ENVS[env][1]), args.labels, out)
+        for env in args.envs
+        for seed in args.seeds
+        for noise in (None, *args.noise)
+    ]
+    rows = []
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for row in pool.map(run_one, *zip(*tasks, strict=True)):
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    results = summarise(rows, args.envs, args.noise)
+    print(f"run folders: {out}")
+    print(json.dumps({"benchmark": "segment_prefs", "seeds": args.seeds, "results": results, "runs": rows}))
+
+
+def summarise(rows: list[dict], envs: list[str], noises: list[float]) -> dict:
+    results = {}
+    for env in envs:
+        env_id, _, goal = ENVS[env]
+        r_random = random_return(env_id)
+        ppo_rows = {r["seed"]: r["true_return"] for r in rows if r["env"] == env and r["algo"] == "ppo"}
+        r_ppo = float(np.mean(list(ppo_rows.values())))
+        results[env] = {"random_return": r_random, "ppo_true_reward_return": r_ppo, "goal_ratio": goal}
+        for noise in noises:
+            mine = [r for r in rows if r["env"] == env and r["algo"] == "prefs" and r["noise"] == noise]
+            ratios = [(r["true_return"] - r_random) / (ppo_rows[r["seed"]] - r_random) for r in mine]
+            entry = {k: float(np.mean([r[k] for r in mine if r[k] is not None])) for k in KEYS[:5]}
+            entry["ratio"] = float(np.mean(ratios))
+            entry["ratio_per_seed"] = ratios
+            if r_ppo > 0:
+                entry["raw_ratio"] = float(np.mean([r["true_return"] / ppo_rows[r["seed"]] for r in mine]))
+            entry["goal_met"] = entry["ratio"] >= goal
+            results[env][f"noise_{noise}"] = entry
+            print(
+                f"{env_id} noise {noise:.0%}: true return {entry['true_return']:.1f} vs PPO on the true reward "
+                f"{r_ppo:.1f} (random {r_random:.1f}) → ratio {entry['ratio']:.2f} (goal {goal}), "
+                f"labels {entry['labels_used']:.0f}, RM accuracy {entry['rm_accuracy']:.3f}, "
+                f"reward correlation {entry['reward_correlation']:.3f}"
+            )
+    return results
+
+
+if __name__ == "__main__":
+    main()
