@@ -127,9 +127,12 @@ def main() -> None:
     result = PARTS[args.part](args)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {peak_rss_mb:.0f} MiB")
-    print(
-        json.dumps({"part": args.part, "threads": args.threads, "peak_rss_mb": round(peak_rss_mb), **result})
-    )
+    header = {
+        "part": args.part,
+        "threads": args.threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+    }
+    print(json.dumps({**header, "peak_rss_mb": round(peak_rss_mb), **result}))
 
 
 if __name__ == "__main__":

@@ -5,9 +5,12 @@ arithmetic. The stock Hugging Face forward rebuilds a 4-D attention mask, grows 
 concatenation and runs separate q/k/v and gate/up projections at every step. `FastLlama` owns the decode
 forward instead:
 
-- fused projections: one GEMM for ``[q; k; v]`` and one for ``[gate; up]``; RoPE as ``x·cos + swap(x)·sin±``
-  (``rotate_half`` = a swap of the two halves of each head with the sign folded into a precomputed sin);
-- the RMSNorm weights are folded into the projection that follows each norm (``(x·n)Wᵀ = x(W·n)ᵀ``);
+- fused projections, weights pre-transposed for ``mm`` / ``addmm`` on 2-D activations: one GEMM for
+  ``[q | k | v]``, one for ``[gate | up]``; residual adds fused into the output GEMMs (``addmm``);
+- RMSNorm as ``x / sqrt(Σx² + d·eps)`` with Σx² a GEMV, its weight and √d folded into the projection that
+  follows (``(x·n)Wᵀ = x(W·n)ᵀ``): four kernels and no Python scalar (each costs a conversion kernel);
+- RoPE as ``x·cos + swap(x)·sin±``: ``rotate_half`` swaps the halves of each head, its sign is folded into a
+  precomputed sin, and every future step's cos / sin rows are gathered once per call;
 - a KV cache preallocated to ``P + T`` positions, written in place;
 - one additive key mask ``[B, 1, 1, P + T]`` built once (−inf on left padding) and sliced at every step.
 
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from transformers import LlamaForCausalLM
 
 # RoPE variants whose inverse frequencies do not depend on the sequence length ("dynamic" and "longrope" do).
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
@@ -30,8 +34,6 @@ STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
     """None when `FastLlama` reproduces ``model``'s forward, else why not (the caller falls back to HF)."""
-    from transformers import LlamaForCausalLM
-
     if not isinstance(model, LlamaForCausalLM):
         return f"{type(model).__name__} is not a LlamaForCausalLM"
     cfg = model.config

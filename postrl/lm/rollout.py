@@ -212,9 +212,8 @@ def generate(
     tokens, log_probs = [], []  # per step: [B, 1] each, stacked once at the end
     finished = torch.zeros(B, 1, dtype=torch.bool, device=prompt_ids.device)
     for t in range(max_new_tokens):
-        log_pi = torch.log_softmax(
-            logits if tau is None else logits / tau, dim=-1
-        )  # (B, V): log π_τ, unfiltered
+        scaled = logits if tau is None else logits / tau
+        log_pi = torch.log_softmax(scaled, dim=-1)  # (B, V): log π_τ, before any top-k / top-p filter
         token = log_pi.argmax(-1, keepdim=True) if greedy else sample_tokens(log_pi, top_k, top_p, generator)
         tokens.append(token)
         log_probs.append(log_pi.gather(-1, token))
