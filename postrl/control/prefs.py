@@ -50,7 +50,9 @@ from postrl.control.prefs_reward import (
     RewardModelConfig,
     Segments,
     accuracy,
+    extract_segments,
     reward_correlation,
+    select_pairs,
     synthetic_labels,
     train_reward_model,
 )
@@ -131,52 +133,6 @@ def _tap_envs(env: VecEnv) -> list[RewardTap]:
         raise ConfigError("prefs needs in-process envs (env.async_=false): the true reward is tapped per env")
     env.env.envs = [e if isinstance(e, RewardTap) else RewardTap(e) for e in envs]
     return env.env.envs
-
-
-def extract_segments(
-    obs: torch.Tensor,
-    actions: torch.Tensor,
-    true_rewards: torch.Tensor,
-    terminated: torch.Tensor,
-    truncated: torch.Tensor,
-    length: int,
-    n: int,
-) -> Segments:
-    """Cut up to ``n`` random segments of ``length`` steps from a rollout ``[E, T, ...]`` (time second).
-
-    A segment stays within one episode: after a termination it is padding (``alive`` False, true reward 0,
-    the absorbing state); a segment with a time-limit truncation before its last step is not used (what
-    follows a truncation is unknown, not worth 0).
-    """
-    n_envs, n_steps = terminated.shape
-    starts = torch.cartesian_prod(torch.arange(n_envs), torch.arange(n_steps - length + 1))  # (M, 2)
-    env_i, t_i = starts[:, :1], starts[:, 1:] + torch.arange(length)  # (M, 1), (M, L)
-    term = terminated[env_i, t_i]
-    alive = (term.long().cumsum(-1) - term.long()) == 0  # no termination strictly before t
-    valid = ~(truncated[env_i, t_i] & alive)[:, :-1].any(-1)
-    pick = torch.nonzero(valid).squeeze(-1)
-    pick = pick[torch.randperm(len(pick))[:n]]
-    env_i, t_i, alive = env_i[pick], t_i[pick], alive[pick]
-    true = torch.where(alive, true_rewards[env_i, t_i], torch.zeros(()))
-    return Segments(obs[env_i, t_i], actions[env_i, t_i], true, alive)
-
-
-@torch.no_grad()
-def select_pairs(
-    model: RewardEnsemble, pool: Segments, n: int, mode: str, candidates_per_label: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices ``(i, j)`` ``[n]`` of distinct pool segments to label: random, or the ``n`` of
-    ``n · candidates_per_label`` random pairs on which the members' P_k(σ_i ≻ σ_j) vary most."""
-    m = n * candidates_per_label if mode == "disagreement" else n
-    i = torch.randint(len(pool), (m,))
-    j = torch.randint(len(pool) - 1, (m,))
-    j = j + (j >= i)  # distinct from i
-    if mode == "disagreement":
-        scores = model.scores(pool)  # (K, S)
-        p = torch.sigmoid(scores[:, i] - scores[:, j])  # (K, m)
-        top = p.var(0).topk(min(n, m)).indices
-        i, j = i[top], j[top]
-    return i, j
 
 
 class Prefs(Agent):

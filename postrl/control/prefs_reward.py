@@ -11,7 +11,8 @@ On CartPole (+1 per step) this is where all the information is: a segment with a
 return, and the model learns r̂(alive) > r̂_∅. ``postrl.control.prefs`` then uses r̂ − r̂_∅, so that the
 absorbing state is worth exactly the 0 that PPO bootstraps after a termination.
 
-Every tensor here is plain torch; the ensemble runs its K members as one batched matmul.
+Also here: cutting segments from a rollout and choosing the pairs to label. Every tensor is plain torch; the
+ensemble runs its K members as one batched matmul.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ __all__ = [
     "RewardModelConfig",
     "Segments",
     "accuracy",
+    "extract_segments",
     "reward_correlation",
+    "select_pairs",
     "synthetic_labels",
     "train_reward_model",
 ]
@@ -186,6 +189,52 @@ class RewardEnsemble(nn.Module):
     def scores(self, seg: Segments, member_dim: bool = False) -> torch.Tensor:
         """Segment scores ŝ_k(σ) = Σ_t r̂_k: ``[K, *S]``."""
         return self.step_rewards(seg, member_dim).sum(-1)
+
+
+def extract_segments(
+    obs: torch.Tensor,
+    actions: torch.Tensor,
+    true_rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    length: int,
+    n: int,
+) -> Segments:
+    """Cut up to ``n`` random segments of ``length`` steps from a rollout ``[E, T, ...]`` (time second).
+
+    A segment stays within one episode: after a termination it is padding (``alive`` False, true reward 0,
+    the absorbing state); a segment with a time-limit truncation before its last step is not used (what
+    follows a truncation is unknown, not worth 0).
+    """
+    n_envs, n_steps = terminated.shape
+    starts = torch.cartesian_prod(torch.arange(n_envs), torch.arange(n_steps - length + 1))  # (M, 2)
+    env_i, t_i = starts[:, :1], starts[:, 1:] + torch.arange(length)  # (M, 1), (M, L)
+    term = terminated[env_i, t_i]
+    alive = (term.long().cumsum(-1) - term.long()) == 0  # no termination strictly before t
+    valid = ~(truncated[env_i, t_i] & alive)[:, :-1].any(-1)
+    pick = torch.nonzero(valid).squeeze(-1)
+    pick = pick[torch.randperm(len(pick))[:n]]
+    env_i, t_i, alive = env_i[pick], t_i[pick], alive[pick]
+    true = torch.where(alive, true_rewards[env_i, t_i], torch.zeros(()))
+    return Segments(obs[env_i, t_i], actions[env_i, t_i], true, alive)
+
+
+@torch.no_grad()
+def select_pairs(
+    model: RewardEnsemble, pool: Segments, n: int, mode: str, candidates_per_label: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices ``(i, j)`` ``[n]`` of distinct pool segments to label: random, or the ``n`` of
+    ``n · candidates_per_label`` random pairs on which the members' P_k(σ_i ≻ σ_j) vary most."""
+    m = n * candidates_per_label if mode == "disagreement" else n
+    i = torch.randint(len(pool), (m,))
+    j = torch.randint(len(pool) - 1, (m,))
+    j = j + (j >= i)  # distinct from i
+    if mode == "disagreement":
+        scores = model.scores(pool)  # (K, S)
+        p = torch.sigmoid(scores[:, i] - scores[:, j])  # (K, m)
+        top = p.var(0).topk(min(n, m)).indices
+        i, j = i[top], j[top]
+    return i, j
 
 
 def train_reward_model(
