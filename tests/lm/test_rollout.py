@@ -8,7 +8,13 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from postrl.lm.fast_llama import FastLlama, unsupported_reason
-from postrl.lm.models import PolicyWithValueHead, TinyLMConfig, build_tiny_lm, position_ids_from_mask
+from postrl.lm.models import (
+    PolicyWithValueHead,
+    ScalarHeadModel,
+    TinyLMConfig,
+    build_tiny_lm,
+    position_ids_from_mask,
+)
 from postrl.lm.rollout import (
     RolloutEngine,
     SamplingConfig,
@@ -18,6 +24,7 @@ from postrl.lm.rollout import (
     mask_after_eos,
     sample_tokens,
     score,
+    score_values,
 )
 
 PAD, EOS = 0, 1
@@ -299,6 +306,18 @@ def test_score_values_from_value_fn_and_from_a_policy_with_value_head():
     assert torch.allclose(values, values2, atol=1e-6)
     expected = all_values[:, P - 1 : -1] * out.response_mask
     assert torch.allclose(values, expected, atol=1e-6) and values.shape == out.response_ids.shape
+
+
+def test_score_values_of_a_separate_critic_are_the_states_before_each_response_token():
+    model = tiny_llama()
+    out = run(model, *prompts())
+    critic = ScalarHeadModel.from_causal_lm(model)
+    P = out.prompt_len
+    with torch.no_grad():
+        values = score_values(critic, out.input_ids, out.attention_mask, P, chunk_size=2)
+        all_values = critic(out.input_ids, out.attention_mask)  # (B, L)
+    assert values.shape == out.response_ids.shape
+    assert torch.allclose(values, all_values[:, P - 1 : -1] * out.response_mask, atol=1e-6)
 
 
 def test_engine_left_pads_text_prompts_and_decodes_responses(tiny_lm, tiny_tokenizer):
