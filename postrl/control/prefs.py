@@ -266,11 +266,8 @@ class Prefs(Agent):
             for e in np.flatnonzero(ends_np[:, t]):
                 episodes.append(((t + 1) * len(self.taps), float(self.ep_true[e]), int(self.ep_length[e])))
                 learned_returns.append(float(self.ep_learned[e]))
-            self.ep_true[ends_np[:, t]], self.ep_learned[ends_np[:, t]], self.ep_length[ends_np[:, t]] = (
-                0,
-                0,
-                0,
-            )
+            done = ends_np[:, t]
+            self.ep_true[done], self.ep_learned[done], self.ep_length[done] = 0.0, 0.0, 0
         return episodes, learned_returns
 
     def _raw_obs(self, obs: torch.Tensor) -> torch.Tensor:
