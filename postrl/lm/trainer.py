@@ -322,7 +322,8 @@ def _evaluate(
     if dist.is_main() or dist.is_sharded(model):
         metrics = {"heldout_loss": heldout_loss(inner, eval_batches) if eval_batches else float("nan")}
         if evaluate is not None:
-            metrics.update(evaluate(inner))
+            with dist.gathered(model):  # generation reads whole weights
+                metrics.update(evaluate(inner))
     return dist.broadcast_object(metrics)
 
 

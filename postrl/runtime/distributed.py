@@ -172,6 +172,26 @@ def no_grad_sync(model: torch.nn.Module) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def gathered(model: torch.nn.Module) -> Iterator[None]:
+    """Inside the block every parameter of an FSDP2-sharded ``model`` is whole (plain tensors) on every
+    rank, e.g. for generation code that reads weights directly; resharded on exit. Every rank must enter
+    it and run the same forwards inside. A module that is not sharded needs nothing."""
+    if not is_sharded(model):
+        yield
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+
+
 def grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float | None) -> float:
     """Global L2 norm of the gradients (over every rank's shard under FSDP); clip to ``max_norm`` if given."""
     params = [p for p in params if p.grad is not None]
