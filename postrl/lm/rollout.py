@@ -200,7 +200,8 @@ def generate(
     """Sample up to ``max_new_tokens`` per left-padded prompt [B, P]; stop rows at EOS, the batch when all
     rows have stopped. ``greedy`` (or temperature 0) takes the argmax; log-probs then use τ = 1 when
     temperature is 0. ``eos_token_id=None`` never stops early. ``use_fast``: None picks the fast path when
-    it supports the model, False forces the HF fallback. Sampling draws only from ``generator``.
+    it supports the model, False forces the HF fallback. Sampling draws only from ``generator``. ``model``
+    is a causal LM returning logits (for a `postrl.lm.models.PolicyWithValueHead`, pass its ``.lm``).
     """
     _check_args(prompt_ids, prompt_mask, max_new_tokens, temperature)
     greedy = greedy or temperature == 0
