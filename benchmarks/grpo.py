@@ -314,7 +314,7 @@ def _table(title: str, p: dict, t: dict) -> None:
 def bench_trl(args: argparse.Namespace) -> dict:
     """postrl vs TRL GRPOTrainer on TRL's task: learning from the same SFT warm start (accuracy curves,
     throughput, memory), and throughput from TRL's random init (long completions: generation-bound)."""
-    work = Path(args.workdir)
+    work = Path(args.workdir).resolve()  # the TRL worker runs in another folder
     work.mkdir(parents=True, exist_ok=True)
     model, train, heldout = _trl_task(work, args)
     learn = _pair(model, train, heldout, work / "warm", args)
