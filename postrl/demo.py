@@ -19,6 +19,7 @@ from typing import Any
 
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig
 from postrl.lm.ppo import PPOConfig
+from postrl.lm.ppo_batch import RewardConfig
 from postrl.lm.pretrain import PretrainConfig
 from postrl.lm.reward_model import RMConfig
 from postrl.lm.rollout import SamplingConfig
@@ -27,7 +28,7 @@ from postrl.lm.trainer import OptimConfig, TrainConfig
 from postrl.runtime.checkpoint import atomic_write_text
 from postrl.runtime.logging import peak_rss_mb
 
-ARITHMETIC = {"digits": 3, "ops": "+"}
+ARITHMETIC = {"digits": 2, "ops": "+"}
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,8 @@ class DemoConfig:
                 batch_size=32,
                 max_length=128,
                 packing=True,
-                eval_every=250,
-                save_every=100,
+                eval_every=200,
+                save_every=200,
                 optim=OptimConfig(lr=3e-3, warmup_steps=50, weight_decay=0.1),
             ),
         )
@@ -58,16 +59,38 @@ class DemoConfig:
                 max_steps=600,
                 batch_size=64,
                 max_length=48,
-                eval_every=50,
+                eval_every=25,
                 save_every=50,
                 optim=OptimConfig(lr=1e-3, warmup_steps=20),
             ),
         )
     )
     """Stage 2: supervised fine-tuning on both tasks' demonstrations, stopped at a held-out accuracy band."""
-    rm: RMConfig = field(default_factory=lambda: RMConfig(data="task:reviews"))
+    rm: RMConfig = field(
+        default_factory=lambda: RMConfig(
+            data="task:reviews",
+            train=TrainConfig(
+                max_steps=250,
+                batch_size=32,
+                max_length=48,
+                eval_every=50,
+                save_every=125,
+                optim=OptimConfig(lr=3e-4, warmup_steps=20),
+            ),
+        )
+    )
     """Stage 3: the Bradley–Terry reward model on the synthetic labeller's preferences."""
-    ppo: PPOConfig = field(default_factory=lambda: PPOConfig(data="task:reviews", steps=40, eval_every=10))
+    ppo: PPOConfig = field(
+        default_factory=lambda: PPOConfig(
+            data="task:reviews",
+            steps=40,
+            eval_every=10,
+            eval_samples=128,
+            reward=RewardConfig(clip=5.0),
+            actor_optim=OptimConfig(lr=1e-4, warmup_steps=0, min_lr_ratio=1.0),
+            critic_optim=OptimConfig(lr=3e-4, warmup_steps=0, min_lr_ratio=1.0),
+        )
+    )
     """Stage 4: PPO-RLHF against the reward model with a frozen reference."""
     grpo: GRPOConfig = field(
         default_factory=lambda: GRPOConfig(
@@ -75,6 +98,7 @@ class DemoConfig:
             task=ARITHMETIC,
             max_steps=40,
             eval_every=10,
+            eval_prompts=200,
             sampling=SamplingConfig(max_new_tokens=8),
             grpo=GRPOLossConfig(group_size=8, prompts_per_step=32, beta=0.04),
             optim=OptimConfig(lr=2e-4, warmup_steps=0, min_lr_ratio=1.0),

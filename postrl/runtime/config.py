@@ -156,7 +156,11 @@ def _from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
         key = unknown[0]
         valid = [prefix + name for name in types_]
         raise ConfigError(f"unknown config key '{prefix}{key}'{_suggest(prefix + key, valid)}")
-    kwargs = {k: _coerce(v, types_[k], prefix + k) for k, v in data.items()}
+    defaults = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {
+        k: _coerce(_with_field_default(v, defaults[k], types_[k]), types_[k], prefix + k)
+        for k, v in data.items()
+    }
     missing = [
         f.name
         for f in dataclasses.fields(cls)
@@ -167,6 +171,20 @@ def _from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     if missing:
         raise ConfigError(f"missing required config key '{prefix}{missing[0]}'")
     return cls(**kwargs)
+
+
+def _with_field_default(value: Any, f: dataclasses.Field, tp: Any) -> Any:
+    """A partial mapping for a nested config starts from the field's own default, not the nested class's:
+    ``train.max_steps=5`` keeps every other value of the parent's ``train`` default."""
+    if not (dataclasses.is_dataclass(tp) and isinstance(value, Mapping)):
+        return value
+    if f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    elif f.default is not dataclasses.MISSING:
+        default = f.default
+    else:
+        return value
+    return _deep_merge(to_dict(default), value) if dataclasses.is_dataclass(default) else value
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any] | None) -> T:

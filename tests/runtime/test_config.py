@@ -23,6 +23,12 @@ class Optim:
 
 
 @dataclass(frozen=True)
+class Outer:
+    optim: Optim = field(default_factory=lambda: Optim(lr=1.0, max_grad_norm=2.0))
+    """An optimiser whose defaults differ from Optim's own."""
+
+
+@dataclass(frozen=True)
 class Cfg:
     env: str = "CartPole-v1"
     """Gymnasium id."""
@@ -98,3 +104,9 @@ def test_round_trip_and_help():
     assert field_help(Cfg)["n_envs"] == "Parallel environments."
     text = format_help(Cfg)
     assert "optim.lr = 0.0003" in text and "Adam learning rate." in text
+
+
+def test_a_nested_override_keeps_the_parents_other_defaults():
+    cfg = load_config(Outer, None, ["optim.lr=0.5"])
+    assert cfg.optim == Optim(lr=0.5, max_grad_norm=2.0)  # not Optim's own max_grad_norm=0.5
+    assert from_dict(Outer, {"optim": {}}).optim == Optim(lr=1.0, max_grad_norm=2.0)
