@@ -116,11 +116,5 @@ def run_pretrain(cfg: PretrainConfig, run_dir: str | Path, resume: bool = False)
             **result,
             "n_params": n_params,
             "corpus_tokens": n_tokens,
-            "tokens_per_second": _tokens_per_second(logger, cfg.train, n_tokens, len(train)),
         }
     )
-
-
-def _tokens_per_second(logger: RunLogger, cfg: TrainConfig, n_tokens: int, n_examples: int) -> float:
-    seen = cfg.max_steps * cfg.batch_size * (n_tokens / max(1, n_examples))
-    return seen / max(1e-9, logger.elapsed)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -278,12 +279,16 @@ def run_training(
     eval_batches = [to_device(b, device) for b in eval_batches]
     batches = iterate_batches(len(train_examples), cfg.batch_size, cfg.seed, start=state.position)
     metrics: dict[str, float] = {}
+    tokens, train_seconds = 0, 0.0  # target tokens trained on in this invocation, and the time it took
     model.train()
     with Progress(cfg.max_steps, desc, initial=state.step, disable=None if dist.is_main() else True) as bar:
         while state.step < cfg.max_steps:
             state.position, indices = next(batches)
             state.position += 1
+            tic = time.perf_counter()
             out = train_step(model, optimizer, train_examples, indices, cfg, tokenizer.pad_token_id, device)
+            train_seconds += time.perf_counter() - tic
+            tokens += out["tokens"]
             scheduler.step()
             state.step += 1
             bar.update(1, loss=out["loss"])
@@ -307,7 +312,7 @@ def run_training(
                 _save(ckpt_root, state, model, optimizer, scheduler, cfg)
             if done:
                 break
-    return {**metrics, "steps": state.step}
+    return {**metrics, "steps": state.step, "train_tokens_per_second": tokens / max(train_seconds, 1e-9)}
 
 
 def _evaluate(
