@@ -8,6 +8,12 @@ tokens in both (EOS ignored: ``eos_token_id=None`` for postrl, ``min_new_tokens`
 
     .venv/bin/python benchmarks/lm_foundation.py --part rollout [--threads 2] [--batches 1 16 64 256]
 
+Part ``train`` (b): pretraining from scratch and SFT on arithmetic with the demo's budgets (SFT stops at a
+held-out accuracy band, default 30%, to leave room for RL): wall time, training tokens per second, held-out
+loss, and exact match on 500 held-out prompts with greedy decoding.
+
+    .venv/bin/python benchmarks/lm_foundation.py --part train --threads 1 [--out runs/bench-lm]
+
 Prints a table and ends with ONE JSON line of results. ``OMP_WAIT_POLICY`` defaults to PASSIVE: on a shared,
 oversubscribed CPU, OpenMP threads that spin at barriers steal the time slices of their own peers and the
 timings of both contenders become noise (minutes instead of seconds); set it in the environment to override.
@@ -126,7 +132,55 @@ def bench_rollout(args: argparse.Namespace) -> dict:
     return {"new_tokens": args.new_tokens, "rows": rows}
 
 
-PARTS: dict[str, Callable[[argparse.Namespace], dict]] = {"rollout": bench_rollout}
+def bench_train(args: argparse.Namespace) -> dict:
+    """Part (b): pretrain the built-in model from scratch, then SFT on arithmetic until the held-out accuracy
+    band (the demo's budgets), then exact match on 500 held-out prompts with greedy decoding."""
+    import dataclasses
+    import tempfile
+    from pathlib import Path
+
+    from postrl.demo import DemoConfig
+    from postrl.lm.evaluation import evaluate_task
+    from postrl.lm.models import load_causal_lm
+    from postrl.lm.pretrain import run_pretrain
+    from postrl.lm.sft import run_sft
+    from postrl.lm.tasks import get_task
+    from postrl.lm.tokenizer import load_tokenizer
+
+    demo = DemoConfig()
+    out = Path(args.out or tempfile.mkdtemp(prefix="lm-foundation-"))
+    pre_cfg = dataclasses.replace(demo.pretrain, threads=args.threads)
+    pre = run_pretrain(pre_cfg, out / "pretrain")
+    sft_cfg = dataclasses.replace(
+        demo.sft,
+        model=str(out / "pretrain" / "model"),
+        data="task:arithmetic",
+        task=demo.sft.task["arithmetic"],
+        threads=args.threads,
+        stop_accuracy=args.stop_accuracy,
+    )
+    sft = run_sft(sft_cfg, out / "sft")
+    model = load_causal_lm(out / "sft" / "model")
+    tokenizer = load_tokenizer(out / "sft" / "model")
+    task = get_task("arithmetic", **demo.sft.task["arithmetic"])
+    accuracy = evaluate_task(model, tokenizer, task, n=500, max_new_tokens=8)["reward"]
+    keys = ("wall_seconds", "heldout_loss", "train_tokens_per_second", "steps", "peak_rss_mb")
+    result = {
+        "pretrain": {k: pre.get(k) for k in keys},
+        "sft": {**{k: sft.get(k) for k in keys}, "heldout_accuracy_500": accuracy},
+        "run_dir": str(out),
+    }
+    for stage in ("pretrain", "sft"):
+        r = result[stage]
+        print(
+            f"{stage:>8}: {r['wall_seconds']:.0f} s, {r['steps']} steps, "
+            f"{r['train_tokens_per_second']:,.0f} train tokens/s, held-out loss {r['heldout_loss']:.3f}"
+        )
+    print(f"exact match on 500 held-out prompts (greedy): {accuracy:.3f}")
+    return result
+
+
+PARTS: dict[str, Callable[[argparse.Namespace], dict]] = {"rollout": bench_rollout, "train": bench_train}
 
 
 def main() -> None:
@@ -136,6 +190,10 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256], help="batch sizes")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per row")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per contender (half at batch 1)")
+    parser.add_argument("--out", default=None, help="part train: run folder (default: a temp folder)")
+    parser.add_argument(
+        "--stop-accuracy", type=float, default=0.3, help="part train: stop SFT at this held-out accuracy"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     result = PARTS[args.part](args)
