@@ -121,7 +121,7 @@ class PPOConfig:
     )
     """Actor optimiser (its schedule counts PPO steps)."""
     critic_optim: OptimConfig = field(
-        default_factory=lambda: OptimConfig(lr=1e-4, warmup_steps=0, min_lr_ratio=1.0)
+        default_factory=lambda: OptimConfig(lr=3e-4, warmup_steps=0, min_lr_ratio=1.0)
     )
     """Critic optimiser."""
     eval_every: int = 10

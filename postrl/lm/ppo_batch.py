@@ -42,7 +42,7 @@ class RewardConfig:
 class KLConfig:
     """The KL penalty to the frozen reference, −β·(log π − log π_ref) on every response token."""
 
-    beta: float = 0.05
+    beta: float = 0.1
     """β (the initial β when `target` is set)."""
     target: float | None = None
     """Target KL per response (nats, k1 sum); set: adaptive β (Ziegler et al. 2019); null: β fixed."""

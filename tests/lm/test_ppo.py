@@ -350,3 +350,14 @@ def test_bad_configs_are_refused(tiny_lm_dir, tiny_rm_dir, tmp_path) -> None:
         )
     with pytest.raises(UserError, match="critic must be one of"):
         run_ppo(_cfg(tiny_lm_dir, tiny_rm_dir, critic="nope"), tmp_path / "y")
+
+
+def test_cli_stage_lists_its_keys(capsys) -> None:
+    from postrl.cli import main
+
+    assert main(["ppo", "--list-keys"]) == 0
+    out = capsys.readouterr().out
+    for key in ("kl.beta", "reward.normalize", "gae.lam", "ppo.vf_clip", "critic", "ptx.coef"):
+        assert key in out
+    assert main(["rm", "--list-keys"]) == 0
+    assert "norm.samples" in capsys.readouterr().out
