@@ -22,6 +22,9 @@ def test_two_processes_match_one(tiny_lm_dir, tmp_path):
         two = load_file(str(tmp_path / f"{loss_type}.safetensors"))
         print(f"grpo {loss_type}: max |2 ranks - 1 process| = {assert_same_weights(two, reference):.2e}")
         assert any(not torch.equal(initial[k], two[k]) for k in initial.keys() & two.keys())  # it moved
+    results = [load_file(str(tmp_path / f"{t}.safetensors")) for t in script.LOSS_TYPES]
+    for a, b in zip(results, results[1:], strict=False):  # the aggregations really differ
+        assert any(not torch.equal(a[k], b[k]) for k in a)
     from postrl.lm.models import load_causal_lm
 
     run = tmp_path / "run"

@@ -24,7 +24,6 @@ from postrl.lm.models import load_causal_lm
 from postrl.lm.rollout import SamplingConfig, generate, left_pad, score
 from postrl.lm.tasks import get_task
 from postrl.lm.tokenizer import load_tokenizer
-from postrl.lm.trainer import OptimConfig, make_optimizer
 from postrl.runtime import distributed as dist
 
 G, N_PROMPTS, MAX_LEN = 4, 4, 8
@@ -62,7 +61,9 @@ def one_step(model_dir: Path, loss_type: str, info: dist.DistInfo) -> torch.nn.M
         group_size=G, prompts_per_step=N_PROMPTS, mu=2, micro_batch_size=3, loss_type=loss_type, beta=0.04
     )
     policy = dist.wrap_model(model, info, "ddp")
-    optimizer, _ = make_optimizer(model, OptimConfig(lr=1e-2, warmup_steps=0), 10)
+    # SGD, so the weights after the update are linear in the gradients: Adam's first steps are ≈ sign(g), and
+    # for an element whose gradient is ~0 the sign is round-off (in 1 process as in 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     optimise(policy, optimizer, batch, cfg, 1.0, MAX_LEN, 1.0)
     return model
 
