@@ -19,7 +19,7 @@ from typing import Any
 
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig
 from postrl.lm.ppo import PPOConfig
-from postrl.lm.ppo_batch import RewardConfig
+from postrl.lm.ppo_batch import KLConfig, RewardConfig
 from postrl.lm.pretrain import PretrainConfig
 from postrl.lm.reward_model import RMConfig
 from postrl.lm.rollout import SamplingConfig
@@ -69,6 +69,7 @@ class DemoConfig:
     rm: RMConfig = field(
         default_factory=lambda: RMConfig(
             data="task:reviews",
+            task={"perturb_fraction": 0.3},
             train=TrainConfig(
                 max_steps=250,
                 batch_size=32,
@@ -86,8 +87,9 @@ class DemoConfig:
             steps=40,
             eval_every=10,
             eval_samples=128,
+            kl=KLConfig(beta=0.1),
             reward=RewardConfig(clip=5.0),
-            actor_optim=OptimConfig(lr=1e-4, warmup_steps=0, min_lr_ratio=1.0),
+            actor_optim=OptimConfig(lr=3e-5, warmup_steps=0, min_lr_ratio=1.0),
             critic_optim=OptimConfig(lr=3e-4, warmup_steps=0, min_lr_ratio=1.0),
         )
     )
