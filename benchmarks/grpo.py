@@ -21,7 +21,21 @@ Face fallback path. TRL runs in its own virtual environment (this file, ``--trl-
     .venv/bin/python benchmarks/grpo.py --part trl --trl-python .peers-trl/bin/python --steps 200
 
 Timings on a shared 2-core machine are noisy (another busy process slows a run many times over): the runs
-record the load average, and the parts alternate the two contenders where they can.
+record the load average, and the parts alternate the two contenders where they can. Use 1 torch thread there:
+with 2 threads on a machine whose cores are busy, a forward pass was measured 30x slower than with 1.
+
+Measured 2026-12-02 on the shared 2-core machine at a load average of 12-18 (so every time is inflated):
+- arithmetic, 2-digit addition, from a 35% SFT checkpoint (the 3-digit base SFT model was at 2%), 180 s of
+  training: GRPO 0.35 -> 0.45 greedy (0.50 at step 40; sampled 0.26 -> 0.385) in 50 steps of 32 x 8,
+  3.65 s/step, 322 generated tokens/s (1,481 in generation alone), peak RSS 589 MB; continued SFT for the same
+  180 s: 0.35 -> 0.89. An SFT model stopped early still gains more from SFT than from RL.
+- TRL task, warm start at 0.57, lr 1e-4, 200 steps, two alternated runs each: postrl 0.42 s/step vs TRL 0.69
+  (1.63x), generation 347 vs 293 tokens/s, peak RSS 413 vs 502 MB; accuracy after 200 steps 0.23 / 0.32 / 0.54
+  (postrl seeds 0 / 1 / 2) vs 0.35 (TRL seed 0); both first drop from 0.57 (group-std scaling magnifies the
+  reward's tiny length term inside all-wrong groups). From the random init, lr 1e-3, 60 steps run at the same
+  time: 0.85 vs 1.48 s/step (1.73x), 230 vs 186 generation tokens/s; run one after the other (40 steps):
+  0.92 vs 0.79 s/step. The 2x goal is not shown: GPT-2 takes postrl's Hugging Face fallback decoder, and the
+  training forward/backward (the same HF model in both) is half of a step.
 """
 
 from __future__ import annotations
