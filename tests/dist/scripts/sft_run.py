@@ -46,7 +46,8 @@ def config(parallel: str = "ddp", max_steps: int = 4) -> TrainConfig:
         keep_last=3,
         log_every=1,
         parallel=parallel,
-        optim=OptimConfig(lr=1e-2, warmup_steps=1, weight_decay=0.1),
+        # lr 1e-3: Adam maps an element whose gradient is ~round-off to a step of ±lr, whatever the ranks
+        optim=OptimConfig(lr=1e-3, warmup_steps=1, weight_decay=0.1),
     )
 
 
