@@ -14,8 +14,10 @@ the decode path, so the clip fraction is 0 and the loss value is ≈ 0 while its
 the batch is re-scored teacher-forced once before the first update, so the ratio measures the policy's change
 only, not the small numeric difference between the decode and the training forward.
 
-Distributed (torchrun): every rank draws the same global prompts and takes its share of whole groups, the loss
-normaliser is the global count (all-reduce), gradients are averaged by DDP and only rank 0 writes.
+Distributed (torchrun): every rank draws the same global prompts and takes its share of whole groups (so group
+statistics are exact), samples them with its own generator, the loss normaliser is the global count
+(all-reduce), gradients are averaged by DDP and only rank 0 writes. On the same global batch, N ranks take the
+same update as 1 process (tests/dist); with minibatches > 1 too when each rank's rows are a multiple of them.
 Options from DAPO (Yu et al. 2025, arXiv:2503.14476): clip-higher (``clip_eps_high``), token-level loss
 (``loss_type: token``), dynamic sampling and the soft overlong penalty.
 """
@@ -23,7 +25,6 @@ Options from DAPO (Yu et al. 2025, arXiv:2503.14476): clip-higher (``clip_eps_hi
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from collections.abc import Sequence
@@ -183,7 +184,7 @@ class Batch:
     ref_log_probs: Tensor | None = None
     """[N, T] log π_ref, or None when β = 0"""
 
-    def rows(self, index: slice) -> Batch:
+    def rows(self, index: slice | Tensor) -> Batch:
         """Rows ``index``, right padding trimmed to their longest response (padding adds nothing to the loss)."""
         width = max(1, int(self.response_mask[index].sum(-1).max()))
         end = self.prompt_len + width
@@ -299,13 +300,14 @@ def optimise(
 ) -> dict[str, float]:
     """μ passes over ``batch``, ``minibatches`` optimiser steps each; returns the stats averaged over steps."""
     n = batch.input_ids.shape[0]
-    size = math.ceil(n / cfg.minibatches)
+    m = min(cfg.minibatches, n)
     history: list[dict[str, float]] = []
     for _ in range(cfg.mu):
-        for start in range(0, n, size):
-            stats = backward_minibatch(
-                model, batch.rows(slice(start, start + size)), cfg, temperature, max_len
-            )
+        for k in range(m):
+            # minibatch k: every m-th row from row k. Rank r's row i is global row r·n + i, so when m divides
+            # n this is the same split of the global batch at any number of ranks (contiguous cuts are not)
+            rows = torch.arange(k, n, m, device=batch.input_ids.device)
+            stats = backward_minibatch(model, batch.rows(rows), cfg, temperature, max_len)
             stats["grad_norm"] = _clip(model, max_grad_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -785,6 +787,8 @@ def _loop(run: Run, optimizer, scheduler, state: GRPOState, logger: RunLogger, r
             done = state.step == cfg.max_steps or (
                 cfg.max_seconds is not None and state.train_seconds >= cfg.max_seconds
             )
+            if cfg.max_seconds is not None:  # rank 0's clock decides: every rank stops at the same step
+                done = dist.broadcast_object(done)
             if done or (cfg.eval_every and state.step % cfg.eval_every == 0):
                 evals = evaluate(run)
                 logger.log(state.step, evals)
