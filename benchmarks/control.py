@@ -21,8 +21,11 @@ Measured 2026-12-02 on the shared 2-core machine (load average 6–13 from other
 - ppo-cartpole, 1e5 steps, seeds 0 1 2, side by side with SB3 2.9 (--with-sb3): eval 500/500/500 (SB3
   500/500/500); steps to a 20-episode average ≥ 475: 21,824 / 18,672 / 37,976 (SB3 25,136 / 25,464 /
   32,512); steps/s 611 / 798 / 750 vs SB3 399 / 475 / 494: ratio 1.53 / 1.68 / 1.52 (median 1.53).
-- seed 0 only (time): ppo-acrobot 2e5 → −90.5 (goal −100; reached at 110,592); trpo-cartpole 2e5 → 500
-  (goal 475; reached at 31,642); reinforce-cartpole (baseline) 5e5 → 500 (goal 400; 150,482).
+- seed 0 only (time), evaluation return (goal; env steps until the training average reached the threshold):
+  ppo-acrobot 2e5 → −90.5 ± 22.5 (−100; 110,592); ppo-pendulum 2e5 → −140.9 ± 101 (−200; 72,000);
+  a2c-cartpole 5e5 → 500 (475; 107,896); trpo-cartpole 2e5 → 500 (475; 31,642); trpo-pendulum 3e5 →
+  −144.9 ± 96 (−300; 87,600); reinforce-cartpole 5e5 → 500 with the baseline (400; 150,482) and 330 ± 51
+  without it (reinforce-nobaseline-cartpole).
 - REINFORCE gradient variance (trace of the covariance over 30 batches of 8 episodes, policy trained 5e4
   steps): 2.96 without the baseline, 0.26 with it: 11.4× lower with the learned baseline.
 """
