@@ -13,6 +13,10 @@ with the KL penalty, compute values and GAE (`postrl.lm.ppo_batch`); (3) several
 the clipped policy loss, the (clipped) value loss, an entropy bonus and an optional pretraining (ptx)
 loss. All four models run with dropout off and positions from the attention mask; log-probs of the actor
 and the reference both use the sampling temperature.
+
+Under torchrun each rank samples its share of a step's prompts with its own generator; scores and advantages
+are whitened and losses normalised over all ranks, so an update equals one process's on the same global batch
+when ppo.minibatches = 1 (minibatches are shuffled within each rank); an epoch's short last batch is skipped.
 """
 
 from __future__ import annotations
@@ -246,12 +250,12 @@ def optimise(
     """``epochs`` passes over ``batch`` in a fresh random row order each, ``minibatches`` optimiser steps per
     pass; gradients clipped per role; returns the stats averaged over the optimiser steps."""
     n = batch.input_ids.shape[0]
-    size = math.ceil(n / cfg.ppo.minibatches)
     history: list[dict[str, float]] = []
     for _ in range(cfg.ppo.epochs):
         order = torch.randperm(n, generator=generator)
-        for start in range(0, n, size):
-            mb = batch.rows(order[start : start + size].to(batch.input_ids.device))
+        # exactly `minibatches` steps on every rank (DDP syncs each one), sizes within one of each other
+        for rows in torch.tensor_split(order, cfg.ppo.minibatches):
+            mb = batch.rows(rows.to(batch.input_ids.device))
             stats = backward_minibatch(roles, mb, cfg.ppo, cfg.sampling.temperature, ptx_loss)
             stats["actor_grad_norm"] = _clip_params(params["actor"], cfg.actor_optim.max_grad_norm)
             stats["critic_grad_norm"] = _clip_params(params["critic"], cfg.critic_optim.max_grad_norm)
@@ -411,6 +415,9 @@ def run_ppo(cfg: PPOConfig, run_dir: str | Path, resume: bool = False) -> dict[s
         while state.step < cfg.steps:
             state.position, indices = next(batches)
             state.position += 1
+            if info.world_size > 1 and len(indices) < cfg.batch_size:  # an epoch's short last batch
+                bar.write(f"ppo: skipped {len(indices)} prompts (< batch_size; each rank needs a full share)")
+                continue
             metrics = ppo_step(run, state, indices)
             state.step += 1
             bar.update(1, score=metrics["rm_score"], kl=metrics["kl_to_ref"])
