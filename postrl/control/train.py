@@ -131,6 +131,7 @@ def train(cfg: Any, run_dir: str | Path, resume: bool = False) -> dict[str, Any]
     from postrl.runtime.logging import RunLogger
     from postrl.runtime.seeding import seed_everything
 
+    _refuse_torchrun()
     run_dir = Path(run_dir)
     torch.set_num_threads(cfg.run.torch_threads)
     seed_everything(cfg.run.seed)
@@ -148,6 +149,20 @@ def train(cfg: Any, run_dir: str | Path, resume: bool = False) -> dict[str, Any]
     threshold = THRESHOLDS.get(cfg.env.id, getattr(env.env.spec, "reward_threshold", None))
     _loop(cfg, run_dir, agent, env, progress, logger, threshold)
     return _finish(cfg, run_dir, agent, env, progress, logger, threshold)
+
+
+def _refuse_torchrun() -> None:
+    """The control algorithms run in one process: under torchrun every rank would train its own copy into
+    the same run folder, so refuse instead of writing N runs over each other."""
+    import os
+
+    from postrl.runtime.errors import UserError
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError(
+            "postrl control runs in one process (its environments and networks are small and CPU-bound); "
+            "launch it without torchrun, e.g. one process per seed"
+        )
 
 
 def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, logger, threshold) -> None:
