@@ -3,7 +3,8 @@
 ``python -m torch.distributed.run --standalone --nproc_per_node 2 grpo_run.py MODEL_DIR OUT_DIR``:
 
 1. the same global batch on every rank (4 prompts × G = 4 responses sampled with one fixed generator), each
-   rank keeps its share of whole groups, computes their advantages and takes μ = 2 passes of `optimise` with
+   rank keeps its share of whole groups, computes their advantages and takes μ = 2 passes of `optimise`, 2
+   minibatches each (every other row: the same split as 1 process), with
    micro-batches of 3 rows (so the ranks' micro-batches differ from one process's), for each loss type;
    rank 0 saves the weights to ``OUT_DIR/<loss_type>.safetensors``;
 2. a 2-step `run_grpo` into ``OUT_DIR/run`` (sampling, rewards, checkpoint and export by rank 0).
@@ -41,6 +42,12 @@ def global_rollout(model: torch.nn.Module, tokenizer) -> tuple:
         generator=torch.Generator().manual_seed(0),
     )  # fmt: skip
     model.train()
+    # responses of different lengths (the untrained model rarely stops by itself), so that the three loss
+    # aggregations differ: row i keeps 2 + i mod 7 tokens, as if it had stopped there
+    keep = torch.arange(MAX_LEN) < (2 + torch.arange(len(ids)) % 7)[:, None]  # (N, T)
+    T = rollout.response_mask.shape[1]
+    rollout.response_mask = rollout.response_mask * keep[:, :T]
+    rollout.attention_mask[:, rollout.prompt_len :] *= keep[:, :T].to(rollout.attention_mask.dtype)
     # a reward that varies within groups: length and the first response token
     rewards = rollout.response_lengths.float() + (rollout.response_ids[:, 0] % 3).float()
     return rollout, rewards
@@ -58,7 +65,13 @@ def one_step(model_dir: Path, loss_type: str, info: dist.DistInfo) -> torch.nn.M
         old, ref_lp = score(model, ids, mask, P), score(ref, ids, mask, P)
     batch = Batch(ids, mask, P, rollout.response_mask[rows], old, group_advantages(rewards[rows], G), ref_lp)
     cfg = GRPOLossConfig(
-        group_size=G, prompts_per_step=N_PROMPTS, mu=2, micro_batch_size=3, loss_type=loss_type, beta=0.04
+        group_size=G,
+        prompts_per_step=N_PROMPTS,
+        mu=2,
+        minibatches=2,
+        micro_batch_size=3,
+        loss_type=loss_type,
+        beta=0.04,
     )
     policy = dist.wrap_model(model, info, "ddp")
     # SGD, so the weights after the update are linear in the gradients: Adam's first steps are ≈ sign(g), and
