@@ -245,7 +245,8 @@ _VOCAB = [*ADJECTIVES, *INTENSIFIERS, *CONNECTIVES, "was", ".", "the", "pasta"]
 def test_gold_reward_is_bounded_and_spam_never_beats_a_clean_review(words: list[str]) -> None:
     text = " " + " ".join(words)
     gold = gold_reward_one("Review: the pasta", text)
-    assert -10 < gold < 1.0
+    # sentiment ≥ −1 and every penalty term is at most 1 per word plus 3.5 in all (see gold_reward_one)
+    assert -(4.5 + len(words)) <= gold < 1.0
     if len([w for w in words if w in ADJECTIVES]) != len({w for w in words if w in ADJECTIVES}):
         assert gold < gold_reward_one("Review: the pasta", " was very fresh and delicious .")
 
