@@ -1,0 +1,162 @@
+"""Evaluation of a `postrl rm` reward model (`postrl.lm.reward_model`): held-out accuracy, margin, ECE and
+gold agreement of preference pairs, and the mean and std of its scores on SFT-policy samples, exported next
+to the model as ``reward_norm.json`` for PPO's reward normalisation."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from postrl.lm.trainer import to_device
+
+if TYPE_CHECKING:
+    from postrl.lm.reward_model import RMConfig
+
+NORM_FILE = "reward_norm.json"
+
+
+# ---- held-out metrics ----------------------------------------------------------------------------------
+def expected_calibration_error(diff: torch.Tensor, bins: int = 10) -> float:
+    """ECE of P(chosen ≻ rejected) = σ(r_c − r_l): confidence σ(|Δ|) ∈ [0.5, 1] against accuracy [Δ > 0],
+    averaged over ``bins`` equal-width confidence bins weighted by their counts (Guo et al. 2017)."""
+    confidence = torch.sigmoid(diff.abs())
+    correct = (diff > 0).float()
+    edges = torch.linspace(0.5, 1.0, bins + 1)
+    which = torch.bucketize(confidence, edges[1:-1], right=True)  # (n,) bin index 0..bins−1
+    ece = 0.0
+    for k in range(bins):
+        in_bin = which == k
+        if in_bin.any():
+            gap = (correct[in_bin].mean() - confidence[in_bin].mean()).abs()
+            ece += float(in_bin.float().mean() * gap)
+    return ece
+
+
+@torch.no_grad()
+def evaluate_pairs(
+    model: torch.nn.Module,
+    examples: Sequence[dict[str, Any]],
+    pad_id: int,
+    device: torch.device,
+    loss: str,
+    *,
+    gold: Sequence[tuple[float, float]] | None = None,
+    gold_tie: float = 0.0,
+    bins: int = 10,
+    batch_size: int = 64,
+) -> dict[str, float]:
+    """Held-out loss, accuracy and mean margin (on pairs whose label is not a tie), ECE, and with ``gold``
+    ((g_chosen, g_rejected) per pair) the agreement with the gold ordering where |g_c − g_r| > ``gold_tie``
+    and the Pearson correlation of scores with gold rewards."""
+    from postrl.lm.reward_model import LOSSES, collate, pair_scores  # the RM's (it imports this module)
+
+    was_training = model.training
+    model.eval()
+    diffs, targets, scores, total = [], [], [], 0.0
+    for i in range(0, len(examples), batch_size):
+        batch = to_device(collate(examples[i : i + batch_size], pad_id), device)
+        chosen, rejected = pair_scores(model, batch)
+        total += float(LOSSES[loss](chosen, rejected, batch)) * chosen.shape[0]
+        diffs.append((chosen - rejected).cpu())
+        targets.append(batch["target"].cpu())
+        scores.append(torch.stack((chosen, rejected), -1).cpu())
+    model.train(was_training)
+    diff, target, score = torch.cat(diffs), torch.cat(targets), torch.cat(scores)  # (n,), (n,), (n, 2)
+    oriented = torch.where(target >= 0.5, diff, -diff)[target != 0.5]  # Δ toward the labelled winner
+    metrics = {
+        "heldout_loss": total / max(1, len(examples)),
+        "heldout_accuracy": float((oriented > 0).float().mean()) if oriented.numel() else float("nan"),
+        "heldout_margin": float(oriented.mean()) if oriented.numel() else float("nan"),
+        "heldout_ece": expected_calibration_error(oriented, bins) if oriented.numel() else float("nan"),
+    }
+    if gold is not None:
+        g = torch.tensor(gold, dtype=torch.float32)  # (n, 2)
+        gd = g[:, 0] - g[:, 1]
+        decided = gd.abs() > gold_tie
+        agree = (diff[decided] > 0) == (gd[decided] > 0)
+        metrics["gold_accuracy"] = float(agree.float().mean()) if agree.numel() else float("nan")
+        metrics["gold_correlation"] = float(torch.corrcoef(torch.stack((score.flatten(), g.flatten())))[0, 1])
+    return metrics
+
+
+def _gold_pairs(task: Any, examples: Sequence[dict[str, Any]]) -> list[tuple[float, float]] | None:
+    if task is None:
+        return None
+    prompts = [e["row"]["prompt"] for e in examples]
+    g_c = task.gold_reward(prompts, [e["row"]["chosen"] for e in examples])
+    g_r = task.gold_reward(prompts, [e["row"]["rejected"] for e in examples])
+    return list(zip(g_c, g_r, strict=True))
+
+
+# ---- normalisation statistics --------------------------------------------------------------------------
+@torch.no_grad()
+def score_policy_samples(
+    rm: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    cfg: RMConfig,
+    device: torch.device,
+    task: Any,
+) -> dict[str, float]:
+    """Mean and std of the RM's scores (and, for a built-in task, of the gold reward) on ``cfg.norm.samples``
+    responses sampled from the SFT policy, one per prompt cycling through ``prompts``."""
+    from postrl.lm.models import load_causal_lm
+    from postrl.lm.rollout import RolloutEngine, SamplingConfig
+
+    n = cfg.norm.samples
+    policy = load_causal_lm(
+        cfg.norm.policy or cfg.model, device=device, trust_remote_code=cfg.trust_remote_code
+    )
+    engine = RolloutEngine(
+        policy.eval(),
+        tokenizer,
+        SamplingConfig(max_new_tokens=cfg.norm.max_new_tokens, temperature=cfg.norm.temperature),
+    )
+    generator = torch.Generator(device=device).manual_seed(cfg.train.seed)
+    chosen = [prompts[i % len(prompts)] for i in range(n)]
+    scores, gold = [], []
+    rm.eval()
+    for i in range(0, n, 64):
+        rollout = engine.generate(chosen[i : i + 64], generator=generator)
+        scores.append(rm.score(rollout.input_ids, rollout.attention_mask).float().cpu())
+        if task is not None:
+            gold += task.gold_reward(rollout.prompts, rollout.texts)
+    s = torch.cat(scores)
+    stats = {"mean": float(s.mean()), "std": float(s.std()), "n": n}
+    if gold:
+        g = torch.tensor(gold)
+        stats.update({"gold_mean": float(g.mean()), "gold_std": float(g.std())})
+    return stats
+
+
+def export_reward_model(rm: Any, tokenizer: Any, path: Path, norm: dict[str, float] | None) -> Path:
+    """``save_pretrained`` the RM (HF backbone + head files), the tokenizer and ``reward_norm.json`` into
+    ``path`` atomically (temp folder + rename)."""
+    import os
+    import shutil
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".tmp-{path.name}-"))
+    try:
+        rm.save_pretrained(tmp, kind="reward")
+        tokenizer.save_pretrained(str(tmp))
+        if norm is not None:
+            (tmp / NORM_FILE).write_text(json.dumps(norm, indent=2) + "\n")
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def read_reward_norm(path: str | Path) -> dict[str, float] | None:
+    """The ``reward_norm.json`` of an exported reward model, or None."""
+    file = Path(path) / NORM_FILE
+    return json.loads(file.read_text()) if file.is_file() else None
