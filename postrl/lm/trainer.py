@@ -309,7 +309,7 @@ def run_training(
                 if should_stop is not None and should_stop(metrics):
                     done = True
             if done or (cfg.save_every and state.step % cfg.save_every == 0):
-                _save(ckpt_root, state, model, optimizer, scheduler, cfg)
+                _save(ckpt_root, state, model, optimizer, scheduler, cfg, tokenizer)
             if done:
                 break
     return {**metrics, "steps": state.step, "train_tokens_per_second": tokens / max(train_seconds, 1e-9)}
@@ -354,9 +354,21 @@ def _resume(last: Path, model: torch.nn.Module, optimizer, scheduler) -> LoopSta
     return LoopState(step=loaded["step"], position=int(extra["position"]), best=dict(extra.get("best", {})))
 
 
-def _save(root: Path, state: LoopState, model, optimizer, scheduler, cfg: TrainConfig) -> None:
+def _save(
+    root: Path, state: LoopState, model, optimizer, scheduler, cfg: TrainConfig, tokenizer: Any = None
+) -> None:
     """Checkpoint written by rank 0: full (gathered) weights as safetensors, so 1 process can load it,
-    plus every rank's RNG state for an exact resume at the same world size."""
+    plus every rank's RNG state for an exact resume at the same world size. With the model's config and
+    the tokenizer beside ``model.safetensors``, the folder is also a Hugging Face model folder
+    (``from_pretrained(checkpoint)`` loads that step)."""
+    config = getattr(dist.unwrap(model), "config", None)
+
+    def hf_files(folder: Path) -> None:
+        if config is not None:
+            config.save_pretrained(str(folder))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(folder))
+
     weights = dist.unwrap(model)
     if dist.is_sharded(model):
         weights = dist.without_tied_copies(model, dist.model_state_dict(model))
@@ -371,6 +383,7 @@ def _save(root: Path, state: LoopState, model, optimizer, scheduler, cfg: TrainC
             schedulers={"sched": scheduler},
             extra={"position": state.position, "best": state.best, "rng_ranks": rng_ranks},
             keep_last=cfg.keep_last,
+            write_files=hf_files,
         )
     dist.barrier()
 

@@ -171,3 +171,26 @@ def test_short_sft_lowers_heldout_loss(tiny_lm_dir, tiny_tokenizer, tmp_path):
         device=torch.device("cpu"),
     )
     assert result["heldout_loss"] < 0.5 * before
+
+
+def test_a_checkpoint_is_a_hugging_face_model_folder(tiny_lm_dir, tiny_tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from postrl.lm.models import load_causal_lm
+    from postrl.runtime.checkpoint import latest_checkpoint
+
+    model = load_causal_lm(tiny_lm_dir)
+    examples = tokenize_sft(ROWS, tiny_tokenizer, max_length=64)
+    run_training(
+        model,
+        tiny_tokenizer,
+        examples,
+        examples[:4],
+        _cfg(max_steps=3, eval_every=0),
+        tmp_path,
+        RunLogger(tmp_path),
+        device=torch.device("cpu"),
+    )
+    loaded = AutoModelForCausalLM.from_pretrained(latest_checkpoint(tmp_path / "checkpoints"))
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
