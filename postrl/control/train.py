@@ -13,6 +13,7 @@ instead reset with a seed derived from (seed, iteration); such a resume is not e
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import importlib
 import sys
@@ -66,7 +67,7 @@ class RunConfig:
     """Write eval.gif of one deterministic episode at the end (env must render rgb_array)."""
 
 
-class Agent:
+class Agent(abc.ABC):
     """What the loop needs from an algorithm (see ppo.PPO for a full example)."""
 
     actor: nn.Module
@@ -74,12 +75,12 @@ class Agent:
     optimizers: dict[str, torch.optim.Optimizer]
     needs_env_reset: bool = False  # True: the agent resets the env itself (e.g. full-episode REINFORCE)
 
+    @abc.abstractmethod
     def iteration(self, env: VecEnv, it: int, frac_done: float) -> tuple[dict[str, Any], list, int]:
         """Collect and learn once, ``frac_done`` (env steps so far / total) into the run.
 
         Returns (metrics, episodes as [(env steps into the iteration, return, length)], env steps taken).
         """
-        raise NotImplementedError
 
 
 def algorithm(name: str):

@@ -7,6 +7,7 @@ hidden gold reward. Everything is a pure function of the task's config (which ho
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import difflib
 import hashlib
@@ -78,7 +79,7 @@ def build_config(cls: type, kwargs: dict[str, Any]) -> Any:
     return cls(**kwargs)
 
 
-class Task:
+class Task(abc.ABC):
     """Interface of a built-in task. Subclasses set ``name`` and ``config`` and implement the methods.
 
     Rows are plain dicts in TRL's column names: ``prompt``/``completion`` (SFT), ``prompt``/``chosen``/
@@ -89,17 +90,17 @@ class Task:
     name: str = "task"
     config: Any = None
 
+    @abc.abstractmethod
     def prompts(self, split: Split = "train") -> list[str]:
         """The prompt strings of ``split``."""
-        raise NotImplementedError
 
     def prompt_rows(self, split: Split = "train") -> list[dict[str, Any]]:
         """Rows for RL: ``{"prompt": str, ...}`` plus columns the reward function reads."""
         return [{"prompt": p} for p in self.prompts(split)]
 
+    @abc.abstractmethod
     def sft_rows(self, split: Split = "train") -> list[dict[str, Any]]:
         """Demonstrations ``{"prompt": str, "completion": str}`` (no EOS: tokenisation appends it)."""
-        raise NotImplementedError
 
     def preference_rows(
         self, split: Split = "train", policy_samples: dict[str, list[str]] | None = None
@@ -107,17 +108,17 @@ class Task:
         """Labelled pairs ``{"prompt", "chosen", "rejected", "target"}``; see the subclass."""
         raise TaskError(f"task {self.name!r} has no preference data")
 
+    @abc.abstractmethod
     def reward_fn(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
         """The RL reward, one float per completion (TRL/GRPO reward-function signature)."""
-        raise NotImplementedError
 
     def gold_reward(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
         """The hidden "true" reward used to measure (not train) a policy; defaults to ``reward_fn``."""
         return self.reward_fn(prompts, completions, **columns)
 
+    @abc.abstractmethod
     def corpus_lines(self, n: int, seed: int = 0) -> list[str]:
         """``n`` lines of pretraining text drawn from the train split only (held-out never leaks)."""
-        raise NotImplementedError
 
     def rows(self, kind: str, split: Split = "train") -> list[dict[str, Any]]:
         """Rows of one kind ("sft", "prefs" or "prompts") of ``split``."""
