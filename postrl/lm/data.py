@@ -167,6 +167,20 @@ def load_rows(
     return [record for _, record in records]
 
 
+def load_train_heldout(
+    data: str, kind: str, eval_data: str | None = None, task_kwargs: dict[str, Any] | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train rows, held-out rows) of ``kind``: held-out from ``eval_data`` when given, else the test split
+    of a built-in task (``task:NAME``), else the last 5% of ``data`` (taken out of the train rows)."""
+    rows = load_rows(data, kind, "train", task_kwargs=task_kwargs)
+    if eval_data is not None:
+        return rows, load_rows(eval_data, kind, "test", task_kwargs=task_kwargs)
+    if str(data).startswith("task:"):
+        return rows, load_rows(data, kind, "test", task_kwargs=task_kwargs)
+    cut = max(1, len(rows) // 20)
+    return rows[:-cut], rows[-cut:]
+
+
 # ---- chat rendering --------------------------------------------------------------------------------------
 def _last_content(value: str | list[dict[str, str]]) -> str:
     return value if isinstance(value, str) else value[-1]["content"]

@@ -103,16 +103,9 @@ class Prompts:
 
 def _load_prompts(cfg: GRPOConfig, tokenizer: Any) -> tuple[Prompts, Prompts]:
     """(train, held-out) prompts, rendered with the chat template where conversational, length-limited."""
-    from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_rows, render_rows
+    from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_train_heldout, render_rows
 
-    rows = load_rows(cfg.data, "prompts", "train", task_kwargs=cfg.task)
-    if cfg.eval_data is not None:
-        heldout = load_rows(cfg.eval_data, "prompts", "test", task_kwargs=cfg.task)
-    elif cfg.data.startswith("task:"):
-        heldout = load_rows(cfg.data, "prompts", "test", task_kwargs=cfg.task)
-    else:
-        cut = max(1, len(rows) // 20)
-        rows, heldout = rows[:-cut], rows[-cut:]
+    rows, heldout = load_train_heldout(cfg.data, "prompts", cfg.eval_data, cfg.task)
     out = []
     for part in (rows, heldout[: cfg.eval_prompts]):
         rendered = render_rows(part, "prompts", tokenizer)

@@ -69,16 +69,9 @@ class PromptSet:
 
 def load_prompts(cfg: Any, tokenizer: Any) -> tuple[PromptSet, PromptSet]:
     """(train, held-out) prompts, rendered (chat template where conversational), overlong ones dropped."""
-    from postrl.lm.data import DataError, load_rows, render_rows, tokenize_prompts
+    from postrl.lm.data import DataError, load_train_heldout, render_rows, tokenize_prompts
 
-    rows = load_rows(cfg.data, "prompts", "train", task_kwargs=cfg.task)
-    if cfg.eval_data is not None:
-        heldout = load_rows(cfg.eval_data, "prompts", "test", task_kwargs=cfg.task)
-    elif cfg.data.startswith("task:"):
-        heldout = load_rows(cfg.data, "prompts", "test", task_kwargs=cfg.task)
-    else:
-        cut = max(1, len(rows) // 20)
-        rows, heldout = rows[:-cut], rows[-cut:]
+    rows, heldout = load_train_heldout(cfg.data, "prompts", cfg.eval_data, cfg.task)
     out = []
     for part in (rows, heldout):
         kept, _ = tokenize_prompts(render_rows(part, "prompts", tokenizer), tokenizer, cfg.max_prompt_length)

@@ -160,18 +160,11 @@ def collate(examples: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.
 
 def load_pair_rows(cfg: RMConfig, tokenizer: Any) -> tuple[list[dict], list[dict], Any]:
     """(train rows, held-out rows, the built-in task or None) as plain-text preference rows."""
-    from postrl.lm.data import load_rows, render_rows
+    from postrl.lm.data import load_train_heldout, render_rows
     from postrl.lm.tasks import get_task
 
     task = get_task(cfg.data[len("task:") :], **cfg.task) if cfg.data.startswith("task:") else None
-    rows = load_rows(cfg.data, "prefs", "train", task_kwargs=cfg.task)
-    if cfg.eval_data is not None:
-        heldout = load_rows(cfg.eval_data, "prefs", "test", task_kwargs=cfg.task)
-    elif task is not None:
-        heldout = task.preference_rows("test")
-    else:
-        cut = max(1, len(rows) // 20)
-        rows, heldout = rows[:-cut], rows[-cut:]
+    rows, heldout = load_train_heldout(cfg.data, "prefs", cfg.eval_data, cfg.task)
     return render_rows(rows, "prefs", tokenizer), render_rows(heldout, "prefs", tokenizer), task
 
 
