@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from postrl.control import dist
 from postrl.control.buffer import Batch, RolloutBuffer, collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
+from postrl.control.flat import FlatParameters
 from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.control.train import Agent, RunConfig
-from postrl.core import gae, masked_whiten, ppo_clip_loss, value_loss
+from postrl.core import gae, ppo_clip_loss, value_loss
 
 __all__ = ["Config", "PPOConfig", "build", "ppo_loss"]
 
@@ -108,8 +110,10 @@ class PPO(Agent):
         self.rollout_hook = rollout_hook
         self.actor = make_actor(env.single_observation_space, env.single_action_space, cfg.policy)
         self.critic = Critic(env.single_observation_space.shape[0], cfg.policy)
-        params = [*self.actor.parameters(), *self.critic.parameters()]
-        self.optimizer = torch.optim.Adam(params, lr=self.cfg.lr, eps=self.cfg.adam_eps, fused=True)
+        self.flat = FlatParameters([self.actor, self.critic])  # one tensor for Adam, clipping and zeroing
+        self.optimizer = torch.optim.Adam(
+            [self.flat.param], lr=self.cfg.lr, eps=self.cfg.adam_eps, fused=True
+        )
         self.buffer = RolloutBuffer(env, self.cfg.n_steps)
         self.modules = {"actor": self.actor, "critic": self.critic}
         self.optimizers = {"optimizer": self.optimizer}
@@ -134,8 +138,9 @@ class PPO(Agent):
 
     def update(self, batch: Batch, clip_eps: float) -> dict[str, float]:
         cfg, n = self.cfg, len(batch)
+        batch_size = dist.local_batch_size(cfg.batch_size)  # this rank's share (all of it in one process)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        full_batch = cfg.batch_size >= n
+        full_batch = batch_size >= n
         if full_batch:  # one minibatch: whiten once, and no shuffle (the loss is a mean over it)
             batch = self._whiten(batch)
         history: list[dict[str, torch.Tensor]] = []
@@ -143,15 +148,16 @@ class PPO(Agent):
         for _ in range(cfg.n_epochs):
             epochs += 1
             order = None if full_batch else torch.randperm(n)
-            for start in range(0, n, cfg.batch_size):
-                mb = batch if full_batch else self._whiten(batch.take(order[start : start + cfg.batch_size]))
+            for start in range(0, n, batch_size):
+                mb = batch if full_batch else self._whiten(batch.take(order[start : start + batch_size]))
                 loss, stats = ppo_loss(self.actor, self.critic, mb, cfg, clip_eps)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                dist.sync_grads(params)  # the mean over ranks (nothing in one process)
                 nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=True)
                 self.optimizer.step()
                 history.append(stats)
-            if cfg.target_kl is not None and float(stats["approx_kl"]) > cfg.target_kl:
+            if cfg.target_kl is not None and dist.mean_over_ranks(stats["approx_kl"]) > cfg.target_kl:
                 break
         out = {k: float(torch.stack([h[k] for h in history]).mean()) for k in history[0]}
         out["epochs"] = epochs
@@ -163,7 +169,7 @@ class PPO(Agent):
     def _whiten(self, batch: Batch) -> Batch:
         if not self.cfg.normalize_advantages or len(batch) < 2:
             return batch
-        adv = masked_whiten(batch.advantages, torch.ones_like(batch.advantages))
+        adv = dist.whiten(batch.advantages)  # over every rank's rows
         return Batch(batch.obs, batch.actions, batch.log_probs, batch.values, adv, batch.returns)
 
 

@@ -9,6 +9,8 @@ state, the step counters, the normaliser statistics and a pickled snapshot of th
 simulator state, including each env's own RNG and elapsed time steps). A resumed run therefore continues
 bit-for-bit as the uninterrupted run would have. Envs that cannot be pickled (MuJoCo, subprocess envs) are
 instead reset with a seed derived from (seed, iteration); such a resume is not exact and says so on stderr.
+
+Under ``torchrun`` (PPO only) every rank runs this loop on its own envs; what differs is in ``dist.py``.
 """
 
 from __future__ import annotations
@@ -128,23 +130,27 @@ class _Progress:
 
 def train(cfg: Any, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
     """Train ``cfg.algo`` on ``cfg.env``; write the run folder; return the summary."""
+    from postrl.control import dist
     from postrl.runtime.checkpoint import latest_checkpoint
     from postrl.runtime.logging import RunLogger
     from postrl.runtime.seeding import seed_everything
 
-    _refuse_torchrun()
+    info = dist.setup(cfg.algo)
     run_dir = Path(run_dir)
     torch.set_num_threads(cfg.run.torch_threads)
-    seed_everything(cfg.run.seed)
-    env = VecEnv(cfg.env, cfg.run.seed)
+    seed_everything(cfg.run.seed, info.rank)
+    env = VecEnv(cfg.env, dist.env_seed(cfg.run.seed, cfg.env.n_envs))
     agent = algorithm(cfg.algo).build(cfg, env)
     progress = _Progress()
     ckpt = latest_checkpoint(run_dir / "checkpoints") if resume else None
     if ckpt is not None:
         _restore(ckpt, agent, env, progress, cfg.run.seed)
     elif not agent.needs_env_reset:
-        env.reset(seed=cfg.run.seed)
-    logger = RunLogger(run_dir, config=cfg, tensorboard=cfg.run.tensorboard, resume=ckpt is not None)
+        env.reset()
+    dist.broadcast_modules(agent.modules)
+    logger = RunLogger(
+        run_dir, config=cfg, tensorboard=cfg.run.tensorboard, enabled=info.is_main, resume=ckpt is not None
+    )
     if ckpt is not None:
         logger.truncate_after(progress.env_steps)
     threshold = THRESHOLDS.get(cfg.env.id, getattr(env.env.spec, "reward_threshold", None))
@@ -152,37 +158,28 @@ def train(cfg: Any, run_dir: str | Path, resume: bool = False) -> dict[str, Any]
     return _finish(cfg, run_dir, agent, env, progress, logger, threshold)
 
 
-def _refuse_torchrun() -> None:
-    """The control algorithms run in one process: under torchrun every rank would train its own copy into
-    the same run folder, so refuse instead of writing N runs over each other."""
-    import os
-
-    from postrl.runtime.errors import UserError
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UserError(
-            "postrl control runs in one process (its environments and networks are small and CPU-bound); "
-            "launch it without torchrun, e.g. one process per seed"
-        )
-
-
 def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, logger, threshold) -> None:
     """Iterate until ``run.total_steps`` env steps: learn, log, evaluate, checkpoint."""
+    from postrl.control import dist
+    from postrl.runtime.distributed import is_main, reduce_metrics
     from postrl.runtime.progress import Progress
 
-    total, run = cfg.run.total_steps, cfg.run
-    with Progress(total, f"{cfg.algo} {cfg.env.id}", unit="step", initial=progress.env_steps) as bar:
+    total, run, main = cfg.run.total_steps, cfg.run, is_main()
+    bar_off = None if main else True
+    with Progress(total, f"{cfg.algo} {cfg.env.id}", "step", bar_off, progress.env_steps) as bar:
         while progress.env_steps < total:
             # Training time counts everything but evaluation (logging and checkpoints included), as
             # the peer benchmark times SB3's learn().
             start, eval_seconds = time.perf_counter(), 0.0
-            it = progress.iteration
+            it, moments = progress.iteration, dist.normaliser_moments(env)
             metrics, episodes, n_steps = agent.iteration(env, it, progress.env_steps / total)
+            dist.sync_normalisers(env, moments)
+            episodes, n_steps = dist.gather_episodes(episodes, n_steps, env.n_envs)
             progress.record(episodes, progress.env_steps, threshold)
             progress.iteration, progress.env_steps = it + 1, progress.env_steps + n_steps
             done = progress.env_steps >= total
-            row = _row(metrics, progress)
-            if run.eval_every and _crossed(progress.env_steps, n_steps, run.eval_every):
+            row = _row(reduce_metrics(metrics), progress)
+            if main and run.eval_every and _crossed(progress.env_steps, n_steps, run.eval_every):
                 eval_start = time.perf_counter()
                 row["eval_return"] = float(np.mean(evaluate(agent.actor, env, cfg, run.eval_episodes)))
                 eval_seconds = time.perf_counter() - eval_start
@@ -197,10 +194,15 @@ def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, lo
 
 
 def _finish(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, logger, threshold) -> dict:
-    """Final evaluation (excluded from steps_per_second), optional GIF, summary.json and the curve PNG."""
+    """Final evaluation (excluded from steps_per_second), optional GIF, summary.json and the curve PNG (rank
+    0; the other ranks return its summary)."""
+    from postrl.runtime.distributed import broadcast_object, is_main
     from postrl.runtime.logging import read_jsonl
     from postrl.runtime.plots import plot_curves
 
+    if not is_main():
+        env.close()
+        return broadcast_object(None)
     returns = evaluate(agent.actor, env, cfg, cfg.run.eval_episodes)
     if cfg.run.gif:
         record_gif(agent.actor, env, cfg, run_dir / "eval.gif")
@@ -223,7 +225,7 @@ def _finish(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, 
     title = f"{cfg.algo} on {cfg.env.id} (seed {cfg.run.seed})"
     rows = read_jsonl(run_dir / "metrics.jsonl")
     plot_curves(rows, ["train_return_ma20", "eval_return"], run_dir / "learning_curve.png", title=title)
-    return summary
+    return broadcast_object(summary)
 
 
 def _crossed(steps: int, per_iteration: int, every: int) -> bool:
@@ -239,16 +241,17 @@ def _row(metrics: dict[str, Any], progress: _Progress) -> dict[str, Any]:
     return row
 
 
-def _save(run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, cfg: Any) -> Path:
+def _save(run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, cfg: Any) -> Path | None:
+    from postrl.control import dist
     from postrl.runtime.checkpoint import save_checkpoint
+    from postrl.runtime.distributed import is_main, world_size
 
-    snapshot = env.snapshot()
-
-    def write_env(tmp: Path) -> None:
-        if snapshot is not None:
-            (tmp / "env_state.pkl").write_bytes(snapshot)
-
+    ranks, snapshots = dist.gather_rank_states(env)  # a collective: every rank takes part, rank 0 writes
+    if not is_main():
+        return None
     extra = {"progress": progress.state_dict(), "env": env.state_dict(), "agent": agent_state(agent)}
+    if world_size() > 1:
+        extra.update(world_size=world_size(), ranks=ranks)
     return save_checkpoint(
         run_dir / "checkpoints",
         progress.env_steps,
@@ -256,7 +259,7 @@ def _save(run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, cfg: An
         optimizers=agent.optimizers,
         extra=extra,
         keep_last=cfg.run.keep_checkpoints,
-        write_files=write_env,
+        write_files=dist.write_snapshots(snapshots),
     )
 
 
@@ -265,6 +268,7 @@ def agent_state(agent: Agent) -> dict[str, Any]:
 
 
 def _restore(ckpt: Path, agent: Agent, env: VecEnv, progress: _Progress, seed: int) -> None:
+    from postrl.control import dist
     from postrl.runtime.checkpoint import load_checkpoint
 
     state = load_checkpoint(ckpt, modules=agent.modules, optimizers=agent.optimizers)
@@ -273,11 +277,8 @@ def _restore(ckpt: Path, agent: Agent, env: VecEnv, progress: _Progress, seed: i
     env.load_state_dict(extra["env"])
     if hasattr(agent, "load_state_dict"):
         agent.load_state_dict(extra["agent"])
-    snapshot = ckpt / "env_state.pkl"
-    if snapshot.is_file():
-        env.restore(snapshot.read_bytes())
-    elif not agent.needs_env_reset:
-        reseed = seed * 1_000_003 + progress.iteration
+    if not dist.restore_rank(ckpt, extra, env) and not agent.needs_env_reset:
+        reseed = dist.env_seed(seed * 1_000_003 + progress.iteration, env.n_envs)
         print(
             f"postrl: the envs of {ckpt} could not be saved; they are reset with seed {reseed} "
             "(the resumed run is not bit-identical to an uninterrupted one)",
