@@ -84,15 +84,16 @@ def mean_over_ranks(x: torch.Tensor) -> float:
 
 
 def sync_grads(params: list[torch.nn.Parameter]) -> None:
-    """Average the gradients over ranks: one all-reduce of all of them, flattened (what DDP does in buckets)."""
+    """Average the gradients over ranks, in place (a gradient may be a view that must stay attached): one
+    all-reduce of all of them, flattened (what DDP does in buckets)."""
     if not dist.is_distributed():
         return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
+    params = [p for p in params if p.grad is not None]
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
     tdist.all_reduce(flat, op=tdist.ReduceOp.SUM)
     flat /= dist.world_size()
-    for p, part in zip(params, flat.split([g.numel() for g in grads]), strict=True):
-        p.grad = part.view_as(p)
+    for p, part in zip(params, flat.split([p.numel() for p in params]), strict=True):
+        p.grad.copy_(part.view_as(p))
 
 
 def broadcast_modules(modules: dict[str, torch.nn.Module]) -> None:

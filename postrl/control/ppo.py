@@ -22,7 +22,6 @@ from torch import nn
 from postrl.control import dist
 from postrl.control.buffer import Batch, RolloutBuffer, collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
-from postrl.control.flat import FlatParameters
 from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.control.train import Agent, RunConfig
 from postrl.core import gae, ppo_clip_loss, value_loss
@@ -110,10 +109,8 @@ class PPO(Agent):
         self.rollout_hook = rollout_hook
         self.actor = make_actor(env.single_observation_space, env.single_action_space, cfg.policy)
         self.critic = Critic(env.single_observation_space.shape[0], cfg.policy)
-        self.flat = FlatParameters([self.actor, self.critic])  # one tensor for Adam, clipping and zeroing
-        self.optimizer = torch.optim.Adam(
-            [self.flat.param], lr=self.cfg.lr, eps=self.cfg.adam_eps, fused=True
-        )
+        params = [*self.actor.parameters(), *self.critic.parameters()]
+        self.optimizer = torch.optim.Adam(params, lr=self.cfg.lr, eps=self.cfg.adam_eps, fused=True)
         self.buffer = RolloutBuffer(env, self.cfg.n_steps)
         self.modules = {"actor": self.actor, "critic": self.critic}
         self.optimizers = {"optimizer": self.optimizer}
