@@ -96,33 +96,46 @@ def collect_rollout(
 ) -> list[tuple[int, float, int]]:
     """Step ``env`` for ``buf.n_steps`` steps with the current policy, filling ``buf``.
 
+    Only the actor runs inside the loop. The critic is evaluated once, after it, on all ``n_envs · n_steps``
+    observations (and the final observations of truncated steps) in one batch: the same values as a call
+    per step, at a fraction of the cost for small networks.
+
     Returns the episodes that ended, as ``(env steps into this rollout, return, length)``.
     """
     episodes: list[tuple[int, float, int]] = []
     # numpy views of the buffer's tensors (shared memory): a numpy row write costs ~1 µs, a torch one ~5 µs
-    views = [t.numpy() for t in (buf.obs, buf.actions, buf.log_probs, buf.values, buf.rewards)]
-    np_obs, np_actions, np_log_probs, np_values, np_rewards = views
+    views = [t.numpy() for t in (buf.obs, buf.actions, buf.log_probs, buf.rewards)]
+    np_obs, np_actions, np_log_probs, np_rewards = views
     np_terminated, np_truncated = buf.terminated.numpy(), buf.truncated.numpy()
+    truncations: list[tuple[np.ndarray, int, np.ndarray]] = []  # (env rows, step, final obs of those rows)
     obs = env.obs
     for t in range(buf.n_steps):
-        obs_t = torch.from_numpy(obs)
-        actions, log_probs = actor.act(obs_t)
+        actions, log_probs = actor.act(torch.from_numpy(obs))
         actions = actions.numpy()
         np_obs[:, t], np_actions[:, t], np_log_probs[:, t] = obs, actions, log_probs.numpy()
-        if critic is not None:
-            np_values[:, t] = critic(obs_t).numpy()
         step = env.step(actions)
         np_rewards[:, t], np_terminated[:, t], np_truncated[:, t] = (
             step.rewards,
             step.terminated,
             step.truncated,
         )
-        if step.final_obs is not None and critic is not None:
-            rows = torch.from_numpy(np.flatnonzero(step.truncated))
-            buf.final_values[rows, t] = critic(torch.from_numpy(step.final_obs[rows.numpy()]))
+        if step.final_obs is not None:
+            rows = np.flatnonzero(step.truncated)
+            truncations.append((rows, t, step.final_obs[rows]))
         if step.episodes:
             episodes += [((t + 1) * env.n_envs, ret, length) for _, ret, length in step.episodes]
         obs = step.obs
     if critic is not None:
-        buf.last_values = critic(torch.from_numpy(obs))
+        n_envs, n_steps = buf.n_envs, buf.n_steps
+        values = critic(
+            torch.cat([buf.obs.reshape(n_envs * n_steps, *buf.obs.shape[2:]), torch.from_numpy(obs)])
+        )
+        buf.values.copy_(values[: n_envs * n_steps].reshape(n_envs, n_steps))
+        buf.last_values = values[n_envs * n_steps :].clone()
+        buf.final_values.zero_()
+        if truncations:
+            final_values = critic(torch.from_numpy(np.concatenate([final for _, _, final in truncations])))
+            rows = torch.from_numpy(np.concatenate([rows for rows, _, _ in truncations]))
+            steps = torch.tensor([t for rows, t, _ in truncations for _ in rows], dtype=torch.long)
+            buf.final_values[rows, steps] = final_values
     return episodes

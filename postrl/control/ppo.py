@@ -22,6 +22,7 @@ from torch import nn
 from postrl.control import dist
 from postrl.control.buffer import Batch, RolloutBuffer, collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
+from postrl.control.flat import FlatAdam, FlatParameters
 from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.control.train import Agent, RunConfig
 from postrl.core import gae, ppo_clip_loss, value_loss
@@ -109,8 +110,8 @@ class PPO(Agent):
         self.rollout_hook = rollout_hook
         self.actor = make_actor(env.single_observation_space, env.single_action_space, cfg.policy)
         self.critic = Critic(env.single_observation_space.shape[0], cfg.policy)
-        params = [*self.actor.parameters(), *self.critic.parameters()]
-        self.optimizer = torch.optim.Adam(params, lr=self.cfg.lr, eps=self.cfg.adam_eps, fused=True)
+        self.flat = FlatParameters([self.actor, self.critic])  # one tensor for Adam, clipping and zeroing
+        self.optimizer = FlatAdam(self.flat.param, lr=self.cfg.lr, eps=self.cfg.adam_eps)
         self.buffer = RolloutBuffer(env, self.cfg.n_steps)
         self.modules = {"actor": self.actor, "critic": self.critic}
         self.optimizers = {"optimizer": self.optimizer}
@@ -136,7 +137,6 @@ class PPO(Agent):
     def update(self, batch: Batch, clip_eps: float) -> dict[str, float]:
         cfg, n = self.cfg, len(batch)
         batch_size = dist.local_batch_size(cfg.batch_size)  # this rank's share (all of it in one process)
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
         full_batch = batch_size >= n
         if full_batch:  # one minibatch: whiten once, and no shuffle (the loss is a mean over it)
             batch = self._whiten(batch)
@@ -148,10 +148,10 @@ class PPO(Agent):
             for start in range(0, n, batch_size):
                 mb = batch if full_batch else self._whiten(batch.take(order[start : start + batch_size]))
                 loss, stats = ppo_loss(self.actor, self.critic, mb, cfg, clip_eps)
-                self.optimizer.zero_grad(set_to_none=True)
+                self.flat.zero_grad()
                 loss.backward()
-                dist.sync_grads(params)  # the mean over ranks (nothing in one process)
-                nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=True)
+                dist.sync_grads([self.flat.param])  # the mean over ranks (nothing in one process)
+                self.flat.clip_grad_norm_(cfg.max_grad_norm)
                 self.optimizer.step()
                 history.append(stats)
             if cfg.target_kl is not None and dist.mean_over_ranks(stats["approx_kl"]) > cfg.target_kl:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_file, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 from postrl.runtime.seeding import get_rng_state, set_rng_state
 
@@ -86,6 +86,13 @@ def _unshared(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _is_flat_view(module: torch.nn.Module) -> bool:
+    """True when a parameter is a view into a larger storage (``postrl.control.flat.FlatParameters``):
+    safetensors' ``save_model``/``load_model`` refuse those, and such a module has no tied weights for them
+    to handle, so it is saved and loaded as a plain state dict."""
+    return any(p.untyped_storage().nbytes() != p.numel() * p.element_size() for p in module.parameters())
+
+
 def _fsync_tree(folder: Path) -> None:
     for file in folder.rglob("*"):
         if file.is_file():
@@ -139,6 +146,8 @@ def save_checkpoint(
         for name, module in modules.items():
             if isinstance(module, Mapping):  # a gathered state dict (e.g. of an FSDP-sharded model)
                 save_file(_unshared(module), str(tmp / f"{name}.safetensors"))
+            elif _is_flat_view(module):
+                save_file(_unshared(module.state_dict()), str(tmp / f"{name}.safetensors"))
             else:
                 save_model(module, str(tmp / f"{name}.safetensors"))
         state = {
@@ -189,7 +198,10 @@ def load_checkpoint(
         file = path / f"{name}.safetensors"
         if not file.is_file():
             raise FileNotFoundError(f"checkpoint {path} has no weights for '{name}' ({file.name})")
-        load_model(module, str(file), strict=True, device=str(map_location))
+        if _is_flat_view(module):
+            module.load_state_dict(load_file(str(file), device=str(map_location)), strict=True)
+        else:
+            load_model(module, str(file), strict=True, device=str(map_location))
     state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True)
     for name, opt in (optimizers or {}).items():
         opt.load_state_dict(state["optimizers"][name])
