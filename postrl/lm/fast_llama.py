@@ -49,6 +49,19 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     return next((reason for reason, failed in checks.items() if failed), None)
 
 
+def prefill_masks(attention_mask: Tensor, max_len: int, like: Tensor) -> tuple[Tensor, Tensor]:
+    """Additive masks of a left-padded batch, attention_mask [B, P] → (key bias [B, 1, 1, max_len]: −inf on
+    the prompts' padding, 0 elsewhere, sliced at every decode step; prefill mask [B, 1, P, P]: causal with pad
+    keys masked, where a pad query attends to itself only: no all −inf row, no NaN). dtype/device of ``like``."""
+    B, P = attention_mask.shape
+    valid = attention_mask.bool()
+    key_bias = like.new_zeros(B, 1, 1, max_len)
+    key_bias[:, 0, 0, :P].masked_fill_(~valid, float("-inf"))
+    eye = torch.eye(P, dtype=torch.bool, device=valid.device)
+    allowed = torch.ones(P, P, dtype=torch.bool, device=valid.device).tril() & (valid[:, None, :] | eye)
+    return key_bias, like.new_zeros(B, 1, P, P).masked_fill_(~allowed[:, None], float("-inf"))
+
+
 def _cat_bias(*biases: Tensor | None) -> Tensor | None:
     return None if biases[0] is None else torch.cat(biases)
 
@@ -192,16 +205,11 @@ class FastLlama:
         B, P = input_ids.shape
         self._alloc(B, max_len)
         self.length = 0
-        valid = attention_mask.bool()
-        self.key_bias = self.embed.new_zeros(B, 1, 1, max_len)  # (B, 1, 1, L): 0 or −inf, built once
-        self.key_bias[:, 0, 0, :P].masked_fill_(~valid, float("-inf"))
-        eye = torch.eye(P, dtype=torch.bool, device=valid.device)
-        allowed = torch.ones(P, P, dtype=torch.bool, device=valid.device).tril() & (valid[:, None, :] | eye)
-        mask = self.embed.new_zeros(B, 1, P, P).masked_fill_(~allowed[:, None], float("-inf"))  # (B, 1, P, P)
+        self.key_bias, mask = prefill_masks(attention_mask, max_len, self.embed)
         flat_pos = position_ids.reshape(B * P)
         x = self._run(input_ids, self.cos[flat_pos], self.sin[flat_pos], mask).view(B, P, -1)  # (B, P, d)
         # decode positions continue each row's count: the RoPE rows of every future step, gathered once
-        steps = position_ids[:, -1:] + 1 + torch.arange(max_len - P, device=valid.device)  # (B, T)
+        steps = position_ids[:, -1:] + 1 + torch.arange(max_len - P, device=input_ids.device)  # (B, T)
         self.cos_steps, self.sin_steps = self.cos[steps], self.sin[steps]  # (B, T, (nh + nkv)·hs)
         self.prompt_len = P
         if not all_logits:

@@ -11,8 +11,8 @@ token, taken BEFORE top-k / top-p filtering: the filters only choose which token
 change the policy whose ratio PPO and GRPO take (TRL and OpenRLHF record the same raw temperature-scaled
 log-probs). `score` with the same temperature reproduces them teacher-forced.
 
-Two decoders produce the logits: `postrl.lm.fast_llama.FastLlama` for Llama-family models and the model's
-own Hugging Face forward with its KV cache for any other causal LM. They agree to float32 rounding.
+The logits come from a fast decoder where one supports the model (`postrl.lm.fast_llama.FastLlama`,
+`postrl.lm.fast_gpt2.FastGPT2`), else from its own Hugging Face forward and KV cache; all agree to fp32 rounding.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from postrl.lm.fast_llama import FastLlama, unsupported_reason
+from postrl.lm.decoders import make_decoder
 from postrl.lm.models import position_ids_from_mask
 
 log = logging.getLogger(__name__)
@@ -112,58 +112,6 @@ def mask_after_eos(response_ids: Tensor, eos_token_id: int | None) -> Tensor:
         return torch.ones_like(response_ids)
     is_eos = (response_ids == eos_token_id).long()
     return ((is_eos.cumsum(-1) - is_eos) == 0).long()
-
-
-# ---- decoders: prefill + step -----------------------------------------------------------------------------
-class HFDecoder:
-    """Incremental decoding through the model's own forward and KV cache (any HF causal LM)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        params = inspect.signature(model.forward).parameters
-        # transformers 5 renamed ``past_key_values`` to ``cache``; accept either.
-        self.cache_kw = "cache" if "cache" in params else "past_key_values"
-        self.keep_kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-        self.cache: Any = None
-
-    def _forward(self, ids: Tensor, positions: Tensor) -> Tensor:
-        out = self.model(
-            input_ids=ids,
-            attention_mask=self.mask[:, : self.length],
-            position_ids=positions,
-            use_cache=True,
-            **{self.cache_kw: self.cache},
-            **self.keep_kw,
-        )
-        self.cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-        return out.logits[:, -1].float()
-
-    def prefill(
-        self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, max_len: int
-    ) -> Tensor:
-        """Prompts [B, P] → next-token logits [B, V]; generated columns count as real tokens."""
-        self.mask = attention_mask.new_ones(input_ids.shape[0], max_len)  # (B, P + T), sliced per step
-        self.mask[:, : input_ids.shape[1]] = attention_mask
-        self.length, self.cache = input_ids.shape[1], None
-        self.next_pos = position_ids[:, -1:] + 1  # (B, 1)
-        return self._forward(input_ids, position_ids)
-
-    def step(self, tokens: Tensor) -> Tensor:
-        """Append one token per row (positions continue from the prompt): tokens [B] → logits [B, V]."""
-        self.length += 1
-        positions, self.next_pos = self.next_pos, self.next_pos + 1
-        return self._forward(tokens[:, None], positions)
-
-
-def make_decoder(model: torch.nn.Module, use_fast: bool | None = None) -> FastLlama | HFDecoder:
-    """`FastLlama` when it supports ``model`` (``use_fast=None``: auto; True: required), else `HFDecoder`."""
-    reason = unsupported_reason(model) if use_fast is not False else "use_fast=False"
-    if reason is None:
-        return FastLlama(model)
-    if use_fast:
-        raise ValueError(f"use_fast=True but the fast path cannot run this model: {reason}")
-    log.debug("rollout uses the Hugging Face forward (%s)", reason)
-    return HFDecoder(model)
 
 
 # ---- generate -----------------------------------------------------------------------------------------------

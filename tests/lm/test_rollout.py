@@ -62,7 +62,7 @@ def tiny_llama(vocab: int = 64, n_kv_heads: int | None = None, seed: int = 0, **
 
 
 def tiny_gpt2(vocab: int = 64) -> GPT2LMHeadModel:
-    """A non-Llama model: generation must take the Hugging Face fallback."""
+    """A non-Llama model (its fast path: tests/lm/test_fast_gpt2.py)."""
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=128, pad_token_id=PAD)
     return GPT2LMHeadModel(cfg).eval()
@@ -119,8 +119,8 @@ def test_fast_path_refuses_unsupported_models():
     llama = tiny_llama()
     llama.config.hidden_act = "gelu"
     assert "silu" in unsupported_reason(llama)
-    with pytest.raises(ValueError, match="fast path"):
-        run(tiny_gpt2(), *prompts(), use_fast=True)
+    with pytest.raises(ValueError, match="fast path"):  # float64: neither fast decoder runs it
+        run(tiny_gpt2().double(), *prompts(), use_fast=True)
 
 
 # ---- sampling log-probs == teacher-forced score -----------------------------------------------------------------
@@ -167,10 +167,10 @@ def test_log_probs_are_of_the_unfiltered_tempered_distribution_under_top_k_top_p
     assert (out.log_probs - ref).abs().max() < TOL
 
 
-def test_hf_fallback_on_a_non_llama_model_matches_score():
+def test_hf_fallback_on_a_gpt2_model_matches_score():
     model = tiny_gpt2()
     ids, mask = prompts()
-    out = run(model, ids, mask, temperature=0.7)
+    out = run(model, ids, mask, temperature=0.7, use_fast=False)
     with torch.no_grad():
         ref = score(model, out.input_ids, out.attention_mask, out.prompt_len, temperature=0.7)
     assert (out.log_probs - ref).abs().max() < TOL

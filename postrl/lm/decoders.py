@@ -1,0 +1,79 @@
+"""Decoders for the rollout engine (`postrl.lm.rollout.generate`): ``prefill`` the prompts, then ``step`` one
+token at a time, each returning next-token logits [B, V].
+
+`make_decoder` picks a fast decoder that supports the model (`postrl.lm.fast_llama.FastLlama`,
+`postrl.lm.fast_gpt2.FastGPT2`), else `HFDecoder`, the model's own Hugging Face forward and KV cache, which runs
+any causal LM. All agree to float32 rounding (tests/lm).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from postrl.lm import fast_gpt2, fast_llama
+
+log = logging.getLogger(__name__)
+
+
+class HFDecoder:
+    """Incremental decoding through the model's own forward and KV cache (any HF causal LM)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        params = inspect.signature(model.forward).parameters
+        # transformers 5 renamed ``past_key_values`` to ``cache``; accept either.
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.keep_kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self.cache: Any = None
+
+    def _forward(self, ids: Tensor, positions: Tensor) -> Tensor:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=self.mask[:, : self.length],
+            position_ids=positions,
+            use_cache=True,
+            **{self.cache_kw: self.cache},
+            **self.keep_kw,
+        )
+        self.cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        return out.logits[:, -1].float()
+
+    def prefill(
+        self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, max_len: int
+    ) -> Tensor:
+        """Prompts [B, P] → next-token logits [B, V]; generated columns count as real tokens."""
+        self.mask = attention_mask.new_ones(input_ids.shape[0], max_len)  # (B, P + T), sliced per step
+        self.mask[:, : input_ids.shape[1]] = attention_mask
+        self.length, self.cache = input_ids.shape[1], None
+        self.next_pos = position_ids[:, -1:] + 1  # (B, 1)
+        return self._forward(input_ids, position_ids)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """Append one token per row (positions continue from the prompt): tokens [B] → logits [B, V]."""
+        self.length += 1
+        positions, self.next_pos = self.next_pos, self.next_pos + 1
+        return self._forward(tokens[:, None], positions)
+
+
+FAST_DECODERS = {
+    fast_llama.FastLlama: fast_llama.unsupported_reason,
+    fast_gpt2.FastGPT2: fast_gpt2.unsupported_reason,
+}
+
+
+def make_decoder(model: torch.nn.Module, use_fast: bool | None = None) -> Any:
+    """The fast decoder that supports ``model`` (``use_fast=None``: auto; True: required), else `HFDecoder`."""
+    reasons = {cls: why(model) for cls, why in FAST_DECODERS.items()} if use_fast is not False else {}
+    fast = next((cls for cls, reason in reasons.items() if reason is None), None)
+    if fast is not None:
+        return fast(model)
+    reason = "; ".join(r for r in reasons.values() if r) or "use_fast=False"
+    if use_fast:
+        raise ValueError(f"use_fast=True but the fast path cannot run this model: {reason}")
+    log.debug("rollout uses the Hugging Face forward (%s)", reason)
+    return HFDecoder(model)

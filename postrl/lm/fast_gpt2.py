@@ -1,0 +1,187 @@
+"""A decode-only forward for GPT-2 causal LMs: the second fast path of `postrl.lm.rollout`.
+
+The same idea as `postrl.lm.fast_llama` (read that docstring first): sampling short responses from a small model
+on a CPU is dominated by per-operation overhead, and the stock Hugging Face forward spends most of a decode step
+building masks, growing a dynamic cache and walking module wrappers. `FastGPT2` owns the decode forward:
+
+- LayerNorm without its affine part (one kernel); the weight and bias are folded into the projection that
+  follows: ``(x̂·w + b)W + c = x̂(diag(w)W) + (bW + c)``, for ``c_attn``, ``c_fc`` and the LM head;
+- GPT-2's ``Conv1D`` weights are already (in, out): ``addmm`` takes them as they are, the residual add fused in;
+- learned absolute positions: every future step's ``wpe`` rows are gathered once per call (a row's positions
+  count its real tokens only, so left padding does not shift them);
+- a KV cache preallocated to ``P + T`` positions, written in place, and one additive key mask built once.
+
+Like `FastLlama`, the fused weights are built from the LIVE parameters: build a new `FastGPT2` for every
+`generate` call. `unsupported_reason` says why a model must take the Hugging Face fallback instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers import GPT2LMHeadModel
+
+from postrl.lm.fast_llama import prefill_masks
+
+# activations computed here as one kernel; any other is the model's own module (correct, a little slower)
+TANH_GELUS = frozenset({"gelu_new", "gelu_pytorch_tanh", "gelu_fast"})
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """None when `FastGPT2` reproduces ``model``'s forward, else why not (the caller falls back to HF)."""
+    if not isinstance(model, GPT2LMHeadModel):
+        return f"{type(model).__name__} is not a GPT2LMHeadModel"
+    cfg = model.config
+    dropout = max(cfg.attn_pdrop, cfg.resid_pdrop, cfg.embd_pdrop)
+    checks = {
+        "add_cross_attention is set": cfg.add_cross_attention,
+        f"dtype {model.dtype} is not float32": model.dtype != torch.float32,
+        "dropout is active": model.training and dropout > 0,
+    }
+    return next((reason for reason, failed in checks.items() if failed), None)
+
+
+@dataclass
+class _Block:
+    """Weights of one ``GPT2Block``, (in, out) for ``addmm``; LayerNorm affines folded into the next GEMM."""
+
+    w_qkv: Tensor  # (d, 3d): [q | k | v], ln_1 folded in
+    b_qkv: Tensor  # (3d,)
+    w_o: Tensor  # (d, d)
+    b_o: Tensor
+    w_fc: Tensor  # (d, I), ln_2 folded in
+    b_fc: Tensor
+    w_proj: Tensor  # (I, d)
+    b_proj: Tensor
+    act: torch.nn.Module
+
+
+def _fold(norm: torch.nn.LayerNorm, w: Tensor, b: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(x̂·γ + β)·w + b = x̂·(γ ⊙ rows of w) + (β·w + b): w (in, out) → (w', b')."""
+    folded_b = norm.bias @ w
+    return (norm.weight[:, None] * w).contiguous(), folded_b if b is None else folded_b + b
+
+
+def _fuse_block(block: torch.nn.Module) -> _Block:
+    att, mlp = block.attn, block.mlp
+    w_qkv, b_qkv = _fold(block.ln_1, att.c_attn.weight, att.c_attn.bias)
+    w_fc, b_fc = _fold(block.ln_2, mlp.c_fc.weight, mlp.c_fc.bias)
+    return _Block(
+        w_qkv,
+        b_qkv,
+        att.c_proj.weight,
+        att.c_proj.bias,
+        w_fc,
+        b_fc,
+        mlp.c_proj.weight,
+        mlp.c_proj.bias,
+        mlp.act,
+    )
+
+
+class FastGPT2:
+    """Prefill + incremental decode for a `GPT2LMHeadModel`: the layout and use of
+    `postrl.lm.fast_llama.FastLlama` (``prefill`` once, then ``step`` per token), positions from ``wpe``."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"FastGPT2 cannot run this model: {reason}")
+        cfg, body = model.config, model.transformer
+        self.n_heads, self.d = cfg.num_attention_heads, cfg.hidden_size
+        self.head_dim = self.d // self.n_heads
+        self.eps = cfg.layer_norm_epsilon
+        self.tanh_gelu = cfg.activation_function in TANH_GELUS
+        scale = self.head_dim**-0.5 if cfg.scale_attn_weights else 1.0
+        # scale_attn_by_inverse_layer_idx divides block i's scores by i + 1 (a stability option of the config)
+        self.scales = [
+            scale / (i + 1 if cfg.scale_attn_by_inverse_layer_idx else 1) for i in range(cfg.n_layer)
+        ]
+        with torch.no_grad():
+            self.wte, self.wpe = body.wte.weight.detach(), body.wpe.weight.detach()
+            self.blocks = [_fuse_block(block) for block in body.h]
+            self.w_lm, self.b_lm = _fold(body.ln_f, model.lm_head.weight.t(), None)  # (d, V), (V,)
+        self.length = 0  # cache columns filled so far
+
+    # ---- pieces -----------------------------------------------------------------------------------------
+    def _norm(self, x: Tensor) -> Tensor:
+        """x̂ = (x − mean) / sqrt(var + eps) over the last dimension; γ and β live in the next GEMM."""
+        return F.layer_norm(x, (self.d,), None, None, self.eps)
+
+    def _act(self, block: _Block, x: Tensor) -> Tensor:
+        return F.gelu(x, approximate="tanh") if self.tanh_gelu else block.act(x)
+
+    def _attention(self, i: int, qkv: Tensor, mask: Tensor, batch: int) -> Tensor:
+        """Cache write and attention of block ``i`` from qkv [B·S, 3d] for tokens in cache columns
+        ``length … length + S − 1``. Returns [B·S, d]."""
+        nh, hs, d = self.n_heads, self.head_dim, self.d
+        B, S = batch, qkv.shape[0] // batch
+        start, end = self.length, self.length + S
+        heads = qkv.view(B, S, 3, nh, hs)
+        self.k_cache[i][:, :, start:end] = heads[:, :, 1].transpose(1, 2)  # (B, nh, S, hs)
+        self.v_cache[i][:, :, start:end] = heads[:, :, 2].transpose(1, 2)
+        q = heads[:, :, 0].transpose(1, 2)  # (B, nh, S, hs)
+        att = F.scaled_dot_product_attention(
+            q, self.k_cache[i][:, :, :end], self.v_cache[i][:, :, :end], attn_mask=mask, scale=self.scales[i]
+        )  # (B, nh, S, hs)
+        return att.transpose(1, 2).reshape(B * S, d)
+
+    def _run(self, x: Tensor, mask: Tensor, batch: int) -> Tensor:
+        """Every block on embeddings x [B·S, d]; mask: additive [B, 1, S, length + S] → final hidden [B·S, d]
+        (before ln_f)."""
+        for i, blk in enumerate(self.blocks):
+            qkv = torch.addmm(blk.b_qkv, self._norm(x), blk.w_qkv)  # (B·S, 3d)
+            x = torch.addmm(x, self._attention(i, qkv, mask, batch), blk.w_o).add_(blk.b_o)  # residual
+            h = self._act(blk, torch.addmm(blk.b_fc, self._norm(x), blk.w_fc))  # (B·S, I)
+            x = torch.addmm(x, h, blk.w_proj).add_(blk.b_proj)
+        self.length += x.shape[0] // batch
+        return x
+
+    def _logits(self, x: Tensor) -> Tensor:
+        return torch.addmm(self.b_lm, self._norm(x), self.w_lm)  # (N, V)
+
+    # ---- public -----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        max_len: int,
+        all_logits: bool = False,
+    ) -> Tensor:
+        """Run the left-padded prompts [B, P] and fill the cache (sized ``max_len`` ≥ P columns).
+
+        Returns the next-token logits [B, V], or with ``all_logits`` every position's logits [B, P, V]
+        (masks: `postrl.lm.fast_llama.prefill_masks`).
+        """
+        B, P = input_ids.shape
+        # `generate` feeds at most max_len − P − 1 tokens through `step`: the largest position it can reach
+        last = int(position_ids[:, -1].max()) + max_len - P - 1
+        if last >= self.wpe.shape[0]:
+            raise ValueError(f"position {last} is beyond the model's n_positions={self.wpe.shape[0]}")
+        like, nh, hs = self.wte, self.n_heads, self.head_dim
+        self.k_cache = [like.new_zeros(B, nh, max_len, hs) for _ in self.blocks]  # (B, nh, L, hs)
+        self.v_cache = [like.new_zeros(B, nh, max_len, hs) for _ in self.blocks]
+        self.length = 0
+        self.key_bias, mask = prefill_masks(attention_mask, max_len, like)  # (B, 1, 1, L), (B, 1, P, P)
+        x = F.embedding(input_ids, self.wte) + F.embedding(position_ids, self.wpe)  # (B, P, d)
+        x = self._run(x.view(B * P, self.d), mask, B).view(B, P, self.d)
+        # decode positions continue each row's count: the wpe rows of every future step, gathered once
+        steps = position_ids[:, -1:] + 1 + torch.arange(max_len - P, device=input_ids.device)  # (B, T)
+        self.pos_steps = F.embedding(steps.clamp(max=self.wpe.shape[0] - 1), self.wpe)  # (B, T, d)
+        self.prompt_len = P
+        if not all_logits:
+            return self._logits(x[:, -1])  # (B, V)
+        return self._logits(x.view(B * P, self.d)).view(B, P, -1)  # (B, P, V)
+
+    @torch.no_grad()
+    def step(self, tokens: Tensor) -> Tensor:
+        """Append one token per row (positions continue from the prompt): tokens [B] → logits [B, V]."""
+        t = self.length - self.prompt_len
+        mask = self.key_bias[..., : self.length + 1]  # (B, 1, 1, length + 1)
+        x = F.embedding(tokens, self.wte).add_(self.pos_steps[:, t])  # (B, d)
+        return self._logits(self._run(x, mask, tokens.shape[0]))  # (B, V)
