@@ -11,6 +11,13 @@ ends with ONE JSON line.
 Scaling is strong (the global batch is split), so the ideal is N× the 1-process tokens/s; gloo's all-reduce
 of the gradients and a machine shared with other work take their share. On GPUs use nccl (the default
 there) and ``--device cuda``.
+
+Beside it, classic-control PPO: ``postrl control train --algo ppo --env CartPole-v1`` (the preset: 8 envs ×
+32 steps and a batch of 256 per process, 20 epochs) under ``torchrun`` for each N, ``--control-steps`` env
+steps per process. Every rank steps its own envs, so this scaling is weak (N× the env steps in the same
+time is the ideal); the number is the run's env steps (all ranks) per second of training.
+
+    .venv/bin/python benchmarks/distributed.py --only control --control-steps 16384
 """
 
 from __future__ import annotations
@@ -98,6 +105,51 @@ def launch(n: int, model_dir: Path, args: argparse.Namespace) -> dict:
     return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
 
 
+def launch_control(n: int, args: argparse.Namespace) -> dict:
+    """``torchrun ... -m postrl.cli control train --algo ppo`` with ``n`` processes; its summary.json."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
+        cmd += ["-m", "postrl.cli", "control", "train", "--algo", "ppo", "--env", args.control_env]
+        cmd += ["--total-steps", str(args.control_steps * n), "--out", tmp]
+        cmd += [f"ppo.batch_size={256 * n}", "run.eval_episodes=1", "run.checkpoint_every=0"]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise SystemExit(f"control ppo with {n} processes failed:\n{proc.stderr[-4000:]}")
+        summary = json.loads((Path(tmp) / "summary.json").read_text())
+    return {"procs": n, "env_steps": summary["env_steps"], "steps_per_second": summary["steps_per_second"]}
+
+
+def _speedups(results: list[dict], key: str) -> list[dict]:
+    """Add ``speedup_vs_1``: ``key`` over the first run's per-process ``key``."""
+    base = results[0][key] / results[0]["procs"]
+    for r in results:
+        r["speedup_vs_1"] = r[key] / base
+    return results
+
+
+def _report_control(args: argparse.Namespace) -> list[dict]:
+    results = _speedups([launch_control(int(n), args) for n in args.procs.split(",")], "steps_per_second")
+    for r in results:
+        print(
+            f"control ppo {args.control_env}, {r['procs']} process(es): {r['steps_per_second']:.0f} env "
+            f"steps/s ({r['env_steps']} steps), x{r['speedup_vs_1']:.2f}"
+        )
+    return results
+
+
+def _report_lm(args: argparse.Namespace) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = _prepare(Path(tmp), args.width, args.layers)
+        results = [launch(int(n), model_dir, args) for n in args.procs.split(",")]
+    for r in _speedups(results, "tokens_per_second"):
+        print(
+            f"{r['procs']} process(es), {args.parallel}: {r['seconds_per_step']:.3f} s/step, "
+            f"{r['tokens_per_second']:.0f} tokens/s, x{r['speedup_vs_1']:.2f}"
+        )
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--procs", default="1,2", help="comma-separated process counts (1,2)")
@@ -108,25 +160,22 @@ def main() -> None:
     parser.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp"], help="ddp or fsdp (ddp)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (cpu)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per process (1)")
+    parser.add_argument("--only", choices=["lm", "control"], help="run one of the two benchmarks (both)")
+    parser.add_argument(
+        "--control-env", default="CartPole-v1", help="Gymnasium id of the PPO run (CartPole-v1)"
+    )
+    parser.add_argument("--control-steps", type=int, default=16384, help="PPO env steps per process (16384)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = _prepare(Path(tmp), args.width, args.layers)
-        results = [launch(int(n), model_dir, args) for n in args.procs.split(",")]
-    base = results[0]["tokens_per_second"] / results[0]["procs"]
-    for r in results:
-        r["speedup_vs_1"] = r["tokens_per_second"] / base
-        print(
-            f"{r['procs']} process(es), {args.parallel}: {r['seconds_per_step']:.3f} s/step, "
-            f"{r['tokens_per_second']:.0f} tokens/s, x{r['speedup_vs_1']:.2f}"
-        )
+    results = _report_lm(args) if args.only != "control" else []
+    control = _report_control(args) if args.only != "lm" else []
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     print(json.dumps({"parallel": args.parallel, "batch_size": args.batch_size, "load_avg": load,
-                      "results": results}))  # fmt: skip
+                      "results": results, "control_ppo": control}))  # fmt: skip
 
 
 if __name__ == "__main__":
