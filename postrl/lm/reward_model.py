@@ -19,7 +19,6 @@ those statistics and the export are in `reward_model_eval.py`.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,13 +35,16 @@ from postrl.lm.trainer import (
     LoopState,
     OptimConfig,
     TrainConfig,
+    _micro_batches,
+    _resume,
+    _save,
     iterate_batches,
     make_optimizer,
     set_threads,
     to_device,
 )
 from postrl.runtime import distributed as dist
-from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from postrl.runtime.checkpoint import latest_checkpoint
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import RunLogger
 from postrl.runtime.progress import Progress
@@ -238,23 +240,21 @@ def rm_train_step(
 ) -> dict[str, float]:
     """One optimiser step over ``indices`` (all ranks' pairs): each micro-batch's mean loss is weighted by
     its share of the step's pairs, so accumulation and sharding give the gradient of one big batch."""
-    mine = [indices[i] for i in dist.shard_range(len(indices))]  # this rank's pairs
-    weight = 1.0 if mine else 0.0  # a rank with no pair left still runs one (weight 0) to keep DDP in step
-    mine = mine or indices[:1]
-    size = max(1, math.ceil(len(mine) / cfg.grad_accum))
-    chunks = [mine[k : k + size] for k in range(0, len(mine), size)]
-    micro = [to_device(collate([examples[i] for i in c], pad_id), device) for c in chunks]
+    # the same number of micro-batches on every rank (DDP syncs in the last backward, FSDP gathers in every
+    # forward); a rank whose share ran out runs one pair with weight 0
+    micro = [
+        (to_device(collate([examples[i] for i in c], pad_id), device), w)
+        for c, w in _micro_batches(indices, cfg)
+    ]
     total, accuracy = 0.0, 0.0
-    for k, batch in enumerate(micro):
+    for k, (batch, weight) in enumerate(micro):
         share = weight * batch["target"].shape[0] / len(indices)
-        sync = k == len(micro) - 1 or not hasattr(model, "no_sync")
-        with model.no_sync() if not sync else _nullcontext():
+        with dist.no_grad_sync(model) if k < len(micro) - 1 else _nullcontext():
             value, metrics = rm_loss(model, batch, loss)
-            (value * share * dist.world_size()).backward()  # DDP averages over ranks
+            (value * share * dist.world_size()).backward()  # DDP and FSDP average over ranks
         total += float(value.detach()) * share
         accuracy += metrics["accuracy"] * share
-    params = [p for p in model.parameters() if p.grad is not None]
-    norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or float("inf")))
+    norm = dist.grad_norm(model.parameters(), cfg.optim.max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     out = dist.reduce_metrics({"loss": total, "accuracy": accuracy})
@@ -309,7 +309,7 @@ def run_rm(cfg: RMConfig, run_dir: str | Path, resume: bool = False) -> dict[str
             rm, evals, pad_id, info.device, loss, gold=gold, gold_tie=gold_tie, bins=cfg.ece_bins
         )
 
-    model = dist.wrap_ddp(rm, info)
+    model = dist.wrap_model(rm, info, cfg.train.parallel, forward_methods=("score",))
     state, optimizer, scheduler = _train_loop(
         model, rm, train, cfg, loss, pad_id, info, run_dir, logger, evaluate, resume
     )
@@ -319,10 +319,21 @@ def run_rm(cfg: RMConfig, run_dir: str | Path, resume: bool = False) -> dict[str
     if cfg.norm.samples > 0:
         prompts = sorted({e["row"]["prompt"] for e in train})
         norm = score_policy_samples(rm, tokenizer, prompts, cfg, info.device, task)
+    if dist.is_sharded(model):  # rank 0 writes the gathered weights from an unsharded copy
+        weights = dist.model_state_dict(model)  # a collective: the full tensors on rank 0, {} elsewhere
+        if info.is_main:
+            rm = ScalarHeadModel.from_pretrained(
+                cfg.model,
+                dtype=resolve_dtype(cfg.dtype),
+                trust_remote_code=cfg.trust_remote_code,
+                new_head=True,
+            )
+            rm.load_state_dict(weights)
     if info.is_main:
         export_reward_model(rm, tokenizer, run_dir / "model", norm)
-        if cfg.plots:
-            _plot(run_dir)
+    dist.barrier()
+    if info.is_main and cfg.plots:
+        _plot(run_dir)
     summary = {**metrics, "steps": state.step, "train_pairs": len(train), "loss_type": loss}
     if norm is not None:
         summary.update({f"sft_score_{k}": v for k, v in norm.items() if k in ("mean", "std")})
@@ -338,10 +349,7 @@ def _train_loop(model, rm, train, cfg: RMConfig, loss, pad_id, info, run_dir, lo
     ckpt_root = run_dir / "checkpoints"
     last = latest_checkpoint(ckpt_root) if resume else None
     if last is not None:
-        loaded = load_checkpoint(
-            last, modules={"model": rm}, optimizers={"opt": optimizer}, schedulers={"sched": scheduler}
-        )
-        state = LoopState(step=loaded["step"], position=int(loaded["extra"]["position"]))
+        state = _resume(last, model, optimizer, scheduler)
         logger.truncate_after(state.step)
     batches = iterate_batches(len(train), c.batch_size, c.seed, start=state.position)
     model.train()
@@ -361,17 +369,7 @@ def _train_loop(model, rm, train, cfg: RMConfig, loss, pad_id, info, run_dir, lo
                 logger.log(state.step, metrics)
                 bar.write(f"rm step {state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
             if done or (c.save_every and state.step % c.save_every == 0):
-                if info.is_main:
-                    save_checkpoint(
-                        ckpt_root,
-                        state.step,
-                        modules={"model": rm},
-                        optimizers={"opt": optimizer},
-                        schedulers={"sched": scheduler},
-                        extra={"position": state.position},
-                        keep_last=c.keep_last,
-                    )
-                dist.barrier()
+                _save(ckpt_root, state, model, optimizer, scheduler, c, hf_folder=False)
     return state, optimizer, scheduler
 
 

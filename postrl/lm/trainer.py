@@ -355,13 +355,21 @@ def _resume(last: Path, model: torch.nn.Module, optimizer, scheduler) -> LoopSta
 
 
 def _save(
-    root: Path, state: LoopState, model, optimizer, scheduler, cfg: TrainConfig, tokenizer: Any = None
+    root: Path,
+    state: LoopState,
+    model,
+    optimizer,
+    scheduler,
+    cfg: TrainConfig,
+    tokenizer: Any = None,
+    hf_folder: bool = True,
 ) -> None:
     """Checkpoint written by rank 0: full (gathered) weights as safetensors, so 1 process can load it,
     plus every rank's RNG state for an exact resume at the same world size. With the model's config and
     the tokenizer beside ``model.safetensors``, the folder is also a Hugging Face model folder
-    (``from_pretrained(checkpoint)`` loads that step)."""
-    config = getattr(dist.unwrap(model), "config", None)
+    (``from_pretrained(checkpoint)`` loads that step); ``hf_folder=False`` leaves them out (a model that
+    is not a causal LM, e.g. the reward model)."""
+    config = getattr(dist.unwrap(model), "config", None) if hf_folder else None
 
     def hf_files(folder: Path) -> None:
         if config is not None:

@@ -120,12 +120,16 @@ PARALLEL = ("ddp", "fsdp")
 shards parameters, gradients and optimiser state (FSDP2 ``fully_shard``) for models one device cannot hold."""
 
 
-def wrap_model(module: torch.nn.Module, info: DistInfo, strategy: str = "ddp") -> torch.nn.Module:
+def wrap_model(
+    module: torch.nn.Module, info: DistInfo, strategy: str = "ddp", forward_methods: tuple[str, ...] = ()
+) -> torch.nn.Module:
     """``module`` ready for data-parallel training under ``strategy`` (``ddp`` or ``fsdp``).
 
     One process: the module itself, whatever the strategy. ``fsdp`` shards each transformer block (the
-    classes a Hugging Face model lists in ``_no_split_modules``) and then the root, in place, so the
-    returned object is ``module``; build the optimiser after this call, on its (sharded) parameters.
+    classes a Hugging Face model, or one inside ``module``, lists in ``_no_split_modules``) and then the
+    root, in place, so the returned object is ``module``; build the optimiser after this call, on its
+    (sharded) parameters. ``forward_methods`` (e.g. ``("score",)``) are methods besides ``forward`` that
+    run the module and so must gather its parameters too (FSDP2 ``register_fsdp_forward_method``).
     Both strategies average gradients over ranks, so a loss normalised by a global count is multiplied by
     ``world_size`` (see the trainers).
     """
@@ -136,13 +140,15 @@ def wrap_model(module: torch.nn.Module, info: DistInfo, strategy: str = "ddp") -
     if strategy == "ddp":
         return wrap_ddp(module, info)
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard  # FSDP2, public since torch 2.6
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method  # FSDP2 (torch >= 2.6)
 
     mesh = init_device_mesh(info.device.type, (info.world_size,))
-    names = set(getattr(module, "_no_split_modules", None) or ())
+    names = {name for m in module.modules() for name in getattr(m, "_no_split_modules", None) or ()}
     for block in [m for m in module.modules() if type(m).__name__ in names]:
         fully_shard(block, mesh=mesh)
     fully_shard(module, mesh=mesh)
+    for name in forward_methods:
+        register_fsdp_forward_method(module, name)
     return module
 
 
