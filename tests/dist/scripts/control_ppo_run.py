@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_model
+from safetensors.torch import save_file
 
 from postrl.control.buffer import collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
@@ -70,7 +70,9 @@ def main(out: Path) -> None:
     agent = one_update(info)
     if info.is_main:
         for name, module in agent.modules.items():
-            save_model(module, str(out / f"update_{name}.safetensors"))
+            # copies: the parameters are views of one flat tensor (PPO's FlatParameters)
+            weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
+            save_file(weights, str(out / f"update_{name}.safetensors"))
     cfg = run_config()
     train(cfg, out / "straight")
     if info.is_main:  # the resumed run starts from the iteration-2 checkpoint of the straight one
