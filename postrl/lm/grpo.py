@@ -259,6 +259,7 @@ def _check_config(cfg: GRPOConfig, world: int) -> None:
         "grpo.overlong_buffer must be within [0, sampling.max_new_tokens]": not (
             0 <= g.overlong_buffer <= cfg.sampling.max_new_tokens
         ),
+        f"parallel={cfg.parallel}: {dist.ROLLOUT_PARALLEL}": cfg.parallel != "ddp",
     }
     bad = [message for message, failed in problems.items() if failed]
     if bad:

@@ -111,6 +111,10 @@ class GRPOConfig:
     """Weights dtype: float32, bfloat16 or float16."""
     threads: int | None = None
     """torch intra-op threads (null: torch's default; 1–2 is fastest for tiny models on a CPU)."""
+    parallel: str = "ddp"
+    """Under torchrun: ddp (replicate the policy). fsdp is refused: rollouts decode with whole weights, read
+    directly outside FSDP's gathering hooks, for a different number of steps on each rank (README, Scaling
+    out)."""
     trust_remote_code: bool = False
     """Run the model repository's own code (only for models you trust)."""
     tensorboard: bool = False

@@ -146,6 +146,10 @@ class PPOConfig:
     """Weights dtype: float32, bfloat16 or float16."""
     threads: int | None = None
     """torch intra-op threads (null: torch's default)."""
+    parallel: str = "ddp"
+    """Under torchrun: ddp (replicate the policy). fsdp is refused: rollouts decode with whole weights, read
+    directly outside FSDP's gathering hooks, for a different number of steps on each rank (README, Scaling
+    out)."""
     trust_remote_code: bool = False
     """Run the model repository's own code (only for models you trust)."""
     tensorboard: bool = False
@@ -299,6 +303,7 @@ def check_config(cfg: PPOConfig) -> None:
             cfg.sampling.greedy or cfg.sampling.temperature <= 0
         ),
         "kl.beta must be >= 0": cfg.kl.beta < 0,
+        f"parallel={cfg.parallel}: {dist.ROLLOUT_PARALLEL}": cfg.parallel != "ddp",
     }
     bad = [message for message, failed in problems.items() if failed]
     if bad:

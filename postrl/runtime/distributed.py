@@ -120,6 +120,15 @@ PARALLEL = ("ddp", "fsdp")
 shards parameters, gradients and optimiser state (FSDP2 ``fully_shard``) for models one device cannot hold."""
 
 
+ROLLOUT_PARALLEL = (
+    "the RL trainers that sample (ppo, grpo) run with parallel=ddp only. With fsdp every forward gathers the "
+    "sharded parameters, a collective that all ranks must join, but the rollout decoders read the weight "
+    "tensors directly (outside FSDP's hooks) and decode a different number of steps on each rank; sampling "
+    "would need the whole policy gathered on every rank for each rollout, which is not implemented"
+)
+"""Why ``parallel=fsdp`` is refused by the trainers that generate rollouts (their configs say so too)."""
+
+
 def wrap_model(
     module: torch.nn.Module, info: DistInfo, strategy: str = "ddp", forward_methods: tuple[str, ...] = ()
 ) -> torch.nn.Module:
