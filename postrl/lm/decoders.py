@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from postrl.lm import fast_gpt2, fast_llama
+from postrl.lm.shared_prefix import cache_argument
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,7 @@ class HFDecoder:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         params = inspect.signature(model.forward).parameters
-        # transformers 5 renamed ``past_key_values`` to ``cache``; accept either.
-        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.cache_kw = cache_argument(model) or "past_key_values"
         self.keep_kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.cache: Any = None
 
@@ -52,6 +52,11 @@ class HFDecoder:
         self.length, self.cache = input_ids.shape[1], None
         self.next_pos = position_ids[:, -1:] + 1  # (B, 1)
         return self._forward(input_ids, position_ids)
+
+    def select_rows(self, index: Tensor) -> None:
+        """After `prefill`: row b continues prefilled row ``index[b]`` (a prompt shared by several rows)."""
+        self.cache.batch_select_indices(index)
+        self.mask, self.next_pos = self.mask[index], self.next_pos[index]
 
     def step(self, tokens: Tensor) -> Tensor:
         """Append one token per row (positions continue from the prompt): tokens [B] → logits [B, V]."""

@@ -178,6 +178,11 @@ class FastGPT2:
             return self._logits(x[:, -1])  # (B, V)
         return self._logits(x.view(B * P, self.d)).view(B, P, -1)  # (B, P, V)
 
+    def select_rows(self, index: Tensor) -> None:
+        """After `prefill`: row b continues prefilled row ``index[b]`` (a prompt shared by several rows)."""
+        self.k_cache, self.v_cache = [k[index] for k in self.k_cache], [v[index] for v in self.v_cache]
+        self.key_bias, self.pos_steps = self.key_bias[index], self.pos_steps[index]
+
     @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
         """Append one token per row (positions continue from the prompt): tokens [B] → logits [B, V]."""

@@ -216,6 +216,13 @@ class FastLlama:
             return self._norm(x[:, -1]) @ self.w_lm  # (B, V)
         return (self._norm(x.reshape(B * P, -1)) @ self.w_lm).view(B, P, -1)  # (B, P, V)
 
+    def select_rows(self, index: Tensor) -> None:
+        """After `prefill`: row b continues prefilled row ``index[b]`` (a prompt shared by several rows)."""
+        self.k_cache, self.v_cache = [k[index] for k in self.k_cache], [v[index] for v in self.v_cache]
+        self.key_bias, self.cos_steps, self.sin_steps = (
+            t[index] for t in (self.key_bias, self.cos_steps, self.sin_steps)
+        )
+
     @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
         """Append one token per row (positions continue from the prompt): tokens [B] → logits [B, V]."""

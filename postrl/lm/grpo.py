@@ -50,9 +50,10 @@ from postrl.lm.grpo_rollouts import (
     collect,
 )
 from postrl.lm.grpo_rollouts import overlong_penalty as overlong_penalty
-from postrl.lm.models import load_causal_lm, position_ids_from_mask, resolve_dtype
+from postrl.lm.models import load_causal_lm, resolve_dtype
 from postrl.lm.rewards import combine, load_reward_fns
 from postrl.lm.rollout import token_log_probs as _token_log_probs
+from postrl.lm.shared_prefix import response_logits
 from postrl.lm.trainer import OptimConfig as OptimConfig
 from postrl.lm.trainer import _clip, _nullcontext, export_model, make_optimizer, set_threads
 from postrl.runtime import distributed as dist
@@ -73,16 +74,9 @@ MU_ONE_NOTE = (
 def policy_log_probs(
     model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float
 ) -> tuple[Tensor, Tensor]:
-    """One teacher-forced forward → (log π_τ of the response tokens [b, T], entropy per token [b, T] detached)."""
-    T = input_ids.shape[1] - prompt_len
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-        logits_to_keep=T + 1,
-    )
-    logits = out.logits[:, :-1].float() / temperature  # (b, T, V): position P−1+t predicts response token t
+    """One teacher-forced forward → (log π_τ of the response tokens [b, T], entropy per token [b, T] detached).
+    A group's shared prompt runs once (`postrl.lm.shared_prefix`)."""
+    logits = response_logits(model, input_ids, attention_mask, prompt_len).float() / temperature  # (b, T, V)
     mask = attention_mask[:, prompt_len:].to(logits.dtype)
     log_probs = _token_log_probs(logits, input_ids[:, prompt_len:]) * mask
     with torch.no_grad():

@@ -25,9 +25,11 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from transformers import PreTrainedModel
 
 from postrl.lm.decoders import make_decoder
 from postrl.lm.models import position_ids_from_mask
+from postrl.lm.shared_prefix import distinct_prompts, response_logits
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +159,14 @@ def generate(
     tau = None if temperature in (0.0, 1.0) else torch.tensor(temperature, device=prompt_ids.device)
     B, P = prompt_ids.shape
     decoder = make_decoder(model, use_fast)
-    logits = decoder.prefill(prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask), P + max_new_tokens)
+    ids, mask, inverse = distinct_prompts(prompt_ids, prompt_mask)
+    shared = ids.shape[0] < B  # e.g. a GRPO group: its prompt is prefilled once
+    if not shared:
+        ids, mask = prompt_ids, prompt_mask
+    logits = decoder.prefill(ids, mask, position_ids_from_mask(mask), P + max_new_tokens)
+    if shared:
+        logits = logits[inverse]
+        decoder.select_rows(inverse)
     tokens, log_probs = [], []  # per step: [B, 1] each, stacked once at the end
     finished = torch.zeros(B, 1, dtype=torch.bool, device=prompt_ids.device)
     for t in range(max_new_tokens):
@@ -254,8 +263,12 @@ def score(
     chunks_lp, chunks_v = [], []
     for rows in torch.split(torch.arange(input_ids.shape[0], device=input_ids.device), chunk_size):
         ids, mask = input_ids[rows], attention_mask[rows]
-        logits, values = _forward_full(model, ids, mask, T + 1, value_fn)  # (b, T + 1, V)
-        chunks_lp.append(token_log_probs(logits[:, :-1], ids[:, P:], temperature))  # (b, T)
+        if value_fn is None and isinstance(model, PreTrainedModel):  # a plain causal LM: prompts run once
+            logits, values = response_logits(model, ids, mask, P), None  # (b, T, V)
+        else:
+            logits, values = _forward_full(model, ids, mask, T + 1, value_fn)  # (b, T + 1, V)
+            logits = logits[:, :-1]
+        chunks_lp.append(token_log_probs(logits, ids[:, P:], temperature))  # (b, T)
         if values is not None:
             chunks_v.append(values.reshape(*values.shape[:2]).float()[:, P - 1 : -1])  # (b, T)
     response_mask = attention_mask[:, P:].to(torch.float32)

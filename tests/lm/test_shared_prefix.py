@@ -1,0 +1,96 @@
+"""Running each distinct prompt once (`postrl.lm.shared_prefix`, and the prefill of `generate`) changes no
+logit, gradient, token or log-probability beyond float32 rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from postrl.lm.models import position_ids_from_mask
+from postrl.lm.rollout import generate, left_pad, score
+from postrl.lm.shared_prefix import distinct_prompts, response_logits
+from tests.lm.test_fast_gpt2 import tiny_gpt2
+from tests.lm.test_rollout import tiny_llama
+
+PAD, EOS = 0, 1
+TOL = 1e-5
+
+
+def grouped_batch(group: int = 4, T: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """3 distinct left-padded prompts (7, 3, 5 tokens) × ``group`` rows each, then T response tokens of which
+    two rows end early (mask 0 after): input_ids, attention_mask [B, P + T] and P."""
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(2, 48, (n,), generator=g).tolist() for n in (7, 3, 5)]
+    ids, mask = left_pad([s for s in seqs for _ in range(group)], PAD)
+    response = torch.randint(2, 48, (ids.shape[0], T), generator=g)
+    response_mask = torch.ones_like(response)
+    response_mask[1, 3:], response_mask[5, 1:] = 0, 0
+    return torch.cat((ids, response), 1), torch.cat((mask, response_mask), 1), ids.shape[1]
+
+
+def test_distinct_prompts_by_hand():
+    ids = torch.tensor([[0, 5, 6], [7, 5, 6], [0, 5, 6]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 1, 1]])
+    distinct, distinct_mask, inverse = distinct_prompts(ids, mask)
+    assert distinct.shape == (2, 3) and torch.equal(distinct[inverse], ids)
+    assert torch.equal(distinct_mask[inverse], mask)
+
+
+MODELS = {"gpt2": lambda: tiny_gpt2(), "llama": lambda: tiny_llama(vocab=48)}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_response_logits_and_their_gradients_equal_the_full_forward(name):
+    model = MODELS[name]()  # eval mode: GPT-2's dropout off, gradients still flow
+    input_ids, attention_mask, P = grouped_batch()
+    weights = torch.randn(input_ids.shape[0], input_ids.shape[1] - P, model.config.vocab_size)
+    weights *= attention_mask[:, P:, None]
+
+    def run(fn):
+        model.zero_grad(set_to_none=True)
+        logits = fn()
+        (logits * weights).sum().backward()
+        return logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+    def full():
+        positions = position_ids_from_mask(attention_mask)
+        out = model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False
+        )
+        return out.logits[:, P - 1 : -1]
+
+    ref, ref_grads = run(full)
+    shared, grads = run(lambda: response_logits(model, input_ids, attention_mask, P))
+    assert ((shared - ref) * attention_mask[:, P:, None]).abs().max() < TOL
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert (g - r).abs().max() <= 1e-4 * max(1.0, r.abs().max())
+
+
+def test_score_with_shared_prompts_equals_row_by_row_score():
+    model = tiny_gpt2()
+    input_ids, attention_mask, P = grouped_batch()
+    with torch.no_grad():
+        batched = score(model, input_ids, attention_mask, P, temperature=0.7)
+        alone = [
+            score(model, input_ids[r : r + 1], attention_mask[r : r + 1], P, temperature=0.7)
+            for r in range(12)
+        ]
+    assert (batched - torch.cat(alone)).abs().max() < TOL
+
+
+@pytest.mark.parametrize("use_fast", [None, False])
+def test_generate_prefills_a_shared_prompt_once_with_the_same_tokens_and_log_probs(use_fast):
+    model = tiny_gpt2()
+    input_ids, attention_mask, P = grouped_batch()
+    ids, mask = input_ids[:, :P], attention_mask[:, :P]
+    kwargs = {"max_new_tokens": 8, "eos_token_id": EOS, "pad_token_id": PAD, "use_fast": use_fast}
+    out = generate(model, ids, mask, generator=torch.Generator().manual_seed(3), **kwargs)
+    with torch.no_grad():
+        ref = score(model, out.input_ids, out.attention_mask, out.prompt_len, chunk_size=1)  # no sharing
+    assert (out.log_probs - ref).abs().max() < TOL
+    greedy = generate(model, ids, mask, greedy=True, **kwargs)
+    for row in range(0, 12, 4):  # each group's greedy rows equal its prompt run alone
+        real = mask[row].bool()
+        alone = generate(model, ids[row, real][None], mask[row, real][None], greedy=True, **kwargs)
+        T = alone.response_ids.shape[1]
+        assert torch.equal(greedy.response_ids[row : row + 4, :T], alone.response_ids.expand(4, T))
