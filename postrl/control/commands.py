@@ -124,13 +124,18 @@ def _train(args: argparse.Namespace) -> int:
     from postrl.control.train import train
 
     cfg = resolve_config(args)
+    return _run(cfg, args, train)
+
+
+def _run(cfg, args: argparse.Namespace, train_fn) -> int:
+    """``train_fn(cfg, out, resume=…)`` in the run folder (an interrupted one resumes), summary printed."""
     out = args.resume or args.out or f"runs/{cfg.algo}-{cfg.env.id}-s{cfg.run.seed}"
     resume = bool(args.resume) or _interrupted(Path(out))
     if resume and not args.resume:
         print(
             f"postrl: {out} holds an interrupted run; resuming it from its last checkpoint", file=sys.stderr
         )
-    summary = train(cfg, out, resume=resume)
+    summary = train_fn(cfg, out, resume=resume)
     print(json.dumps(summary))
     print(f"run folder: {out}")
     return 0
@@ -189,6 +194,15 @@ def _add_prefs_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _prefs(args: argparse.Namespace) -> int:
-    from postrl.control.prefs import main
+    """Run ``postrl.control.prefs`` and print its summary (preference metrics included)."""
+    from postrl.control.prefs import Config, run
+    from postrl.runtime.config import format_help
 
-    return main(args)
+    if args.list_keys:
+        print(format_help(Config))
+        return 0
+    flags = [f"prefs.label_budget={args.labels}"] if args.labels is not None else []
+    if args.noise is not None:
+        flags.append(f"labeller.flip_prob={args.noise}")
+    args.overrides = [*flags, *args.overrides]
+    return _run(resolve_config(args), args, run)

@@ -3,9 +3,10 @@
 The loop of the notes (Part 2, §2), run as PPO iterations (``postrl.control.ppo``):
 
 1. the policy collects a rollout; random segments of ``segment_length`` steps are cut from it into a pool;
-2. following the label schedule (``initial_labels`` at once, the rest of ``label_budget`` linearly until
-   ``label_until`` of the run), pairs are drawn from the pool, at random or where the ensemble disagrees
-   most (variance of P_k(σ¹ ≻ σ²) over members), and the synthetic labeller compares their true returns;
+2. following the label schedule (``initial_labels`` at once, the rest of ``label_budget`` at a decaying rate
+   until ``label_until`` of the run: ``prefs_reward.labels_due``), pairs are drawn from the pool, at random
+   or where the ensemble disagrees most (variance of P_k(σ¹ ≻ σ²) over members), and the synthetic labeller
+   compares their true returns;
 3. the reward-model ensemble (``prefs_reward``) takes gradient steps on every label so far;
 4. the rollout's rewards are replaced by the normalised learned reward, then GAE and the PPO update.
 
@@ -51,6 +52,7 @@ from postrl.control.prefs_reward import (
     Segments,
     accuracy,
     extract_segments,
+    labels_due,
     reward_correlation,
     select_pairs,
     synthetic_labels,
@@ -69,8 +71,12 @@ class PrefsConfig:
     """Total number of labelled pairs over the run."""
     initial_labels: int = 100
     """Pairs labelled from the first rollout (the untrained policy), before PPO first uses r̂."""
-    label_until: float = 0.5
-    """Fraction of the run by which the whole budget is labelled (linearly after the initial labels)."""
+    label_until: float = 1.0
+    """Fraction of the run by which the whole budget is labelled. Labelling to the end keeps the reward
+    model online: one frozen halfway lets the policy drift where r̂ was never checked (Christiano et al. §3.3)."""
+    label_decay: float = 0.1
+    """τ of the label rate ∝ τ / (τ + fraction of the run) after the initial labels (Christiano et al.: ∝
+    2·10⁶ / (T + 2·10⁶)); 0: a constant rate."""
     pair_selection: str = "disagreement"
     """How pairs are chosen: random, or disagreement (highest variance of P(σ¹≻σ²) over the ensemble)."""
     candidates_per_label: int = 10
@@ -190,7 +196,9 @@ class Prefs(Agent):
         self._label(self._labels_due() - self.labels_used)
         rm = self.cfg.reward_model
         steps = rm.pretrain_steps if first and self.pairs is not None else rm.steps_per_iteration
-        rm_loss = train_reward_model(self.reward_model, self.rm_optimizer, self.pairs, steps, rm.batch_size)
+        rm_loss = train_reward_model(
+            self.reward_model, self.rm_optimizer, self.pairs, steps, rm.batch_size, rm.random_response
+        )
         with torch.no_grad():
             learned = self.learned_reward(obs, buf.actions)  # (E, T)
         buf.rewards.copy_(learned)
@@ -200,8 +208,7 @@ class Prefs(Agent):
 
     def _labels_due(self) -> int:
         p = self.cfg.prefs
-        ramp = min(1.0, self._frac / p.label_until) if p.label_until > 0 else 1.0
-        return min(p.label_budget, p.initial_labels + math.ceil((p.label_budget - p.initial_labels) * ramp))
+        return labels_due(self._frac, p.label_budget, p.initial_labels, p.label_until, p.label_decay)
 
     def _label(self, n: int) -> None:
         """Choose ``n`` pairs from the pool, ask the synthetic labeller, add them to the labelled set."""
@@ -311,10 +318,14 @@ def _validate(cfg: Config) -> None:
         )
     if not 1 <= p.segment_length <= cfg.ppo.n_steps:
         raise ConfigError(f"'prefs.segment_length' must be in [1, ppo.n_steps={cfg.ppo.n_steps}]")
+    if p.label_decay < 0:
+        raise ConfigError("'prefs.label_decay' must be ≥ 0")
     if not 0 <= p.initial_labels <= p.label_budget:
         raise ConfigError("'prefs.initial_labels' must be between 0 and prefs.label_budget")
     if cfg.env.normalize_reward:
         raise ConfigError("'env.normalize_reward' must be false for prefs: the env reward is never used")
+    if not 0 <= cfg.reward_model.random_response < 1:
+        raise ConfigError("'reward_model.random_response' must be in [0, 1)")
     if not 0 <= cfg.labeller.flip_prob <= 1:
         raise ConfigError("'labeller.flip_prob' must be in [0, 1]")
 
@@ -376,32 +387,3 @@ def _plot(rows: list[dict], summary: dict, path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def main(args) -> int:
-    """The ``postrl control prefs`` handler (arguments: see ``commands._add_prefs_parser``)."""
-    import json
-    import sys
-    from pathlib import Path
-
-    from postrl.control.commands import _interrupted, resolve_config
-    from postrl.runtime.config import format_help
-
-    if args.list_keys:
-        print(format_help(Config))
-        return 0
-    flags = [f"prefs.label_budget={args.labels}"] if args.labels is not None else []
-    if args.noise is not None:
-        flags.append(f"labeller.flip_prob={args.noise}")
-    args.overrides = [*flags, *args.overrides]
-    cfg = resolve_config(args)
-    out = args.resume or args.out or f"runs/prefs-{cfg.env.id}-s{cfg.run.seed}"
-    resume = bool(args.resume) or _interrupted(Path(out))
-    if resume and not args.resume:
-        print(
-            f"postrl: {out} holds an interrupted run; resuming it from its last checkpoint", file=sys.stderr
-        )
-    summary = run(cfg, out, resume=resume)
-    print(json.dumps(summary))
-    print(f"run folder: {out}")
-    return 0

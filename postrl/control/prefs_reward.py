@@ -34,6 +34,7 @@ __all__ = [
     "Segments",
     "accuracy",
     "extract_segments",
+    "labels_due",
     "reward_correlation",
     "select_pairs",
     "synthetic_labels",
@@ -65,6 +66,9 @@ class RewardModelConfig:
     """Gradient steps on the reward model after each rollout."""
     pretrain_steps: int = 300
     """Gradient steps after the first labels (from the untrained policy), before PPO uses r̂."""
+    random_response: float = 0.1
+    """ε: the loss models a label as uniformly random with this chance, P = ε/2 + (1 − ε)σ(ŝ¹ − ŝ²)
+    (Christiano et al. §2.2.3 use 0.1), so that a wrong label costs at most log(2/ε)."""
 
 
 @dataclass
@@ -219,6 +223,17 @@ def extract_segments(
     return Segments(obs[env_i, t_i], actions[env_i, t_i], true, alive)
 
 
+def labels_due(frac: float, budget: int, initial: int, until: float, decay: float) -> int:
+    """Labels due ``frac`` of the way into the run: ``initial`` at once, then the rest of ``budget`` at a rate
+    ∝ τ / (τ + frac) (τ = ``decay``; 0 is a constant rate), all of it by ``until``. Christiano et al. (2017,
+    §2.2.4, App. A) request labels all through training at a rate ∝ 2·10⁶ / (T + 2·10⁶)."""
+    if until <= 0:
+        return budget
+    f = min(frac, until)
+    share = math.log1p(f / decay) / math.log1p(until / decay) if decay > 0 else f / until  # ∫ rate, to 1
+    return min(budget, initial + math.ceil((budget - initial) * share))
+
+
 @torch.no_grad()
 def select_pairs(
     model: RewardEnsemble, pool: Segments, n: int, mode: str, candidates_per_label: int
@@ -238,10 +253,16 @@ def select_pairs(
 
 
 def train_reward_model(
-    model: RewardEnsemble, optimizer: torch.optim.Optimizer, pairs: Pairs, steps: int, batch_size: int
+    model: RewardEnsemble,
+    optimizer: torch.optim.Optimizer,
+    pairs: Pairs,
+    steps: int,
+    batch_size: int,
+    random_response: float = 0.0,
 ) -> float | None:
-    """``steps`` Adam steps of the Bradley–Terry cross-entropy on the training (not held-out) pairs, each
-    member on its own random minibatch. Returns the mean loss, or None when there is nothing to train on."""
+    """``steps`` Adam steps of the Bradley–Terry cross-entropy (``random_response``: ε of
+    ``preference_loss``) on the training (not held-out) pairs, each member on its own random minibatch.
+    Returns the mean loss, or None when there is nothing to train on."""
     train_idx = torch.nonzero(~pairs.val).squeeze(-1)
     if len(train_idx) == 0 or steps <= 0:
         return None
@@ -250,7 +271,7 @@ def train_reward_model(
         idx = train_idx[torch.randint(len(train_idx), (model.k, batch_size))]  # (K, B)
         s1 = model.scores(pairs.first.take(idx), member_dim=True)  # (K, B)
         s2 = model.scores(pairs.second.take(idx), member_dim=True)
-        loss = preference_loss(s1, s2, pairs.labels[idx])
+        loss = preference_loss(s1, s2, pairs.labels[idx], random_response=random_response)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

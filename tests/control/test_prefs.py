@@ -17,6 +17,7 @@ from postrl.control.prefs_reward import (
     RewardModelConfig,
     Segments,
     accuracy,
+    labels_due,
     synthetic_labels,
     train_reward_model,
 )
@@ -58,6 +59,18 @@ def test_segments_pad_after_termination_and_skip_truncation():
         assert seg.alive[i].long().tolist() == alive
         assert seg.true_rewards[i].tolist() == [float(a) for a in alive]  # padding: true reward 0
         assert seg.obs[i, :, 0].tolist() == [float(start + t) for t in range(length)]
+
+
+def test_label_schedule_decays_and_runs_to_the_end():
+    """Initial labels at once, the rest at a rate ∝ τ/(τ + frac): concave, all of the budget at label_until."""
+    due = [labels_due(f / 100, 300, 100, until=1.0, decay=0.1) for f in range(101)]
+    assert due[0] == 100 and due[-1] == 300
+    steps = np.diff(due)
+    assert (steps >= 0).all() and steps[-10:].sum() > 0  # labels keep coming to the end of the run
+    assert steps[:10].sum() > 3 * steps[-10:].sum()  # at a decaying rate
+    # τ = 0: a constant rate; past label_until: the whole budget
+    assert [labels_due(f, 300, 100, until=0.5, decay=0.0) for f in (0.25, 0.5, 0.9)] == [200, 300, 300]
+    assert labels_due(0.0, 300, 100, until=0.0, decay=0.1) == 300
 
 
 def _random_segments(n, length, obs_dim, generator):
@@ -114,6 +127,7 @@ def _cartpole_cfg(*overrides):
         "prefs.segment_length=10",
         "prefs.label_budget=40",
         "prefs.initial_labels=20",
+        "prefs.label_until=0.5",
         "prefs.segments_per_rollout=16",
         "reward_model.pretrain_steps=20",
         "reward_model.steps_per_iteration=4",

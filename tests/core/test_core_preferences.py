@@ -26,6 +26,24 @@ def test_pairwise_loss_is_stable_for_large_gaps():
     assert pairwise_loss(t([1000.0]), t([0.0])).item() == pytest.approx(0.0, abs=1e-12)
 
 
+def test_preference_loss_with_random_responses():
+    """P(1 ≻ 2) = ε/2 + (1 − ε) σ(d): hand values at d = 2 and a bounded loss for a confidently wrong label."""
+    eps, sig2 = 0.1, 1.0 / (1.0 + math.exp(-2.0))
+    p1 = eps / 2 + (1 - eps) * sig2
+    assert preference_loss(t([3.0]), t([1.0]), 1.0, random_response=eps).item() == pytest.approx(
+        -math.log(p1), abs=1e-12
+    )
+    tie = preference_loss(t([3.0]), t([1.0]), 0.5, random_response=eps).item()
+    assert tie == pytest.approx(-0.5 * (math.log(p1) + math.log(1 - p1)), abs=1e-12)
+    wrong = preference_loss(t([1000.0]), t([0.0]), 0.0, random_response=eps).item()
+    assert wrong == pytest.approx(-math.log(eps / 2), abs=1e-9)  # not 1000
+    g = torch.Generator().manual_seed(3)
+    s1, s2 = rand(g, 7), rand(g, 7)
+    torch.testing.assert_close(
+        preference_loss(s1, s2, 0.3, random_response=0.0), preference_loss(s1, s2, 0.3)
+    )
+
+
 def test_preference_loss_ties_and_soft_labels():
     # tie p = 0.5 on s1 - s2 = 2: -(0.5 log sigma(2) + 0.5 log sigma(-2)), log sigma(-2) = log sigma(2) - 2
     loss = preference_loss(t([3.0]), t([1.0]), 0.5)
