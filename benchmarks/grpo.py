@@ -1,11 +1,16 @@
 """Benchmarks of GRPO (issue 6), one function per part. Each ends with ONE JSON line of results.
 
-Part ``arithmetic``: the built-in ``arithmetic`` task from an SFT checkpoint. Held-out greedy exact-match
-accuracy before and after a fixed training budget (seconds of training, evaluation excluded), seconds per step,
-generated tokens per second and peak memory of `postrl grpo`, and, from the same checkpoint and for the same
-training time, the accuracy that continued SFT on the task's demonstrations reaches (the honest alternative).
+Part ``arithmetic``: the built-in ``arithmetic`` task (2-digit addition) from an SFT checkpoint that the
+benchmark builds itself unless ``--sft`` is given (`_grpo_sft.py`: a tiny Llama pretrained on a corpus of
+3-digit sums, then SFT on 500 demonstrations). Held-out greedy exact-match
+accuracy before and after a fixed training budget (seconds of training, evaluation excluded), seconds per step
+and where they go, generated tokens per second and peak memory of `postrl grpo` with the
+``configs/grpo-arithmetic.yaml`` preset (32 prompts x G = 8, <= 8 new tokens, temperature 1, AdamW 2e-4
+constant, beta 0.04 with k3, eps 0.2, mu = 1, the DeepSeekMath per-response loss), and, from the same checkpoint
+and for the same training time, the accuracy that continued SFT on the checkpoint's demonstrations reaches
+(the honest alternative; ``--continued-sft-demos all`` gives it every train problem's answer instead).
 
-    .venv/bin/python benchmarks/grpo.py --part arithmetic --sft runs/base/sft/model --budget 180
+    .venv/bin/python benchmarks/grpo.py --part arithmetic --budget 180 [--base runs/base/pretrain/model]
 
 Part ``trl``: `postrl grpo` beside Hugging Face TRL's ``GRPOTrainer`` on TRL's own toy task
 (``/work/shared/peers/trl_grpo_bench.py``: "add a b =" prompts, character tokenizer, 2-layer GPT-2 of 407k
@@ -25,10 +30,21 @@ record the load average, and the parts alternate the two contenders where they c
 with 2 threads on a machine whose cores are busy, a forward pass was measured 30x slower than with 1.
 
 Measured 2026-12-02 on the shared 2-core machine at a load average of 12-18 (so every time is inflated):
-- arithmetic, 2-digit addition, from a 35% SFT checkpoint (the 3-digit base SFT model was at 2%), 180 s of
-  training: GRPO 0.35 -> 0.45 greedy (0.50 at step 40; sampled 0.26 -> 0.385) in 50 steps of 32 x 8,
-  3.65 s/step, 322 generated tokens/s (1,481 in generation alone), peak RSS 589 MB; continued SFT for the same
-  180 s: 0.35 -> 0.89. An SFT model stopped early still gains more from SFT than from RL.
+- arithmetic (``--part arithmetic --budget 180``, the 500-demonstration checkpoint, load average 14-17, GRPO
+  run at normal priority): GRPO 0.50 -> 0.705 greedy (+20.5 points; 0.625 at step 20, 0.665 at 40; sampled
+  0.40 -> 0.535) in 58 steps of 32 x 8, 3.13 s/step (generation 0.71 s, reference scoring 0.74 s, training
+  forward/backward 1.67 s), 376 generated tokens/s (1,665 in generation alone), peak RSS 510 MB, 25% of
+  groups with zero reward std, k3 KL 0.20; continued SFT on the same 500 demonstrations for the same 181 s:
+  0.50 -> 0.595 (0.55-0.65 from 70 s on). An earlier run (same seed) had the same accuracy at steps 20 and 40.
+  From the 250-demonstration checkpoint (``--sft-demos 250 --checkpoint-sft-min-lr-ratio 0.1``, 0.315,
+  overfit): GRPO 0.315 -> 0.39 (dipping to 0.25 at step 20; 52% zero-std groups) in 62 steps, continued SFT
+  0.315 -> 0.195. From the earlier 35% checkpoint (200 steps into an SFT on all 5,000 answers, far from
+  converged): GRPO 0.35 -> 0.49 by step 75 and no higher by step 100, continued SFT on the 5,000 answers
+  0.35 -> 0.89 in 180 s. So GRPO's gain is bounded by what the policy can already sample: it sharpens (greedy
+  and sampled accuracy rise together, entropy falls) more than it teaches; a model that SFT can still teach
+  gains more from SFT when answers for every prompt exist. lr: 2e-4 (the preset) learns; 1e-4 gave the same
+  accuracy at step 20 (0.63); 5e-4 collapses (0.35 -> 0.16 by step 20, also with 20 warmup steps): one AdamW
+  step at 2e-4 already moves the policy by a k3 KL of ~0.1 per token.
 - TRL task, warm start at 0.57, lr 1e-4, 200 steps, two alternated runs each: postrl 0.42 s/step vs TRL 0.69
   (1.63x), generation 347 vs 293 tokens/s, peak RSS 413 vs 502 MB; accuracy after 200 steps 0.23 / 0.32 / 0.54
   (postrl seeds 0 / 1 / 2) vs 0.35 (TRL seed 0); both first drop from 0.57 (group-std scaling magnifies the
@@ -105,113 +121,67 @@ def _step_times(run_dir: Path) -> list[float]:
 
 
 # ---- part: arithmetic ---------------------------------------------------------------------------------------
-def _sft_settings(model: Path) -> tuple[float, int]:
-    """(lr, batch size) of the SFT run that wrote ``model`` (RUN_DIR/model), else (1e-3, 64)."""
-    config = model.parent / "config.yaml"
-    if config.is_file():
-        import yaml
-
-        train = yaml.safe_load(config.read_text()).get("train", {})
-        return float(train.get("optim", {}).get("lr", 1e-3)), int(train.get("batch_size", 64))
-    return 1e-3, 64
-
-
-def _continued_sft(model_dir: Path, task_opts: dict, seconds: float, args: argparse.Namespace) -> list:
-    """Continue SFT from ``model_dir`` on the task's demonstrations for ``seconds`` of training (evaluation
-    excluded), at the SFT run's peak lr held constant; returns [(training seconds, held-out accuracy)]."""
-    import torch
-
-    from postrl.lm.data import tokenize_sft
-    from postrl.lm.evaluation import evaluate_task
-    from postrl.lm.models import load_causal_lm
-    from postrl.lm.tasks import get_task
-    from postrl.lm.tokenizer import load_tokenizer
-    from postrl.lm.trainer import OptimConfig, TrainConfig, run_training
-    from postrl.runtime.logging import RunLogger
-
-    torch.set_num_threads(args.threads)
-    tok, model = load_tokenizer(model_dir), load_causal_lm(model_dir)
-    task = get_task("arithmetic", **task_opts)
-    examples = tokenize_sft(task.sft_rows("train"), tok, 64)
-    lr, batch_size = _sft_settings(model_dir)
-    cfg = TrainConfig(
-        max_steps=10**6, batch_size=batch_size, eval_every=args.sft_eval_every, save_every=0, log_every=10,
-        eval_examples=32, optim=OptimConfig(lr=lr, warmup_steps=0, min_lr_ratio=1.0),
-    )  # fmt: skip
-    clock = {"start": time.perf_counter(), "eval": 0.0}
-    curve: list = []
-
-    def train_seconds() -> float:
-        return time.perf_counter() - clock["start"] - clock["eval"]
-
-    def evaluate(m: Any) -> dict[str, float]:
-        now, start = train_seconds(), time.perf_counter()
-        acc = evaluate_task(m, tok, task, n=args.eval_prompts, max_new_tokens=args.max_new_tokens)["reward"]
-        curve.append((round(now, 2), acc))
-        clock["eval"] += time.perf_counter() - start
-        return {"heldout_accuracy": acc}
-
-    curve.append(
-        (
-            0.0,
-            evaluate_task(model, tok, task, n=args.eval_prompts, max_new_tokens=args.max_new_tokens)[
-                "reward"
-            ],
-        )
-    )
-    clock["start"] = time.perf_counter()
-    out = Path(args.workdir) / "arithmetic" / "sft_continued"
-    run_training(
-        model, tok, examples, examples[:32], cfg, out, RunLogger(out), device=torch.device("cpu"),
-        evaluate=evaluate, should_stop=lambda _: train_seconds() >= seconds,
-    )  # fmt: skip
-    return curve
+def _phase_means(steps: list[dict]) -> dict[str, float]:
+    """Mean per step of where the time goes and of the group statistics (metrics.jsonl rows)."""
+    keys = ["time_generate", "time_score", "time_train", "time_step", "zero_std_fraction", "kl", "entropy"]
+    return {k: round(statistics.mean(r[k] for r in steps), 3) for k in keys if all(k in r for r in steps)}
 
 
 def bench_arithmetic(args: argparse.Namespace) -> dict:
     """GRPO from the SFT checkpoint for a fixed training budget vs continued SFT for the same time."""
+    # imported here: `postrl grpo` loads this file by path for the TRL part's rewards (no benchmarks/ on sys.path)
+    from _grpo_sft import build_checkpoint, continued_sft
+
     work = Path(args.workdir) / "arithmetic"
     work.mkdir(parents=True, exist_ok=True)
     task_opts = json.loads(args.task)
+    sft = Path(args.sft) if args.sft else build_checkpoint(args, task_opts, _postrl)
     before = os.getloadavg()[0]
     summary = _postrl(
-        "grpo", "--config", str(ROOT / "configs" / "grpo-arithmetic.yaml"), "--model", args.sft,
+        "grpo", "--config", str(ROOT / "configs" / "grpo-arithmetic.yaml"), "--model", str(sft),
         "--out", str(work / "grpo"), f"task={json.dumps(task_opts)}", f"max_seconds={args.budget}",
         "max_steps=1000000", f"eval_every={args.eval_every}", f"eval_prompts={args.eval_prompts}",
         f"sampling.max_new_tokens={args.max_new_tokens}", "save_every=0", f"threads={args.threads}",
-        f"seed={args.seed}",
+        f"seed={args.seed}", *args.grpo_set,
         log=work / "grpo.log",
     )  # fmt: skip
     rows = [json.loads(line) for line in (work / "grpo" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "time_step" in r]
     gen_tps = sum(r["generated_tokens"] for r in steps) / sum(r["time_generate"] for r in steps)
-    sft_curve = _continued_sft(Path(args.sft), task_opts, summary["train_seconds"], args)
+    middle = os.getloadavg()[0]
+    sft_curve = continued_sft(sft, task_opts, summary["train_seconds"], args)
     grpo_curve = _curve(work / "grpo", "heldout_accuracy")
     result = {
+        "checkpoint": str(sft),
         "accuracy_before": summary.get("heldout_accuracy_start"),
         "accuracy_after_grpo": summary["heldout_accuracy"],
         "accuracy_after_grpo_sampled": summary.get("heldout_accuracy_sampled"),
         "accuracy_after_continued_sft": sft_curve[-1][1],
+        "continued_sft_demos": args.continued_sft_demos,
         "train_seconds": summary["train_seconds"],
         "steps": summary["steps"],
         "seconds_per_step": summary["seconds_per_step"],
+        "per_step": _phase_means(steps),
         "generated_tokens_per_s": summary["tokens_per_second"],
         "generate_only_tokens_per_s": gen_tps,
         "peak_rss_mb": summary["peak_rss_mb"],
         "grpo_curve": grpo_curve,
         "sft_curve": sft_curve,
-        "loadavg": [round(before, 2), round(os.getloadavg()[0], 2)],
+        "loadavg": [round(before, 2), round(middle, 2), round(os.getloadavg()[0], 2)],
     }
-    print(f"\narithmetic {task_opts}, {args.eval_prompts} held-out prompts, greedy exact match")
+    gain = result["accuracy_after_grpo"] - result["accuracy_before"]
+    print(f"\narithmetic {task_opts} from {sft}, {args.eval_prompts} held-out prompts, greedy exact match")
     print(f"  before (SFT checkpoint)      {result['accuracy_before']:.3f}")
-    print(
-        f"  GRPO, {result['train_seconds']:.0f} s ({result['steps']} steps) {result['accuracy_after_grpo']:.3f}"
-    )
-    print(f"  continued SFT, same time     {result['accuracy_after_continued_sft']:.3f}")
+    print(f"  GRPO, {result['train_seconds']:.0f} s ({result['steps']} steps) {result['accuracy_after_grpo']:.3f} "
+          f"({100 * gain:+.1f} points)")  # fmt: skip
+    print(f"  continued SFT, same time     {result['accuracy_after_continued_sft']:.3f} "
+          f"(on the {args.continued_sft_demos} demonstrations)")  # fmt: skip
     print(f"  s/step {result['seconds_per_step']:.3f}, generated tokens/s {result['generated_tokens_per_s']:.0f} "
           f"(generation alone {gen_tps:.0f}), peak RSS {result['peak_rss_mb']:.0f} MB")  # fmt: skip
+    print("  per step (means):", result["per_step"])
     print("  GRPO curve (step, train s, acc):", grpo_curve)
     print("  SFT curve (train s, acc):", sft_curve)
+    print("  load average (1 min) before GRPO / before SFT / after:", result["loadavg"])
     return result
 
 
@@ -473,8 +443,19 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=100, help="trl: SFT steps of the warm start")
     parser.add_argument("--trl-python", default=".peers-trl/bin/python", help="python of the TRL venv")
     parser.add_argument("--order", nargs="+", default=["postrl", "trl"], help="trl: contender order")
-    parser.add_argument("--sft", default="runs/base/sft/model", help="arithmetic: the SFT checkpoint")
-    parser.add_argument("--task", default='{"digits": 3}', help="arithmetic: task options (JSON)")
+    parser.add_argument("--sft", help="arithmetic: the SFT checkpoint (default: built, see _grpo_sft.py)")
+    parser.add_argument("--base", help="arithmetic: pretrained base of the built checkpoint (default: built)")
+    parser.add_argument("--sft-demos", type=int, default=500, help="arithmetic: demonstrations of the SFT")
+    parser.add_argument("--checkpoint-sft-steps", type=int, default=300, help="arithmetic: its SFT steps")
+    parser.add_argument(
+        "--checkpoint-sft-min-lr-ratio", type=float, default=1.0, help="arithmetic: its final lr / peak lr"
+    )
+    parser.add_argument(
+        "--continued-sft-demos", choices=["sft", "all"], default="sft",
+        help="arithmetic: continued SFT on the checkpoint's demonstrations, or on every train problem's",
+    )  # fmt: skip
+    parser.add_argument("--grpo-set", nargs="*", default=[], help="arithmetic: extra `postrl grpo` key=value")
+    parser.add_argument("--task", default='{"digits": 2}', help="arithmetic: task options (JSON)")
     parser.add_argument("--budget", type=float, default=180.0, help="arithmetic: GRPO training seconds")
     parser.add_argument("--eval-prompts", type=int, default=200, help="arithmetic: held-out prompts")
     parser.add_argument("--max-new-tokens", type=int, default=8, help="arithmetic: tokens per answer")
