@@ -9,9 +9,10 @@ held-out accuracy and the correlation of learned and true per-step reward, and t
 
     ratio = (R_prefs − R_random) / (R_ppo − R_random)
 
-with R_random the uniform-random policy's return (≈ 22 on CartPole, ≈ −1200 on Pendulum), so that the ratio
-means the same thing for Pendulum's negative returns; ``raw_ratio`` = R_prefs / R_ppo is also given where
-returns are positive. Goals: ratio ≥ 0.9 on CartPole, ≥ 0.7 on Pendulum, with and without 10% noise.
+with R_random the uniform-random policy's return (18.2 on CartPole, −1112 on Pendulum; 20 episodes): the
+share of PPO's improvement over chance that preferences recover, the same for Pendulum's negative returns;
+``raw_ratio`` = R_prefs / R_ppo is also given where returns are positive. Goals: ratio ≥ 0.9 on CartPole,
+≥ 0.7 on Pendulum, with and without 10% noise.
 
     python benchmarks/segment_prefs.py                         # both envs, seed 0, noise 0 and 0.1
     python benchmarks/segment_prefs.py --envs cartpole --seeds 0 1 2 --jobs 3
