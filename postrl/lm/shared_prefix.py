@@ -7,8 +7,9 @@ through it, so the backward sums a group's gradients into the shared prompt), an
 tokens that are inputs on top. The logits equal the full forward's to float32 rounding (tests/lm). vLLM's
 prefix caching does the same for generation; `postrl.lm.rollout.generate` prefills distinct prompts once too.
 
-Only for a plain Hugging Face causal LM: under DDP (one forward per backward), gradient checkpointing (the
-blocks drop the cache) or a model without a cache, the full forward runs instead.
+Only for a plain Hugging Face causal LM: under DDP (one forward per backward), FSDP (every rank must run the same
+forwards, and one rank's batch may need only the first), gradient checkpointing (the blocks drop the cache) or a
+model without a cache, the full forward runs instead.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from torch import Tensor
 
 from postrl.lm.models import position_ids_from_mask
+from postrl.runtime import distributed as dist
 
 
 def cache_argument(model: torch.nn.Module) -> str | None:
@@ -35,7 +37,7 @@ def distinct_prompts(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]
 
 
 def _shares(model: torch.nn.Module) -> bool:
-    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel) or dist.is_sharded(model)
     flag = (
         "is_activation_checkpointing"
         if hasattr(model, "is_activation_checkpointing")
@@ -54,18 +56,19 @@ def response_logits(
     P, T = prompt_len, input_ids.shape[1] - prompt_len
     positions = position_ids_from_mask(attention_mask)
     ids, mask, inverse = distinct_prompts(input_ids[:, :P], attention_mask[:, :P])
+    takes_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+    keep = (lambda n: {"logits_to_keep": n}) if takes_keep else (lambda n: {})
     if ids.shape[0] == input_ids.shape[0] or not _shares(model):
         out = model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
-            logits_to_keep=T + 1,
+            **keep(T + 1),
         )  # fmt: skip
-        return out.logits[:, :-1]
+        return out.logits[:, -(T + 1) : -1]
     key = cache_argument(model)
     head = model(
-        input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True,
-        logits_to_keep=1,
+        input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True, **keep(1)
     )  # fmt: skip
-    first = head.logits[inverse]  # (B, 1, V): position P − 1 predicts response token 0
+    first = head.logits[inverse, -1:]  # (B, 1, V): position P − 1 predicts response token 0
     if T == 1:
         return first
     cache = getattr(head, "cache", None) or head.past_key_values
