@@ -16,8 +16,10 @@ only, not the small numeric difference between the decode and the training forwa
 
 Distributed (torchrun): every rank draws the same global prompts and takes its share of whole groups (so group
 statistics are exact), samples them with its own generator, the loss normaliser is the global count
-(all-reduce), gradients are averaged by DDP and only rank 0 writes. On the same global batch, N ranks take the
-same update as 1 process (tests/dist); with minibatches > 1 too when each rank's rows are a multiple of them.
+(all-reduce), gradients are averaged by DDP and only rank 0 writes. With ``parallel: fsdp`` the policy (and
+reference) are sharded (FSDP2): sampling and scoring run inside `dist.gathered` (whole weights on every rank),
+the training forward through FSDP. On the same global batch, N ranks take the same update as 1 process
+(tests/dist); with minibatches > 1 too when each rank's rows are a multiple of them.
 Options from DAPO (Yu et al. 2025, arXiv:2503.14476): clip-higher (``clip_eps_high``), token-level loss
 (``loss_type: token``), dynamic sampling and the soft overlong penalty.
 
@@ -55,7 +57,7 @@ from postrl.lm.rewards import combine, load_reward_fns
 from postrl.lm.rollout import token_log_probs as _token_log_probs
 from postrl.lm.shared_prefix import response_logits
 from postrl.lm.trainer import OptimConfig as OptimConfig
-from postrl.lm.trainer import _clip, _nullcontext, export_model, make_optimizer, set_threads
+from postrl.lm.trainer import _clip, _nullcontext, export_on_main, make_optimizer, set_threads
 from postrl.runtime import distributed as dist
 from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from postrl.runtime.errors import UserError
@@ -134,14 +136,14 @@ def backward_minibatch(
     n = batch.input_ids.shape[0]
     size = cfg.micro_batch_size or n
     normalizer = loss_normalizer(batch.response_mask, cfg.loss_type, max_len)
-    scale = dist.world_size()  # DDP averages gradients over ranks; the normaliser is already global
+    scale = dist.world_size()  # DDP / FSDP average gradients over ranks; the normaliser is already global
     starts = list(range(0, n, size))
     totals: dict[str, float] = {}
     tokens = 0
     for k, start in enumerate(starts):
         micro = batch.rows(slice(start, start + size))
-        sync = k == len(starts) - 1 or not hasattr(model, "no_sync")
-        with model.no_sync() if not sync else _nullcontext():
+        # gradients are averaged over ranks (DDP all-reduce / FSDP reduce-scatter) once, at the last micro-batch
+        with dist.no_grad_sync(model) if k < len(starts) - 1 else _nullcontext():
             loss, stats = grpo_batch_loss(model, micro, cfg, temperature, max_len, normalizer)
             (loss * scale).backward()
         count = int(micro.response_mask.sum())
@@ -253,7 +255,7 @@ def _check_config(cfg: GRPOConfig, world: int) -> None:
         "grpo.overlong_buffer must be within [0, sampling.max_new_tokens]": not (
             0 <= g.overlong_buffer <= cfg.sampling.max_new_tokens
         ),
-        f"parallel={cfg.parallel}: {dist.ROLLOUT_PARALLEL}": cfg.parallel != "ddp",
+        f"parallel must be one of {dist.PARALLEL}, got '{cfg.parallel}'": cfg.parallel not in dist.PARALLEL,
     }
     bad = [message for message, failed in problems.items() if failed]
     if bad:
@@ -273,6 +275,8 @@ def _build_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
     ref = None
     if cfg.grpo.beta != 0:  # β = 0: no reference model is loaded at all
         ref = load_causal_lm(cfg.ref_model or cfg.model, **load).eval().requires_grad_(False)
+        if cfg.parallel == "fsdp":  # sharded at rest too; scoring gathers it (grpo_rollouts.collect)
+            ref = dist.wrap_model(ref, info, "fsdp")
     specs = list(cfg.rewards)
     if not specs:
         if not cfg.data.startswith("task:"):
@@ -291,16 +295,18 @@ def _build_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
             f"{cfg.data}: {len(train.rows)} prompts for grpo.prompts_per_step={cfg.grpo.prompts_per_step}; "
             "lower it or set grpo.repeat_prompts=true"
         )
-    return Run(cfg, dist.wrap_ddp(policy, info), ref, tokenizer, fns, train, heldout, info.device)
+    policy = dist.wrap_model(policy, info, cfg.parallel)
+    return Run(cfg, policy, ref, tokenizer, fns, train, heldout, info.device)
 
 
 def _save(run_dir: Path, run: Run, optimizer, scheduler, state: GRPOState) -> None:
+    weights, opt_state = dist.saved_state(run.policy, optimizer)  # gathered on rank 0 under fsdp
     if dist.is_main():
         save_checkpoint(
             run_dir / "checkpoints",
             state.step,
-            modules={"policy": run.inner},
-            optimizers={"opt": optimizer},
+            modules={"policy": weights},
+            optimizers={"opt": opt_state},
             schedulers={"sched": scheduler},
             extra={
                 "position": state.position,
@@ -317,9 +323,15 @@ def _restore(run_dir: Path, run: Run, optimizer, scheduler, logger: RunLogger) -
     last = latest_checkpoint(run_dir / "checkpoints")
     if last is None:
         return GRPOState()
+    sharded = dist.is_sharded(run.policy)
     loaded = load_checkpoint(
-        last, modules={"policy": run.inner}, optimizers={"opt": optimizer}, schedulers={"sched": scheduler}
+        last,
+        modules={} if sharded else {"policy": run.inner},
+        optimizers={} if sharded else {"opt": optimizer},
+        schedulers={"sched": scheduler},
     )
+    if sharded:
+        dist.load_sharded(last, run.policy, optimizer, "policy", "opt")
     extra = loaded["extra"]
     logger.truncate_after(loaded["step"])
     return GRPOState(
@@ -415,7 +427,7 @@ def run_grpo(cfg: GRPOConfig, run_dir: str | Path, resume: bool = False) -> dict
     optimizer, scheduler = make_optimizer(run.inner, cfg.optim, cfg.max_steps)
     state = _restore(run_dir, run, optimizer, scheduler, logger) if resume else GRPOState()
     result = _loop(run, optimizer, scheduler, state, logger, run_dir)
+    export_on_main(run.policy, run.tokenizer, run_dir / "model")
     if info.is_main:
-        export_model(run.inner, run.tokenizer, run_dir / "model")
         plot_run(run_dir)
     return logger.finish(_summary(run, state, result))

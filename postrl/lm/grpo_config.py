@@ -112,9 +112,9 @@ class GRPOConfig:
     threads: int | None = None
     """torch intra-op threads (null: torch's default; 1–2 is fastest for tiny models on a CPU)."""
     parallel: str = "ddp"
-    """Under torchrun: ddp (replicate the policy). fsdp is refused: rollouts decode with whole weights, read
-    directly outside FSDP's gathering hooks, for a different number of steps on each rank (README, Scaling
-    out)."""
+    """Under torchrun: ddp (replicate the policy) or fsdp (shard the policy, its gradients and optimiser state,
+    and the reference: FSDP2). Under fsdp every rank gathers the whole policy for sampling and scoring, so it
+    must fit one device then (README, Scaling out)."""
     trust_remote_code: bool = False
     """Run the model repository's own code (only for models you trust)."""
     tensorboard: bool = False

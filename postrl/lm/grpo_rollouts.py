@@ -129,7 +129,7 @@ class Run:
 
     cfg: GRPOConfig
     policy: torch.nn.Module
-    """the policy (DDP-wrapped when distributed)"""
+    """the policy (DDP-wrapped or FSDP-sharded when distributed)"""
     ref: torch.nn.Module | None
     tokenizer: Any
     fns: list[RewardFunction]
@@ -153,19 +153,20 @@ def _sample(run: Run, prompts: Prompts, indices: list[int], repeat: int, samplin
     ids, mask = left_pad([prompts.ids[i] for i in indices for _ in range(repeat)], run.tokenizer.pad_token_id)
     was_training = run.inner.training
     run.inner.eval()
-    rollout = generate(
-        run.inner,
-        ids.to(run.device),
-        mask.to(run.device),
-        max_new_tokens=sampling.max_new_tokens,
-        temperature=sampling.temperature,
-        top_k=sampling.top_k,
-        top_p=sampling.top_p,
-        eos_token_id=run.tokenizer.eos_token_id,
-        pad_token_id=run.tokenizer.pad_token_id,
-        generator=gen,
-        greedy=sampling.greedy,
-    )
+    with dist.gathered(run.policy):  # the decoders read whole weights; ranks decode different step counts
+        rollout = generate(
+            run.inner,
+            ids.to(run.device),
+            mask.to(run.device),
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            eos_token_id=run.tokenizer.eos_token_id,
+            pad_token_id=run.tokenizer.pad_token_id,
+            generator=gen,
+            greedy=sampling.greedy,
+        )
     run.inner.train(was_training)
     texts = RolloutEngine(run.inner, run.tokenizer).decode(rollout)
     return rollout, rows, texts
@@ -302,15 +303,17 @@ def collect(run: Run, stream: PromptStream, step: int) -> tuple[Batch, dict[str,
     old_log_probs, ref_log_probs = rollout.log_probs, None
     with torch.no_grad():
         if g.mu > 1:  # see the module docstring: re-score so that the first pass has ratio exactly 1
-            old_log_probs = score(
-                run.inner, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
-                temperature=run.cfg.sampling.temperature,
-            )  # fmt: skip
+            with dist.gathered(run.policy):  # (FSDP: each rank scores its own rows, whole weights)
+                old_log_probs = score(
+                    run.inner, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
+                    temperature=run.cfg.sampling.temperature,
+                )  # fmt: skip
         if run.ref is not None:
-            ref_log_probs = score(
-                run.ref, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
-                temperature=run.cfg.sampling.temperature,
-            )  # fmt: skip
+            with dist.gathered(run.ref):
+                ref_log_probs = score(
+                    run.ref, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
+                    temperature=run.cfg.sampling.temperature,
+                )  # fmt: skip
     timers["time_score"] += time.perf_counter() - start
     advantages = group_advantages(rewards, g.group_size, g.adv_eps, scale=g.scale_rewards)
     batch = Batch(

@@ -147,9 +147,10 @@ class PPOConfig:
     threads: int | None = None
     """torch intra-op threads (null: torch's default)."""
     parallel: str = "ddp"
-    """Under torchrun: ddp (replicate the policy). fsdp is refused: rollouts decode with whole weights, read
-    directly outside FSDP's gathering hooks, for a different number of steps on each rank (README, Scaling
-    out)."""
+    """Under torchrun: ddp (replicate the models) or fsdp (FSDP2: shard actor, critic, reference and reward
+    model, and the actor's and critic's gradients and optimiser state). Under fsdp every rank gathers the
+    whole models for sampling and scoring, so they must fit one device then; critic=shared is refused (README,
+    Scaling out)."""
     trust_remote_code: bool = False
     """Run the model repository's own code (only for models you trust)."""
     tensorboard: bool = False
@@ -208,8 +209,7 @@ def _no_sync(modules: list[torch.nn.Module], sync: bool):
     stack = contextlib.ExitStack()
     if not sync:
         for m in modules:
-            if hasattr(m, "no_sync"):
-                stack.enter_context(m.no_sync())
+            stack.enter_context(dist.no_grad_sync(m))  # DDP no_sync, FSDP no reduce-scatter
     return stack
 
 
@@ -272,12 +272,14 @@ def optimise(
 
 def _clip_params(params: list[torch.nn.Parameter], max_norm: float | None) -> float:
     """Clip one role's gradients to ``max_norm`` (None: only measure); returns the norm before clipping."""
-    grads = [p for p in params if p.grad is not None]
-    if not grads:
-        return 0.0
-    if max_norm is None:
-        return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in grads])))
-    return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+    return dist.grad_norm(params, max_norm)  # over every rank's shard under FSDP
+
+
+SHARED_FSDP = (
+    "the value head lives in the actor's FSDP root unit, but the actor's LM and the head are trained and "
+    "checkpointed as separate parts, which FSDP cannot gather on their own; use critic=sft or "
+    "critic=reward_model (a separate critic model) with fsdp"
+)
 
 
 def check_config(cfg: PPOConfig) -> None:
@@ -303,7 +305,8 @@ def check_config(cfg: PPOConfig) -> None:
             cfg.sampling.greedy or cfg.sampling.temperature <= 0
         ),
         "kl.beta must be >= 0": cfg.kl.beta < 0,
-        f"parallel={cfg.parallel}: {dist.ROLLOUT_PARALLEL}": cfg.parallel != "ddp",
+        f"parallel must be one of {dist.PARALLEL}, got {cfg.parallel!r}": cfg.parallel not in dist.PARALLEL,
+        f"parallel=fsdp with critic=shared: {SHARED_FSDP}": cfg.parallel == "fsdp" and cfg.critic == "shared",
     }
     bad = [message for message, failed in problems.items() if failed]
     if bad:
@@ -318,22 +321,24 @@ def ppo_step(run: PPORun, state: PPOState, indices: list[int]) -> dict[str, floa
     cfg, rank = run.cfg, dist.rank()
     rows = [run.prompts.rows[indices[i]] for i in dist.shard_range(len(indices))]
     t0 = time.perf_counter()
-    engine = RolloutEngine(run.roles.policy, run.tokenizer, cfg.sampling)
-    rollout = engine.generate(
-        [r["prompt"] for r in rows], seeded_generator(run.device, cfg.seed, "rollout", state.step, rank)
-    )
-    t1 = time.perf_counter()
-    raw = run.scorer(rollout, rows)
-    batch, metrics = make_batch(
-        run.roles,
-        rollout,
-        raw,
-        temperature=cfg.sampling.temperature,
-        beta=run.kl_ctl.value,
-        reward=cfg.reward,
-        advantage=cfg.gae,
-        norm_stats=run.norm_stats,
-    )
+    roles = run.roles
+    with dist.gathered(roles.actor, roles.critic, roles.reference, roles.reward_model):  # whole weights
+        engine = RolloutEngine(roles.policy, run.tokenizer, cfg.sampling)
+        rollout = engine.generate(
+            [r["prompt"] for r in rows], seeded_generator(run.device, cfg.seed, "rollout", state.step, rank)
+        )
+        t1 = time.perf_counter()
+        raw = run.scorer(rollout, rows)
+        batch, metrics = make_batch(
+            roles,
+            rollout,
+            raw,
+            temperature=cfg.sampling.temperature,
+            beta=run.kl_ctl.value,
+            reward=cfg.reward,
+            advantage=cfg.gae,
+            norm_stats=run.norm_stats,
+        )
     if run.task is not None:
         gold = torch.tensor(run.task.gold_reward(rollout.prompts, rollout.texts), dtype=torch.float64)
         metrics["gold_reward"] = float(dist.all_reduce_mean(gold.mean()))
@@ -383,8 +388,8 @@ def _ptx_loss(run: PPORun, state: PPOState):
 def run_ppo(cfg: PPOConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
     """Train with PPO-RLHF; writes the run folder (metrics, plots, checkpoints) and ``RUN_DIR/model``;
     returns the summary."""
-    from postrl.lm.ppo_setup import build_run, evaluate, plot_run, restore_state, save_state, summarize
-    from postrl.lm.trainer import export_model, iterate_batches, set_threads
+    from postrl.lm import ppo_setup as setup
+    from postrl.lm.trainer import iterate_batches, set_threads
     from postrl.runtime.logging import RunLogger
     from postrl.runtime.progress import Progress
     from postrl.runtime.seeding import seed_everything
@@ -395,20 +400,16 @@ def run_ppo(cfg: PPOConfig, run_dir: str | Path, resume: bool = False) -> dict[s
     set_threads(cfg.threads)
     seed_everything(cfg.seed, info.rank)
     logger = RunLogger(run_dir, cfg, tensorboard=cfg.tensorboard, enabled=info.is_main, resume=resume)
-    run = build_run(cfg, info)
-    state = restore_state(run_dir, run, logger) if resume else PPOState()
+    run = setup.build_run(cfg, info)
+    state = setup.restore_state(run_dir, run, logger) if resume else PPOState()
 
     def heldout_eval() -> dict[str, float]:
-        out = evaluate(
-            run.roles,
-            run.tokenizer,
-            run.heldout,
-            cfg.sampling,
-            run.scorer,
-            run.task,
-            n=cfg.eval_samples,
-            seed=cfg.seed + 1,
-        )
+        r = run.roles
+        with dist.gathered(r.actor, r.reference, r.reward_model):
+            out = setup.evaluate(
+                r, run.tokenizer, run.heldout, cfg.sampling, run.scorer, run.task,
+                n=cfg.eval_samples, seed=cfg.seed + 1,
+            )  # fmt: skip
         state.history.append({"step": state.step, **out})
         logger.log(state.step, out)
         return out
@@ -433,11 +434,8 @@ def run_ppo(cfg: PPOConfig, run_dir: str | Path, resume: bool = False) -> dict[s
                 out = heldout_eval()
                 bar.write(f"ppo step {state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in out.items()))
             if done or (cfg.save_every and state.step % cfg.save_every == 0):
-                save_state(run_dir, run, state)
-    if info.is_main:
-        export_model(run.roles.policy, run.tokenizer, run_dir / "model")
-        if run.roles.critic is not None:
-            run.roles.critic.save_pretrained(run_dir / "critic", kind="value")
-        if cfg.plots:
-            plot_run(run_dir)
-    return logger.finish(summarize(state, run.kl_ctl.value))
+                setup.save_state(run_dir, run, state)
+    setup.export_models(run, run_dir)
+    if info.is_main and cfg.plots:
+        setup.plot_run(run_dir)
+    return logger.finish(setup.summarize(state, run.kl_ctl.value))

@@ -221,7 +221,7 @@ class PPORun:
     roles: Roles
     """the unwrapped models (generation, scoring, saving)"""
     train_roles: Roles
-    """actor and critic DDP-wrapped when distributed (the update)"""
+    """actor and critic DDP-wrapped when distributed (the update); the sharded roles themselves under fsdp"""
     parts: dict[str, torch.nn.Module]
     optimizers: dict[str, torch.optim.Optimizer]
     schedulers: dict[str, Any]
@@ -254,12 +254,19 @@ def build_run(cfg: PPOConfig, info: dist.DistInfo) -> PPORun:
         raise UserError("ptx with critic=shared is single-process only; use critic=reward_model or sft")
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     roles = build_roles(cfg, info.device)
+    if cfg.parallel == "fsdp":  # in place, before the optimisers are built on the (sharded) parameters
+        for model in (roles.actor, roles.critic, roles.reference, roles.reward_model):
+            if model is not None:  # (the reward model's score runs it too)
+                methods = ("score",) if hasattr(model, "score") else ()
+                dist.wrap_model(model, info, "fsdp", forward_methods=methods)
     parts = trainable_parts(roles)
     optimizers, schedulers = {}, {}
     for name, optim in (("actor", cfg.actor_optim), ("critic", cfg.critic_optim)):
         optimizers[name], schedulers[name] = make_optimizer(parts[name], optim, cfg.steps)
-    critic = None if roles.critic is None else dist.wrap_ddp(roles.critic, info)
-    train_roles = Roles(dist.wrap_ddp(roles.actor, info), critic, roles.reference, roles.reward_model)
+    train_roles = roles
+    if cfg.parallel == "ddp":
+        critic = None if roles.critic is None else dist.wrap_ddp(roles.critic, info)
+        train_roles = Roles(dist.wrap_ddp(roles.actor, info), critic, roles.reference, roles.reward_model)
     if cfg.kl.target is not None:
         kl_ctl = AdaptiveKLController(cfg.kl.beta, cfg.kl.target, cfg.kl.horizon)
     else:
@@ -287,12 +294,13 @@ def build_run(cfg: PPOConfig, info: dist.DistInfo) -> PPORun:
 def save_state(run_dir: Path, run: PPORun, state: PPOState) -> None:
     from postrl.runtime.checkpoint import save_checkpoint
 
+    saved = {k: dist.saved_state(m, run.optimizers[k]) for k, m in run.parts.items()}  # gathered under fsdp
     if dist.is_main():
         save_checkpoint(
             run_dir / "checkpoints",
             state.step,
-            modules=run.parts,
-            optimizers=run.optimizers,
+            modules={k: weights for k, (weights, _) in saved.items()},
+            optimizers={k: opt for k, (_, opt) in saved.items()},
             schedulers=run.schedulers,
             extra={
                 "position": state.position,
@@ -314,7 +322,14 @@ def restore_state(run_dir: Path, run: PPORun, logger: Any) -> PPOState:
     last = latest_checkpoint(run_dir / "checkpoints")
     if last is None:
         return PPOState()
-    loaded = load_checkpoint(last, modules=run.parts, optimizers=run.optimizers, schedulers=run.schedulers)
+    if dist.is_sharded(run.parts["actor"]):  # (fsdp with a separate critic: both parts are FSDP roots)
+        loaded = load_checkpoint(last, schedulers=run.schedulers)
+        for name, module in run.parts.items():
+            dist.load_sharded(last, module, run.optimizers[name], name, name)
+    else:
+        loaded = load_checkpoint(
+            last, modules=run.parts, optimizers=run.optimizers, schedulers=run.schedulers
+        )
     extra = loaded["extra"]
     run.kl_ctl.load_state_dict(extra["kl"])
     run.norm_stats = dict(extra["reward_norm"]) or None  # the statistics the run started with
@@ -326,6 +341,28 @@ def restore_state(run_dir: Path, run: PPORun, logger: Any) -> PPOState:
         list(extra["history"]),
         dict(extra["totals"]),
     )
+
+
+def export_models(run: PPORun, run_dir: Path) -> None:
+    """Called by every rank: rank 0 writes the policy to ``RUN_DIR/model`` and a separate critic to
+    ``RUN_DIR/critic`` (their weights gathered first under fsdp)."""
+    from postrl.lm.models import ScalarHeadModel, resolve_dtype
+    from postrl.lm.trainer import export_on_main
+
+    export_on_main(run.roles.policy, run.tokenizer, run_dir / "model")
+    critic, cfg = run.roles.critic, run.cfg
+    if critic is None:
+        return
+    if dist.is_sharded(critic):  # rank 0 loads the gathered weights into an unsharded copy
+        weights = dist.model_state_dict(critic)  # a collective: the full tensors on rank 0, {} elsewhere
+        if dist.is_main():
+            source = cfg.reward_model if cfg.critic == "reward_model" else cfg.model
+            dtype = resolve_dtype(cfg.dtype)
+            critic = ScalarHeadModel.from_pretrained(source, dtype=dtype, new_head=True, seed=cfg.seed)
+            critic.load_state_dict(weights)
+    if dist.is_main():
+        critic.save_pretrained(run_dir / "critic", kind="value")
+    dist.barrier()
 
 
 def summarize(state: PPOState, beta: float) -> dict[str, Any]:

@@ -120,15 +120,6 @@ PARALLEL = ("ddp", "fsdp")
 shards parameters, gradients and optimiser state (FSDP2 ``fully_shard``) for models one device cannot hold."""
 
 
-ROLLOUT_PARALLEL = (
-    "the RL trainers that sample (ppo, grpo) run with parallel=ddp only. With fsdp every forward gathers the "
-    "sharded parameters, a collective that all ranks must join, but the rollout decoders read the weight "
-    "tensors directly (outside FSDP's hooks) and decode a different number of steps on each rank; sampling "
-    "would need the whole policy gathered on every rank for each rollout, which is not implemented"
-)
-"""Why ``parallel=fsdp`` is refused by the trainers that generate rollouts (their configs say so too)."""
-
-
 def wrap_model(
     module: torch.nn.Module, info: DistInfo, strategy: str = "ddp", forward_methods: tuple[str, ...] = ()
 ) -> torch.nn.Module:
@@ -188,22 +179,35 @@ def no_grad_sync(model: torch.nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def gathered(model: torch.nn.Module) -> Iterator[None]:
-    """Inside the block every parameter of an FSDP2-sharded ``model`` is whole (plain tensors) on every
-    rank, e.g. for generation code that reads weights directly; resharded on exit. Every rank must enter
-    it and run the same forwards inside. A module that is not sharded needs nothing."""
-    if not is_sharded(model):
+def gathered(*models: torch.nn.Module | None) -> Iterator[None]:
+    """Inside the block every parameter of each FSDP2-sharded model is whole (plain tensors) on every rank,
+    e.g. for generation code that reads weights directly; resharded on exit. Every rank must enter it, and
+    may run any forwards inside (no collective). A module that is not sharded (or None) needs nothing."""
+    with contextlib.ExitStack() as stack:
+        for model in models:
+            if model is not None and is_sharded(model):
+                stack.enter_context(_gathered(model))
         yield
-        return
+
+
+@contextlib.contextmanager
+def _gathered(model: torch.nn.Module) -> Iterator[None]:
     from torch.distributed.fsdp import FSDPModule
 
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    # A forward inside must not reshard (the next one would all-gather: a collective that ranks decoding a
+    # different number of steps would not all join), so reshard_after_forward is off until the exit. The
+    # root's lazy init runs first: it is what turns the root's own resharding off for training.
+    model._get_fsdp_state()._lazy_init()
+    reshards = [any(g._reshard_after_forward for g in u._get_fsdp_state()._fsdp_param_groups) for u in units]
     for unit in units:
         unit.unshard()
+        unit.set_reshard_after_forward(False, recurse=False)
     try:
         yield
     finally:
-        for unit in units:
+        for unit, reshard in zip(units, reshards, strict=True):
+            unit.set_reshard_after_forward(reshard, recurse=False)
             unit.reshard()
 
 
@@ -279,6 +283,33 @@ def load_optimizer_state_dict(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def saved_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, dict[str, Any]]:
+    """(weights, optimiser state) of ``module`` as `postrl.runtime.checkpoint.save_checkpoint` takes them.
+
+    Sharded (FSDP2): a collective that every rank must call; rank 0 gets the full weights (without tied copies,
+    see :func:`without_tied_copies`) and the gathered optimiser state. Otherwise: the module and its state."""
+    if not is_sharded(module):
+        return unwrap(module), optimizer.state_dict()
+    weights = without_tied_copies(module, model_state_dict(module))
+    return weights, optimizer_state_dict(module, optimizer)
+
+
+def load_sharded(
+    folder: str | os.PathLike, module: torch.nn.Module, optimizer: torch.optim.Optimizer, name: str, opt: str
+) -> None:
+    """Restore a sharded ``module`` and its ``optimizer`` from checkpoint ``folder`` (written from
+    :func:`saved_state`): weights ``name.safetensors``, optimiser ``opt``; each rank keeps its shard (same
+    world size as the run that saved it)."""
+    from safetensors.torch import load_file
+
+    from postrl.runtime.checkpoint import STATE_FILE
+
+    folder = os.fspath(folder)
+    load_model_state_dict(module, load_file(os.path.join(folder, f"{name}.safetensors")))
+    state = torch.load(os.path.join(folder, STATE_FILE), map_location="cpu", weights_only=True)
+    load_optimizer_state_dict(module, optimizer, state["optimizers"][opt])
 
 
 def all_gather_object(obj: Any) -> list[Any]:

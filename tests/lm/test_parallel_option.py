@@ -1,4 +1,5 @@
-"""``parallel=fsdp`` where it is offered and where it is refused with the reason (the RL trainers sample)."""
+"""``parallel=fsdp`` where it is offered, where it is refused with the reason (PPO-RLHF with a value head on
+the actor), and an unknown strategy."""
 
 from __future__ import annotations
 
@@ -8,15 +9,21 @@ from postrl.lm.grpo import GRPOConfig, _check_config
 from postrl.lm.ppo import PPOConfig, check_config
 from postrl.runtime.errors import UserError
 
-REFUSED = r"parallel=fsdp: the RL trainers that sample \(ppo, grpo\) run with parallel=ddp only"
+UNKNOWN = r"parallel must be one of \('ddp', 'fsdp'\), got 'zero3'"
 
 
-def test_ppo_refuses_fsdp():
-    with pytest.raises(UserError, match=REFUSED):
-        check_config(PPOConfig(parallel="fsdp"))
+def test_ppo_offers_fsdp_with_a_separate_critic():
+    check_config(PPOConfig(parallel="fsdp", critic="sft", reward_model="rm"))
+    with pytest.raises(
+        UserError, match=r"parallel=fsdp with critic=shared: the value head lives in the actor"
+    ):
+        check_config(PPOConfig(parallel="fsdp", critic="shared", reward_model="rm"))
+    with pytest.raises(UserError, match=UNKNOWN):
+        check_config(PPOConfig(parallel="zero3", critic="sft", reward_model="rm"))
 
 
-def test_grpo_refuses_fsdp():
-    with pytest.raises(UserError, match=REFUSED):
-        _check_config(GRPOConfig(parallel="fsdp"), 1)
-    _check_config(GRPOConfig(parallel="ddp"), 1)  # the default passes
+def test_grpo_offers_fsdp():
+    _check_config(GRPOConfig(parallel="fsdp"), 1)
+    _check_config(GRPOConfig(parallel="ddp"), 1)
+    with pytest.raises(UserError, match=UNKNOWN):
+        _check_config(GRPOConfig(parallel="zero3"), 1)

@@ -53,8 +53,9 @@ def global_rollout(model: torch.nn.Module, tokenizer) -> tuple:
     return rollout, rewards
 
 
-def one_step(model_dir: Path, loss_type: str, info: dist.DistInfo) -> torch.nn.Module:
-    """This rank's share of the global batch through `optimise` (μ = 2, micro-batches of 3 rows)."""
+def one_step(model_dir: Path, loss_type: str, info: dist.DistInfo, parallel: str = "ddp") -> torch.nn.Module:
+    """This rank's share of the global batch through `optimise` (μ = 2, micro-batches of 3 rows); the policy
+    replicated (``parallel=ddp``) or sharded in place (``fsdp``)."""
     tokenizer = load_tokenizer(model_dir)
     model, ref = load_causal_lm(model_dir), load_causal_lm(model_dir).eval()
     rollout, rewards = global_rollout(model, tokenizer)
@@ -73,7 +74,7 @@ def one_step(model_dir: Path, loss_type: str, info: dist.DistInfo) -> torch.nn.M
         loss_type=loss_type,
         beta=0.04,
     )
-    policy = dist.wrap_model(model, info, "ddp")
+    policy = dist.wrap_model(model, info, parallel)
     # SGD, so the weights after the update are linear in the gradients: Adam's first steps are ≈ sign(g), and
     # for an element whose gradient is ~0 the sign is round-off (in 1 process as in 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

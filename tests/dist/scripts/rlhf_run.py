@@ -73,8 +73,11 @@ def _rows(rollout: Rollout, rows: list[int]) -> Rollout:
     )  # fmt: skip
 
 
-def ppo_update(model_dir: Path, rm_dir: Path, info: dist.DistInfo) -> dict[str, torch.nn.Module]:
-    """This rank's share of one global batch through `make_batch` (global whitening) and `optimise`."""
+def ppo_update(
+    model_dir: Path, rm_dir: Path, info: dist.DistInfo, parallel: str = "ddp"
+) -> dict[str, torch.nn.Module]:
+    """This rank's share of one global batch through `make_batch` (global whitening) and `optimise`, actor and
+    critic replicated (``parallel=ddp``) or sharded in place (``fsdp``)."""
     cfg = ppo_config(model_dir, rm_dir)
     tokenizer = load_tokenizer(model_dir)
     roles = build_roles(cfg, info.device)
@@ -86,15 +89,13 @@ def ppo_update(model_dir: Path, rm_dir: Path, info: dist.DistInfo) -> dict[str, 
         roles, _rows(rollout, rows), raw, temperature=0.7, beta=0.1, reward=cfg.reward,
         advantage=cfg.gae, norm_stats={"mean": 0.0, "std": 1.0},
     )  # fmt: skip
+    actor, critic = (dist.wrap_model(m, info, parallel) for m in (roles.actor, roles.critic))
     parts = trainable_parts(roles)
     # SGD, so the weights after the update are linear in the gradients: Adam's first steps are ≈ sign(g), and
     # for an element whose gradient is ~0 the sign is round-off (in 1 process as in 2)
     opts = {k: torch.optim.SGD(m.parameters(), lr=0.1) for k, m in parts.items()}
     params = {k: [p for p in m.parameters() if p.requires_grad] for k, m in parts.items()}
-    train_roles = Roles(
-        dist.wrap_model(roles.actor, info), dist.wrap_model(roles.critic, info), roles.reference,
-        roles.reward_model,
-    )  # fmt: skip
+    train_roles = Roles(actor, critic, roles.reference, roles.reward_model)
     optimise(train_roles, batch, cfg, opts, params, torch.Generator().manual_seed(info.rank))
     return parts
 
