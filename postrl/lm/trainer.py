@@ -377,9 +377,7 @@ def _save(
         if tokenizer is not None:
             tokenizer.save_pretrained(str(folder))
 
-    weights = dist.unwrap(model)
-    if dist.is_sharded(model):
-        weights = dist.without_tied_copies(model, dist.model_state_dict(model))
+    weights = dist.without_tied_copies(model, dist.model_state_dict(model))  # gathered when sharded
     opt_state = dist.optimizer_state_dict(model, optimizer)
     rng_ranks = dist.all_gather_object(get_rng_state())
     if dist.is_main():

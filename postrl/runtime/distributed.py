@@ -244,12 +244,13 @@ def model_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def without_tied_copies(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` without the extra names of tied parameters (e.g. ``lm_head.weight`` = the embedding),
-    keeping the alphabetically first name as ``safetensors.torch.save_model`` does, so the file loads with
-    ``load_model(..., strict=True)`` like one written from the unsharded module."""
+    keeping the first registered name (for a Hugging Face causal LM the input embedding, as
+    ``save_pretrained`` does: a trunk loaded with ``AutoModel`` then finds its embedding). The file loads
+    with ``safetensors.torch.load_model(..., strict=True)``, which takes the names it finds in the file."""
     groups: dict[int, list[str]] = {}
     for name, param in unwrap(module).named_parameters(remove_duplicate=False):
         groups.setdefault(id(param), []).append(name)
-    drop = {name for names in groups.values() for name in sorted(names)[1:]}
+    drop = {name for names in groups.values() for name in names[1:]}
     return {k: v for k, v in state.items() if k not in drop}
 
 

@@ -74,10 +74,13 @@ def test_gradient_accumulation_does_not_change_the_step(tiny_lm_dir, tiny_tokeni
         cfg = TrainConfig(batch_size=8, grad_accum=grad_accum, optim=OptimConfig(lr=1e-2, warmup_steps=0))
         opt, _ = make_optimizer(model, cfg.optim, 10)
         out = train_step(model, opt, examples, indices, cfg, tiny_tokenizer.pad_token_id, torch.device("cpu"))
-        results.append((out["loss"], _params(model)))
+        results.append((out["loss"], out["grad_norm"], _params(model)))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
-    for a, b in zip(results[0][1], results[1][1], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert results[0][1] == pytest.approx(results[1][1], rel=1e-5)  # the gradient's scale
+    # AdamW's first step is lr·g/(|g| + ε): on near-zero gradient entries float rounding of g moves the
+    # parameter by up to ~1e-6 of lr = 1e-2 apart, so atol is 1e-5 (a wrong accumulation is off by ≫ that)
+    for a, b in zip(results[0][2], results[1][2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_batch_order_is_a_function_of_position():
@@ -174,7 +177,7 @@ def test_short_sft_lowers_heldout_loss(tiny_lm_dir, tiny_tokenizer, tmp_path):
 
 
 def test_a_checkpoint_is_a_hugging_face_model_folder(tiny_lm_dir, tiny_tokenizer, tmp_path):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM
 
     from postrl.lm.models import load_causal_lm
     from postrl.runtime.checkpoint import latest_checkpoint
@@ -191,6 +194,11 @@ def test_a_checkpoint_is_a_hugging_face_model_folder(tiny_lm_dir, tiny_tokenizer
         RunLogger(tmp_path),
         device=torch.device("cpu"),
     )
-    loaded = AutoModelForCausalLM.from_pretrained(latest_checkpoint(tmp_path / "checkpoints"))
+    folder = latest_checkpoint(tmp_path / "checkpoints")
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
     for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+    # the trunk alone (how a reward model or critic is built from a checkpoint) gets the trained embedding,
+    # not a fresh one: the tied weight is stored under the input embedding's name, as save_pretrained does
+    trunk = AutoModel.from_pretrained(folder)
+    assert torch.equal(trunk.get_input_embeddings().weight, model.get_input_embeddings().weight)
