@@ -100,11 +100,18 @@ def grpo_loss(
     clip_eps_high: float | None = None,
     max_len: int | None = None,
     normalizer: float | torch.Tensor | None = None,
+    unbiased_kl: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO clipped surrogate with a k3 KL penalty, aggregated per ``loss_type``.
 
         ρ_{i,t} = exp(log π − log π_old),  k3_{i,t} = kl_estimate(log π, log π_ref, "k3")
-        ℓ_{i,t} = −[ min(ρ A_i, clip(ρ, 1−ε, 1+ε_high) A_i) − β k3_{i,t} ]
+        ℓ_{i,t} = −[ min(ρ A_i, clip(ρ, 1−ε, 1+ε_high) A_i) − β k3_{i,t} ]       (ρ k3 with ``unbiased_kl``)
+
+    KL gradient. The tokens are samples of π_old, so (at ρ = 1) E[∇k3] = −Σ_y π_ref(y) ∇log π(y) =
+    ∇KL(π_ref‖π), the forward KL, although k3's value estimates the reverse KL(π‖π_ref). ``unbiased_kl``
+    weights k3 by the differentiable ratio ρ (value 1 on-policy): E[∇(ρ k3)] = ∇KL(π‖π_ref) (DeepSeek-V3.2,
+    arXiv:2512.02556; TRL's ``use_bias_correction_kl``, on by default in TRL 1.16). The loss value at ρ = 1
+    is the same either way.
 
     ``loss_type`` (see ``GRPO_LOSS_TYPES``):
         ``"grpo"``:    mean over each response's tokens, then over responses (Shao et al. 2024, eq. 3);
@@ -126,6 +133,7 @@ def grpo_loss(
             responses (grpo), of response tokens (token), or of responses × max_len (dr_grpo). Give every
             micro-batch the same value and the sum of their losses equals the full-batch loss. For
             ``dr_grpo`` it replaces ``B · max_len``.
+        unbiased_kl: weight k3 by ρ (see "KL gradient" above); the logged ``kl`` stays the plain k3 mean.
 
     Returns:
         ``(loss, stats)``: 0-dim loss and detached 0-dim local stats: ``clip_fraction`` (as
@@ -150,7 +158,7 @@ def grpo_loss(
     kl = None
     if ref_log_probs is not None:
         kl = kl_estimate(log_probs, _fill(ref_log_probs.detach(), real), "k3")
-        per_token = per_token + beta * kl
+        per_token = per_token + beta * (kl * ratio if unbiased_kl else kl)
     loss = GRPO_LOSS_TYPES[loss_type](per_token, real.to(per_token.dtype), max_len, normalizer)
     with torch.no_grad():
         stats = {

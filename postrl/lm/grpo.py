@@ -114,6 +114,7 @@ def grpo_batch_loss(
         clip_eps_high=cfg.clip_eps_high,
         max_len=max_len,
         normalizer=normalizer,
+        unbiased_kl=cfg.unbiased_kl,
     )
     return loss, {**stats, "entropy": masked_mean(entropy, batch.response_mask)}
 

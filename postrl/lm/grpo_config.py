@@ -30,6 +30,9 @@ class GRPOLossConfig:
     """ε_high (DAPO clip-higher, e.g. 0.28); null: ε."""
     beta: float = 0.04
     """β: coefficient of the k3 KL to the frozen reference; 0 loads no reference model."""
+    unbiased_kl: bool = False
+    """Weight k3 by the ratio ρ so that its gradient is that of KL(π‖π_ref) (DeepSeek-V3.2; TRL's
+    use_bias_correction_kl, its default); false: plain k3, whose gradient is that of KL(π_ref‖π) (DeepSeekMath)."""
     loss_type: Literal["grpo", "token", "dr_grpo"] = "grpo"
     """grpo: mean over each response's tokens, then over responses (DeepSeekMath); token: mean over all
     tokens (DAPO); dr_grpo: sum / (responses · max_new_tokens) (Dr. GRPO)."""

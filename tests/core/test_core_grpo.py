@@ -93,6 +93,40 @@ def test_grpo_loss_spot_values_and_options():
     assert stats["kl"].item() == 0.0
 
 
+@pytest.mark.parametrize("unbiased", [False, True])
+def test_kl_gradient_in_expectation_is_reverse_kl_only_when_unbiased(unbiased):
+    """Every token y of a categorical π_θ = softmax(θ) as a one-token response, weighted by π(y) (the exact
+    expectation over on-policy samples, ρ = 1, A = 0): Σ_y π(y) ∇ℓ_y = β ∇KL(π‖π_ref) with unbiased_kl (TRL's
+    use_bias_correction_kl), and β ∇KL(π_ref‖π) with plain k3, which is what it estimates."""
+    theta = t([0.5, -1.0, 2.0, 0.0]).requires_grad_()
+    ref = torch.log_softmax(t([0.0, 0.3, -0.2, 1.0]), -1)
+    beta, V = 0.1, theta.shape[0]
+    log_pi = torch.log_softmax(theta, -1)
+    grad = torch.zeros(V, dtype=torch.float64)
+    for y in range(V):
+        loss, _ = grpo_loss(
+            log_pi[y].view(1, 1), log_pi[y].detach().view(1, 1), ref[y].view(1, 1), t([0.0]),
+            torch.ones(1, 1, dtype=torch.bool), 0.2, beta, unbiased_kl=unbiased,
+        )  # fmt: skip
+        (g,) = torch.autograd.grad(loss, theta, retain_graph=True)
+        grad += log_pi[y].exp().detach() * g
+    pi = log_pi.exp()
+    reverse = (pi * (log_pi - ref)).sum()  # KL(π‖π_ref)
+    forward = (ref.exp() * (ref - log_pi)).sum()  # KL(π_ref‖π)
+    (expected,) = torch.autograd.grad(beta * (reverse if unbiased else forward), theta, retain_graph=True)
+    torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-12)
+    (other,) = torch.autograd.grad(beta * (forward if unbiased else reverse), theta)
+    assert (grad - other).abs().max() > 1e-3  # the two KL directions differ here
+
+
+def test_unbiased_kl_keeps_the_loss_value_on_policy():
+    log_probs, _, ref, adv, mask = _hand_batch()
+    old = log_probs.clone()  # ρ = 1
+    plain, _ = grpo_loss(log_probs, old, ref, adv, mask, 0.2, 0.1)
+    weighted, _ = grpo_loss(log_probs, old, ref, adv, mask, 0.2, 0.1, unbiased_kl=True)
+    torch.testing.assert_close(weighted, plain, rtol=0, atol=1e-15)
+
+
 def test_grpo_loss_errors():
     log_probs, old, ref, adv, mask = _hand_batch()
     with pytest.raises(ValueError, match="dr_grpo.*grpo.*token"):
