@@ -16,11 +16,16 @@ Part ``trl``: `postrl grpo` beside Hugging Face TRL's ``GRPOTrainer`` on TRL's o
 (``/work/shared/peers/trl_grpo_bench.py``: "add a b =" prompts, character tokenizer, 2-layer GPT-2 of 407k
 parameters, its rule-based reward), at equal settings: G = 8, 16 completions of ≤ 16 tokens per step, β 0.04,
 ``loss_type="grpo"``, μ = 1, AdamW constant lr (1e-4 from the warm start; 1e-3, TRL's, from the random init),
-grad-norm clip 1, temperature 1. Both start from the same SFT warm start (a from-scratch policy learns only
-the format; a second pair of runs from TRL's random init measures throughput at TRL's own benchmark setting,
-where completions are long and generation dominates) and are evaluated alike: greedy completions of the
-100 problems, correct when the completion starts with the answer. postrl loads the GPT-2 through its Hugging
-Face fallback path. TRL runs in its own virtual environment (this file, ``--trl-worker`` mode):
+grad-norm clip 1, temperature 1, and TRL 1.16's defaults that its worker below leaves unset, matched on
+postrl's side: k3 weighted by the ratio (``use_bias_correction_kl=True``: postrl ``grpo.unbiased_kl=true``;
+``--unbiased-kl 0`` turns it off in both), ε 0.2 with ε_high = ε, ``scale_rewards="group"`` (Bessel std + 1e-4),
+AdamW betas (0.9, 0.999), eps 1e-8, no weight decay, top_p 1, top_k 0, no masking of truncated completions,
+one optimiser step per generation batch (ratio exactly 1 at μ = 1), the reference model loaded (β > 0),
+dropout 0 (the model's config; TRL's ``disable_dropout=False`` is then moot). Both start from the same SFT
+warm start (a from-scratch policy learns only the format; a second pair of runs from TRL's random init
+measures throughput at TRL's own benchmark setting, where completions are long and generation dominates) and
+are evaluated alike: greedy completions of the 100 problems, correct when the completion starts with the
+answer. postrl loads the GPT-2 through its Hugging Face fallback path. TRL runs in its own virtual environment (this file, ``--trl-worker`` mode):
 
     python3 -m venv .peers-trl && .peers-trl/bin/pip install torch==2.13.0 transformers trl datasets accelerate
     .venv/bin/python benchmarks/grpo.py --part trl --trl-python .peers-trl/bin/python --steps 200
@@ -46,12 +51,20 @@ Measured 2026-12-02 on the shared 2-core machine at a load average of 12-18 (so 
   accuracy at step 20 (0.63); 5e-4 collapses (0.35 -> 0.16 by step 20, also with 20 warmup steps): one AdamW
   step at 2e-4 already moves the policy by a k3 KL of ~0.1 per token.
 - TRL task, warm start at 0.57, lr 1e-4, 200 steps, two alternated runs each: postrl 0.42 s/step vs TRL 0.69
-  (1.63x), generation 347 vs 293 tokens/s, peak RSS 413 vs 502 MB; accuracy after 200 steps 0.23 / 0.32 / 0.54
-  (postrl seeds 0 / 1 / 2) vs 0.35 (TRL seed 0); both first drop from 0.57 (group-std scaling magnifies the
-  reward's tiny length term inside all-wrong groups). From the random init, lr 1e-3, 60 steps run at the same
-  time: 0.85 vs 1.48 s/step (1.73x), 230 vs 186 generation tokens/s; run one after the other (40 steps):
-  0.92 vs 0.79 s/step. The 2x goal is not shown: GPT-2 takes postrl's Hugging Face fallback decoder, and the
-  training forward/backward (the same HF model in both) is half of a step.
+  (1.63x), generation 347 vs 293 tokens/s, peak RSS 413 vs 502 MB. Accuracy, 2026-12-02 (settings as above,
+  unbiased KL in both; mean over seeds, postrl vs TRL): 10 seeds x 40 steps: 0.397 vs 0.413 at step 20, 0.408
+  vs 0.449 at step 40 (per-seed sd 0.07-0.10: seed 0 alone gives postrl 0.20 and TRL 0.35); 6 seeds x 200
+  steps: 0.368 vs 0.355 at step 200, 0.361 vs 0.390 averaged over the evaluations at steps 20-200. Both first
+  drop from 0.57 within a few steps (group-std scaling magnifies the reward's format credit and tiny length
+  term inside all-wrong groups; Adam's first steps move every weight by ~lr). On one fixed batch the two
+  trainers' gradients agree to 6e-7 and five AdamW steps to 4e-4 of the weights' movement, and postrl's
+  sampler matches the model's probabilities, so the gap a single seed shows is seed variance, not a
+  difference of algorithm. (TRL logs frac_reward_zero_std 0 for most all-equal groups: float32 rounding of
+  the mean leaves a std of 1.6e-8 > isclose's 1e-8; 5 of 80 groups were all-equal in a 40-step TRL run, so
+  its 0 is not comparable with postrl's zero_std_fraction.) From the random init, lr 1e-3,
+  60 steps run at the same time: 0.85 vs 1.48 s/step (1.73x), 230 vs 186 generation tokens/s; run one after
+  the other (40 steps): 0.92 vs 0.79 s/step. The 2x goal is not shown: GPT-2 takes postrl's Hugging Face
+  fallback decoder, and the training forward/backward (the same HF model in both) is half of a step.
 """
 
 from __future__ import annotations
@@ -212,6 +225,7 @@ def _postrl_on_trl_task(model: Path, train: Path, heldout: Path, out: Path, args
         f"eval_data={heldout}", f"rewards=[{spec}_reward, {spec}_correct]", "reward_weights=[1.0, 0.0]",
         f"verifier={spec}_correct", f"sampling.max_new_tokens={MAX_NEW_TOKENS}", "sampling.temperature=1.0",
         "grpo.group_size=8", "grpo.prompts_per_step=2", f"grpo.beta={args.beta}", "grpo.loss_type=grpo",
+        f"grpo.unbiased_kl={str(bool(args.unbiased_kl)).lower()}",
         f"optim.lr={args.lr}", "optim.warmup_steps=0", "optim.min_lr_ratio=1.0", "optim.betas=[0.9, 0.999]",
         "optim.weight_decay=0.0", "optim.max_grad_norm=1.0", f"max_steps={args.steps}",
         f"eval_every={args.eval_every}", "eval_prompts=100", "save_every=0", "device=cpu",
@@ -240,6 +254,7 @@ def _trl_run(model: Path, train: Path, heldout: Path, out: Path, args: argparse.
         str(THIS), "--trl-worker", "--model", str(model), "--train", str(train),
         "--heldout", str(heldout), "--steps", str(args.steps), "--eval-every", str(args.eval_every),
         "--beta", str(args.beta), "--lr", str(args.lr), "--threads", str(args.threads), "--seed", str(args.seed), "--json", str(out),
+        "--unbiased-kl", str(args.unbiased_kl),
     ]  # fmt: skip
     with out.with_suffix(".log").open("w") as f:
         subprocess.run(cmd, check=True, stdout=f, stderr=f, cwd=out.parent)
@@ -248,18 +263,21 @@ def _trl_run(model: Path, train: Path, heldout: Path, out: Path, args: argparse.
 
 def _pair(model: Path, train: Path, heldout: Path, work: Path, args: argparse.Namespace) -> dict:
     """Both contenders from ``model``, in ``args.order`` (e.g. postrl trl postrl trl: alternating, so machine
-    noise hits both), each run in a fresh process. Repeated runs of a contender are summarised by the median of
-    each timing (peak memory: the max); the accuracy curve is the first run's."""
+    noise hits both), each run in a fresh process; a contender's j-th run uses seed ``args.seed + j`` (one
+    seed's curve says little: 10 seeds x 40 steps gave accuracies 0.20-0.54 for each contender). Repeated runs
+    are summarised by the median of each timing (peak memory: the max) and the mean accuracy curve."""
     work.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict]] = {}
     for k, name in enumerate(args.order):
         before = os.getloadavg()[0]
+        seeded = argparse.Namespace(**{**vars(args), "seed": args.seed + len(runs.get(name, []))})
         if name == "postrl":
-            result = _postrl_on_trl_task(model, train, heldout, work / f"postrl_grpo_{k}", args)
+            result = _postrl_on_trl_task(model, train, heldout, work / f"postrl_grpo_{k}", seeded)
             result.pop("summary")
         else:
-            result = _trl_run(model, train, heldout, work / f"trl_{k}.json", args)
+            result = _trl_run(model, train, heldout, work / f"trl_{k}.json", seeded)
         result["loadavg"] = [round(before, 2), round(os.getloadavg()[0], 2)]
+        result["seed"] = seeded.seed
         runs.setdefault(name, []).append(result)
     out = {}
     for name, results in runs.items():
@@ -271,7 +289,11 @@ def _pair(model: Path, train: Path, heldout: Path, work: Path, args: argparse.Na
         ]
         summary = {key: statistics.median(r[key] for r in results) for key in timing}
         summary["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
-        summary["accuracy_curve"] = results[0]["accuracy_curve"]
+        curves = [r["accuracy_curve"] for r in results]
+        summary["accuracy_curve"] = [
+            (step, seconds, statistics.mean(c[i][2] for c in curves))
+            for i, (step, seconds, _) in enumerate(curves[0])
+        ]
         summary["loadavg"] = [r["loadavg"] for r in results]
         summary["runs"] = results
         out[name] = summary
@@ -305,9 +327,10 @@ def bench_trl(args: argparse.Namespace) -> dict:
     p, t = learn["postrl"], learn["trl"]
     settings = f"2 prompts x G=8, <= {MAX_NEW_TOKENS} tokens, beta {args.beta}, lr {args.lr}, {args.threads} thread(s)"
     _table(f"TRL task from the SFT warm start, {args.steps} steps of {settings}", p, t)
-    print("held-out greedy accuracy (step, postrl, TRL):")
+    seeds = {name: [r["seed"] for r in learn[name]["runs"]] for name in learn}
+    print(f"held-out greedy accuracy, mean over seeds {seeds} (step, postrl, TRL):")
     for (step, _, acc_p), (_, _, acc_t) in zip(p["accuracy_curve"], t["accuracy_curve"], strict=False):
-        print(f"  {step:>5} {acc_p:>7.2f} {acc_t:>7.2f}")
+        print(f"  {step:>5} {acc_p:>7.3f} {acc_t:>7.3f}")
     scratch_args = argparse.Namespace(
         **{**vars(args), "steps": args.scratch_steps, "eval_every": args.scratch_steps, "lr": args.scratch_lr}
     )
@@ -380,7 +403,8 @@ def trl_worker(args: argparse.Namespace) -> None:
         output_dir=str(Path(args.json).parent / "trl_out"), max_steps=args.steps, per_device_train_batch_size=16,
         gradient_accumulation_steps=1, num_generations=8, max_completion_length=MAX_NEW_TOKENS,
         learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, beta=args.beta, loss_type="grpo",
-        scale_rewards="group", num_iterations=1, temperature=1.0, logging_steps=1, save_strategy="no",
+        scale_rewards="group", num_iterations=1, temperature=1.0, use_bias_correction_kl=bool(args.unbiased_kl),
+        logging_steps=1, save_strategy="no",
         report_to="none", use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, use_vllm=False,
         seed=args.seed, dataloader_num_workers=0, disable_tqdm=True,
     )  # fmt: skip
@@ -437,6 +461,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="trl: GRPO steps of each contender")
     parser.add_argument("--eval-every", type=int, default=20, help="trl: steps between accuracy checks")
     parser.add_argument("--beta", type=float, default=0.04, help="KL coefficient of both")
+    parser.add_argument(
+        "--unbiased-kl", type=int, choices=[0, 1], default=1,
+        help="trl: k3 weighted by the ratio in both (TRL's use_bias_correction_kl, its default; postrl unbiased_kl)",
+    )  # fmt: skip
     parser.add_argument("--lr", type=float, default=1e-4, help="trl: AdamW lr of both (warm start)")
     parser.add_argument("--scratch-lr", type=float, default=1e-3, help="trl: lr from the random init (TRL's)")
     parser.add_argument("--scratch-steps", type=int, default=40, help="trl: steps of the from-init run")
