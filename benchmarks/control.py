@@ -16,16 +16,21 @@ REINFORCE gradient estimate with and without the learned baseline.
 
 The last line printed is one JSON object with every result.
 
-Measured 2026-12-02 on the shared 2-core machine (load average 6–13 from other jobs, so absolute steps/s are
-3–5× below a quiet machine; the random-action env ceiling read 2,300–15,000 steps/s instead of ≈65,000):
-- ppo-cartpole, 1e5 steps, seeds 0 1 2, side by side with SB3 2.9 (--with-sb3): eval 500/500/500 (SB3
-  500/500/500); steps to a 20-episode average ≥ 475: 21,824 / 18,672 / 37,976 (SB3 25,136 / 25,464 /
-  32,512); steps/s 611 / 798 / 750 vs SB3 399 / 475 / 494: ratio 1.53 / 1.68 / 1.52 (median 1.53).
-- seed 0 only (time), evaluation return (goal; env steps until the training average reached the threshold):
-  ppo-acrobot 2e5 → −90.5 ± 22.5 (−100; 110,592); ppo-pendulum 2e5 → −140.9 ± 101 (−200; 72,000);
-  a2c-cartpole 5e5 → 500 (475; 107,896); trpo-cartpole 2e5 → 500 (475; 31,642); trpo-pendulum 3e5 →
-  −144.9 ± 96 (−300; 87,600); reinforce-cartpole 5e5 → 500 with the baseline (400; 150,482) and 330 ± 51
-  without it (reinforce-nobaseline-cartpole).
+Measured 2026-12-02 on the shared 2-core machine (load average 2–17 from other jobs, so absolute steps/s are
+3–10× below a quiet machine; the random-action env ceiling read 1,500–5,900 steps/s instead of ≈65,000):
+- ppo-cartpole, 1e5 steps, seeds 0 1 2, side by side with SB3 2.9 (--with-sb3), after the flat-parameter
+  Adam (postrl/control/flat.py) and the one-batch critic pass: eval 500/500/500 (SB3 500/500/500); steps to
+  a 20-episode average ≥ 475: 20,712 / 33,848 / 38,832 (SB3 25,136 / 25,464 / 32,512); steps/s 695 / 1,647 /
+  811 vs SB3 564 / 414 / 611: wall-clock ratios 1.23 / 3.98 / 1.33, swung by the other jobs. CPU time of the
+  whole run (training + evaluation + start-up; getrusage of each child process): 62.5 s vs
+  143.5 s (2.3×, load ≈ 9) and 49.3 s vs 98.8 s (2.0×, load ≈ 2; wall 50.6 s vs 100.6 s); ``--quick``
+  (3e4 steps) at load 1.6: 2,691 vs 1,267 steps/s, 2.12× wall, 2.31× CPU time. So ≈ 2×, not the
+  3× goal: a minibatch step is ~70% of postrl's time and is the bare forward/backward of two 64×64 MLPs.
+- 3 seeds (0 from the morning run, 1 2 now), evaluation return (goal):
+  ppo-acrobot 2e5 → −90.5 / −86.4 / −76.7 (−100); ppo-pendulum 2e5 with the preset's reward normalisation →
+  −146.9 / −124.5 / −198.2 (−200; without it seed 1 reached only −425); trpo-cartpole 2e5 → 500 / 500 / 500
+  (475). Seed 0 only: a2c-cartpole 5e5 → 500 (475); trpo-pendulum 3e5 → −144.9 (−300);
+  reinforce-cartpole 5e5 → 500 with the baseline (400) and 330 ± 51 without it.
 - REINFORCE gradient variance (trace of the covariance over 30 batches of 8 episodes, policy trained 5e4
   steps): 2.96 without the baseline, 0.26 with it: 11.4× lower with the learned baseline.
 """
@@ -35,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -83,10 +89,13 @@ def run_postrl(task: str, seed: int, steps: int, out_root: Path) -> dict:
             *TASK_OVERRIDES.get(task, []),
         ],
     )
+    cpu_start = time.process_time()
     summary = train(cfg, out_root / f"{task}-s{seed}")
+    cpu_seconds = time.process_time() - cpu_start  # CPU time, robust to other jobs on a shared machine
     keys = ("eval_return_mean", "eval_return_std", "steps_per_second", "steps_to_threshold", "peak_rss_mb")
     row = {"backend": "postrl", "task": task, "seed": seed, "env_steps": summary["env_steps"]}
     row.update({k: summary[k] for k in keys})
+    row["cpu_seconds"] = round(cpu_seconds, 1)
     row["goal_met"] = summary["eval_return_mean"] >= goal
     return row
 
@@ -103,11 +112,13 @@ def run_sb3(config: str, seed: int, steps: int, python: str) -> dict | None:
         "--timesteps",
         str(steps),
     ]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=3600).stdout
     except (OSError, subprocess.SubprocessError) as err:
         print(f"sb3: could not run {cmd}: {err}", file=sys.stderr)
         return None
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     res = json.loads(out.strip().splitlines()[-1])
     return {
         "backend": "sb3",
@@ -118,6 +129,8 @@ def run_sb3(config: str, seed: int, steps: int, python: str) -> dict | None:
         "eval_return_std": res["eval_std"],
         "steps_per_second": res["sps"],
         "steps_to_threshold": res["steps_to_threshold"],
+        # the whole child process (start-up and imports too, which postrl's in-process figure leaves out)
+        "cpu_seconds": round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 1),
     }
 
 
@@ -234,7 +247,12 @@ def main(argv=None) -> int:
                 if peer is not None:
                     rows.append(peer)
                     ratio = row["steps_per_second"] / peer["steps_per_second"]
-                    print(json.dumps(peer) + f"  # postrl/sb3 speed ratio {ratio:.2f}", flush=True)
+                    cpu_ratio = peer["cpu_seconds"] / max(row["cpu_seconds"], 1e-9)
+                    print(
+                        json.dumps(peer)
+                        + f"  # postrl/sb3 speed ratio {ratio:.2f} (wall), {cpu_ratio:.2f} (CPU time)",
+                        flush=True,
+                    )
     results["tasks"] = summarize(rows)
     if not args.no_variance and (args.tasks is None or "reinforce-cartpole" in tasks):
         variance_steps, batches = (10_000, 10) if args.quick else (50_000, 30)
