@@ -146,6 +146,35 @@ def test_reviews_splits_disjoint_and_deterministic() -> None:
     assert get_task("reviews").preference_rows("test") == task.preference_rows("test")
 
 
+@pytest.mark.parametrize("name", list_tasks())
+def test_no_prompt_is_a_prefix_of_another(name: str) -> None:
+    # The prompt's text must mark where the response starts: a held-out "Review: the view" beside a train
+    # "Review: the view at the harbor" made the SFT model go on writing the prompt (issue 5).
+    task = get_task(name)
+    prompts = sorted(set(task.prompts("train") + task.prompts("test")))
+    # sorted, every string that starts with a comes right after a
+    assert [(a, b) for a, b in zip(prompts[:-1], prompts[1:], strict=True) if b.startswith(a)] == []
+
+
+def test_reviews_prompt_and_response_tokenise_apart(tiny_tokenizer) -> None:
+    # Encoding prompt and completion separately (SFT, rollout) gives the tokens of their concatenation
+    # (the corpus), so no token spans the boundary.
+    from postrl.lm.data import encode
+
+    rows = get_task("reviews").sft_rows("test")[:200]
+    joint = encode(tiny_tokenizer, [r["prompt"] + r["completion"] for r in rows])
+    prompts = encode(tiny_tokenizer, [r["prompt"] for r in rows])
+    completions = encode(tiny_tokenizer, [r["completion"] for r in rows])
+    assert joint == [p + c for p, c in zip(prompts, completions, strict=True)]
+
+
+def test_reviews_noun_of_both_prompt_forms() -> None:
+    from postrl.lm.tasks.review_language import noun_of
+
+    assert noun_of("Review of the waiter at the cafe:") == "waiter"
+    assert noun_of("Review: the soup") == "soup" and noun_of("Review of the robot:") is None
+
+
 # ---- labeller --------------------------------------------------------------------------------------------
 def test_labeller_noise_rate_matches_config() -> None:
     labeller = SyntheticLabeller(LabellerConfig(noise=0.2, tie_tolerance=0.05), seed=3)

@@ -1,6 +1,6 @@
 """The synthetic review language of the `reviews` task: lexicon, grammar, generator and gold reward.
 
-A review answers a prompt "Review: the <noun>[ at <venue>]" with " was ADJP ( and|but ADJP ){0,2} ." where
+A review answers a prompt "Review of the <noun>[ at <venue>]:" with " was ADJP ( and|but ADJP ){0,2} ." where
 ADJP = [intensifier] adjective. Each adjective has a polarity and fits one noun category (food, staff,
 place) or any. The gold reward is the "true human preference" of this world:
 
@@ -56,7 +56,7 @@ INTENSIFIERS: dict[str, float] = {"very": 1.4, "really": 1.3, "quite": 1.1, "rat
 CONNECTIVES: tuple[str, ...] = ("and", "but")
 MAX_PHRASES = 3
 _WORDS = re.compile(r"[a-z']+|[.!?,]")
-_PROMPT_NOUN = re.compile(r"review:\s*the\s+([a-z]+)", re.IGNORECASE)
+_PROMPT_NOUN = re.compile(r"review(?::| of)\s*the\s+([a-z]+)", re.IGNORECASE)
 
 
 def words_of(text: str) -> list[str]:
@@ -65,7 +65,8 @@ def words_of(text: str) -> list[str]:
 
 
 def noun_of(prompt: str) -> str | None:
-    """The reviewed noun of a prompt "Review: the pasta at the cafe" → "pasta" (None if unknown)."""
+    """The reviewed noun of a prompt "Review of the pasta at the cafe:" (or the older "Review: the pasta")
+    → "pasta" (None if unknown)."""
     match = _PROMPT_NOUN.search(prompt)
     return match.group(1).lower() if match and match.group(1).lower() in NOUNS else None
 

@@ -1,6 +1,6 @@
 """`reviews`: a preference task with a hidden gold reward and a synthetic, noisy labeller.
 
-Prompts are "Review: the pasta" or "Review: the soup at the diner"; responses are short reviews in the
+Prompts are "Review of the pasta:" or "Review of the soup at the diner:"; responses are short reviews in the
 grammar of `review_language`. SFT demonstrations are grammatical with mixed sentiment, so an SFT policy is
 mediocre on the gold reward and RL has room. Preference pairs are labelled by `SyntheticLabeller` from the
 gold reward (label noise, ties at 0.5, optional Bradley–Terry sampling); by default they contain only
@@ -58,9 +58,17 @@ class ReviewsConfig:
 
 
 def all_prompts() -> list[str]:
-    """Every prompt of the review language, in a fixed order (180 of them)."""
-    plain = [f"Review: the {noun}" for noun in lang.NOUNS]
-    located = [f"Review: the {noun} at {venue}" for noun in lang.NOUNS for venue in lang.VENUES]
+    """Every prompt of the review language, in a fixed order (180 of them).
+
+    Each prompt ends with ":", so none is a prefix of another and the text itself marks where the response
+    starts. Without the mark ("Review: the view" beside "Review: the view at the harbor") a model cannot
+    tell a complete plain prompt from the start of a longer one: it only memorises which plain prompts of
+    the train split are complete, and on a held-out plain prompt goes on writing the prompt
+    (" at the harbor was bright .") or a word piece ("Review: the music" → "k and great ."), which the
+    gold reward scores about −3 (about 10% of the SFT samples on held-out prompts).
+    """
+    plain = [f"Review of the {noun}:" for noun in lang.NOUNS]
+    located = [f"Review of the {noun} at {venue}:" for noun in lang.NOUNS for venue in lang.VENUES]
     return plain + located
 
 
@@ -158,7 +166,7 @@ class ReviewsTask(Task):
         return self.gold_reward(prompts, completions, **columns)
 
     def corpus_lines(self, n: int, seed: int = 0) -> list[str]:
-        """``n`` lines "Review: the pasta was fresh ." from train prompts."""
+        """``n`` lines "Review of the pasta: was fresh ." from train prompts."""
         rng = split_rng(seed, "train", "corpus-reviews")
         prompts = self.prompts("train")
         lines = []
