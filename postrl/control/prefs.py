@@ -25,6 +25,8 @@ are averaged.
 - ``mean``: zero mean, unit std (Christiano et al.). Where episodes can terminate this changes the task:
   every below-average state has a negative reward, so PPO (bootstrapping 0 after termination) is paid to
   end the episode early there. Fine for tasks without termination (Pendulum).
+``normalize_returns`` then scales the centred r̂ as Gymnasium's ``NormalizeReward`` scales a true reward (by
+the running std of the discounted return): PPO on Pendulum needs that scale on the true reward too.
 
 Observations handed to the reward model are raw (un-normalised with the env's running statistics), so the
 labelled segments do not drift with the observation normaliser.
@@ -42,7 +44,7 @@ import torch
 
 from postrl.control import ppo
 from postrl.control.buffer import RolloutBuffer
-from postrl.control.envs import EnvConfig, VecEnv
+from postrl.control.envs import EnvConfig, RunningMeanStd, VecEnv
 from postrl.control.policies import PolicyConfig
 from postrl.control.prefs_reward import (
     LabellerConfig,
@@ -89,6 +91,9 @@ class PrefsConfig:
     """Share of the labelled pairs held out to measure the reward model's accuracy."""
     center: str = "absorbing"
     """Centring of the normalised r̂: absorbing (r̂_∅ = 0, for tasks that terminate) or mean (zero mean)."""
+    normalize_returns: bool = False
+    """Also scale the centred r̂ by the running std of its discounted return (γ = env.reward_gamma, clipped to
+    ±env.clip_reward), as env.normalize_reward does for a true reward (which prefs never sees)."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,8 @@ class Prefs(Agent):
         self.ep_true = np.zeros(env.n_envs)  # running true / learned return of each env's episode
         self.ep_learned = np.zeros(env.n_envs)
         self.ep_length = np.zeros(env.n_envs, dtype=np.int64)
+        self.ret_rms = RunningMeanStd(()) if cfg.prefs.normalize_returns else None
+        self.disc_return = np.zeros(env.n_envs)  # discounted learned return of each env's episode so far
         self._frac, self._metrics, self._episodes = 0.0, {}, []
 
     @property
@@ -201,10 +208,23 @@ class Prefs(Agent):
         )
         with torch.no_grad():
             learned = self.learned_reward(obs, buf.actions)  # (E, T)
-        buf.rewards.copy_(learned)
+        buf.rewards.copy_(
+            learned if self.ret_rms is None else self._scale_by_returns(learned, buf.episode_end)
+        )
         self._episodes, learned_returns = self._track_episodes(true, learned, buf.episode_end)
         metrics = {**self._eval_model(), "rm_loss": rm_loss, "learned_return": _mean(learned_returns)}
         self._metrics = {k: math.nan if v is None else v for k, v in metrics.items()}  # NaN: not logged
+
+    def _scale_by_returns(self, rewards: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """``rewards [E, T]`` / std of the discounted return (Gymnasium's NormalizeReward on r̂): the running
+        statistics take in this rollout's returns, then the whole rollout is scaled by the updated std."""
+        gamma, r, ends_np = self.cfg.env.reward_gamma, rewards.double().numpy(), ends.numpy()
+        for t in range(r.shape[1]):
+            self.disc_return = self.disc_return * gamma + r[:, t]
+            self.ret_rms.update(self.disc_return)
+            self.disc_return[ends_np[:, t]] = 0.0
+        clip = self.cfg.env.clip_reward
+        return (rewards / math.sqrt(self.ret_rms.var + 1e-8)).clamp(-clip, clip)
 
     def _labels_due(self) -> int:
         p = self.cfg.prefs
@@ -292,6 +312,8 @@ class Prefs(Agent):
             "ep_true": self.ep_true.tolist(),
             "ep_learned": self.ep_learned.tolist(),
             "ep_length": self.ep_length.tolist(),
+            "ret_rms": None if self.ret_rms is None else self.ret_rms.state_dict(),
+            "disc_return": self.disc_return.tolist(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -300,6 +322,9 @@ class Prefs(Agent):
         self.ep_true = np.asarray(state["ep_true"], dtype=np.float64)
         self.ep_learned = np.asarray(state["ep_learned"], dtype=np.float64)
         self.ep_length = np.asarray(state["ep_length"], dtype=np.int64)
+        if self.ret_rms is not None and state.get("ret_rms") is not None:
+            self.ret_rms.load_state_dict(state["ret_rms"])
+        self.disc_return = np.asarray(state.get("disc_return", self.disc_return), dtype=np.float64)
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -323,7 +348,10 @@ def _validate(cfg: Config) -> None:
     if not 0 <= p.initial_labels <= p.label_budget:
         raise ConfigError("'prefs.initial_labels' must be between 0 and prefs.label_budget")
     if cfg.env.normalize_reward:
-        raise ConfigError("'env.normalize_reward' must be false for prefs: the env reward is never used")
+        raise ConfigError(
+            "'env.normalize_reward' must be false for prefs: the env reward is never used "
+            "(prefs.normalize_returns scales the learned reward instead)"
+        )
     if not 0 <= cfg.reward_model.random_response < 1:
         raise ConfigError("'reward_model.random_response' must be in [0, 1)")
     if not 0 <= cfg.labeller.flip_prob <= 1:

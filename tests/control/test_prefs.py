@@ -174,9 +174,30 @@ def test_true_reward_never_reaches_the_policy_update(monkeypatch):
         assert torch.equal(a, b)
 
 
+def test_normalize_returns_scales_by_the_std_of_the_discounted_return():
+    """prefs.normalize_returns divides r̂ by the std of its discounted return, reset at episode ends, and
+    clips; computed here independently: returns by hand, their population variance with numpy."""
+    cfg = _cartpole_cfg("prefs.normalize_returns=true", "env.reward_gamma=0.9", "env.clip_reward=0.5")
+    agent, _ = _iterate(cfg, iterations=0)
+    gen = torch.Generator().manual_seed(0)
+    rewards = torch.randn(2, 40, generator=gen) * 3 + 1
+    ends = torch.rand(2, 40, generator=gen) < 0.1
+    returns, disc = [], np.zeros(2)
+    for t in range(40):
+        disc = 0.9 * disc + rewards[:, t].double().numpy()
+        returns.append(disc.copy())
+        disc[ends[:, t].numpy()] = 0.0
+    std = np.sqrt(np.var(np.concatenate(returns)))  # the running statistics' prior weighs 1e-4 of a sample
+    scaled = agent._scale_by_returns(rewards, ends)
+    expect = (rewards / std).clamp(-0.5, 0.5)
+    assert (expect.abs() == 0.5).any() and (expect.abs() < 0.5).any()  # both branches checked
+    assert torch.allclose(scaled, expect, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(agent.disc_return, disc)
+
+
 @pytest.mark.slow
 def test_run_folder_and_exact_resume(tmp_path):
-    cfg = _cartpole_cfg("run.checkpoint_every=1", "run.keep_checkpoints=20")
+    cfg = _cartpole_cfg("run.checkpoint_every=1", "run.keep_checkpoints=20", "prefs.normalize_returns=true")
     straight = tmp_path / "straight"
     summary = prefs.run(cfg, straight)
     for key in (
