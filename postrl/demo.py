@@ -39,7 +39,7 @@ class DemoConfig:
         default_factory=lambda: PretrainConfig(
             arithmetic=ARITHMETIC,
             train=TrainConfig(
-                max_steps=500,
+                max_steps=800,
                 batch_size=32,
                 max_length=128,
                 packing=True,
