@@ -14,6 +14,10 @@ Each training stage runs as its own ``postrl`` process (so its peak RSS is its o
 
     .venv/bin/python benchmarks/rlhf.py --sft runs/base/sft/model --out runs/bench-rlhf [--threads 1]
 
+When the ``--sft`` folder does not exist it is built first (``build_sft``, deterministic): ``postrl pretrain`` of
+the tiny Llama on the generated corpus (the recipe of ``benchmarks/_grpo_sft.BASE_PRETRAIN``) into
+``SFT/../../pretrain``, then ``postrl sft`` on both tasks' demonstrations, stopped at 0.3 held-out arithmetic.
+
 Prints a table and ends with ONE JSON line of results (also written to OUT/results.json).
 """
 
@@ -29,21 +33,28 @@ from pathlib import Path
 
 import torch
 
+SFT_RECIPE = [
+    "--data", "task:arithmetic,task:reviews", "task={arithmetic: {digits: 3}}", "train.max_steps=800",
+    "train.batch_size=64", "train.max_length=48", "train.optim.lr=0.001", "train.optim.min_lr_ratio=0.1",
+    "train.optim.warmup_steps=50", "train.eval_every=50", "train.save_every=50", "stop_accuracy=0.3",
+]  # fmt: skip
 
-def run_stage(stage: str, config: str, out: Path, flags: list[str], overrides: list[str]) -> dict:
-    """``postrl STAGE --config CONFIG --out OUT FLAGS OVERRIDES`` in a fresh process → its summary.json."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "postrl.cli",
-        stage,
-        "--config",
-        config,
-        "--out",
-        str(out),
-        *flags,
-        *overrides,
-    ]
+
+def build_sft(sft: Path, threads: int) -> None:
+    """Pretrain + SFT into ``sft`` (= RUN/sft/model; the base goes to RUN/pretrain), skipping a finished stage."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _grpo_sft import BASE_PRETRAIN
+
+    base = sft.parent.parent / "pretrain"
+    if not (base / "model").is_dir():
+        run_stage("pretrain", None, base, [], [*BASE_PRETRAIN, f"threads={threads}"])
+    run_stage("sft", None, sft.parent, ["--model", str(base / "model")], [*SFT_RECIPE, f"threads={threads}"])
+
+
+def run_stage(stage: str, config: str | None, out: Path, flags: list[str], overrides: list[str]) -> dict:
+    """``postrl STAGE [--config CONFIG] --out OUT FLAGS OVERRIDES`` in a fresh process → its summary.json."""
+    config_flags = [] if config is None else ["--config", config]
+    cmd = [sys.executable, "-m", "postrl.cli", stage, *config_flags, "--out", str(out), *flags, *overrides]
     print("$ " + " ".join(cmd[1:]), flush=True)
     start = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -96,7 +107,9 @@ def best_of_n(sft: str, rm_dir: Path, ns: list[int], samples: int, max_new_token
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sft", default="runs/base/sft/model", help="SFT model of the reviews task")
+    parser.add_argument(
+        "--sft", default="runs/base/sft/model", help="SFT model of the reviews task (built when missing)"
+    )
     parser.add_argument("--out", default="runs/bench-rlhf", help="folder for the runs and results.json")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per stage")
     parser.add_argument("--rm-steps", type=int, default=None, help="RM steps (default: the preset's)")
@@ -110,6 +123,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     common = [f"threads={args.threads}"]
+    if not Path(args.sft).is_dir():
+        build_sft(Path(args.sft), args.threads)
     if args.skip_rm:
         rm = json.loads((out / "rm" / "summary.json").read_text())
     else:
