@@ -26,7 +26,8 @@ are averaged.
   every below-average state has a negative reward, so PPO (bootstrapping 0 after termination) is paid to
   end the episode early there. Fine for tasks without termination (Pendulum).
 ``normalize_returns`` then scales the centred r̂ as Gymnasium's ``NormalizeReward`` scales a true reward (by
-the running std of the discounted return): PPO on Pendulum needs that scale on the true reward too.
+the running std of the discounted return), which PPO on Pendulum needs on the true reward; on r̂ it did not
+help (configs/prefs-pendulum.yaml), so it is off by default.
 
 Observations handed to the reward model are raw (un-normalised with the env's running statistics), so the
 labelled segments do not drift with the observation normaliser.
