@@ -24,11 +24,15 @@ Measured 2026-12-02 (``--envs cartpole pendulum --seeds 0 1 2 --jobs 2``; preset
   true reward 500/500/500 → ratio 1.00 with and without noise; RM held-out accuracy 1.00 (noise 0) and
   0.95/0.79/0.90 against the noisy labels (1.00/0.97/1.00 against noise-free ones), reward correlation
   1.000 (noise 0) and 0.999/0.948/0.805.
-- Pendulum-v1, 2e5 steps, 995 labels: NOT at the goal. Seed 0: −148.0 (PPO −146.9, ratio 1.00) without noise,
-  −447.4 (0.69) with 10%; seed 1 without noise −354.9 (PPO −124.5, 0.77). Outcomes are bimodal at a reward
-  correlation of 0.96–0.98 in every run: a policy either swings up and balances (≈ −150) or stalls or decays
-  after a peak (−210 at 8e4 steps, then −450 to −740). Variants that did not fix it: ``normalize_returns``
-  (−445/−156/−714/−522 for seeds 0/1 × noise 0/0.1), ``ppo.anneal_lr`` (−488/−618/−131/−890).
+- Pendulum-v1, 2e5 steps, 995 labels, preset PPO lr 3e-4: noise 0 → −440.9/−153.3/−178.6 (seeds 0/1/2) vs
+  PPO on the true reward −146.9/−124.5/−198.2 → ratios 0.70/0.97/1.02, mean 0.90; noise 10% → −183.9/−568.9/
+  −335.1 → 0.96/0.55/0.85, mean 0.79 (goal 0.7 on the mean; one seed below it). RM held-out accuracy 0.91
+  (noise 0) / 0.82 (0.92 against noise-free labels), reward correlation 0.98 / 0.96. Runs that fall short stall
+  at a local optimum (≈ −450 to −570) with a well-correlated reward. At PPO lr 1e-3 (ppo-pendulum's): seed 0
+  −148.0 / −447.4 with noise, seed 1 −354.9. Tried and not adopted: ``normalize_returns`` (−445/−156/−714/−522
+  for seeds 0/1 × noise 0/0.1 at lr 1e-3), ``ppo.anneal_lr`` (−488/−618/−131/−890), tie tolerance 0.1
+  (−1084/−407); ``ppo.ent_coef=0.01`` at lr 3e-4 fixed seed 0 without noise (−142) but not seed 1 with noise
+  (−452): untested on the full matrix.
 """
 
 from __future__ import annotations
