@@ -19,7 +19,7 @@ from torch import Tensor
 from postrl.core import group_advantages
 from postrl.lm.grpo_config import GRPOConfig
 from postrl.lm.rewards import RewardFunction, combine, reward_terms
-from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, generate, left_pad, score
+from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, left_pad, score
 from postrl.lm.tasks.base import stable_hash
 from postrl.runtime import distributed as dist
 
@@ -153,22 +153,11 @@ def _sample(run: Run, prompts: Prompts, indices: list[int], repeat: int, samplin
     ids, mask = left_pad([prompts.ids[i] for i in indices for _ in range(repeat)], run.tokenizer.pad_token_id)
     was_training = run.inner.training
     run.inner.eval()
+    engine = RolloutEngine(run.inner, run.tokenizer, sampling)
     with dist.gathered(run.policy):  # the decoders read whole weights; ranks decode different step counts
-        rollout = generate(
-            run.inner,
-            ids.to(run.device),
-            mask.to(run.device),
-            max_new_tokens=sampling.max_new_tokens,
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-            eos_token_id=run.tokenizer.eos_token_id,
-            pad_token_id=run.tokenizer.pad_token_id,
-            generator=gen,
-            greedy=sampling.greedy,
-        )
+        rollout = engine.sample(ids.to(run.device), mask.to(run.device), gen)
     run.inner.train(was_training)
-    texts = RolloutEngine(run.inner, run.tokenizer).decode(rollout)
+    texts = engine.decode(rollout)
     return rollout, rows, texts
 
 

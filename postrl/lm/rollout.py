@@ -361,8 +361,15 @@ class RolloutEngine:
         if not prompts:
             raise ValueError("generate needs at least one prompt")
         ids, mask = self.encode(prompts)
+        rollout = self.sample(ids, mask, generator)
+        rollout.prompts = list(prompts)
+        rollout.texts = self.decode(rollout)
+        return rollout
+
+    def sample(self, ids: Tensor, mask: Tensor, generator: torch.Generator | None = None) -> Rollout:
+        """`generate` with this engine's sampling config on left-padded prompt ``ids``/``mask`` (no decoding)."""
         c = self.config
-        rollout = generate(
+        return generate(
             self.model,
             ids,
             mask,
@@ -376,9 +383,6 @@ class RolloutEngine:
             greedy=c.greedy,
             use_fast=self.use_fast,
         )
-        rollout.prompts = list(prompts)
-        rollout.texts = self.decode(rollout)
-        return rollout
 
     def decode(self, rollout: Rollout) -> list[str]:
         """Response texts: each row's tokens before EOS."""
