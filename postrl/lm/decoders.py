@@ -16,9 +16,14 @@ import torch
 from torch import Tensor
 
 from postrl.lm import fast_gpt2, fast_llama
-from postrl.lm.shared_prefix import cache_argument
 
 log = logging.getLogger(__name__)
+
+
+def cache_argument(model: torch.nn.Module) -> str | None:
+    """The forward's KV-cache keyword: transformers 5 renamed ``past_key_values`` to ``cache``; None: neither."""
+    params = inspect.signature(model.forward).parameters
+    return next((name for name in ("cache", "past_key_values") if name in params), None)
 
 
 class HFDecoder:
@@ -82,3 +87,8 @@ def make_decoder(model: torch.nn.Module, use_fast: bool | None = None) -> Any:
         raise ValueError(f"use_fast=True but the fast path cannot run this model: {reason}")
     log.debug("rollout uses the Hugging Face forward (%s)", reason)
     return HFDecoder(model)
+
+
+def fast_decoder(model: torch.nn.Module) -> Any | None:
+    """The fast decoder that supports ``model``, or None."""
+    return next((cls(model) for cls, why in FAST_DECODERS.items() if why(model) is None), None)

@@ -12,7 +12,9 @@ building masks, growing a dynamic cache and walking module wrappers. `FastGPT2` 
 - a KV cache preallocated to ``P + T`` positions, written in place, and one additive key mask built once.
 
 Like `FastLlama`, the fused weights are built from the LIVE parameters: build a new `FastGPT2` for every
-`generate` call. `unsupported_reason` says why a model must take the Hugging Face fallback instead.
+`generate` call. Like it, it runs under the caller's grad mode (teacher-forced training forwards take it,
+`postrl.lm.shared_prefix.response_logits`). `unsupported_reason` says why a model must take the Hugging Face
+fallback instead.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import GPT2LMHeadModel
 
-from postrl.lm.fast_llama import prefill_masks
+from postrl.lm.fast_llama import KVCache, extend_mask, prefill_masks
 
 # activations computed here as one kernel; any other is the model's own module (correct, a little slower)
 TANH_GELUS = frozenset({"gelu_new", "gelu_pytorch_tanh", "gelu_fast"})
@@ -100,10 +102,11 @@ class FastGPT2:
         self.scales = [
             scale / (i + 1 if cfg.scale_attn_by_inverse_layer_idx else 1) for i in range(cfg.n_layer)
         ]
-        with torch.no_grad():
-            self.wte, self.wpe = body.wte.weight.detach(), body.wpe.weight.detach()
-            self.blocks = [_fuse_block(block) for block in body.h]
-            self.w_lm, self.b_lm = _fold(body.ln_f, model.lm_head.weight.t(), None)  # (d, V), (V,)
+        # under the caller's grad mode: with gradients on, the fused weights are differentiable functions of
+        # the parameters (the backward runs through the folding)
+        self.wte, self.wpe = body.wte.weight, body.wpe.weight
+        self.blocks = [_fuse_block(block) for block in body.h]
+        self.w_lm, self.b_lm = _fold(body.ln_f, model.lm_head.weight.t(), None)  # (d, V), (V,)
         self.length = 0  # cache columns filled so far
 
     # ---- pieces -----------------------------------------------------------------------------------------
@@ -119,14 +122,10 @@ class FastGPT2:
         ``length … length + S − 1``. Returns [B·S, d]."""
         nh, hs, d = self.n_heads, self.head_dim, self.d
         B, S = batch, qkv.shape[0] // batch
-        start, end = self.length, self.length + S
         heads = qkv.view(B, S, 3, nh, hs)
-        self.k_cache[i][:, :, start:end] = heads[:, :, 1].transpose(1, 2)  # (B, nh, S, hs)
-        self.v_cache[i][:, :, start:end] = heads[:, :, 2].transpose(1, 2)
+        k, v = self.cache.write(i, heads[:, :, 1], heads[:, :, 2], self.length)  # (B, nh, end, hs)
         q = heads[:, :, 0].transpose(1, 2)  # (B, nh, S, hs)
-        att = F.scaled_dot_product_attention(
-            q, self.k_cache[i][:, :, :end], self.v_cache[i][:, :, :end], attn_mask=mask, scale=self.scales[i]
-        )  # (B, nh, S, hs)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scales[i])  # (B, nh, S, hs)
         return att.transpose(1, 2).reshape(B * S, d)
 
     def _run(self, x: Tensor, mask: Tensor, batch: int) -> Tensor:
@@ -144,7 +143,6 @@ class FastGPT2:
         return torch.addmm(self.b_lm, self._norm(x), self.w_lm)  # (N, V)
 
     # ---- public -----------------------------------------------------------------------------------------
-    @torch.no_grad()
     def prefill(
         self,
         input_ids: Tensor,
@@ -163,11 +161,9 @@ class FastGPT2:
         last = int(position_ids[:, -1].max()) + max_len - P - 1
         if last >= self.wpe.shape[0]:
             raise ValueError(f"position {last} is beyond the model's n_positions={self.wpe.shape[0]}")
-        like, nh, hs = self.wte, self.n_heads, self.head_dim
-        self.k_cache = [like.new_zeros(B, nh, max_len, hs) for _ in self.blocks]  # (B, nh, L, hs)
-        self.v_cache = [like.new_zeros(B, nh, max_len, hs) for _ in self.blocks]
+        self.cache = KVCache(len(self.blocks), (B, self.n_heads, max_len, self.head_dim), self.wte)
         self.length = 0
-        self.key_bias, mask = prefill_masks(attention_mask, max_len, like)  # (B, 1, 1, L), (B, 1, P, P)
+        self.key_bias, mask = prefill_masks(attention_mask, max_len, self.wte)  # (B, 1, 1, L), (B, 1, P, P)
         x = F.embedding(input_ids, self.wte) + F.embedding(position_ids, self.wpe)  # (B, P, d)
         x = self._run(x.view(B * P, self.d), mask, B).view(B, P, self.d)
         # decode positions continue each row's count: the wpe rows of every future step, gathered once
@@ -180,13 +176,21 @@ class FastGPT2:
 
     def select_rows(self, index: Tensor) -> None:
         """After `prefill`: row b continues prefilled row ``index[b]`` (a prompt shared by several rows)."""
-        self.k_cache, self.v_cache = [k[index] for k in self.k_cache], [v[index] for v in self.v_cache]
+        self.cache.select_rows(index)
         self.key_bias, self.pos_steps = self.key_bias[index], self.pos_steps[index]
 
-    @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
         """Append one token per row (positions continue from the prompt): tokens [B] → logits [B, V]."""
         t = self.length - self.prompt_len
         mask = self.key_bias[..., : self.length + 1]  # (B, 1, 1, length + 1)
         x = F.embedding(tokens, self.wte).add_(self.pos_steps[:, t])  # (B, d)
         return self._logits(self._run(x, mask, tokens.shape[0]))  # (B, V)
+
+    def extend(self, tokens: Tensor) -> Tensor:
+        """Append S tokens per row at once, teacher-forced (what S `step` calls would compute): tokens [B, S]
+        → logits [B, S, V]."""
+        B, S = tokens.shape
+        t = self.length - self.prompt_len
+        mask = extend_mask(self.key_bias, self.length, S)  # (B, 1, S, length + S)
+        x = F.embedding(tokens, self.wte).add_(self.pos_steps[:, t : t + S])  # (B, S, d)
+        return self._logits(self._run(x.view(B * S, self.d), mask, B)).view(B, S, -1)  # (B, S, V)

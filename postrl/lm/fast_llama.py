@@ -16,6 +16,10 @@ forward instead:
 
 Every fused weight is built at construction from the LIVE parameters (the policy is trained between
 rollouts): build a new `FastLlama` for every `generate` call, never keep one across optimiser steps.
+It runs under the caller's grad mode: with gradients on, the folded weights are differentiable functions of the
+parameters and the KV cache grows by concatenation instead (autograd cannot go through in-place writes into a
+buffer that an earlier attention read), so a teacher-forced training forward
+(`postrl.lm.shared_prefix.response_logits`) takes the same short path as sampling.
 `unsupported_reason` says why a model must take the Hugging Face fallback instead.
 """
 
@@ -60,6 +64,44 @@ def prefill_masks(attention_mask: Tensor, max_len: int, like: Tensor) -> tuple[T
     eye = torch.eye(P, dtype=torch.bool, device=valid.device)
     allowed = torch.ones(P, P, dtype=torch.bool, device=valid.device).tril() & (valid[:, None, :] | eye)
     return key_bias, like.new_zeros(B, 1, P, P).masked_fill_(~allowed[:, None], float("-inf"))
+
+
+def extend_mask(key_bias: Tensor, length: int, S: int) -> Tensor:
+    """Additive mask [B, 1, S, length + S] of S new tokens after ``length`` cache columns: the key bias of
+    the filled columns, causal among the new ones."""
+    causal = torch.full((S, S), float("-inf"), dtype=key_bias.dtype, device=key_bias.device).triu(1)
+    mask = key_bias[..., : length + S].expand(-1, -1, S, -1).clone()  # (B, 1, S, length + S)
+    mask[..., length:] += causal
+    return mask
+
+
+class KVCache:
+    """Keys and values of every layer, [B, heads, columns, hs]. Without gradients: preallocated to ``max_len``
+    columns and written in place (decoding). With gradients (a teacher-forced training forward): grown by
+    concatenation, as autograd cannot go through in-place writes into a buffer that an earlier attention read."""
+
+    def __init__(self, layers: int, shape: tuple[int, ...], like: Tensor) -> None:
+        self.grow = torch.is_grad_enabled()
+        self.k: list[Tensor | None] = [None if self.grow else like.new_zeros(shape) for _ in range(layers)]
+        self.v: list[Tensor | None] = [None if self.grow else like.new_zeros(shape) for _ in range(layers)]
+
+    def write(self, i: int, k: Tensor, v: Tensor, start: int) -> tuple[Tensor, Tensor]:
+        """Store layer ``i``'s k, v [B, S, heads, hs] in columns ``start … start + S − 1``; return the keys
+        and values of columns ``0 … start + S − 1``."""
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, S, hs)
+        if self.grow:
+            if start:
+                k, v = torch.cat((self.k[i], k), dim=2), torch.cat((self.v[i], v), dim=2)
+            self.k[i], self.v[i] = k, v
+            return k, v
+        end = start + k.shape[2]
+        self.k[i][:, :, start:end] = k
+        self.v[i][:, :, start:end] = v
+        return self.k[i][:, :, :end], self.v[i][:, :, :end]
+
+    def select_rows(self, index: Tensor) -> None:
+        """Row b becomes row ``index[b]`` (differentiable when grown)."""
+        self.k, self.v = [k[index] for k in self.k], [v[index] for v in self.v]
 
 
 def _cat_bias(*biases: Tensor | None) -> Tensor | None:
@@ -119,12 +161,12 @@ class FastLlama:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self._rotary = model.model.rotary_emb
         d = cfg.hidden_size
-        with torch.no_grad():
-            self.embed = model.model.embed_tokens.weight.detach()
-            self.layers = [_fuse_layer(layer, d**0.5) for layer in model.model.layers]
-            self.w_lm = (model.lm_head.weight * (model.model.norm.weight * d**0.5)).t().contiguous()  # (d, V)
-            self._ones = self.embed.new_ones(d, 1)
-            self._d_eps = self.embed.new_full((1,), d * cfg.rms_norm_eps)
+        # under the caller's grad mode (see the module docstring)
+        self.embed = model.model.embed_tokens.weight
+        self.layers = [_fuse_layer(layer, d**0.5) for layer in model.model.layers]
+        self.w_lm = (model.lm_head.weight * (model.model.norm.weight * d**0.5)).t().contiguous()  # (d, V)
+        self._ones = self.embed.new_ones(d, 1)
+        self._d_eps = self.embed.new_full((1,), d * cfg.rms_norm_eps)
         self.length = 0  # cache columns filled so far
 
     # ---- pieces -----------------------------------------------------------------------------------------
@@ -136,8 +178,7 @@ class FastLlama:
     def _alloc(self, batch: int, max_len: int) -> None:
         """Preallocate the KV cache and the RoPE tables for ``max_len`` columns."""
         nkv, hs, like = self.n_kv, self.head_dim, self.embed
-        self.k_cache = [like.new_zeros(batch, nkv, max_len, hs) for _ in self.layers]  # (B, nkv, L, hs)
-        self.v_cache = [like.new_zeros(batch, nkv, max_len, hs) for _ in self.layers]
+        self.cache = KVCache(len(self.layers), (batch, nkv, max_len, hs), like)
         pos = torch.arange(max_len, device=like.device)[None]  # (1, L)
         cos, sin = self._rotary(like[:1], position_ids=pos)  # (1, L, hs) each: the model's own RoPE values
         half = torch.ones(hs // 2, device=like.device)
@@ -154,14 +195,10 @@ class FastLlama:
         qk = y[:, :qk_dim]
         swapped = qk.unflatten(-1, (nh + nkv, 2, hs // 2)).flip(-2).flatten(-3)  # halves of each head swapped
         qk = torch.addcmul(qk * cos, swapped, sin)  # RoPE: x·cos + rotate_half(x)·sin, (B·S, qk)
-        start, end = self.length, self.length + S
-        k_cache, v_cache = self.k_cache[i], self.v_cache[i]
-        k_cache[:, :, start:end] = qk[:, nh * hs :].view(B, S, nkv, hs).transpose(1, 2)  # (B, nkv, S, hs)
-        v_cache[:, :, start:end] = y[:, qk_dim:].view(B, S, nkv, hs).transpose(1, 2)
+        k, v = qk[:, nh * hs :].view(B, S, nkv, hs), y[:, qk_dim:].view(B, S, nkv, hs)
+        k, v = self.cache.write(i, k, v, self.length)  # (B, nkv, end, hs)
         q = qk[:, : nh * hs].view(B, S, nh, hs).transpose(1, 2)  # (B, nh, S, hs)
-        att = F.scaled_dot_product_attention(
-            q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask, enable_gqa=nh != nkv
-        )  # (B, nh, S, hs)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=nh != nkv)  # (B, nh, S, hs)
         return att.transpose(1, 2).reshape(B * S, nh * hs)  # (B·S, nh·hs)
 
     def _layer(self, i: int, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, batch: int) -> Tensor:
@@ -174,7 +211,9 @@ class FastLlama:
             x = x + layer.b_o
         gate_up = _mm(self._norm(x), layer.w_gate_up, layer.b_gate_up)  # (B·S, 2I)
         inter = gate_up.shape[-1] // 2
-        act = F.silu(gate_up[:, :inter], inplace=True).mul_(gate_up[:, inter:])  # SwiGLU in place, (B·S, I)
+        gate, up = gate_up[:, :inter], gate_up[:, inter:]
+        # SwiGLU (B·S, I), in place when no backward needs the inputs
+        act = F.silu(gate) * up if torch.is_grad_enabled() else F.silu(gate, inplace=True).mul_(up)
         x = torch.addmm(x, act, layer.w_down)
         return x if layer.b_down is None else x + layer.b_down
 
@@ -188,7 +227,6 @@ class FastLlama:
         return x
 
     # ---- public -----------------------------------------------------------------------------------------
-    @torch.no_grad()
     def prefill(
         self,
         input_ids: Tensor,
@@ -218,15 +256,24 @@ class FastLlama:
 
     def select_rows(self, index: Tensor) -> None:
         """After `prefill`: row b continues prefilled row ``index[b]`` (a prompt shared by several rows)."""
-        self.k_cache, self.v_cache = [k[index] for k in self.k_cache], [v[index] for v in self.v_cache]
+        self.cache.select_rows(index)
         self.key_bias, self.cos_steps, self.sin_steps = (
             t[index] for t in (self.key_bias, self.cos_steps, self.sin_steps)
         )
 
-    @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
         """Append one token per row (positions continue from the prompt): tokens [B] → logits [B, V]."""
         t = self.length - self.prompt_len
         mask = self.key_bias[..., : self.length + 1]  # (B, 1, 1, length + 1)
         x = self._run(tokens[:, None], self.cos_steps[:, t], self.sin_steps[:, t], mask)  # (B, d)
         return torch.mm(self._norm(x), self.w_lm)  # (B, V)
+
+    def extend(self, tokens: Tensor) -> Tensor:
+        """Append S tokens per row at once, teacher-forced (what S `step` calls would compute): tokens [B, S]
+        → logits [B, S, V]."""
+        B, S = tokens.shape
+        t = self.length - self.prompt_len
+        mask = extend_mask(self.key_bias, self.length, S)  # (B, 1, S, length + S)
+        cos, sin = (r[:, t : t + S].reshape(B * S, -1) for r in (self.cos_steps, self.sin_steps))
+        x = self._run(tokens, cos, sin, mask)  # (B·S, d)
+        return torch.mm(self._norm(x), self.w_lm).view(B, S, -1)  # (B, S, V)

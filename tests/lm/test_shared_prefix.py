@@ -39,8 +39,10 @@ def test_distinct_prompts_by_hand():
 MODELS = {"gpt2": lambda: tiny_gpt2(), "llama": lambda: tiny_llama(vocab=48)}
 
 
+@pytest.mark.parametrize("use_fast", [None, False])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_response_logits_and_their_gradients_equal_the_full_forward(name):
+def test_response_logits_and_their_gradients_equal_the_full_forward(name, use_fast):
+    """Through the fast decoder (None) and through the model's own forward and cache (False)."""
     model = MODELS[name]()  # eval mode: GPT-2's dropout off, gradients still flow
     input_ids, attention_mask, P = grouped_batch()
     weights = torch.randn(input_ids.shape[0], input_ids.shape[1] - P, model.config.vocab_size)
@@ -60,7 +62,7 @@ def test_response_logits_and_their_gradients_equal_the_full_forward(name):
         return out.logits[:, P - 1 : -1]
 
     ref, ref_grads = run(full)
-    shared, grads = run(lambda: response_logits(model, input_ids, attention_mask, P))
+    shared, grads = run(lambda: response_logits(model, input_ids, attention_mask, P, use_fast))
     assert ((shared - ref) * attention_mask[:, P:, None]).abs().max() < TOL
     for g, r in zip(grads, ref_grads, strict=True):
         assert (g - r).abs().max() <= 1e-4 * max(1.0, r.abs().max())
