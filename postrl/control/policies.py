@@ -50,7 +50,7 @@ class MLP(nn.Module):
         super().__init__()
         if activation not in _ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(_ACTIVATIONS)}")
-        self.activation = _ACTIVATIONS[activation]
+        self.activation, self.activation_name = _ACTIVATIONS[activation], activation
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
         if ortho:
             for i, layer in enumerate(self.layers):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from postrl.control import dist
+from postrl.control import dist, ppo_grad
 from postrl.control.buffer import Batch, RolloutBuffer, collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
 from postrl.control.flat import FlatAdam, FlatParameters
@@ -113,6 +113,7 @@ class PPO(Agent):
         self.flat = FlatParameters([self.actor, self.critic])  # one tensor for Adam, clipping and zeroing
         self.optimizer = FlatAdam(self.flat.param, lr=self.cfg.lr, eps=self.cfg.adam_eps)
         self.buffer = RolloutBuffer(env, self.cfg.n_steps)
+        self.hand_gradient = ppo_grad.supported(self.actor, self.critic)
         self.modules = {"actor": self.actor, "critic": self.critic}
         self.optimizers = {"optimizer": self.optimizer}
 
@@ -147,12 +148,10 @@ class PPO(Agent):
             order = None if full_batch else torch.randperm(n)
             for start in range(0, n, batch_size):
                 mb = batch if full_batch else self._whiten(batch.take(order[start : start + batch_size]))
-                loss, stats = ppo_loss(self.actor, self.critic, mb, cfg, clip_eps)
-                self.flat.zero_grad()
-                loss.backward()
+                stats = self._gradient(mb, clip_eps)
                 dist.sync_grads([self.flat.param])  # the mean over ranks (nothing in one process)
                 self.flat.clip_grad_norm_(cfg.max_grad_norm)
-                self.optimizer.step()
+                self.optimizer.update()
                 history.append(stats)
             if cfg.target_kl is not None and dist.mean_over_ranks(stats["approx_kl"]) > cfg.target_kl:
                 break
@@ -162,6 +161,19 @@ class PPO(Agent):
             with torch.no_grad():
                 out["entropy"] = float(self.actor.evaluate(batch.obs, batch.actions)[1].mean())
         return out
+
+    def _gradient(self, mb: Batch, clip_eps: float) -> dict[str, torch.Tensor]:
+        """The gradient of `ppo_loss` on ``mb`` into the flat gradient; its statistics. Written out by hand
+        (`postrl.control.ppo_grad`, the same gradient) for postrl's MLPs, else through autograd."""
+        cfg = self.cfg
+        self.flat.zero_grad()
+        if self.hand_gradient:
+            return ppo_grad.minibatch_gradient(
+                self.actor, self.critic, mb, clip_eps, cfg.vf_coef, cfg.ent_coef, cfg.clip_vf
+            )
+        loss, stats = ppo_loss(self.actor, self.critic, mb, cfg, clip_eps)
+        loss.backward()
+        return stats
 
     def _whiten(self, batch: Batch) -> Batch:
         if not self.cfg.normalize_advantages or len(batch) < 2:
