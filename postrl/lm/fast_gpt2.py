@@ -19,6 +19,7 @@ fallback instead.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,7 @@ from postrl.lm.fast_llama import KVCache, extend_mask, prefill_masks
 
 # activations computed here as one kernel; any other is the model's own module (correct, a little slower)
 TANH_GELUS = frozenset({"gelu_new", "gelu_pytorch_tanh", "gelu_fast"})
+_TWO_SQRT_2_OVER_PI = 2 * math.sqrt(2 / math.pi)
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
@@ -44,6 +46,14 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         "dropout is active": model.training and dropout > 0,
     }
     return next((reason for reason, failed in checks.items() if failed), None)
+
+
+def tanh_gelu(x: Tensor) -> Tensor:
+    """GELU's tanh approximation ½x(1 + tanh u), u = √(2/π)(x + 0.044715x³), as x·σ(2u) (½(1 + tanh u) = σ(2u)):
+    the same function to float32 rounding, and on this CPU half the time of ``F.gelu(approximate="tanh")``
+    forward and a fifth less with its backward (tanh is the slow kernel there, sigmoid is not)."""
+    u = (x * x).mul_(0.044715 * _TWO_SQRT_2_OVER_PI).add_(_TWO_SQRT_2_OVER_PI).mul_(x)  # 2u
+    return torch.sigmoid(u).mul(x)
 
 
 @dataclass
@@ -115,7 +125,7 @@ class FastGPT2:
         return F.layer_norm(x, (self.d,), None, None, self.eps)
 
     def _act(self, block: _Block, x: Tensor) -> Tensor:
-        return F.gelu(x, approximate="tanh") if self.tanh_gelu else block.act(x)
+        return tanh_gelu(x) if self.tanh_gelu else block.act(x)
 
     def _attention(self, i: int, qkv: Tensor, mask: Tensor, batch: int) -> Tensor:
         """Cache write and attention of block ``i`` from qkv [B·S, 3d] for tokens in cache columns
