@@ -5,8 +5,8 @@ saved tensors, the engine's walk of the graph) costs about as much as the arithm
 took 2.6 ms per minibatch on the 2-core benchmark machine, this 1.8 ms, for the same gradients to float32
 rounding (tests/control/test_ppo_grad.py checks every variant against autograd through
 `postrl.control.ppo.ppo_loss`). PPO on CartPole takes 20 minibatch steps per 256 env steps, so this is a
-fifth of a run. The loss VALUES and statistics still come from `postrl.core` (`ppo_clip_loss`,
-`value_loss`); only their gradients are written here.
+fifth of a run. The loss values and statistics are `postrl.core`'s (`clipped_surrogate`, `value_loss`, the
+statistics of `ppo_clip_loss`; the tests compare them too); their gradients are written here.
 
 The derivation (N rows; ρ = exp(log π − log π_old); A the whitened advantages; ε, ε_h the clip range):
 
@@ -39,7 +39,6 @@ from postrl.core import (
     clipped_surrogate,
     diag_gaussian_entropy,
     diag_gaussian_log_prob,
-    ppo_clip_loss,
     value_loss,
 )
 
@@ -75,17 +74,17 @@ def _backward(net: MLP, inputs: list[Tensor], delta: Tensor) -> None:
     act_backward = _ACT_BACKWARD[net.activation_name]
     for k in range(len(net.layers) - 1, -1, -1):
         layer, h = net.layers[k], inputs[k]
-        _write(layer.weight, torch.mm(delta.t(), h))
-        _write(layer.bias, delta.sum(0))
+        torch.mm(delta.t(), h, out=_grad(layer.weight))
+        torch.sum(delta, 0, out=_grad(layer.bias))
         if k:
             delta = act_backward(torch.mm(delta, layer.weight), h)
 
 
-def _write(param: Tensor, grad: Tensor) -> None:
+def _grad(param: Tensor) -> Tensor:
+    """The tensor to write ``param``'s gradient into (allocated when there is none)."""
     if param.grad is None:
-        param.grad = grad
-    else:
-        param.grad.copy_(grad)
+        param.grad = torch.empty_like(param)
+    return param.grad
 
 
 @torch.no_grad()
@@ -115,10 +114,17 @@ def minibatch_gradient(
         z = (batch.actions - head) / std  # (N, A): the standardised action
         log_probs = diag_gaussian_log_prob(batch.actions, head, actor.log_std)
 
-    pg_loss, stats = ppo_clip_loss(log_probs, batch.log_probs, batch.advantages, clip_eps)
-    ratio = torch.exp(log_probs - batch.log_probs)
-    _, clipped = clipped_surrogate(ratio, batch.advantages, clip_eps)
-    d_log_probs = (-ratio * batch.advantages / n).masked_fill_(clipped, 0.0)  # ∂L/∂log π, (N,)
+    # `postrl.core.ppo_clip_loss`'s value and statistics, from the ratio and clip mask the gradient needs too
+    log_ratio = log_probs - batch.log_probs
+    ratio = log_ratio.exp()
+    surrogate, clipped = clipped_surrogate(ratio, batch.advantages, clip_eps)
+    stats = {
+        "policy_loss": -surrogate.mean(),
+        "clip_fraction": clipped.to(ratio.dtype).mean(),
+        "approx_kl": ((ratio - 1.0) - log_ratio).mean(),
+        "ratio_mean": ratio.mean(),
+    }
+    d_log_probs = (ratio * batch.advantages).mul_(-1.0 / n).masked_fill_(clipped, 0.0)  # ∂L/∂log π, (N,)
 
     old_values = None if clip_vf is None else batch.values
     v_loss = value_loss(values, batch.returns, old_values=old_values, clip_eps=clip_vf)
@@ -127,7 +133,7 @@ def minibatch_gradient(
         clipped_v = batch.values + torch.clamp(values - batch.values, -clip_vf, clip_vf)
         outside = (values - batch.returns) ** 2 < (clipped_v - batch.returns) ** 2
         d_values.masked_fill_(outside, 0.0)
-    stats = {"policy_loss": pg_loss, "value_loss": v_loss, **stats}
+    stats["value_loss"] = v_loss
 
     if discrete:
         probs = log_p.exp()
@@ -143,7 +149,7 @@ def minibatch_gradient(
         if ent_coef:
             stats["entropy"] = diag_gaussian_entropy(actor.log_std)
             d_log_std -= ent_coef  # ∂(−c_H mean H)/∂log σ
-        _write(actor.log_std, d_log_std)
+        _grad(actor.log_std).copy_(d_log_std)
     _backward(actor.net, actor_in, d_head)
     _backward(critic.net, critic_in, d_values[:, None])
     return stats
