@@ -16,20 +16,28 @@ REINFORCE gradient estimate with and without the learned baseline.
 
 The last line printed is one JSON object with every result.
 
-Measured 2026-12-02 on the shared 2-core machine (load average 2–17 from other jobs, so absolute steps/s are
-3–10× below a quiet machine; the random-action env ceiling read 1,500–5,900 steps/s instead of ≈65,000):
-- ppo-cartpole, 1e5 steps, seeds 0 1 2, side by side with SB3 2.9 (--with-sb3), after the flat-parameter
-  Adam (postrl/control/flat.py) and the one-batch critic pass: eval 500/500/500 (SB3 500/500/500); steps to
-  a 20-episode average ≥ 475: 20,712 / 33,848 / 38,832 (SB3 25,136 / 25,464 / 32,512); steps/s 695 / 1,647 /
-  811 vs SB3 564 / 414 / 611: wall-clock ratios 1.23 / 3.98 / 1.33, swung by the other jobs. CPU time of the
-  whole run (training + evaluation + start-up; getrusage of each child process): 62.5 s vs
-  143.5 s (2.3×, load ≈ 9) and 49.3 s vs 98.8 s (2.0×, load ≈ 2; wall 50.6 s vs 100.6 s); ``--quick``
-  (3e4 steps) at load 1.6: 2,691 vs 1,267 steps/s, 2.12× wall, 2.31× CPU time. So ≈ 2×, not the
-  3× goal: a minibatch step is ~70% of postrl's time and is the bare forward/backward of two 64×64 MLPs.
-- 3 seeds (0 from the morning run, 1 2 now), evaluation return (goal):
-  ppo-acrobot 2e5 → −90.5 / −86.4 / −76.7 (−100); ppo-pendulum 2e5 with the preset's reward normalisation →
-  −146.9 / −124.5 / −198.2 (−200; without it seed 1 reached only −425); trpo-cartpole 2e5 → 500 / 500 / 500
-  (475). Seed 0 only: a2c-cartpole 5e5 → 500 (475); trpo-pendulum 3e5 → −144.9 (−300);
+Measured 2026-12-02 evening on the idle 2-core machine (load < 1.6; ceiling 34,979–38,345 steps/s):
+- ppo-cartpole, 1e5 steps, side by side with SB3 2.9 (``--tasks ppo-cartpole --seeds 0 --with-sb3``), after
+  the hand-written minibatch gradient (postrl/control/ppo_grad.py) and FlatAdam.update: postrl 4,598 env
+  steps/s vs SB3 1,985: **2.32× wall, 2.39× CPU time** (24.2 s vs 57.9 s), eval 500 both, steps to a
+  20-episode average ≥ 475 32,472 vs 25,136. Earlier the same evening, before the op diet of ppo_grad:
+  3,658 vs 1,620 (2.26×); in the morning, with autograd: 2,770 vs 1,422 (1.95×). SB3's own speed moved
+  1,422–1,985 between runs on this machine, so only the side-by-side ratio means anything. Seeds 0 1 2
+  without SB3 (before the op diet): 4,348 / 4,325 / 4,334 steps/s, eval 500 / 500 / 500, steps to 475: 20,872 / 28,904 / 26,848.
+  Where an iteration (256 env steps) goes now: 20 minibatch steps × ~1.9 ms (GEMMs and tanh ≈ 1 ms of
+  each; tanh costs ≈ 5 ns per element here), the rollout ≈ 18 ms (CartPole's Python step ≈ 22 µs × 8 envs,
+  the sync vector env ≈ 90 µs, the actor ≈ 175 µs per vector step). Still short of the 3× goal.
+- Earlier (load 2–17 from other jobs, the ceiling read 1,500–5,900 steps/s): 1e5 steps, seeds 0 1 2:
+  wall ratios 1.23 / 3.98 / 1.33 swung by the other jobs; CPU time 2.3× (load ≈ 9) and 2.0× (load ≈ 2).
+- With the hand-written gradient, seeds 0 1 2: ppo-acrobot 2e5 → −86.3 / −82.3 / −80.4 (−100). ppo-pendulum
+  2e5 at the zoo's lr 1e-3 → −594 / −146 / −172, and −635 / −572 / −608 for seeds 3 4 5: the Gaussian's σ
+  collapsed and the return stalled near −600. The gradient is not the cause (checked against autograd at every
+  one of 9,600 minibatch steps of a 6e4-step run: equal to 1.3e-6 relative); autograd's runs at 1e-3 gave
+  −147 / −125 / −198 / −264 / −236 for seeds 0–4, so which seeds fail is float-rounding chaos. The preset now
+  uses lr 3e-4: −136 / −125 / −183 (seeds 0 1 2; goal −200) and −243 / −189 / −152 (seeds 3 4 5).
+- Morning, 3 seeds, autograd: ppo-acrobot 2e5 → −90.5 / −86.4 / −76.7 (−100); ppo-pendulum 2e5 (lr 1e-3)
+  with the preset's reward normalisation → −146.9 / −124.5 / −198.2 (−200; without it seed 1 reached only
+  −425); trpo-cartpole 2e5 → 500 / 500 / 500 (475). Seed 0 only: a2c-cartpole 5e5 → 500 (475); trpo-pendulum 3e5 → −144.9 (−300);
   reinforce-cartpole 5e5 → 500 with the baseline (400) and 330 ± 51 without it.
 - REINFORCE gradient variance (trace of the covariance over 30 batches of 8 episodes, policy trained 5e4
   steps): 2.96 without the baseline, 0.26 with it: 11.4× lower with the learned baseline.

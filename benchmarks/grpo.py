@@ -50,9 +50,18 @@ Measured 2026-12-02 on the shared 2-core machine at a load average of 12-18 (so 
   gains more from SFT when answers for every prompt exist. lr: 2e-4 (the preset) learns; 1e-4 gave the same
   accuracy at step 20 (0.63); 5e-4 collapses (0.35 -> 0.16 by step 20, also with 20 warmup steps): one AdamW
   step at 2e-4 already moves the policy by a k3 KL of ~0.1 per token.
-- TRL task, warm start at 0.57, lr 1e-4, 200 steps, two alternated runs each: postrl 0.42 s/step vs TRL 0.69
-  (1.63x), generation 347 vs 293 tokens/s, peak RSS 413 vs 502 MB. Accuracy, 2026-12-02 (settings as above,
-  unbiased KL in both; mean over seeds, postrl vs TRL): 10 seeds x 40 steps: 0.397 vs 0.413 at step 20, 0.408
+- TRL task, 2026-12-02 evening, on the idle machine (load 0.5-1.1), after the teacher-forced forwards through
+  the fast decoders (`postrl.lm.shared_prefix`), fused AdamW and the sigmoid-form GELU: warm start at 0.57,
+  lr 1e-4, contenders alternated. 200 steps x 6 seeds: postrl 0.0386 s/step vs TRL 0.0712 (1.84x), generation
+  4,954 vs 2,455 tokens/s, peak RSS 413 vs 503 MB; held-out greedy accuracy at step 200 0.363 vs 0.377 (mean
+  over seeds; over the ten checks from step 20 on 0.367 vs 0.387; per-seed sd 0.07-0.10, so 0.03 for a mean
+  of 6). 60 and 100 steps x 2 seeds: 0.0324 vs 0.0638 (1.97x) and 0.0323 vs 0.0639 (1.98x). From the random
+  init (16-token responses), 40 steps x 6: 0.0673 vs 0.1403 (2.08x); 20 steps x 2: 0.0710 vs 0.1302 (1.83x).
+  The same morning code measured on the same idle machine: 0.0529 vs 0.0886 (1.67x). Where postrl's ~33 ms
+  go (60 steps): generation 8.8 ms, reference scoring 5.5, training 18.9 (forward 5.9, backward 7.8, AdamW 1.1,
+  clipping 0.9); GEMMs are ~12 ms of it and close to this CPU's 30 GFLOP/s, the rest is per-op overhead.
+- Earlier, on the loaded machine: postrl 0.42 s/step vs TRL 0.69 (1.63x). Accuracy (unbiased KL in both; mean
+  over seeds, postrl vs TRL): 10 seeds x 40 steps: 0.397 vs 0.413 at step 20, 0.408
   vs 0.449 at step 40 (per-seed sd 0.07-0.10: seed 0 alone gives postrl 0.20 and TRL 0.35); 6 seeds x 200
   steps: 0.368 vs 0.355 at step 200, 0.361 vs 0.390 averaged over the evaluations at steps 20-200. Both first
   drop from 0.57 within a few steps (group-std scaling magnifies the reward's format credit and tiny length
@@ -61,10 +70,7 @@ Measured 2026-12-02 on the shared 2-core machine at a load average of 12-18 (so 
   sampler matches the model's probabilities, so the gap a single seed shows is seed variance, not a
   difference of algorithm. (TRL logs frac_reward_zero_std 0 for most all-equal groups: float32 rounding of
   the mean leaves a std of 1.6e-8 > isclose's 1e-8; 5 of 80 groups were all-equal in a 40-step TRL run, so
-  its 0 is not comparable with postrl's zero_std_fraction.) From the random init, lr 1e-3,
-  60 steps run at the same time: 0.85 vs 1.48 s/step (1.73x), 230 vs 186 generation tokens/s; run one after
-  the other (40 steps): 0.92 vs 0.79 s/step. The 2x goal is not shown: GPT-2 takes postrl's Hugging Face
-  fallback decoder, and the training forward/backward (the same HF model in both) is half of a step.
+  its 0 is not comparable with postrl's zero_std_fraction.)
 """
 
 from __future__ import annotations
