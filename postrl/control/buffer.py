@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from postrl.control.envs import VecEnv
+from postrl.control.policies import CategoricalActor, GaussianActor, NumpyActor
 
 __all__ = ["Batch", "RolloutBuffer", "collect_rollout"]
 
@@ -109,10 +110,13 @@ def collect_rollout(
     np_terminated, np_truncated = buf.terminated.numpy(), buf.truncated.numpy()
     truncations: list[tuple[np.ndarray, int, np.ndarray]] = []  # (env rows, step, final obs of those rows)
     obs = env.obs
+    policy = NumpyActor(actor) if isinstance(actor, (CategoricalActor, GaussianActor)) else None
     for t in range(buf.n_steps):
-        actions, log_probs = actor.act(torch.from_numpy(obs))
-        actions = actions.numpy()
-        np_obs[:, t], np_actions[:, t], np_log_probs[:, t] = obs, actions, log_probs.numpy()
+        if policy is not None:  # numpy: a third of the cost of torch ops on 8 observations
+            actions, log_probs = policy.act(obs)
+        else:
+            actions, log_probs = (x.numpy() for x in actor.act(torch.from_numpy(obs)))
+        np_obs[:, t], np_actions[:, t], np_log_probs[:, t] = obs, actions, log_probs
         step = env.step(actions)
         np_rewards[:, t], np_terminated[:, t], np_truncated[:, t] = (
             step.rewards,

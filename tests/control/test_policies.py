@@ -1,10 +1,11 @@
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from postrl.control.policies import CategoricalActor, GaussianActor, PolicyConfig, make_actor
+from postrl.control.policies import CategoricalActor, GaussianActor, NumpyActor, PolicyConfig, make_actor
 
 
 @settings(max_examples=25, deadline=None)
@@ -91,3 +92,27 @@ def test_categorical_sampling_frequencies_match_the_probabilities():
     freq = torch.bincount(actions, minlength=3).double() / len(actions)
     torch.testing.assert_close(freq, torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64), atol=0.015, rtol=0)
     torch.testing.assert_close(log_probs, actor.evaluate(obs, actions)[0])
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu", "elu"])
+@pytest.mark.parametrize("discrete", [True, False])
+def test_numpy_actor_draws_what_act_draws(discrete, activation):
+    """`NumpyActor.act` (the rollout loop's) consumes torch's RNG as `act` does: same actions, same log-probs."""
+    cfg = PolicyConfig(hidden=(16, 16), activation=activation, log_std_init=-0.5)
+    obs_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    act_space = gym.spaces.Discrete(3) if discrete else gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    torch.manual_seed(0)
+    actor = make_actor(obs_space, act_space, cfg)
+    for p in actor.parameters():
+        p.data += 0.5 * torch.randn_like(p)  # logits far from uniform
+    obs = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        want_actions, want_log_probs = actor.act(torch.from_numpy(obs))
+    torch.manual_seed(1)
+    actions, log_probs = NumpyActor(actor).act(obs)
+    if discrete:
+        assert np.array_equal(actions, want_actions.numpy())
+    else:
+        assert np.allclose(actions, want_actions.numpy(), atol=1e-6)
+    assert log_probs.dtype == np.float32 and np.allclose(log_probs, want_log_probs.numpy(), atol=1e-5)
