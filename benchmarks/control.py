@@ -18,15 +18,16 @@ The last line printed is one JSON object with every result.
 
 Measured 2026-12-02 evening on the idle 2-core machine (load < 1.6; ceiling 34,979–38,345 steps/s):
 - ppo-cartpole, 1e5 steps, side by side with SB3 2.9 (``--tasks ppo-cartpole --seeds 0 --with-sb3``), after
-  the hand-written minibatch gradient (postrl/control/ppo_grad.py) and FlatAdam.update: postrl 4,598 env
-  steps/s vs SB3 1,985: **2.32× wall, 2.39× CPU time** (24.2 s vs 57.9 s), eval 500 both, steps to a
-  20-episode average ≥ 475 32,472 vs 25,136. Earlier the same evening, before the op diet of ppo_grad:
-  3,658 vs 1,620 (2.26×); in the morning, with autograd: 2,770 vs 1,422 (1.95×). SB3's own speed moved
+  the hand-written minibatch gradient (postrl/control/ppo_grad.py), FlatAdam.update and the numpy actor of
+  the rollout loop (policies.NumpyActor): postrl 4,852 env steps/s vs SB3 1,995: **2.43× wall, 2.49× CPU
+  time** (23.2 s vs 57.8 s), eval 500 both, steps to a 20-episode average ≥ 475 41,944 vs 25,136. Before the
+  numpy actor: 4,598 vs 1,985 (2.32×, 2.39× CPU); before the op diet of ppo_grad: 3,658 vs 1,620 (2.26×); in
+  the morning, with autograd: 2,770 vs 1,422 (1.95×). SB3's own speed moved
   1,422–1,985 between runs on this machine, so only the side-by-side ratio means anything. Seeds 0 1 2
   without SB3 (before the op diet): 4,348 / 4,325 / 4,334 steps/s, eval 500 / 500 / 500, steps to 475: 20,872 / 28,904 / 26,848.
   Where an iteration (256 env steps) goes now: 20 minibatch steps × ~1.9 ms (GEMMs and tanh ≈ 1 ms of
   each; tanh costs ≈ 5 ns per element here), the rollout ≈ 18 ms (CartPole's Python step ≈ 22 µs × 8 envs,
-  the sync vector env ≈ 90 µs, the actor ≈ 175 µs per vector step). Still short of the 3× goal.
+  the sync vector env ≈ 90 µs, the actor ≈ 60 µs per vector step, 175 µs in torch). Still short of 3×.
 - Earlier (load 2–17 from other jobs, the ceiling read 1,500–5,900 steps/s): 1e5 steps, seeds 0 1 2:
   wall ratios 1.23 / 3.98 / 1.33 swung by the other jobs; CPU time 2.3× (load ≈ 9) and 2.0× (load ≈ 2).
 - With the hand-written gradient, seeds 0 1 2: ppo-acrobot 2e5 → −86.3 / −82.3 / −80.4 (−100). ppo-pendulum
