@@ -35,6 +35,12 @@ record the load average, and the parts alternate the two contenders where they c
 with 2 threads on a machine whose cores are busy, a forward pass was measured 30x slower than with 1.
 
 Measured 2026-12-02 on the shared 2-core machine at a load average of 12-18 (so every time is inflated):
+- arithmetic, evening, idle machine (load 0.5-1.0), after the fast teacher-forced forwards
+  (``--part arithmetic --budget 180 --sft runs/grpo-bench/sft500/model``, the same 500-demonstration
+  checkpoint as below): GRPO 0.50 -> 0.83 greedy (+33 points; 0.625 at step 20, 0.755 at 80, 0.835 at 120;
+  sampled 0.74) in 440 steps / 180 s, 0.41 s/step (generation 0.093, reference 0.085, training 0.23), 2,875
+  generated tokens/s (12,667 in generation alone), peak RSS 524 MB; continued SFT for the same 180 s: 0.50 ->
+  0.67.
 - arithmetic (``--part arithmetic --budget 180``, the 500-demonstration checkpoint, load average 14-17, GRPO
   run at normal priority): GRPO 0.50 -> 0.705 greedy (+20.5 points; 0.625 at step 20, 0.665 at 40; sampled
   0.40 -> 0.535) in 58 steps of 32 x 8, 3.13 s/step (generation 0.71 s, reference scoring 0.74 s, training

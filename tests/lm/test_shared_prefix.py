@@ -96,3 +96,19 @@ def test_generate_prefills_a_shared_prompt_once_with_the_same_tokens_and_log_pro
         alone = generate(model, ids[row, real][None], mask[row, real][None], greedy=True, **kwargs)
         T = alone.response_ids.shape[1]
         assert torch.equal(greedy.response_ids[row : row + 4, :T], alone.response_ids.expand(4, T))
+
+
+def test_gradient_checkpointing_keeps_the_hugging_face_forward(monkeypatch):
+    """The fast decoders do not checkpoint: a model asked to must take its own forward (and drop no cache)."""
+    from postrl.lm import shared_prefix
+
+    model = tiny_llama(vocab=48)
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+    model.train()
+    monkeypatch.setattr(shared_prefix, "fast_decoder", lambda m: pytest.fail("took the fast decoder"))
+    input_ids, attention_mask, P = grouped_batch()
+    response_logits(model, input_ids, attention_mask, P).sum().backward()
+    with torch.no_grad():  # no backward, nothing to checkpoint: the fast path is fine
+        monkeypatch.undo()
+        assert response_logits(model, input_ids, attention_mask, P).shape[1] == input_ids.shape[1] - P
