@@ -76,19 +76,19 @@ FAST_DECODERS = {
 }
 
 
+def fast_decoder(model: torch.nn.Module) -> Any | None:
+    """The fast decoder that supports ``model``, or None."""
+    return next((cls(model) for cls, why in FAST_DECODERS.items() if why(model) is None), None)
+
+
 def make_decoder(model: torch.nn.Module, use_fast: bool | None = None) -> Any:
     """The fast decoder that supports ``model`` (``use_fast=None``: auto; True: required), else `HFDecoder`."""
-    reasons = {cls: why(model) for cls, why in FAST_DECODERS.items()} if use_fast is not False else {}
-    fast = next((cls for cls, reason in reasons.items() if reason is None), None)
+    fast = None if use_fast is False else fast_decoder(model)
     if fast is not None:
-        return fast(model)
-    reason = "; ".join(r for r in reasons.values() if r) or "use_fast=False"
+        return fast
+    reasons = (why(model) for why in FAST_DECODERS.values())
+    reason = "use_fast=False" if use_fast is False else "; ".join(r for r in reasons if r)
     if use_fast:
         raise ValueError(f"use_fast=True but the fast path cannot run this model: {reason}")
     log.debug("rollout uses the Hugging Face forward (%s)", reason)
     return HFDecoder(model)
-
-
-def fast_decoder(model: torch.nn.Module) -> Any | None:
-    """The fast decoder that supports ``model``, or None."""
-    return next((cls(model) for cls, why in FAST_DECODERS.items() if why(model) is None), None)
