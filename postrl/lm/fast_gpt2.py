@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from transformers import GPT2LMHeadModel
+from transformers.pytorch_utils import Conv1D
 
 from postrl.lm.fast_llama import KVCache, extend_mask, prefill_masks
 
@@ -40,10 +41,15 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         return f"{type(model).__name__} is not a GPT2LMHeadModel"
     cfg = model.config
     dropout = max(cfg.attn_pdrop, cfg.resid_pdrop, cfg.embd_pdrop)
+    projections = [getattr(part, name) for b in model.transformer.h for part, names in
+                   ((b.attn, ("c_attn", "c_proj")), (b.mlp, ("c_fc", "c_proj"))) for name in names]  # fmt: skip
     checks = {
         "add_cross_attention is set": cfg.add_cross_attention,
         f"dtype {model.dtype} is not float32": model.dtype != torch.float32,
         "dropout is active": model.training and dropout > 0,
+        # e.g. a LoRA adapter wrapped around a projection: the fast path reads only the base weights
+        "a projection is not a plain Conv1D": any(type(m) is not Conv1D for m in projections),
+        "lm_head is not a plain Linear": type(model.lm_head) is not torch.nn.Linear,
     }
     return next((reason for reason, failed in checks.items() if failed), None)
 

@@ -49,6 +49,10 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         "pretraining_tp > 1": getattr(cfg, "pretraining_tp", 1) != 1,
         f"dtype {model.dtype} is not float32": model.dtype != torch.float32,
         "attention dropout is active": model.training and cfg.attention_dropout > 0,
+        # e.g. a LoRA adapter wrapped around a projection: the fast path reads only the base weights
+        "a projection is not a plain Linear": any(
+            type(m) is not torch.nn.Linear for m in (model.lm_head, *_projections(model))
+        ),
     }
     return next((reason for reason, failed in checks.items() if failed), None)
 
@@ -102,6 +106,19 @@ class KVCache:
     def select_rows(self, index: Tensor) -> None:
         """Row b becomes row ``index[b]`` (differentiable when grown)."""
         self.k, self.v = [k[index] for k in self.k], [v[index] for v in self.v]
+
+
+def _projections(model: torch.nn.Module) -> list[torch.nn.Module]:
+    names = {
+        "self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+        "mlp": ("gate_proj", "up_proj", "down_proj"),
+    }
+    return [
+        getattr(getattr(layer, part), name)
+        for layer in model.model.layers
+        for part in names
+        for name in names[part]
+    ]
 
 
 def _cat_bias(*biases: Tensor | None) -> Tensor | None:

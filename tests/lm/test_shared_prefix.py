@@ -112,3 +112,35 @@ def test_gradient_checkpointing_keeps_the_hugging_face_forward(monkeypatch):
     with torch.no_grad():  # no backward, nothing to checkpoint: the fast path is fine
         monkeypatch.undo()
         assert response_logits(model, input_ids, attention_mask, P).shape[1] == input_ids.shape[1] - P
+
+
+class _Scaled(torch.nn.Module):
+    """An adapter-like wrapper around a projection: the base layer's output times a trainable scale."""
+
+    def __init__(self, base: torch.nn.Module) -> None:
+        super().__init__()
+        self.base, self.scale = base, torch.nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, x):
+        return self.base(x) * self.scale
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_wrapped_projection_takes_the_hugging_face_forward(name):
+    """The fast decoders read the stock projections' weights only: a wrapped one (a LoRA adapter, say) must
+    send every forward to the model's own, and its parameters must get gradients."""
+    from postrl.lm.decoders import fast_decoder
+
+    model = MODELS[name]()
+    mlp = model.transformer.h[0].mlp if name == "gpt2" else model.model.layers[0].mlp
+    attr = "c_fc" if name == "gpt2" else "up_proj"
+    setattr(mlp, attr, _Scaled(getattr(mlp, attr)))
+    assert fast_decoder(model) is None
+    input_ids, attention_mask, P = grouped_batch()
+    logits = response_logits(model, input_ids, attention_mask, P)
+    positions = position_ids_from_mask(attention_mask)
+    full = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+    real = attention_mask[:, P:, None]
+    assert ((logits - full.logits[:, P - 1 : -1]) * real).abs().max() < TOL
+    (logits * real).sum().backward()
+    assert getattr(mlp, attr).scale.grad is not None
