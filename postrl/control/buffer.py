@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from postrl.control.envs import VecEnv
-from postrl.control.policies import CategoricalActor, GaussianActor, NumpyActor
+from postrl.control.policies import NumpyActor
 
 __all__ = ["Batch", "RolloutBuffer", "collect_rollout"]
 
@@ -110,7 +110,7 @@ def collect_rollout(
     np_terminated, np_truncated = buf.terminated.numpy(), buf.truncated.numpy()
     truncations: list[tuple[np.ndarray, int, np.ndarray]] = []  # (env rows, step, final obs of those rows)
     obs = env.obs
-    policy = NumpyActor(actor) if isinstance(actor, (CategoricalActor, GaussianActor)) else None
+    policy = NumpyActor(actor) if NumpyActor.supports(actor) else None
     for t in range(buf.n_steps):
         if policy is not None:  # numpy: a third of the cost of torch ops on 8 observations
             actions, log_probs = policy.act(obs)

@@ -208,6 +208,11 @@ class NumpyActor:
         self.activation = _NUMPY_ACTIVATIONS[actor.net.activation_name]
         self.actor = actor
 
+    @staticmethod
+    def supports(actor: nn.Module) -> bool:
+        """True for postrl's own actors (exact types: a subclass may change the forward copied here)."""
+        return type(actor) in (CategoricalActor, GaussianActor) and type(actor.net) is MLP
+
     def _forward(self, obs: np.ndarray) -> np.ndarray:
         *hidden, (w, b) = self.layers
         x = obs

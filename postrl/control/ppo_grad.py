@@ -56,8 +56,10 @@ _ACT_BACKWARD = {
 
 def supported(actor: torch.nn.Module, critic: torch.nn.Module) -> bool:
     """True when `minibatch_gradient` covers these networks (postrl's MLP actors and critic)."""
-    heads = isinstance(actor, (CategoricalActor, GaussianActor)) and type(critic) is Critic
-    return heads and all(net.activation_name in _ACT_BACKWARD for net in (actor.net, critic.net))
+    # exact types: a subclass may change the forward this module writes out
+    heads = type(actor) in (CategoricalActor, GaussianActor) and type(critic) is Critic
+    nets = heads and all(type(net) is MLP for net in (actor.net, critic.net))
+    return nets and all(net.activation_name in _ACT_BACKWARD for net in (actor.net, critic.net))
 
 
 def _forward(net: MLP, x: Tensor) -> tuple[list[Tensor], Tensor]:

@@ -11,7 +11,7 @@ import torch
 
 from postrl.control import ppo_grad
 from postrl.control.buffer import Batch
-from postrl.control.policies import Critic, PolicyConfig, make_actor
+from postrl.control.policies import Critic, NumpyActor, PolicyConfig, make_actor
 from postrl.control.ppo import PPOConfig, ppo_loss
 
 N = 64
@@ -72,6 +72,14 @@ def test_hand_gradient_replaces_the_old_gradient():
 
 
 def test_supported_only_for_postrl_mlps():
+    """A subclass may change the forward that the hand gradient and the numpy actor copy: autograd then."""
     actor, critic, _ = setup(True, "tanh")
-    assert ppo_grad.supported(actor, critic)
+    assert ppo_grad.supported(actor, critic) and NumpyActor.supports(actor)
     assert not ppo_grad.supported(actor, torch.nn.Linear(3, 1))
+
+    class Tempered(type(actor)):
+        def evaluate(self, obs, actions, with_entropy=True):
+            return super().evaluate(obs / 2, actions, with_entropy)
+
+    actor.__class__ = Tempered
+    assert not ppo_grad.supported(actor, critic) and not NumpyActor.supports(actor)
