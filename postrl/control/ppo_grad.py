@@ -44,13 +44,12 @@ from postrl.core import (
 
 __all__ = ["minibatch_gradient", "supported"]
 
-# grad ⊙ act'(x) from grad and y = act(x): autograd's own backward kernels (one fused op each)
+# grad ⊙ act'(x) from grad and y = act(x): autograd's own backward kernels (one fused op each):
+# tanh grad·(1 − y²), relu grad·1[y > 0], elu (α = 1) grad·(y > 0 ? 1 : y + 1)
 _ACT_BACKWARD = {
-    "tanh": torch.ops.aten.tanh_backward,  # grad · (1 − y²)
-    "relu": lambda grad, y: torch.ops.aten.threshold_backward(grad, y, 0),  # grad · 1[y > 0]
-    "elu": lambda grad, y: torch.ops.aten.elu_backward(
-        grad, 1.0, 1.0, 1.0, True, y
-    ),  # grad · (y > 0 ? 1 : y + 1)
+    "tanh": torch.ops.aten.tanh_backward,
+    "relu": lambda grad, y: torch.ops.aten.threshold_backward(grad, y, 0),
+    "elu": lambda grad, y: torch.ops.aten.elu_backward(grad, 1.0, 1.0, 1.0, True, y),
 }
 
 

@@ -58,7 +58,7 @@ def _fast(model: torch.nn.Module) -> Any | None:
     no checkpointing is asked for; else None."""
     if torch.is_grad_enabled() and _checkpointing(model):
         return None
-    if any(type(p) not in (torch.Tensor, torch.nn.Parameter) for p in model.parameters()):  # e.g. FSDP shards
+    if not dist.whole_tensors(model.parameters()):  # FSDP shards: the decoders read whole weights
         return None
     return fast_decoder(model)
 

@@ -161,6 +161,11 @@ def is_sharded(module: torch.nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
+def whole_tensors(params: Iterable[torch.Tensor]) -> bool:
+    """Whether every tensor is a plain (whole) one: False for FSDP2's DTensor shards, outside `gathered`."""
+    return all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in params)
+
+
 @contextlib.contextmanager
 def no_grad_sync(model: torch.nn.Module) -> Iterator[None]:
     """Accumulate gradients locally (no all-reduce / reduce-scatter) inside the block: DDP ``no_sync``,
