@@ -78,7 +78,7 @@ FAST_DECODERS = {
 
 def fast_decoder(model: torch.nn.Module) -> Any | None:
     """The fast decoder that supports ``model``, or None."""
-    return next((cls(model) for cls, why in FAST_DECODERS.items() if why(model) is None), None)
+    return next((cls(model, checked=True) for cls, why in FAST_DECODERS.items() if why(model) is None), None)
 
 
 def make_decoder(model: torch.nn.Module, use_fast: bool | None = None) -> Any:

@@ -169,8 +169,9 @@ class FastLlama:
     Activations are 2-D, [B·S, d], between layers.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        reason = unsupported_reason(model)
+    def __init__(self, model: torch.nn.Module, checked: bool = False) -> None:
+        """``checked``: the caller has just seen `unsupported_reason` return None (it is not run again)."""
+        reason = None if checked else unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"FastLlama cannot run this model: {reason}")
         cfg = model.config

@@ -40,12 +40,10 @@ def distinct_prompts(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]
 
 
 def _checkpointing(model: torch.nn.Module) -> bool:
-    flag = (
-        "is_activation_checkpointing"
-        if hasattr(model, "is_activation_checkpointing")
-        else "is_gradient_checkpointing"
-    )
-    return getattr(model, flag, False) and model.training
+    if not model.training:  # first: HF's flags are properties that walk every module
+        return False
+    flag = getattr(model, "is_activation_checkpointing", None)
+    return bool(getattr(model, "is_gradient_checkpointing", False) if flag is None else flag)
 
 
 def _shares(model: torch.nn.Module) -> bool:

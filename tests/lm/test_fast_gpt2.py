@@ -17,7 +17,7 @@ TOL = 1e-5
 
 
 def tiny_gpt2(vocab: int = 48, **extra) -> GPT2LMHeadModel:
-    """2 blocks, d = 64, 4 heads; LayerNorm weights and biases perturbed so that the folding is tested."""
+    """2 blocks, d = 64, 4 heads; LayerNorm weights and biases perturbed so that their use is tested."""
     torch.manual_seed(0)
     cfg = GPT2Config(
         vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=64, pad_token_id=PAD, eos_token_id=EOS,
@@ -79,6 +79,9 @@ def test_make_decoder_picks_the_gpt2_fast_path_and_refuses_what_it_cannot_run():
     assert "dropout" in unsupported_reason(model) and isinstance(make_decoder(model), HFDecoder)
     with pytest.raises(ValueError, match="n_positions"):
         run(tiny_gpt2().eval(), *prompts(width=9), max_new_tokens=60)
+    biased = tiny_gpt2()  # GPT-2's lm_head has no bias; one added by a user is not silently dropped
+    biased.lm_head = torch.nn.Linear(64, 48, bias=True)
+    assert "bias" in unsupported_reason(biased) and isinstance(make_decoder(biased), HFDecoder)
 
 
 def test_greedy_tokens_and_log_probs_equal_hf_generate_and_the_fallback():
