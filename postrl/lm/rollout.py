@@ -300,13 +300,12 @@ def score_values(
 def left_pad(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[Tensor, Tensor]:
     """Token id lists → (ids [B, P], mask [B, P] long), padded on the LEFT to the longest."""
     width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros(len(sequences), width, dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        if len(seq):
-            ids[row, width - len(seq) :] = torch.as_tensor(seq, dtype=torch.long)
-            mask[row, width - len(seq) :] = 1
-    return ids, mask
+    # built as lists, one tensor each: a slice assignment per row cost ~25 µs (0.4 ms for a GRPO step's 16)
+    ids = [[pad_token_id] * (width - len(s)) + list(s) for s in sequences]
+    mask = [[0] * (width - len(s)) + [1] * len(s) for s in sequences]
+    return torch.tensor(ids, dtype=torch.long).view(len(ids), width), torch.tensor(
+        mask, dtype=torch.long
+    ).view(len(ids), width)
 
 
 @dataclass(frozen=True)

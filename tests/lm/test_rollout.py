@@ -149,6 +149,13 @@ def test_rollout_tensors_feed_autograd_and_score_follows_the_grad_mode():
     assert torch.allclose(ratio.detach(), out.response_mask.float(), atol=1e-4)
 
 
+def test_left_pad_pads_on_the_left_and_masks_the_padding():
+    ids, mask = left_pad([[5, 6, 7], [8], []], PAD)
+    assert ids.tolist() == [[5, 6, 7], [PAD, PAD, 8], [PAD, PAD, PAD]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 0, 0]]
+    assert ids.dtype == mask.dtype == torch.long
+
+
 def test_bad_prompts_are_refused():
     model = tiny_llama()
     ids, mask = prompts()
