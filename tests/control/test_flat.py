@@ -43,15 +43,22 @@ def test_flat_step_equals_per_tensor_adam_and_clipping():
 
 def test_flat_adam_matches_torch_adam_exactly_without_clipping():
     p = nn.Parameter(torch.randn(100))
-    q = nn.Parameter(p.detach().clone())
-    opt, ref = FlatAdam(p, lr=1e-3, eps=1e-5), torch.optim.Adam([q], lr=1e-3, eps=1e-5, foreach=False)
+    start = p.detach().clone()
+    q, r = nn.Parameter(start.clone()), nn.Parameter(start.clone())
+    opt = FlatAdam(p, lr=1e-3, betas=(0.8, 0.99), eps=1e-5)
+    fused = torch.optim.Adam([q], lr=1e-3, betas=(0.8, 0.99), eps=1e-5, fused=True)
+    plain = torch.optim.Adam([r], lr=1e-3, betas=(0.8, 0.99), eps=1e-5, foreach=False)
     for i in range(4):
         grad = torch.randn(100, generator=torch.Generator().manual_seed(i))
-        p.grad, q.grad = grad.clone(), grad.clone()
+        p.grad, q.grad, r.grad = grad.clone(), grad.clone(), grad.clone()
         opt.step()
-        ref.step()
-    assert torch.equal(p, q)
-    assert torch.equal(opt.state[p]["exp_avg_sq"], ref.state[q]["exp_avg_sq"])
+        fused.step()
+        plain.step()
+    assert torch.equal(p, q)  # the same kernel
+    assert torch.equal(opt.state[p]["exp_avg_sq"], fused.state[q]["exp_avg_sq"])
+    assert float(opt.state[p]["step"]) == 4.0
+    assert torch.allclose(p, r, rtol=0, atol=1e-6)  # the textbook update, to float32 rounding
+    assert (p - start).abs().max() > 1e-3  # the steps moved the parameters (~lr each)
 
 
 def test_replaced_grad_is_reattached_so_backward_still_reaches_the_flat_gradient():
