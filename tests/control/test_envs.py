@@ -114,3 +114,34 @@ def test_box_actions_are_clipped_only_when_sent_to_the_env():
 def test_unknown_env_id_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown Gymnasium environment 'CartPol-v1'"):
         VecEnv(EnvConfig(id="CartPol-v1", n_envs=1), 0)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "kwargs", "normalize"),
+    [("CartPole-v1", {"max_episode_steps": 12}, False), ("Pendulum-v1", {"max_episode_steps": 7}, True)],
+)
+def test_in_process_stepping_equals_gymnasium_sync_vector_env(env_id, kwargs, normalize):
+    """`VecEnv` steps a SyncVectorEnv's sub-envs itself; gymnasium's own step gives the same results:
+    observations, rewards, both flags, final observations of truncated steps, episodes."""
+    cfg = EnvConfig(id=env_id, n_envs=3, normalize_obs=normalize, normalize_reward=normalize, kwargs=kwargs)
+    ours, theirs = VecEnv(cfg, seed=5), VecEnv(cfg, seed=5)
+    assert ours._in_process
+    theirs._in_process = False
+    np.testing.assert_array_equal(ours.reset(), theirs.reset())
+    rng, ended = np.random.default_rng(0), {"terminated": 0, "truncated": 0}
+    for _ in range(60):
+        if ours._continuous:
+            actions = rng.uniform(-3, 3, size=(3, 1)).astype(np.float32)  # beyond the bounds: clipped
+        else:
+            actions = rng.integers(0, 2, size=3)
+        a, b = ours.step(actions), theirs.step(actions)
+        for name in ("obs", "rewards", "terminated", "truncated", "final_obs"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None) == (y is None), name
+            if x is not None:
+                np.testing.assert_array_equal(x, y, err_msg=name)
+                assert x.dtype == y.dtype, name
+        assert a.episodes == b.episodes
+        ended["terminated"] += int(a.terminated.sum())
+        ended["truncated"] += int(a.truncated.sum())
+    assert ended["truncated"] > 0 and (ours._continuous or ended["terminated"] > 0)
