@@ -16,6 +16,17 @@ REINFORCE gradient estimate with and without the learned baseline.
 
 The last line printed is one JSON object with every result.
 
+Measured 2026-12-03 on the idle 2-core machine (load 0.47 at the start; ceiling 37,092 steps/s), after the
+fused Adam kernel in FlatAdam and VecEnv stepping the sync vector env's sub-envs itself
+(``--tasks ppo-cartpole --seeds 0 1 2 --with-sb3 --no-variance``): postrl 4,933 / 5,010 / 5,008 env steps/s vs
+SB3 1,898 / 2,007 / 1,961: **2.60× / 2.50× / 2.55× wall, 2.66× / 2.81× / 2.86× CPU time** (SB3 uses ~1.2 cores:
+57–61 CPU-s in ~50 s); eval 500 in all six runs; steps to a 20-episode average ≥ 475 49,096 / 28,160 / 32,496
+vs 25,136 / 25,464 / 32,512. An iteration now: ~50 ms = rollout 12.7 (vector env 7.7) + GAE 0.7 + update 36.7
+(20 × 1.64 ms of hand gradient, of which the two MLPs' GEMMs and tanh ≈ 1.0 ms; clipping 1.3, Adam 1.1 in
+all). Tried and dropped: stacking actor and critic into batched GEMMs (bmm) — 1.00 vs 1.01 ms per
+minibatch, no gain; tanh as 2σ(2x) − 1 — 71 vs 78 µs on 256×64, too little for the extra code. Still short
+of 3× wall.
+
 Measured 2026-12-02 evening on the idle 2-core machine (load < 1.6; ceiling 34,979–38,345 steps/s):
 - ppo-cartpole, 1e5 steps, side by side with SB3 2.9 (``--tasks ppo-cartpole --seeds 0 --with-sb3``), after
   the hand-written minibatch gradient (postrl/control/ppo_grad.py), FlatAdam.update and the numpy actor of

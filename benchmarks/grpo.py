@@ -56,6 +56,18 @@ Measured 2026-12-02 on the shared 2-core machine at a load average of 12-18 (so 
   gains more from SFT when answers for every prompt exist. lr: 2e-4 (the preset) learns; 1e-4 gave the same
   accuracy at step 20 (0.63); 5e-4 collapses (0.35 -> 0.16 by step 20, also with 20 warmup steps): one AdamW
   step at 2e-4 already moves the policy by a k3 KL of ~0.1 per token.
+- TRL task, 2026-12-03, idle machine (load 0.7-1.0: the benchmark alone), after the fast decoders stopped folding
+  LayerNorm into the next GEMM (building one: 0.5 -> 0.16 ms, three per step) and a list-built left_pad
+  (``--part trl --steps 200 --scratch-steps 40 --order postrl trl`` x 6): warm start 200 steps x 6 seeds:
+  postrl 0.0300 s/step vs TRL 0.0641 (2.14x), generation 6,502 vs 2,780 tokens/s, peak RSS 479 vs 497 MB;
+  held-out greedy accuracy at step 200 0.352 vs 0.377 (per seed: postrl 0.22 0.36 0.41 0.35 0.44 0.33, TRL 0.39
+  0.54 0.23 0.36 0.47 0.27; difference 0.025, its standard error 0.058), over the ten checks from step 20 on
+  0.367 vs 0.387. From the random init, 40 steps x 6: 0.0594 vs 0.1291 s/step (2.17x), accuracy 0.065 vs
+  0.042. Where postrl's ~27 ms go (medians, 200 steps): generation 6.9 ms, reference scoring 4.4, training 15.0.
+  Arithmetic (``--part arithmetic --budget 180``, its checkpoint built from scratch by the script: 0.725): GRPO
+  0.725 -> 0.955 greedy (+23 points; 0.78 at step 20, 0.895 at 100, 0.935 at 300; sampled 0.885) in 447 steps
+  / 180 s, 0.403 s/step (generation 0.082, reference 0.081, training 0.238), 2,920 generated tokens/s (14,370
+  in generation alone), peak RSS 588 MB; continued SFT for the same 180 s: 0.725 -> 0.925.
 - TRL task, 2026-12-02 evening, on the idle machine (load 0.5-1.1), after the teacher-forced forwards through
   the fast decoders (`postrl.lm.shared_prefix`), fused AdamW and the sigmoid-form GELU: warm start at 0.57,
   lr 1e-4, contenders alternated. 200 steps x 6 seeds: postrl 0.0386 s/step vs TRL 0.0712 (1.84x), generation
