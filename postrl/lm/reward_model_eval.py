@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from postrl.lm.trainer import to_device
+from postrl.runtime.checkpoint import write_dir_atomically
 
 if TYPE_CHECKING:
     from postrl.lm.reward_model import RMConfig
@@ -135,25 +136,15 @@ def score_policy_samples(
 
 def export_reward_model(rm: Any, tokenizer: Any, path: Path, norm: dict[str, float] | None) -> Path:
     """``save_pretrained`` the RM (HF backbone + head files), the tokenizer and ``reward_norm.json`` into
-    ``path`` atomically (temp folder + rename)."""
-    import os
-    import shutil
-    import tempfile
+    ``path`` atomically (`postrl.runtime.checkpoint.write_dir_atomically`)."""
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".tmp-{path.name}-"))
-    try:
+    def write(tmp: Path) -> None:
         rm.save_pretrained(tmp, kind="reward")
         tokenizer.save_pretrained(str(tmp))
         if norm is not None:
             (tmp / NORM_FILE).write_text(json.dumps(norm, indent=2) + "\n")
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+
+    return write_dir_atomically(path, write)
 
 
 def read_reward_norm(path: str | Path) -> dict[str, float] | None:

@@ -26,7 +26,13 @@ import torch.nn.functional as F
 from postrl.core import masked_sum
 from postrl.lm.data import pack_examples, pad
 from postrl.runtime import distributed as dist
-from postrl.runtime.checkpoint import STATE_FILE, latest_checkpoint, load_checkpoint, save_checkpoint
+from postrl.runtime.checkpoint import (
+    STATE_FILE,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    write_dir_atomically,
+)
 from postrl.runtime.logging import RunLogger
 from postrl.runtime.progress import Progress
 from postrl.runtime.seeding import get_rng_state, set_rng_state
@@ -408,25 +414,16 @@ def _save(
 def export_model(
     model: torch.nn.Module, tokenizer: Any, path: Path, state_dict: dict[str, torch.Tensor] | None = None
 ) -> Path:
-    """``save_pretrained`` the model (safetensors) and tokenizer into ``path`` atomically (temp + rename).
+    """``save_pretrained`` the model (safetensors) and tokenizer into ``path`` atomically
+    (`postrl.runtime.checkpoint.write_dir_atomically`).
 
     ``state_dict``: the full weights when the model is sharded (see :func:`export_on_main`)."""
-    import os
-    import shutil
-    import tempfile
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".tmp-{path.name}-"))
-    try:
+    def write(tmp: Path) -> None:
         dist.unwrap(model).save_pretrained(str(tmp), safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(str(tmp))
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+
+    return write_dir_atomically(path, write)
 
 
 def export_on_main(model: torch.nn.Module, tokenizer: Any, path: Path) -> None:

@@ -101,6 +101,32 @@ def _fsync_tree(folder: Path) -> None:
     _fsync_dir(folder)
 
 
+def write_dir_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Fill a temp folder next to ``path`` with ``write(tmp)``, fsync it and rename it to ``path``.
+
+    An existing ``path`` is moved aside first and deleted after the swap, so a crash at any point leaves the
+    old folder or the new one complete (at worst beside a ``.tmp-``/``.old-`` leftover), never half of one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".tmp-{path.name}-"))
+    try:
+        write(tmp)
+        _fsync_tree(tmp)
+        if path.exists():
+            old = path.parent / f".old-{path.name}-{os.getpid()}"
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
 def step_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"{PREFIX}{step:08d}"
 
@@ -139,10 +165,9 @@ def save_checkpoint(
     may add files (e.g. a ``save_pretrained`` export) inside the folder before it is renamed into place.
     """
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     final = step_dir(root, step)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
-    try:
+
+    def write(tmp: Path) -> None:
         for name, module in modules.items():
             if isinstance(module, Mapping):  # a gathered state dict (e.g. of an FSDP-sharded model)
                 save_file(_unshared(module), str(tmp / f"{name}.safetensors"))
@@ -163,18 +188,8 @@ def save_checkpoint(
         torch.save(state, tmp / STATE_FILE)
         if write_files is not None:
             write_files(tmp)
-        _fsync_tree(tmp)
-        if final.exists():  # re-saving a step: move the old one aside, then swap
-            old = root / f".old-{final.name}-{os.getpid()}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-        _fsync_dir(root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    write_dir_atomically(final, write)
     if keep_last > 0:
         for old in list_checkpoints(root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)

@@ -127,3 +127,19 @@ def test_missing_weights_are_named(tmp_path):
     path = save_checkpoint(tmp_path, 1, modules={"model": model})
     with pytest.raises(FileNotFoundError, match="critic"):
         load_checkpoint(path, modules={"critic": _model()})
+
+
+def test_an_export_folder_is_replaced_whole_or_not_at_all(tmp_path):
+    target = tmp_path / "model"
+    ckpt.write_dir_atomically(target, lambda d: (d / "weights.txt").write_text("old"))
+
+    def broken(d):
+        (d / "weights.txt").write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        ckpt.write_dir_atomically(target, broken)
+    assert (target / "weights.txt").read_text() == "old"
+    ckpt.write_dir_atomically(target, lambda d: (d / "config.txt").write_text("new"))
+    assert [p.name for p in target.iterdir()] == ["config.txt"]  # the old folder's files are gone
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temp or moved-aside leftovers
