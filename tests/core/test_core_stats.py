@@ -78,4 +78,6 @@ def test_masked_whiten_gives_zero_mean_unit_std(seed, n):
     mask = torch.ones(n, dtype=torch.bool)
     out = masked_whiten(x, mask)
     assert abs(out.mean().item()) < 1e-9
-    assert out.std().item() == pytest.approx(1.0, rel=1e-6)
+    # unit std up to the 1e-8 inside the rsqrt, which matters for a tightly clustered x (n = 3 can give σ ~ 0.05)
+    sigma = x.std().item()
+    assert out.std().item() == pytest.approx(sigma / (sigma**2 + 1e-8) ** 0.5, rel=1e-9)
