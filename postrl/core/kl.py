@@ -32,7 +32,8 @@ def _k2(log_ratio: torch.Tensor) -> torch.Tensor:
 
 
 def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    return torch.exp(log_ratio) - log_ratio - 1.0
+    # (e^x − 1) − x with expm1: exp(x) − x − 1 cancels to −1e-16 for |x| ~ 1e-8, below the k3 ≥ 0 it must keep
+    return torch.expm1(log_ratio) - log_ratio
 
 
 KL_KINDS = {"k1": _k1, "k2": _k2, "k3": _k3}

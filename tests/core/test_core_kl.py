@@ -42,6 +42,17 @@ def test_k3_and_k2_are_nonnegative(a, b):
     assert kl_estimate(t([a]), t([b]), "k2").item() >= 0.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_k3_stays_nonnegative_and_accurate_for_tiny_log_ratios(dtype):
+    x = torch.tensor([1e-8, -1e-8, 1e-4, -1e-4, 1e-30], dtype=dtype)
+    k3 = kl_estimate(torch.zeros_like(x), x, "k3")  # log r = x: k3 = x²/2 + x³/6 + …
+    assert (k3 >= 0).all()  # exp(x) − x − 1 gave −1.1e-16 at x = 1e-8 in float64
+    expected = x.double() ** 2 / 2 + x.double() ** 3 / 6
+    # to the rounding of expm1(x), an ulp of x: 2e-24 at 1e-8 in float64; float32's ulp hides x²/2 < 1e-15
+    tol = {"rtol": 1e-6, "atol": 1e-22} if dtype == torch.float64 else {"rtol": 1e-2, "atol": 1e-14}
+    torch.testing.assert_close(k3.double(), expected, **tol)
+
+
 def test_k1_and_k3_sample_means_approach_the_exact_kl():
     pi, pi_ref = t([0.5, 0.3, 0.2]), t([0.2, 0.3, 0.5])
     exact = (pi * (pi / pi_ref).log()).sum().item()  # 0.5 log 2.5 + 0.2 log 0.4 = 0.27487...
