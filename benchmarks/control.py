@@ -24,8 +24,9 @@ SB3 1,898 / 2,007 / 1,961: **2.60× / 2.50× / 2.55× wall, 2.66× / 2.81× / 2.
 vs 25,136 / 25,464 / 32,512. An iteration now: ~50 ms = rollout 12.7 (vector env 7.7) + GAE 0.7 + update 36.7
 (20 × 1.64 ms of hand gradient, of which the two MLPs' GEMMs and tanh ≈ 1.0 ms; clipping 1.3, Adam 1.1 in
 all). Tried and dropped: stacking actor and critic into batched GEMMs (bmm) — 1.00 vs 1.01 ms per
-minibatch, no gain; tanh as 2σ(2x) − 1 — 71 vs 78 µs on 256×64, too little for the extra code. Still short
-of 3× wall.
+minibatch, no gain; tanh layers in the sigmoid form 2σ(2z) − 1 (σ 34 µs vs tanh 71 µs on 256×64, the ×2 and
+−1 folded into the GEMMs) — the whole hand gradient went from 1.69–1.79 to 1.92 ms: the backward's σ'·4 and
+the bias-corrected weight gradient cost more than the forward saves. Still short of 3× wall.
 
 Measured 2026-12-02 evening on the idle 2-core machine (load < 1.6; ceiling 34,979–38,345 steps/s):
 - ppo-cartpole, 1e5 steps, side by side with SB3 2.9 (``--tasks ppo-cartpole --seeds 0 --with-sb3``), after
