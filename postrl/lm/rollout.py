@@ -301,11 +301,9 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[Ten
     """Token id lists → (ids [B, P], mask [B, P] long), padded on the LEFT to the longest."""
     width = max(len(s) for s in sequences)
     # built as lists, one tensor each: a slice assignment per row cost ~25 µs (0.4 ms for a GRPO step's 16)
-    ids = [[pad_token_id] * (width - len(s)) + list(s) for s in sequences]
-    mask = [[0] * (width - len(s)) + [1] * len(s) for s in sequences]
-    return torch.tensor(ids, dtype=torch.long).view(len(ids), width), torch.tensor(
-        mask, dtype=torch.long
-    ).view(len(ids), width)
+    ids = torch.tensor([[pad_token_id] * (width - len(s)) + list(s) for s in sequences], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences], dtype=torch.long)
+    return ids, mask
 
 
 @dataclass(frozen=True)
