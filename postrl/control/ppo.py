@@ -141,39 +141,46 @@ class PPO(Agent):
         full_batch = batch_size >= n
         if full_batch:  # one minibatch: whiten once, and no shuffle (the loss is a mean over it)
             batch = self._whiten(batch)
-        history: list[dict[str, torch.Tensor]] = []
+        names = ppo_grad.stat_names(cfg.ent_coef)
+        gradient = ppo_grad.HandGradient(self.actor, self.critic) if self.hand_gradient else None
+        whole = self._minibatch(batch) if full_batch and gradient else None  # the same for every epoch
+        history: list[torch.Tensor] = []  # per minibatch, the statistics `names` as a row [1, k]
         epochs = 0
         for _ in range(cfg.n_epochs):
             epochs += 1
             order = None if full_batch else torch.randperm(n)
             for start in range(0, n, batch_size):
                 mb = batch if full_batch else self._whiten(batch.take(order[start : start + batch_size]))
-                stats = self._gradient(mb, clip_eps)
+                if gradient is not None:
+                    prepared = whole if whole is not None else self._minibatch(mb)
+                    stats = gradient(prepared, clip_eps, cfg.vf_coef, cfg.ent_coef, cfg.clip_vf)
+                else:
+                    stats = self._autograd_gradient(mb, clip_eps, names)
                 dist.sync_grads([self.flat.param])  # the mean over ranks (nothing in one process)
                 self.flat.clip_grad_norm_(cfg.max_grad_norm)
                 self.optimizer.update()
                 history.append(stats)
-            if cfg.target_kl is not None and dist.mean_over_ranks(stats["approx_kl"]) > cfg.target_kl:
+            approx_kl = stats[0, names.index("approx_kl")]
+            if cfg.target_kl is not None and dist.mean_over_ranks(approx_kl) > cfg.target_kl:
                 break
-        out = {k: float(torch.stack([h[k] for h in history]).mean()) for k in history[0]}
+        out = dict(zip(names, torch.cat(history).mean(0).tolist(), strict=True))
         out["epochs"] = epochs
         if "entropy" not in out:
             with torch.no_grad():
                 out["entropy"] = float(self.actor.evaluate(batch.obs, batch.actions)[1].mean())
         return out
 
-    def _gradient(self, mb: Batch, clip_eps: float) -> dict[str, torch.Tensor]:
-        """The gradient of `ppo_loss` on ``mb`` into the flat gradient; its statistics. Written out by hand
-        (`postrl.control.ppo_grad`, the same gradient) for postrl's MLPs, else through autograd."""
-        cfg = self.cfg
+    def _minibatch(self, batch: Batch) -> ppo_grad.Minibatch:
+        n_actions = self.actor.net.layers[-1].out_features if self.actor.discrete else None
+        return ppo_grad.Minibatch.of(batch, n_actions)
+
+    def _autograd_gradient(self, mb: Batch, clip_eps: float, names: tuple[str, ...]) -> torch.Tensor:
+        """The gradient of `ppo_loss` on ``mb`` through autograd into the flat gradient; its statistics
+        ``names`` as a row [1, k] (for networks `postrl.control.ppo_grad` does not cover)."""
         self.flat.zero_grad()
-        if self.hand_gradient:
-            return ppo_grad.minibatch_gradient(
-                self.actor, self.critic, mb, clip_eps, cfg.vf_coef, cfg.ent_coef, cfg.clip_vf
-            )
-        loss, stats = ppo_loss(self.actor, self.critic, mb, cfg, clip_eps)
+        loss, stats = ppo_loss(self.actor, self.critic, mb, self.cfg, clip_eps)
         loss.backward()
-        return stats
+        return torch.stack([stats[name] for name in names])[None]
 
     def _whiten(self, batch: Batch) -> Batch:
         if not self.cfg.normalize_advantages or len(batch) < 2:

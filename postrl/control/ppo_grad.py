@@ -2,16 +2,16 @@
 
 For the 64×64 MLPs of classic control on a 256-row minibatch, autograd's bookkeeping (a node per op, its
 saved tensors, the engine's walk of the graph) costs about as much as the arithmetic: `ppo_loss` + `backward`
-took 2.6 ms per minibatch on the 2-core benchmark machine, this 1.8 ms, for the same gradients to float32
+took 2.6 ms per minibatch on the 2-core benchmark machine, this 1.3 ms, for the same gradients to float32
 rounding (tests/control/test_ppo_grad.py checks every variant against autograd through
-`postrl.control.ppo.ppo_loss`). PPO on CartPole takes 20 minibatch steps per 256 env steps, so this is a
-fifth of a run. The loss values and statistics are `postrl.core`'s (`clipped_surrogate`, `value_loss`, the
-statistics of `ppo_clip_loss`; the tests compare them too); their gradients are written here.
+`postrl.control.ppo.ppo_loss`). PPO on CartPole takes 20 minibatch steps per 256 env steps, so this is most
+of a run, and every op counts: a small op costs 3–8 µs of dispatch here, a 256×64 GEMM ≈ 60 µs.
 
-The derivation (N rows; ρ = exp(log π − log π_old); A the whitened advantages; ε, ε_h the clip range):
+The derivation (N rows; ρ = exp(log π − log π_old); A the whitened advantages; ε the clip range):
 
-- policy: L_pg = −mean min(ρA, clip(ρ, 1−ε, 1+ε_h)A), so ∂L_pg/∂log π_i = −ρ_i A_i / N, and 0 where the clip
-  binds (A > 0 and ρ > 1+ε_h, or A < 0 and ρ < 1−ε: `postrl.core.clipped_surrogate`'s mask);
+- policy: L_pg = −mean min(ρA, clip(ρ, 1−ε, 1+ε)A), so ∂L_pg/∂log π_i = −ρ_i A_i / N, and 0 where the clip
+  binds (A > 0 and ρ > 1+ε, or A < 0 and ρ < 1−ε: `postrl.core.clipped_surrogate`'s mask, computed here
+  as (ρ − clip(ρ))·A > 0: ρ − clip(ρ) is non-zero exactly outside the band, with the sign of the side);
 - categorical head (logits z, p = softmax z): ∂log π(a)/∂z = onehot(a) − p; the entropy H = −Σ p log p has
   ∂H/∂z = −p ⊙ (log p + H);
 - Gaussian head (mean μ, state-independent log σ): ∂log π/∂μ = (a − μ)/σ², ∂log π/∂log σ = ((a − μ)/σ)² − 1,
@@ -24,25 +24,30 @@ The derivation (N rows; ρ = exp(log π − log π_old); A the whitened advantag
   ∂L/∂b_k = Σ_rows δ_k, δ_{k−1} = (δ_k W_k) ⊙ act'(h_{k−1}), with act' read off the output y:
   tanh 1 − y², relu 1[y > 0], elu (α = 1) 1 where y > 0 else y + 1.
 
-Gradients are written into each parameter's ``.grad`` (views of `postrl.control.flat.FlatParameters`' flat
-gradient), replacing what was there: no zeroing is needed.
+tanh is computed as 2σ(2u) − 1 (the same function, to 2e-7): torch's float32 tanh kernel costs ≈ 4 ns per
+element on the benchmark machine, its sigmoid half that, and the ×2 rides in the GEMM (addmm's α, β).
+
+Everything is kept ``[N, 1]``-shaped (a column per row of the minibatch) so that nothing is reshaped, and the
+statistics are columns concatenated and averaged in two ops (`STATS`). Gradients are written into each
+parameter's ``.grad`` (views of `postrl.control.flat.FlatParameters`' flat gradient), replacing what was
+there: no zeroing is needed.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from postrl.control.buffer import Batch
 from postrl.control.policies import MLP, CategoricalActor, Critic, GaussianActor
-from postrl.core import (
-    clipped_surrogate,
-    diag_gaussian_entropy,
-    diag_gaussian_log_prob,
-    value_loss,
-)
+from postrl.core import diag_gaussian_entropy, diag_gaussian_log_prob
 
-__all__ = ["minibatch_gradient", "supported"]
+__all__ = ["STATS", "HandGradient", "Minibatch", "minibatch_gradient", "stat_names", "supported"]
+
+# The statistics of `postrl.control.ppo.ppo_loss`, in the order of the vector a gradient step returns.
+STATS = ("policy_loss", "value_loss", "clip_fraction", "approx_kl", "ratio_mean", "entropy")
 
 # grad ⊙ act'(x) from grad and y = act(x): autograd's own backward kernels (one fused op each):
 # tanh grad·(1 − y²), relu grad·1[y > 0], elu (α = 1) grad·(y > 0 ? 1 : y + 1)
@@ -51,44 +56,182 @@ _ACT_BACKWARD = {
     "relu": lambda grad, y: torch.ops.aten.threshold_backward(grad, y, 0),
     "elu": lambda grad, y: torch.ops.aten.elu_backward(grad, 1.0, 1.0, 1.0, True, y),
 }
+_MINUS_ONE = torch.tensor(-1.0)
+_ZERO = torch.tensor(0.0)
+
+
+def stat_names(ent_coef: float) -> tuple[str, ...]:
+    """The statistics a step reports: `STATS`, without the entropy when it is not part of the loss."""
+    return STATS if ent_coef else STATS[:-1]
 
 
 def supported(actor: torch.nn.Module, critic: torch.nn.Module) -> bool:
-    """True when `minibatch_gradient` covers these networks (postrl's MLP actors and critic)."""
+    """True when `HandGradient` covers these networks (postrl's MLP actors and critic)."""
     # exact types: a subclass may change the forward this module writes out
     heads = type(actor) in (CategoricalActor, GaussianActor) and type(critic) is Critic
     nets = heads and all(type(net) is MLP for net in (actor.net, critic.net))
     return nets and all(net.activation_name in _ACT_BACKWARD for net in (actor.net, critic.net))
 
 
-def _forward(net: MLP, x: Tensor) -> tuple[list[Tensor], Tensor]:
-    """Every layer's input [x, h_1, …, h_{L−1}] and the output (no activation on the last layer)."""
-    inputs = [x]
-    *hidden, last = net.layers
-    for layer in hidden:
-        inputs.append(net.activation(torch.addmm(layer.bias, inputs[-1], layer.weight.t())))
-    return inputs, torch.addmm(last.bias, inputs[-1], last.weight.t())
+@dataclass(frozen=True)
+class Minibatch:
+    """A `Batch` in the shapes the gradient reads (built once per minibatch, or once per update when the
+    minibatch is the whole rollout)."""
+
+    obs: Tensor  # [N, obs_dim]
+    obs_t: Tensor  # [obs_dim, N] (a view)
+    actions: Tensor  # [N, 1] int64 (discrete) or [N, A]
+    onehot: Tensor | None  # [N, K] onehot(a) (discrete)
+    old_log_probs: Tensor  # [N, 1]
+    neg_advantages: Tensor  # [N, 1] −A
+    returns: Tensor  # [N, 1]
+    old_values: Tensor  # [N, 1]
+    mean_weights: Tensor  # [1, N] all 1/N: a mean over the rows as a GEMM (a third of `mean`'s cost)
+
+    @classmethod
+    def of(cls, batch: Batch, n_actions: int | None) -> Minibatch:
+        """``n_actions``: K for a categorical policy, None for a Gaussian one."""
+        actions, onehot = batch.actions, None
+        if n_actions is not None:
+            actions = actions.long()[:, None]
+            onehot = torch.zeros(actions.shape[0], n_actions).scatter_(1, actions, 1.0)
+        return cls(
+            batch.obs,
+            batch.obs.t(),
+            actions,
+            onehot,
+            batch.log_probs[:, None],
+            -batch.advantages[:, None],
+            batch.returns[:, None],
+            batch.values[:, None],
+            torch.full((1, batch.obs.shape[0]), 1.0 / batch.obs.shape[0]),
+        )
 
 
-def _backward(net: MLP, inputs: list[Tensor], delta: Tensor) -> None:
-    """Write ∂L/∂W, ∂L/∂b of every layer into ``.grad`` from delta = ∂L/∂output [N, out]."""
-    act_backward = _ACT_BACKWARD[net.activation_name]
-    for k in range(len(net.layers) - 1, -1, -1):
-        layer, h = net.layers[k], inputs[k]
-        torch.mm(delta.t(), h, out=_grad(layer.weight))
-        torch.sum(delta, 0, out=_grad(layer.bias))
-        if k:
-            delta = act_backward(torch.mm(delta, layer.weight), h)
+class _Layer:
+    """A linear layer's tensors as the gradient uses them (views: they follow the parameters in place)."""
+
+    def __init__(self, layer: nn.Linear):
+        self.weight, self.weight_t, self.bias = layer.weight, layer.weight.t(), layer.bias
+        for p in (layer.weight, layer.bias):
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self.grad_weight, self.grad_bias = layer.weight.grad, layer.bias.grad
+        # ∂L/∂W = δᵀh [out, in]; for a narrow input (the observation layer) (hᵀδ)ᵀ is ~2.5× cheaper in MKL
+        self.transposed_dw = layer.in_features < layer.out_features
 
 
-def _grad(param: Tensor) -> Tensor:
-    """The tensor to write ``param``'s gradient into (allocated when there is none)."""
-    if param.grad is None:
-        param.grad = torch.empty_like(param)
-    return param.grad
+class _Net:
+    """An MLP's layers and activation, with its forward that keeps every layer's input and its backward."""
+
+    def __init__(self, net: MLP):
+        self.layers = [_Layer(layer) for layer in net.layers]
+        self.tanh = net.activation_name == "tanh"
+        self.activation, self.act_backward = net.activation, _ACT_BACKWARD[net.activation_name]
+
+    def forward(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
+        """Every layer's input [x, h_1, …, h_{L−1}] and the output (no activation on the last layer)."""
+        inputs = [x]
+        *hidden, last = self.layers
+        for layer in hidden:
+            if self.tanh:  # tanh(u) = 2σ(2u) − 1
+                u2 = torch.addmm(layer.bias, inputs[-1], layer.weight_t, beta=2.0, alpha=2.0)
+                h = torch.add(_MINUS_ONE, u2.sigmoid_(), alpha=2.0, out=u2)
+            else:
+                h = self.activation(torch.addmm(layer.bias, inputs[-1], layer.weight_t))
+            inputs.append(h)
+        return inputs, torch.addmm(last.bias, inputs[-1], last.weight_t)
+
+    def backward(self, inputs: list[Tensor], delta: Tensor, x_t: Tensor) -> None:
+        """Write ∂L/∂W, ∂L/∂b of every layer from delta = ∂L/∂output [N, out]; ``x_t`` is inputs[0]ᵀ."""
+        for k in range(len(self.layers) - 1, -1, -1):
+            layer, h = self.layers[k], inputs[k]
+            if layer.transposed_dw:
+                layer.grad_weight.copy_(torch.mm(x_t if k == 0 else h.t(), delta).t())
+            else:
+                torch.mm(delta.t(), h, out=layer.grad_weight)
+            torch.sum(delta, 0, out=layer.grad_bias)
+            if k:
+                delta = self.act_backward(torch.mm(delta, layer.weight), h)
 
 
-@torch.no_grad()
+class HandGradient:
+    """The gradient of `postrl.control.ppo.ppo_loss` for one actor and critic, written out.
+
+    Build one per update (it holds views of the parameters and their gradients); call it per minibatch.
+    """
+
+    def __init__(self, actor: CategoricalActor | GaussianActor, critic: Critic):
+        self.actor, self.discrete = actor, isinstance(actor, CategoricalActor)
+        self.actor_net, self.critic_net = _Net(actor.net), _Net(critic.net)
+        if not self.discrete and actor.log_std.grad is None:
+            actor.log_std.grad = torch.zeros_like(actor.log_std)
+
+    @torch.no_grad()
+    def __call__(
+        self, mb: Minibatch, clip_eps: float, vf_coef: float, ent_coef: float, clip_vf: float | None
+    ) -> Tensor:
+        """Write the gradient on ``mb`` into every parameter's ``.grad``; return the statistics
+        `stat_names(ent_coef)` as a row ``[1, k]``. The advantages are used as given (already whitened)."""
+        n = mb.obs.shape[0]
+        actor_in, head = self.actor_net.forward(mb.obs)
+        critic_in, values = self.critic_net.forward(mb.obs)  # [N, 1]
+        if self.discrete:
+            log_p = torch.log_softmax(head, dim=-1)  # (N, K)
+            log_probs = log_p.gather(1, mb.actions)  # (N, 1)
+        else:
+            std = self.actor.log_std.exp()
+            z = (mb.actions - head) / std  # (N, A): the standardised action
+            log_probs = diag_gaussian_log_prob(mb.actions, head, self.actor.log_std)[:, None]
+
+        log_ratio = log_probs - mb.old_log_probs
+        ratio = log_ratio.exp()
+        neg_unclipped = ratio * mb.neg_advantages  # −ρA
+        clipped_ratio = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
+        neg_surrogate = torch.maximum(neg_unclipped, clipped_ratio * mb.neg_advantages)  # −min(ρA, clip(ρ)A)
+        clipped = (
+            torch.mul(ratio - clipped_ratio, mb.neg_advantages) < 0
+        )  # (ρ − clip ρ)·A > 0: the clip binds
+        d_log_probs = torch.mul(neg_unclipped, 1.0 / n).masked_fill_(clipped, 0.0)  # ∂L/∂log π, (N, 1)
+        kl = torch.add(_MINUS_ONE, ratio).sub_(log_ratio)  # (ρ − 1) − log ρ, as ppo_clip_loss's approx_kl
+        d_values, value_terms = self._value_gradient(values, mb, vf_coef / n, clip_vf)
+        columns = [neg_surrogate, value_terms, clipped.to(ratio.dtype), kl, ratio]
+
+        if self.discrete:
+            probs = log_p.exp()
+            d_head = torch.sub(mb.onehot, probs).mul_(d_log_probs)  # (onehot − p) · ∂L/∂log π
+            if ent_coef:
+                entropy = torch.mul(probs, log_p).sum(-1, keepdim=True).neg_()  # (N, 1)
+                columns.append(entropy)
+                d_head += probs * (log_p + entropy) * (ent_coef / n)  # −c_H/N · ∂H/∂z
+        else:
+            d_head = (z / std) * d_log_probs  # ∂log π/∂μ = (a − μ)/σ²
+            d_log_std = ((z * z - 1.0) * d_log_probs).sum(0)
+            if ent_coef:
+                d_log_std -= ent_coef  # ∂(−c_H mean H)/∂log σ
+            self.actor.log_std.grad.copy_(d_log_std)
+        self.actor_net.backward(actor_in, d_head, mb.obs_t)
+        self.critic_net.backward(critic_in, d_values, mb.obs_t)
+        stats = torch.mm(mb.mean_weights, torch.cat(columns, dim=1))  # (1, k): the columns' means
+        if ent_coef and not self.discrete:  # the Gaussian's entropy does not depend on the state
+            stats = torch.cat([stats, diag_gaussian_entropy(self.actor.log_std).reshape(1, 1)], dim=1)
+        return stats
+
+    @staticmethod
+    def _value_gradient(
+        values: Tensor, mb: Minibatch, scale: float, clip_vf: float | None
+    ) -> tuple[Tensor, Tensor]:
+        """(∂(c_v L_v)/∂V, the per-row terms whose mean is L_v), both (N, 1); ``scale`` = c_v / N."""
+        error = values - mb.returns
+        d_values = error * scale
+        if clip_vf is None:
+            return d_values, torch.addcmul(_ZERO, error, error, value=0.5)  # ½ (V − R̂)²
+        clipped_error = mb.old_values + torch.clamp(values - mb.old_values, -clip_vf, clip_vf) - mb.returns
+        squared, clipped_squared = error * error, clipped_error * clipped_error
+        d_values.masked_fill_(squared < clipped_squared, 0.0)
+        return d_values, torch.maximum(squared, clipped_squared).mul_(0.5)
+
+
 def minibatch_gradient(
     actor: torch.nn.Module,
     critic: torch.nn.Module,
@@ -98,59 +241,8 @@ def minibatch_gradient(
     ent_coef: float,
     clip_vf: float | None,
 ) -> dict[str, Tensor]:
-    """Write the gradient of `postrl.control.ppo.ppo_loss` on ``batch`` into every parameter's ``.grad``;
-    return the same statistics as it does (policy_loss, value_loss, clip_fraction, approx_kl, ratio_mean,
-    and entropy when ``ent_coef`` ≠ 0). ``batch.advantages`` are used as given (already whitened)."""
-    n = batch.obs.shape[0]
-    actor_in, head = _forward(actor.net, batch.obs)
-    critic_in, values = _forward(critic.net, batch.obs)
-    values = values.squeeze(-1)
-    discrete = isinstance(actor, CategoricalActor)
-    if discrete:
-        log_p = torch.log_softmax(head, dim=-1)  # (N, K)
-        actions = batch.actions.long().unsqueeze(-1)
-        log_probs = log_p.gather(-1, actions).squeeze(-1)
-    else:
-        std = actor.log_std.exp()
-        z = (batch.actions - head) / std  # (N, A): the standardised action
-        log_probs = diag_gaussian_log_prob(batch.actions, head, actor.log_std)
-
-    # `postrl.core.ppo_clip_loss`'s value and statistics, from the ratio and clip mask the gradient needs too
-    log_ratio = log_probs - batch.log_probs
-    ratio = log_ratio.exp()
-    surrogate, clipped = clipped_surrogate(ratio, batch.advantages, clip_eps)
-    stats = {
-        "policy_loss": -surrogate.mean(),
-        "clip_fraction": clipped.to(ratio.dtype).mean(),
-        "approx_kl": ((ratio - 1.0) - log_ratio).mean(),
-        "ratio_mean": ratio.mean(),
-    }
-    d_log_probs = (ratio * batch.advantages).mul_(-1.0 / n).masked_fill_(clipped, 0.0)  # ∂L/∂log π, (N,)
-
-    old_values = None if clip_vf is None else batch.values
-    v_loss = value_loss(values, batch.returns, old_values=old_values, clip_eps=clip_vf)
-    d_values = (values - batch.returns) * (vf_coef / n)  # ∂(c_v L_v)/∂V
-    if clip_vf is not None:
-        clipped_v = batch.values + torch.clamp(values - batch.values, -clip_vf, clip_vf)
-        outside = (values - batch.returns) ** 2 < (clipped_v - batch.returns) ** 2
-        d_values.masked_fill_(outside, 0.0)
-    stats["value_loss"] = v_loss
-
-    if discrete:
-        probs = log_p.exp()
-        d_head = probs * -d_log_probs[:, None]  # (onehot − p) · ∂L/∂log π, the −p part
-        d_head.scatter_add_(-1, actions, d_log_probs[:, None])
-        if ent_coef:
-            entropy = -(probs * log_p).sum(-1)  # (N,)
-            stats["entropy"] = entropy.mean()
-            d_head += probs * (log_p + entropy[:, None]) * (ent_coef / n)  # −c_H/N · ∂H/∂z
-    else:
-        d_head = (z / std) * d_log_probs[:, None]  # ∂log π/∂μ = (a − μ)/σ²
-        d_log_std = ((z * z - 1.0) * d_log_probs[:, None]).sum(0)
-        if ent_coef:
-            stats["entropy"] = diag_gaussian_entropy(actor.log_std)
-            d_log_std -= ent_coef  # ∂(−c_H mean H)/∂log σ
-        _grad(actor.log_std).copy_(d_log_std)
-    _backward(actor.net, actor_in, d_head)
-    _backward(critic.net, critic_in, d_values[:, None])
-    return stats
+    """`HandGradient` for one `Batch`: write the gradient into ``.grad``; return the statistics by name (those
+    of `postrl.control.ppo.ppo_loss`)."""
+    n_actions = actor.net.layers[-1].out_features if isinstance(actor, CategoricalActor) else None
+    stats = HandGradient(actor, critic)(Minibatch.of(batch, n_actions), clip_eps, vf_coef, ent_coef, clip_vf)
+    return dict(zip(stat_names(ent_coef), stats[0], strict=True))

@@ -83,3 +83,66 @@ def test_supported_only_for_postrl_mlps():
 
     actor.__class__ = Tempered
     assert not ppo_grad.supported(actor, critic) and not NumpyActor.supports(actor)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+@pytest.mark.parametrize("overrides", [[], ["ppo.batch_size=16", "ppo.target_kl=1e-6", "ppo.ent_coef=0.01"]])
+def test_ppo_update_by_hand_equals_the_update_through_autograd(env_id, overrides):
+    """A whole `PPO.update` (20 or 2 epochs, whole-rollout or shuffled minibatches, target-KL stop, the
+    statistics it logs): the same parameters and metrics by either gradient."""
+    from postrl.control import ppo
+    from postrl.control.buffer import collect_rollout
+    from postrl.control.envs import VecEnv
+    from postrl.core import gae
+    from postrl.runtime.config import load_config
+
+    cfg = load_config(ppo.Config, None, [f"env.id={env_id}", "env.n_envs=4", "ppo.n_steps=16", *overrides])
+    cfg = dataclasses.replace(cfg, ppo=dataclasses.replace(cfg.ppo, n_epochs=20 if not overrides else 3))
+    env = VecEnv(cfg.env, 0)
+    env.reset()
+    torch.manual_seed(0)
+    by_hand, by_autograd = ppo.build(cfg, env), ppo.build(cfg, env)
+    by_autograd.hand_gradient = False
+    for name in ("actor", "critic"):
+        by_autograd.modules[name].load_state_dict(by_hand.modules[name].state_dict())
+    collect_rollout(env, by_hand.actor, by_hand.critic, by_hand.buffer)
+    buf = by_hand.buffer
+    advantages, returns = gae(
+        buf.rewards, buf.values, buf.next_values(), buf.terminated, buf.episode_end, 0.99, 0.95
+    )
+    batch = buf.flatten(advantages, returns)
+    results = []
+    for agent in (by_hand, by_autograd):
+        torch.manual_seed(1)  # the same minibatch shuffles
+        results.append(agent.update(batch, clip_eps=0.2))
+    (hand, auto) = results
+    assert hand.keys() == auto.keys() and hand["epochs"] == auto["epochs"]
+    assert hand["epochs"] == (1 if overrides else 20)  # with target_kl, the first epoch's KL stops it
+    for key in hand:
+        assert hand[key] == pytest.approx(auto[key], rel=1e-4, abs=1e-6), key
+    for name in ("actor", "critic"):
+        for (key, got), want in zip(
+            by_hand.modules[name].state_dict().items(),
+            by_autograd.modules[name].state_dict().values(),
+            strict=True,
+        ):
+            assert torch.allclose(got, want, atol=1e-5, rtol=1e-4), (name, key, (got - want).abs().max())
+
+
+def test_the_clip_mask_is_cores():
+    """(ρ − clip ρ)·A > 0, the mask the gradient uses, is `clipped_surrogate`'s, at and around the band's
+    edges and for A = 0, ±tiny, ±large."""
+    from postrl.core import clipped_surrogate
+
+    eps = 0.2
+    edges = torch.tensor([0.8, 1.2])
+    ratio = torch.cat(
+        [edges, torch.nextafter(edges, torch.zeros(2)), torch.nextafter(edges, torch.full((2,), 9.0))]
+    )
+    ratio = torch.cat([ratio, torch.tensor([0.0, 0.5, 1.0, 1.5, 1e6])])
+    advantages = torch.tensor([0.0, 1e-30, -1e-30, 1.0, -1.0, 1e6, -1e6])
+    ratio, advantages = (x.reshape(-1) for x in torch.meshgrid(ratio, advantages, indexing="ij"))
+    clipped_ratio = ratio.clamp(1 - eps, 1 + eps)
+    mask = torch.mul(ratio - clipped_ratio, -advantages) < 0
+    assert torch.equal(mask, clipped_surrogate(ratio, advantages, eps)[1])
+    assert mask.any() and not mask.all()
