@@ -142,6 +142,7 @@ class PPO(Agent):
         if full_batch:  # one minibatch: whiten once, and no shuffle (the loss is a mean over it)
             batch = self._whiten(batch)
         names = ppo_grad.stat_names(cfg.ent_coef)
+        self.flat.zero_grad()  # also re-attaches the parameters' .grad views of the flat gradient if replaced
         gradient = ppo_grad.HandGradient(self.actor, self.critic) if self.hand_gradient else None
         whole = self._minibatch(batch) if full_batch and gradient else None  # the same for every epoch
         history: list[torch.Tensor] = []  # per minibatch, the statistics `names` as a row [1, k]

@@ -113,6 +113,7 @@ def test_ppo_update_by_hand_equals_the_update_through_autograd(env_id, overrides
     batch = buf.flatten(advantages, returns)
     results = []
     for agent in (by_hand, by_autograd):
+        agent.actor.zero_grad(set_to_none=True)  # PPO must re-attach the flat gradient's views
         torch.manual_seed(1)  # the same minibatch shuffles
         results.append(agent.update(batch, clip_eps=0.2))
     (hand, auto) = results
