@@ -111,9 +111,10 @@ def collect_rollout(
     truncations: list[tuple[np.ndarray, int, np.ndarray]] = []  # (env rows, step, final obs of those rows)
     obs = env.obs
     policy = NumpyActor(actor) if NumpyActor.supports(actor) else None
+    uniforms = None if policy is None else policy.draws(buf.n_steps, buf.n_envs)  # the rollout's in one call
     for t in range(buf.n_steps):
         if policy is not None:  # numpy: a third of the cost of torch ops on 8 observations
-            actions, log_probs = policy.act(obs)
+            actions, log_probs = policy.act(obs, None if uniforms is None else uniforms[t])
         else:
             actions, log_probs = (x.numpy() for x in actor.act(torch.from_numpy(obs)))
         np_obs[:, t], np_actions[:, t], np_log_probs[:, t] = obs, actions, log_probs

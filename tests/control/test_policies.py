@@ -116,3 +116,27 @@ def test_numpy_actor_draws_what_act_draws(discrete, activation):
     else:
         assert np.allclose(actions, want_actions.numpy(), atol=1e-6)
     assert log_probs.dtype == np.float32 and np.allclose(log_probs, want_log_probs.numpy(), atol=1e-5)
+
+
+def test_numpy_actor_draws_a_rollouts_uniforms_as_act_would_step_by_step():
+    """`NumpyActor.draws` takes a rollout's uniforms in one torch call: the same actions as `act` step by step,
+    and torch's generator ends where it would have."""
+    cfg = PolicyConfig(hidden=(16,))
+    torch.manual_seed(0)
+    actor = make_actor(gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(3), cfg)
+    for p in actor.parameters():
+        p.data += 0.5 * torch.randn_like(p)
+    obs = np.random.default_rng(0).normal(size=(5, 8, 4)).astype(np.float32)  # 5 steps × 8 envs
+    torch.manual_seed(1)
+    with torch.no_grad():
+        want = [actor.act(torch.from_numpy(o))[0].numpy() for o in obs]
+    after_steps = torch.rand(3)
+    torch.manual_seed(1)
+    policy = NumpyActor(actor)
+    uniforms = policy.draws(5, 8)
+    got = [policy.act(o, uniforms[t])[0] for t, o in enumerate(obs)]
+    assert torch.equal(torch.rand(3), after_steps)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    assert len({a for w in want for a in w.tolist()}) == 3  # every action drawn: a real test of the order
+    gaussian = make_actor(gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Box(-1, 1, (2,)), cfg)
+    assert NumpyActor(gaussian).draws(5, 8) is None
