@@ -2,7 +2,7 @@
 
 For the 64×64 MLPs of classic control on a 256-row minibatch, autograd's bookkeeping (a node per op, its
 saved tensors, the engine's walk of the graph) costs about as much as the arithmetic: `ppo_loss` + `backward`
-took 2.6 ms per minibatch on the 2-core benchmark machine, this 1.3 ms, for the same gradients to float32
+took 2.6 ms per minibatch on the 2-core benchmark machine, this 1.1 ms, for the same gradients to float32
 rounding (tests/control/test_ppo_grad.py checks every variant against autograd through
 `postrl.control.ppo.ppo_loss`). PPO on CartPole takes 20 minibatch steps per 256 env steps, so this is most
 of a run, and every op counts: a small op costs 3–8 µs of dispatch here, a 256×64 GEMM ≈ 60 µs.
