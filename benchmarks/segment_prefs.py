@@ -19,6 +19,20 @@ share of PPO's improvement over chance that preferences recover, the same for Pe
 
 Runs go in parallel processes (``--jobs``, one torch thread each). The last line is one JSON object.
 
+Measured 2026-12-03 at 065e2eb (PPO's hand gradient after its op diet: the same gradients to float rounding,
+so every run takes a different chaotic path; ``--envs cartpole pendulum --seeds 0 1 2 --jobs 2``):
+- CartPole-v1 noise 0: 500 / 500 / 500 → ratio 1.00. **Noise 10%: 384.3 / 209.5 / 500.0 → ratio 0.72, below
+  the 0.9 goal** (RM held-out accuracy against noise-free labels 1.00 in all three; reward correlation 0.999 /
+  0.891 / 0.872). Seeds 3 4 5 (``--envs cartpole --seeds 3 4 5 --noise 0.1 --jobs 1``): 218.0 / 500.0 / 500.0;
+  the code of 5c2a57c (before the op diet) on seeds 3 4 5: 486.8 / 395.4 / 328.4 (ratio 0.80) — so the six
+  500s of 2026-12-02 below were a lucky draw, not a property of the preset. With ``--labels 1000``, seeds 0 1 3:
+  500.0 / 302.0 / 466.5. The failures are the policy's, not the reward model's: the final deterministic policy
+  drifts off the track (|x| > 2.4 at 180–350 steps) or drops the pole, while the ensemble ranks held-out pairs
+  as the noise-free labeller does; r̂(o, a) depends strongly on the action (by 0.5–4 normalised units in the
+  same state), a shaping the policy does not simply follow. Not solved.
+- Pendulum-v1, PPO on the true reward −143.1 / −125.0 / −177.7: noise 0 → −165.7 / −116.7 / −232.7 → ratio
+  0.98; noise 10% → −169.8 / −195.5 / −205.6 → ratio 0.96 (goal 0.7).
+
 Measured 2026-12-02 (``--envs cartpole pendulum --seeds 0 1 2 --jobs 2``; presets as committed):
 - CartPole-v1, 1e5 steps, 300 labels: 500.0 in all six runs (seeds 0/1/2 × noise 0/0.1) against PPO on the
   true reward 500/500/500 → ratio 1.00 with and without noise; RM held-out accuracy 1.00 (noise 0) and
