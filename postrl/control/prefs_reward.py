@@ -69,6 +69,9 @@ class RewardModelConfig:
     random_response: float = 0.1
     """ε: the loss models a label as uniformly random with this chance, P = ε/2 + (1 − ε)σ(ŝ¹ − ŝ²)
     (Christiano et al. §2.2.3 use 0.1), so that a wrong label costs at most log(2/ε)."""
+    use_actions: bool = True
+    """Feed the action to the reward model, r̂(o, a) (Christiano et al.); false: r̂(o), for tasks whose reward
+    is a function of the state, where an action input only gives the model room to fit label noise."""
 
 
 @dataclass
@@ -146,7 +149,8 @@ class RewardEnsemble(nn.Module):
         if self.n_actions is None:
             self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
             self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
-        act_dim = self.n_actions or int(action_space.shape[0])
+        self.use_actions = cfg.use_actions
+        act_dim = (self.n_actions or int(action_space.shape[0])) if cfg.use_actions else 0
         sizes = (obs_dim + act_dim, *cfg.hidden, 1)
         k = cfg.ensemble
         self.weights = nn.ParameterList(
@@ -164,7 +168,10 @@ class RewardEnsemble(nn.Module):
         return self.absorbing.shape[0]
 
     def features(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """``[..., obs_dim + act_dim]``: observation and one-hot (discrete) or clipped (Box) action."""
+        """``[..., obs_dim + act_dim]``: observation and one-hot (discrete) or clipped (Box) action (just the
+        observation without ``use_actions``)."""
+        if not self.use_actions:
+            return obs
         if self.n_actions is not None:
             act = nn.functional.one_hot(actions.long(), self.n_actions).to(obs.dtype)
         else:

@@ -265,3 +265,16 @@ def test_learns_cartpole_from_preferences(tmp_path):
     )
     summary = prefs.run(cfg, tmp_path / "run")
     assert summary["true_return"] > 150  # random ≈ 22
+
+
+def test_observation_only_reward_model_ignores_the_action():
+    """``use_actions=false``: r̂(o) — the same reward for every action, and a first layer on o alone."""
+    space = gym.spaces.Discrete(3)
+    model = RewardEnsemble(4, space, RewardModelConfig(ensemble=2, hidden=(8,), use_actions=False))
+    assert model.weights[0].shape == (2, 4, 8)
+    obs = torch.randn(5, 4)
+    with torch.no_grad():
+        rewards = [model(obs, torch.full((5,), a)) for a in range(3)]
+    assert all(torch.equal(rewards[0], r) for r in rewards[1:])
+    with_actions = RewardEnsemble(4, space, RewardModelConfig(ensemble=2, hidden=(8,)))
+    assert with_actions.weights[0].shape == (2, 7, 8)
