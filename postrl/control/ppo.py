@@ -144,7 +144,7 @@ class PPO(Agent):
         names = ppo_grad.stat_names(cfg.ent_coef)
         self.flat.zero_grad()  # also re-attaches the parameters' .grad views of the flat gradient if replaced
         gradient = ppo_grad.HandGradient(self.actor, self.critic) if self.hand_gradient else None
-        whole = self._minibatch(batch) if full_batch and gradient else None  # the same for every epoch
+        whole = gradient.prepare(batch) if full_batch and gradient else None  # the same for every epoch
         history: list[torch.Tensor] = []  # per minibatch, the statistics `names` as a row [1, k]
         epochs = 0
         for _ in range(cfg.n_epochs):
@@ -153,7 +153,7 @@ class PPO(Agent):
             for start in range(0, n, batch_size):
                 mb = batch if full_batch else self._whiten(batch.take(order[start : start + batch_size]))
                 if gradient is not None:
-                    prepared = whole if whole is not None else self._minibatch(mb)
+                    prepared = whole if whole is not None else gradient.prepare(mb)
                     stats = gradient(prepared, clip_eps, cfg.vf_coef, cfg.ent_coef, cfg.clip_vf)
                 else:
                     stats = self._autograd_gradient(mb, clip_eps, names)
@@ -170,10 +170,6 @@ class PPO(Agent):
             with torch.no_grad():
                 out["entropy"] = float(self.actor.evaluate(batch.obs, batch.actions)[1].mean())
         return out
-
-    def _minibatch(self, batch: Batch) -> ppo_grad.Minibatch:
-        n_actions = self.actor.net.layers[-1].out_features if self.actor.discrete else None
-        return ppo_grad.Minibatch.of(batch, n_actions)
 
     def _autograd_gradient(self, mb: Batch, clip_eps: float, names: tuple[str, ...]) -> torch.Tensor:
         """The gradient of `ppo_loss` on ``mb`` through autograd into the flat gradient; its statistics

@@ -79,7 +79,6 @@ class Minibatch:
     minibatch is the whole rollout)."""
 
     obs: Tensor  # [N, obs_dim]
-    obs_t: Tensor  # [obs_dim, N] (a view)
     actions: Tensor  # [N, 1] int64 (discrete) or [N, A]
     onehot: Tensor | None  # [N, K] onehot(a) (discrete)
     old_log_probs: Tensor  # [N, 1]
@@ -97,7 +96,6 @@ class Minibatch:
             onehot = torch.zeros(actions.shape[0], n_actions).scatter_(1, actions, 1.0)
         return cls(
             batch.obs,
-            batch.obs.t(),
             actions,
             onehot,
             batch.log_probs[:, None],
@@ -142,12 +140,12 @@ class _Net:
             inputs.append(h)
         return inputs, torch.addmm(last.bias, inputs[-1], last.weight_t)
 
-    def backward(self, inputs: list[Tensor], delta: Tensor, x_t: Tensor) -> None:
-        """Write ∂L/∂W, ∂L/∂b of every layer from delta = ∂L/∂output [N, out]; ``x_t`` is inputs[0]ᵀ."""
+    def backward(self, inputs: list[Tensor], delta: Tensor) -> None:
+        """Write ∂L/∂W, ∂L/∂b of every layer from delta = ∂L/∂output [N, out]."""
         for k in range(len(self.layers) - 1, -1, -1):
             layer, h = self.layers[k], inputs[k]
             if layer.transposed_dw:
-                layer.grad_weight.copy_(torch.mm(x_t if k == 0 else h.t(), delta).t())
+                layer.grad_weight.copy_(torch.mm(h.t(), delta).t())
             else:
                 torch.mm(delta.t(), h, out=layer.grad_weight)
             torch.sum(delta, 0, out=layer.grad_bias)
@@ -166,6 +164,10 @@ class HandGradient:
         self.actor_net, self.critic_net = _Net(actor.net), _Net(critic.net)
         if not self.discrete and actor.log_std.grad is None:
             actor.log_std.grad = torch.zeros_like(actor.log_std)
+
+    def prepare(self, batch: Batch) -> Minibatch:
+        """``batch`` in the shapes a call reads (once per minibatch, or once per update for the whole rollout)."""
+        return Minibatch.of(batch, self.actor.net.layers[-1].out_features if self.discrete else None)
 
     @torch.no_grad()
     def __call__(
@@ -210,8 +212,8 @@ class HandGradient:
             if ent_coef:
                 d_log_std -= ent_coef  # ∂(−c_H mean H)/∂log σ
             self.actor.log_std.grad.copy_(d_log_std)
-        self.actor_net.backward(actor_in, d_head, mb.obs_t)
-        self.critic_net.backward(critic_in, d_values, mb.obs_t)
+        self.actor_net.backward(actor_in, d_head)
+        self.critic_net.backward(critic_in, d_values)
         stats = torch.mm(mb.mean_weights, torch.cat(columns, dim=1))  # (1, k): the columns' means
         if ent_coef and not self.discrete:  # the Gaussian's entropy does not depend on the state
             stats = torch.cat([stats, diag_gaussian_entropy(self.actor.log_std).reshape(1, 1)], dim=1)
@@ -243,6 +245,6 @@ def minibatch_gradient(
 ) -> dict[str, Tensor]:
     """`HandGradient` for one `Batch`: write the gradient into ``.grad``; return the statistics by name (those
     of `postrl.control.ppo.ppo_loss`)."""
-    n_actions = actor.net.layers[-1].out_features if isinstance(actor, CategoricalActor) else None
-    stats = HandGradient(actor, critic)(Minibatch.of(batch, n_actions), clip_eps, vf_coef, ent_coef, clip_vf)
+    gradient = HandGradient(actor, critic)
+    stats = gradient(gradient.prepare(batch), clip_eps, vf_coef, ent_coef, clip_vf)
     return dict(zip(stat_names(ent_coef), stats[0], strict=True))
