@@ -58,6 +58,15 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:
     )
     demo.add_argument("--out", default="runs/demo", metavar="RUN_DIR", help="output folder (runs/demo)")
     demo.add_argument("--quick", action="store_true", help="small budgets, same stages (< 2 minutes)")
+    demo.add_argument(
+        "--resume",
+        action="store_true",
+        help="redo a finished demo's evaluation and report (finished stages are skipped); an interrupted "
+        "demo resumes without it",
+    )
+    demo.add_argument(
+        "--overwrite", action="store_true", help="delete the demo in RUN_DIR and run it again from scratch"
+    )
     demo.add_argument("--config", default=None, metavar="FILE.yaml", help="YAML config")
     demo.add_argument("--list-keys", action="store_true", help="print every config key and exit")
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
@@ -75,7 +84,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         return 0
     base = to_dict(quick(DemoConfig())) if args.quick else None
     cfg = load_config(DemoConfig, args.config, args.overrides, base=base)
-    summary = run_demo(cfg, args.out)
+    summary = run_demo(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
     print(json.dumps(summary["stages"]))
     return 0
 

@@ -26,7 +26,9 @@ from postrl.lm.rollout import SamplingConfig
 from postrl.lm.sft import SFTConfig
 from postrl.lm.trainer import OptimConfig, TrainConfig
 from postrl.runtime.checkpoint import atomic_write_text
+from postrl.runtime.config import validate
 from postrl.runtime.logging import peak_rss_mb
+from postrl.runtime.rundir import check_run_dir, remove_run, run_state
 
 ARITHMETIC = {"digits": 2, "ops": "+"}
 
@@ -118,6 +120,8 @@ class DemoConfig:
     threads: int | None = None
     """torch intra-op threads for every stage (null: torch's default)."""
 
+    CHECKS = {"eval_prompts": ">= 1", "eval_samples": ">= 1", "seed": ">= 0", "threads": ">= 1"}
+
 
 def quick(cfg: DemoConfig) -> DemoConfig:
     """The same stages with small budgets (the test suite runs this end to end)."""
@@ -188,7 +192,7 @@ def run_stage(name: str, out: Path, fn: Callable[..., dict[str, Any]], cfg: Any)
         summary = json.loads(done.read_text())
         print(f"[demo] {name}: already done ({run_dir}), skipped", file=sys.stderr)
         return summary
-    resume = (run_dir / "checkpoints").is_dir()
+    resume = run_state(run_dir) == "interrupted"
     print(f"[demo] {name}: {'resuming' if resume else 'starting'} → {run_dir}", file=sys.stderr)
     summary = fn(cfg, run_dir, resume=resume)
     print(
@@ -227,8 +231,13 @@ def continued_sft(cfg: DemoConfig, out: Path, seconds: float) -> SFTConfig:
     )
 
 
-def run_demo(cfg: DemoConfig, out: str | Path) -> dict[str, Any]:
-    """Run every stage (skipping finished ones), evaluate every checkpoint, write the report."""
+def run_demo(
+    cfg: DemoConfig, out: str | Path, resume: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
+    """Run every stage (skipping finished ones), evaluate every checkpoint, write the report.
+
+    An interrupted demo is resumed by running it again; a finished one (``summary.json``) is only redone
+    with ``resume`` (finished stages skipped, evaluation and report written again) or ``overwrite``."""
     from postrl.lm.grpo import run_grpo
     from postrl.lm.ppo import run_ppo
     from postrl.lm.pretrain import run_pretrain
@@ -237,6 +246,14 @@ def run_demo(cfg: DemoConfig, out: str | Path) -> dict[str, Any]:
     from postrl.report import evaluate_checkpoints, write_report
 
     out = Path(out)
+    validate(cfg)
+    state = run_state(out)
+    if state == "interrupted" and not overwrite:
+        resume = True  # rerunning the demo resumes it, as `make demo` promises
+    mode = check_run_dir(out, resume=resume, overwrite=overwrite)
+    if mode == "overwrite":
+        remove_run(out)
+        print(f"[demo] --overwrite: removed the previous demo in {out}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     cfg = wire(cfg, out)
     from postrl.runtime.config import save_config

@@ -54,6 +54,16 @@ class A2CConfig:
     normalize_advantages: bool = False
     """Whiten the advantages of each rollout."""
 
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "n_steps": ">= 1",
+        "gamma": "[0, 1]",
+        "lam": "[0, 1]",
+        "lr": "> 0",
+        "ent_coef": ">= 0",
+        "vf_coef": ">= 0",
+        "max_grad_norm": "> 0",
+    }
+
 
 @dataclass(frozen=True)
 class Config:

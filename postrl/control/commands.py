@@ -44,6 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="continue an interrupted run exactly, with its saved config (rerunning the same command "
         "with --out RUN_DIR also resumes a run that has checkpoints but no summary.json)",
     )
+    _add_overwrite(train)
     train.add_argument(
         "--list-keys", action="store_true", help="print every config key with its help and exit"
     )
@@ -61,6 +62,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     ev.set_defaults(handler=_eval)
     _add_prefs_parser(sub)
     return control
+
+
+def _add_overwrite(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in an --out folder that holds a run (finished or not): the old run is deleted "
+        "once the new config and env are checked",
+    )
 
 
 def preset_path(algo: str, env_id: str) -> Path | None:
@@ -130,12 +140,12 @@ def _train(args: argparse.Namespace) -> int:
 def _run(cfg, args: argparse.Namespace, train_fn) -> int:
     """``train_fn(cfg, out, resume=…)`` in the run folder (an interrupted one resumes), summary printed."""
     out = args.resume or args.out or f"runs/{cfg.algo}-{cfg.env.id}-s{cfg.run.seed}"
-    resume = bool(args.resume) or _interrupted(Path(out))
+    resume = bool(args.resume) or (_interrupted(Path(out)) and not args.overwrite)
     if resume and not args.resume:
         print(
             f"postrl: {out} holds an interrupted run; resuming it from its last checkpoint", file=sys.stderr
         )
-    summary = train_fn(cfg, out, resume=resume)
+    summary = train_fn(cfg, out, resume=resume, overwrite=args.overwrite)
     print(json.dumps(summary))
     print(f"run folder: {out}")
     return 0
@@ -186,6 +196,7 @@ def _add_prefs_parser(sub: argparse._SubParsersAction) -> None:
     prefs.add_argument(
         "--resume", default=None, metavar="RUN_DIR", help="continue an interrupted run exactly"
     )
+    _add_overwrite(prefs)
     prefs.add_argument(
         "--list-keys", action="store_true", help="print every config key with its help and exit"
     )

@@ -39,6 +39,8 @@ class PolicyConfig:
     ortho_init: bool = True
     """Orthogonal initialisation (gains √2 hidden, 0.01 policy head, 1 value head); False keeps torch's."""
 
+    CHECKS = {"hidden": ">= 1"}  # valid ranges
+
 
 class MLP(nn.Module):
     """Linear layers with an activation between them: ``[N, in_dim] → [N, out_dim]``.

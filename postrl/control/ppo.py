@@ -65,6 +65,22 @@ class PPOConfig:
     adam_eps: float = 1e-5
     """Adam ε (1e-5 as in the PPO reference implementation)."""
 
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "n_steps": ">= 1",
+        "batch_size": ">= 1",
+        "n_epochs": ">= 1",
+        "gamma": "[0, 1]",
+        "lam": "[0, 1]",
+        "lr": "> 0",
+        "clip_eps": "> 0",
+        "clip_vf": "> 0",
+        "ent_coef": ">= 0",
+        "vf_coef": ">= 0",
+        "max_grad_norm": "> 0",
+        "target_kl": "> 0",
+        "adam_eps": "> 0",
+    }
+
 
 @dataclass(frozen=True)
 class Config:

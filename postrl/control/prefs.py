@@ -96,6 +96,18 @@ class PrefsConfig:
     """Also scale the centred r̂ by the running std of its discounted return (γ = env.reward_gamma, clipped to
     ±env.clip_reward), as env.normalize_reward does for a true reward (which prefs never sees)."""
 
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "segment_length": ">= 1",
+        "label_budget": ">= 1",
+        "initial_labels": ">= 0",
+        "label_until": "(0, 1]",
+        "label_decay": ">= 0",
+        "candidates_per_label": ">= 1",
+        "segments_per_rollout": ">= 1",
+        "pool_size": ">= 1",
+        "val_fraction": "[0, 1)",
+    }
+
 
 @dataclass(frozen=True)
 class Config:
@@ -363,7 +375,7 @@ def build(cfg: Config, env: VecEnv) -> Prefs:
     return Prefs(cfg, env)
 
 
-def run(cfg: Config, run_dir, resume: bool = False) -> dict[str, Any]:
+def run(cfg: Config, run_dir, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Train (``postrl.control.train``), then add the preference metrics to summary.json and plot the
     true return against the labels used (``true_return_vs_labels.png``)."""
     import json
@@ -374,7 +386,7 @@ def run(cfg: Config, run_dir, resume: bool = False) -> dict[str, Any]:
     from postrl.runtime.logging import read_jsonl
 
     run_dir = Path(run_dir)
-    summary = train(cfg, run_dir, resume=resume)
+    summary = train(cfg, run_dir, resume=resume, overwrite=overwrite)
     rows = read_jsonl(run_dir / "metrics.jsonl")
     last = rows[-1] if rows else {}
     summary = {

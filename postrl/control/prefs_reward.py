@@ -49,6 +49,8 @@ class LabellerConfig:
     flip_prob: float = 0.0
     """Probability that a non-tie label is flipped (a noisy annotator; 0.1 is 10% label noise)."""
 
+    CHECKS = {"tie_tolerance": ">= 0", "flip_prob": "[0, 1]"}  # valid ranges
+
 
 @dataclass(frozen=True)
 class RewardModelConfig:
@@ -72,6 +74,17 @@ class RewardModelConfig:
     use_actions: bool = True
     """Feed the action to the reward model, r̂(o, a) (Christiano et al.); false: r̂(o), for tasks whose reward
     is a function of the state, where an action input only gives the model room to fit label noise."""
+
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "ensemble": ">= 1",
+        "hidden": ">= 1",
+        "lr": "> 0",
+        "weight_decay": ">= 0",
+        "batch_size": ">= 1",
+        "steps_per_iteration": ">= 0",
+        "pretrain_steps": ">= 0",
+        "random_response": "[0, 1]",
+    }
 
 
 @dataclass

@@ -48,6 +48,14 @@ class ReinforceConfig:
     max_grad_norm: float | None = None
     """Global gradient-norm clip of the policy step; null: none."""
 
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "gamma": "[0, 1]",
+        "lr": "> 0",
+        "baseline_lr": "> 0",
+        "baseline_steps": ">= 0",
+        "max_grad_norm": "> 0",
+    }
+
 
 @dataclass(frozen=True)
 class Config:

@@ -5,10 +5,12 @@ returning an :class:`Agent` whose ``iteration`` collects experience and updates 
 file runs the iterations and does everything around them.
 
 Exact resume. Checkpoints are taken at iteration boundaries and hold the networks, optimizers, every RNG
-state, the step counters, the normaliser statistics and a pickled snapshot of the sub-environments (their
-simulator state, including each env's own RNG and elapsed time steps). A resumed run therefore continues
-bit-for-bit as the uninterrupted run would have. Envs that cannot be pickled (MuJoCo, subprocess envs) are
-instead reset with a seed derived from (seed, iteration); such a resume is not exact and says so on stderr.
+state, the step counters, the normaliser statistics and a data-only snapshot of the sub-environments (their
+simulator state, including each env's own RNG and elapsed time steps; ``env_snapshot.py``: loading it never
+runs code). A resumed run therefore continues bit-for-bit as the uninterrupted run would have. Envs whose
+state is not plain data (Box2D, MuJoCo, subprocess envs), and checkpoints of older postrl versions whose
+snapshot was a pickle (never loaded), are instead reset with a seed derived from (seed, iteration); such a
+resume is not exact and says so on stderr.
 
 Under ``torchrun`` (PPO only) every rank runs this loop on its own envs; what differs is in ``dist.py``.
 """
@@ -67,6 +69,17 @@ class RunConfig:
     """Also write TensorBoard event files."""
     gif: bool = False
     """Write eval.gif of one deterministic episode at the end (env must render rgb_array)."""
+
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "total_steps": ">= 1",
+        "seed": ">= 0",
+        "torch_threads": ">= 1",
+        "eval_episodes": ">= 1",
+        "eval_every": ">= 0",
+        "checkpoint_every": ">= 0",
+        "keep_checkpoints": ">= 0",
+        "log_every": ">= 1",
+    }
 
 
 class Agent(abc.ABC):
@@ -128,13 +141,15 @@ class _Progress:
             setattr(self, key, deque(value, maxlen=WINDOW) if key == "recent" else value)
 
 
-def train(cfg: Any, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
-    """Train ``cfg.algo`` on ``cfg.env``; write the run folder; return the summary."""
+def train(cfg: Any, run_dir: str | Path, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """Train ``cfg.algo`` on ``cfg.env``; write the run folder; return the summary. The config, the env
+    and the agent are built and checked before the run folder is touched (`postrl.runtime.rundir`)."""
     from postrl.control import dist
-    from postrl.runtime.checkpoint import latest_checkpoint
-    from postrl.runtime.logging import RunLogger
+    from postrl.runtime.config import validate
+    from postrl.runtime.rundir import open_run
     from postrl.runtime.seeding import seed_everything
 
+    validate(cfg)
     info = dist.setup(cfg.algo)
     run_dir = Path(run_dir)
     torch.set_num_threads(cfg.run.torch_threads)
@@ -142,17 +157,13 @@ def train(cfg: Any, run_dir: str | Path, resume: bool = False) -> dict[str, Any]
     env = VecEnv(cfg.env, dist.env_seed(cfg.run.seed, cfg.env.n_envs))
     agent = algorithm(cfg.algo).build(cfg, env)
     progress = _Progress()
-    ckpt = latest_checkpoint(run_dir / "checkpoints") if resume else None
+    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.run.tensorboard)
     if ckpt is not None:
-        _restore(ckpt, agent, env, progress, cfg.run.seed)
+        rows = _restore(ckpt, agent, env, progress, cfg.run.seed)
+        logger.resume_at(progress.env_steps, rows)
     elif not agent.needs_env_reset:
         env.reset()
     dist.broadcast_modules(agent.modules)
-    logger = RunLogger(
-        run_dir, config=cfg, tensorboard=cfg.run.tensorboard, enabled=info.is_main, resume=ckpt is not None
-    )
-    if ckpt is not None:
-        logger.truncate_after(progress.env_steps)
     threshold = THRESHOLDS.get(cfg.env.id, getattr(env.env.spec, "reward_threshold", None))
     _loop(cfg, run_dir, agent, env, progress, logger, threshold)
     return _finish(cfg, run_dir, agent, env, progress, logger, threshold)
@@ -189,7 +200,7 @@ def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, lo
             progress.train_seconds += time.perf_counter() - start - eval_seconds
             if done or run.checkpoint_every and (it + 1) % run.checkpoint_every == 0:
                 save_start = time.perf_counter()
-                _save(run_dir, agent, env, progress, cfg)
+                _save(run_dir, agent, env, progress, cfg, logger.rows)
                 progress.train_seconds += time.perf_counter() - save_start
 
 
@@ -241,7 +252,9 @@ def _row(metrics: dict[str, Any], progress: _Progress) -> dict[str, Any]:
     return row
 
 
-def _save(run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, cfg: Any) -> Path | None:
+def _save(
+    run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, cfg: Any, metrics_rows: int
+) -> Path | None:
     from postrl.control import dist
     from postrl.runtime.checkpoint import save_checkpoint
     from postrl.runtime.distributed import is_main, world_size
@@ -249,7 +262,12 @@ def _save(run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, cfg: An
     ranks, snapshots = dist.gather_rank_states(env)  # a collective: every rank takes part, rank 0 writes
     if not is_main():
         return None
-    extra = {"progress": progress.state_dict(), "env": env.state_dict(), "agent": agent_state(agent)}
+    extra = {
+        "progress": progress.state_dict(),
+        "env": env.state_dict(),
+        "agent": agent_state(agent),
+        "metrics_rows": metrics_rows,
+    }
     if world_size() > 1:
         extra.update(world_size=world_size(), ranks=ranks)
     return save_checkpoint(
@@ -267,7 +285,9 @@ def agent_state(agent: Agent) -> dict[str, Any]:
     return agent.state_dict() if hasattr(agent, "state_dict") else {}
 
 
-def _restore(ckpt: Path, agent: Agent, env: VecEnv, progress: _Progress, seed: int) -> None:
+def _restore(ckpt: Path, agent: Agent, env: VecEnv, progress: _Progress, seed: int) -> int | None:
+    """Load checkpoint ``ckpt`` into the agent, env and counters; returns the count of metrics rows it
+    recorded (None for a checkpoint written before postrl recorded it)."""
     from postrl.control import dist
     from postrl.runtime.checkpoint import load_checkpoint
 
@@ -285,6 +305,7 @@ def _restore(ckpt: Path, agent: Agent, env: VecEnv, progress: _Progress, seed: i
             file=sys.stderr,
         )
         env.reset(seed=reseed)
+    return extra.get("metrics_rows")
 
 
 @torch.no_grad()

@@ -64,6 +64,20 @@ class TRPOConfig:
     critic_batch_size: int = 128
     """Minibatch size of the critic regression."""
 
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "n_steps": ">= 1",
+        "gamma": "[0, 1]",
+        "lam": "[0, 1]",
+        "max_kl": "> 0",
+        "cg_iters": ">= 1",
+        "cg_damping": ">= 0",
+        "max_backtracks": ">= 0",
+        "accept_ratio": "[0, 1]",
+        "critic_lr": "> 0",
+        "critic_epochs": ">= 0",
+        "critic_batch_size": ">= 1",
+    }
+
 
 @dataclass(frozen=True)
 class Config:

@@ -52,17 +52,19 @@ from postrl.lm.grpo_rollouts import (
     collect,
 )
 from postrl.lm.grpo_rollouts import overlong_penalty as overlong_penalty
-from postrl.lm.models import load_causal_lm, resolve_dtype
+from postrl.lm.models import check_context, load_causal_lm, resolve_dtype
 from postrl.lm.rewards import combine, load_reward_fns
 from postrl.lm.rollout import token_log_probs as _token_log_probs
 from postrl.lm.shared_prefix import response_logits
 from postrl.lm.trainer import OptimConfig as OptimConfig
 from postrl.lm.trainer import _clip, _nullcontext, export_on_main, make_optimizer, set_threads
 from postrl.runtime import distributed as dist
-from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from postrl.runtime.checkpoint import load_checkpoint, save_checkpoint
+from postrl.runtime.config import validate
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import RunLogger, read_jsonl
 from postrl.runtime.progress import Progress
+from postrl.runtime.rundir import open_run
 from postrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -291,6 +293,10 @@ def _build_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
             raise UserError(f"verifier {cfg.verifier!r} is not one of the rewards {specs}")
         fns = [replace(f, is_verifier=f.name == cfg.verifier) for f in fns]
     train, heldout = _load_prompts(cfg, tokenizer)
+    longest, new = max(len(ids) for ids in train.ids + heldout.ids), cfg.sampling.max_new_tokens
+    check_context(
+        policy, longest + new, f"the longest prompt ({longest} tokens) + sampling.max_new_tokens ({new})"
+    )
     if len(train.rows) < cfg.grpo.prompts_per_step and not cfg.grpo.repeat_prompts:
         raise UserError(
             f"{cfg.data}: {len(train.rows)} prompts for grpo.prompts_per_step={cfg.grpo.prompts_per_step}; "
@@ -300,7 +306,7 @@ def _build_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
     return Run(cfg, policy, ref, tokenizer, fns, train, heldout, info.device)
 
 
-def _save(run_dir: Path, run: Run, optimizer, scheduler, state: GRPOState) -> None:
+def _save(run_dir: Path, run: Run, optimizer, scheduler, state: GRPOState, metrics_rows: int) -> None:
     weights, opt_state = dist.saved_state(run.policy, optimizer)  # gathered on rank 0 under fsdp
     if dist.is_main():
         save_checkpoint(
@@ -314,16 +320,15 @@ def _save(run_dir: Path, run: Run, optimizer, scheduler, state: GRPOState) -> No
                 "train_seconds": state.train_seconds,
                 "generated_tokens": state.generated_tokens,
                 "start_eval": state.start_eval,
+                "metrics_rows": metrics_rows,
             },
             keep_last=run.cfg.keep_last,
         )
     dist.barrier()
 
 
-def _restore(run_dir: Path, run: Run, optimizer, scheduler, logger: RunLogger) -> GRPOState:
-    last = latest_checkpoint(run_dir / "checkpoints")
-    if last is None:
-        return GRPOState()
+def _restore(last: Path, run: Run, optimizer, scheduler, logger: RunLogger) -> GRPOState:
+    """The state of checkpoint ``last``; metrics.jsonl is cut back to what it held then."""
     sharded = dist.is_sharded(run.policy)
     loaded = load_checkpoint(
         last,
@@ -334,7 +339,7 @@ def _restore(run_dir: Path, run: Run, optimizer, scheduler, logger: RunLogger) -
     if sharded:
         dist.load_sharded(last, run.policy, optimizer, "policy", "opt")
     extra = loaded["extra"]
-    logger.truncate_after(loaded["step"])
+    logger.resume_at(loaded["step"], extra.get("metrics_rows"))
     return GRPOState(
         loaded["step"],
         int(extra["position"]),
@@ -377,7 +382,7 @@ def _loop(run: Run, optimizer, scheduler, state: GRPOState, logger: RunLogger, r
                 logger.log(state.step, evals)
                 bar.write(f"grpo step {state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in evals.items()))
             if done or (cfg.save_every and state.step % cfg.save_every == 0):
-                _save(run_dir, run, optimizer, scheduler, state)
+                _save(run_dir, run, optimizer, scheduler, state, logger.rows)
             if done:
                 break
     return {"metrics": metrics, "evals": evals}
@@ -416,17 +421,21 @@ def plot_run(run_dir: Path) -> Path | None:
     return plot_curves(rows, keys, run_dir / "curves.png", title="GRPO")
 
 
-def run_grpo(cfg: GRPOConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
-    """Train with GRPO, export ``RUN_DIR/model`` (HF format), write the run folder, return the summary."""
+def run_grpo(
+    cfg: GRPOConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
+    """Train with GRPO, export ``RUN_DIR/model`` (HF format), write the run folder, return the summary.
+    Models, prompts and reward functions are loaded and checked before the run folder is touched."""
     run_dir = Path(run_dir)
+    validate(cfg)
     info = dist.init_distributed(cfg.device)
     _check_config(cfg, info.world_size)
     set_threads(cfg.threads)
     seed_everything(cfg.seed, info.rank)
-    logger = RunLogger(run_dir, cfg, tensorboard=cfg.tensorboard, enabled=info.is_main, resume=resume)
     run = _build_run(cfg, info)
+    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.tensorboard)
     optimizer, scheduler = make_optimizer(run.inner, cfg.optim, cfg.max_steps)
-    state = _restore(run_dir, run, optimizer, scheduler, logger) if resume else GRPOState()
+    state = GRPOState() if ckpt is None else _restore(ckpt, run, optimizer, scheduler, logger)
     result = _loop(run, optimizer, scheduler, state, logger, run_dir)
     export_on_main(run.policy, run.tokenizer, run_dir / "model")
     if info.is_main:

@@ -52,6 +52,21 @@ class GRPOLossConfig:
     repeat_prompts: bool = False
     """Allow a prompt to appear twice in one step (needed when the data has fewer than B prompts)."""
 
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "group_size": ">= 2",
+        "prompts_per_step": ">= 1",
+        "mu": ">= 1",
+        "minibatches": ">= 1",
+        "micro_batch_size": ">= 0",
+        "clip_eps": "> 0",
+        "clip_eps_high": "> 0",
+        "beta": ">= 0",
+        "adv_eps": ">= 0",
+        "max_refills": ">= 0",
+        "overlong_buffer": ">= 0",
+        "overlong_penalty": ">= 0",
+    }
+
 
 @dataclass(frozen=True)
 class GRPOConfig:
@@ -122,3 +137,16 @@ class GRPOConfig:
     """Run the model repository's own code (only for models you trust)."""
     tensorboard: bool = False
     """Also write TensorBoard event files."""
+
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "max_prompt_length": ">= 1",
+        "max_steps": ">= 1",
+        "max_seconds": "> 0",
+        "eval_every": ">= 0",
+        "eval_prompts": ">= 0",
+        "save_every": ">= 0",
+        "keep_last": ">= 0",
+        "log_every": ">= 1",
+        "seed": ">= 0",
+        "threads": ">= 1",
+    }

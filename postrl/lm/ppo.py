@@ -38,6 +38,7 @@ from postrl.lm.ppo_setup import PPORun, PPOState, seeded_generator
 from postrl.lm.rollout import SamplingConfig, token_log_probs
 from postrl.lm.trainer import OptimConfig
 from postrl.runtime import distributed as dist
+from postrl.runtime.config import validate
 from postrl.runtime.errors import UserError
 
 CRITICS = ("reward_model", "sft", "shared")
@@ -62,6 +63,16 @@ class PPOLossConfig:
     ent_coef: float = 0.0
     """Weight of the entropy bonus."""
 
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "epochs": ">= 1",
+        "minibatches": ">= 1",
+        "grad_accum": ">= 1",
+        "clip_eps": "> 0",
+        "vf_clip": "> 0",
+        "vf_coef": ">= 0",
+        "ent_coef": ">= 0",
+    }
+
 
 @dataclass(frozen=True)
 class PtxConfig:
@@ -75,6 +86,8 @@ class PtxConfig:
     """Examples per minibatch."""
     max_length: int = 64
     """Longest example in tokens (longer ones are dropped)."""
+
+    CHECKS = {"coef": ">= 0", "batch_size": ">= 1", "max_length": ">= 2"}  # valid ranges
 
 
 @dataclass(frozen=True)
@@ -157,6 +170,19 @@ class PPOConfig:
     """Also write TensorBoard event files."""
     plots: bool = True
     """Write heldout.png and train.png at the end."""
+
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "max_prompt_length": ">= 1",
+        "steps": ">= 1",
+        "batch_size": ">= 1",
+        "eval_every": ">= 0",
+        "eval_samples": ">= 1",
+        "save_every": ">= 0",
+        "keep_last": ">= 0",
+        "log_every": ">= 1",
+        "seed": ">= 0",
+        "threads": ">= 1",
+    }
 
 
 # ---- the loss --------------------------------------------------------------------------------------------
@@ -385,23 +411,27 @@ def _ptx_loss(run: PPORun, state: PPOState):
     return loss
 
 
-def run_ppo(cfg: PPOConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
+def run_ppo(
+    cfg: PPOConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
     """Train with PPO-RLHF; writes the run folder (metrics, plots, checkpoints) and ``RUN_DIR/model``;
-    returns the summary."""
+    returns the summary. Every model, the prompts and the reward functions are loaded and checked before
+    the run folder is touched."""
     from postrl.lm import ppo_setup as setup
     from postrl.lm.trainer import iterate_batches, set_threads
-    from postrl.runtime.logging import RunLogger
     from postrl.runtime.progress import Progress
+    from postrl.runtime.rundir import open_run
     from postrl.runtime.seeding import seed_everything
 
+    validate(cfg)
     check_config(cfg)
     run_dir = Path(run_dir)
     info = dist.init_distributed(cfg.device)
     set_threads(cfg.threads)
     seed_everything(cfg.seed, info.rank)
-    logger = RunLogger(run_dir, cfg, tensorboard=cfg.tensorboard, enabled=info.is_main, resume=resume)
     run = setup.build_run(cfg, info)
-    state = setup.restore_state(run_dir, run, logger) if resume else PPOState()
+    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.tensorboard)
+    state = PPOState() if ckpt is None else setup.restore_state(ckpt, run, logger)
 
     def heldout_eval() -> dict[str, float]:
         r = run.roles
@@ -434,7 +464,7 @@ def run_ppo(cfg: PPOConfig, run_dir: str | Path, resume: bool = False) -> dict[s
                 out = heldout_eval()
                 bar.write(f"ppo step {state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in out.items()))
             if done or (cfg.save_every and state.step % cfg.save_every == 0):
-                setup.save_state(run_dir, run, state)
+                setup.save_state(run_dir, run, state, logger.rows)
     setup.export_models(run, run_dir)
     if info.is_main and cfg.plots:
         setup.plot_run(run_dir)

@@ -272,6 +272,7 @@ def build_run(cfg: PPOConfig, info: dist.DistInfo) -> PPORun:
     else:
         kl_ctl = FixedKLController(cfg.kl.beta)
     prompts, heldout = load_prompts(cfg, tokenizer)
+    check_lengths(cfg, roles.actor)
     return PPORun(
         cfg,
         roles,
@@ -291,7 +292,17 @@ def build_run(cfg: PPOConfig, info: dist.DistInfo) -> PPORun:
     )
 
 
-def save_state(run_dir: Path, run: PPORun, state: PPOState) -> None:
+def check_lengths(cfg: Any, actor: Any) -> None:
+    """Prompt + response (and the ptx examples) must fit the actor's context."""
+    from postrl.lm.models import check_context
+
+    p, t = cfg.max_prompt_length, cfg.sampling.max_new_tokens
+    check_context(actor, p + t, f"max_prompt_length ({p}) + sampling.max_new_tokens ({t})")
+    if cfg.ptx.coef:
+        check_context(actor, cfg.ptx.max_length, f"ptx.max_length ({cfg.ptx.max_length})")
+
+
+def save_state(run_dir: Path, run: PPORun, state: PPOState, metrics_rows: int) -> None:
     from postrl.runtime.checkpoint import save_checkpoint
 
     saved = {k: dist.saved_state(m, run.optimizers[k]) for k, m in run.parts.items()}  # gathered under fsdp
@@ -309,19 +320,18 @@ def save_state(run_dir: Path, run: PPORun, state: PPOState) -> None:
                 "reward_norm": run.norm_stats or {},
                 "history": state.history,
                 "totals": state.totals,
+                "metrics_rows": metrics_rows,
             },
             keep_last=run.cfg.keep_last,
         )
     dist.barrier()
 
 
-def restore_state(run_dir: Path, run: PPORun, logger: Any) -> PPOState:
-    """The state of the last checkpoint (weights, optimisers, schedules, β, reward statistics, RNGs)."""
-    from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint
+def restore_state(last: Path, run: PPORun, logger: Any) -> PPOState:
+    """The state of checkpoint ``last`` (weights, optimisers, schedules, β, reward statistics, RNGs);
+    metrics.jsonl is cut back to what it held then."""
+    from postrl.runtime.checkpoint import load_checkpoint
 
-    last = latest_checkpoint(run_dir / "checkpoints")
-    if last is None:
-        return PPOState()
     if dist.is_sharded(run.parts["actor"]):  # (fsdp with a separate critic: both parts are FSDP roots)
         loaded = load_checkpoint(last, schedulers=run.schedulers)
         for name, module in run.parts.items():
@@ -333,7 +343,7 @@ def restore_state(run_dir: Path, run: PPORun, logger: Any) -> PPOState:
     extra = loaded["extra"]
     run.kl_ctl.load_state_dict(extra["kl"])
     run.norm_stats = dict(extra["reward_norm"]) or None  # the statistics the run started with
-    logger.truncate_after(loaded["step"])
+    logger.resume_at(loaded["step"], extra.get("metrics_rows"))
     return PPOState(
         loaded["step"],
         int(extra["position"]),

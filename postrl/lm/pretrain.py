@@ -15,13 +15,15 @@ from postrl.lm.models import TinyLMConfig, build_tiny_lm
 from postrl.lm.trainer import (
     OptimConfig,
     TrainConfig,
+    check_train_length,
     export_on_main,
     prepare_examples,
     run_training,
     set_threads,
 )
 from postrl.runtime import distributed as dist
-from postrl.runtime.logging import RunLogger
+from postrl.runtime.config import validate
+from postrl.runtime.rundir import open_run
 from postrl.runtime.seeding import seed_everything
 
 
@@ -58,6 +60,8 @@ class PretrainConfig:
     tensorboard: bool = False
     """Also write TensorBoard event files."""
 
+    CHECKS = {"vocab_size": ">= 1", "corpus_lines": ">= 1"}
+
 
 def corpus_and_heldout(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
     """Train text (the corpus) and held-out text (the tasks' test-split demonstrations)."""
@@ -69,16 +73,19 @@ def corpus_and_heldout(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
     return corpus, heldout
 
 
-def run_pretrain(cfg: PretrainConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
-    """Train and export ``RUN_DIR/model``; writes the run folder and returns the summary."""
+def run_pretrain(
+    cfg: PretrainConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
+    """Train and export ``RUN_DIR/model``; writes the run folder and returns the summary. The corpus,
+    tokenizer and model are built and checked before the run folder is touched."""
     from postrl.lm.data import tokenize_sft
     from postrl.lm.tokenizer import build_tokenizer
 
     run_dir = Path(run_dir)
+    validate(cfg)
     info = dist.init_distributed(cfg.device)
     set_threads(cfg.threads)
     seed_everything(cfg.train.seed, info.rank)
-    logger = RunLogger(run_dir, cfg, tensorboard=cfg.tensorboard, enabled=info.is_main, resume=resume)
     corpus, heldout = corpus_and_heldout(cfg)
     tokenizer = build_tokenizer(
         corpus, vocab_size=cfg.vocab_size, model_max_length=cfg.model.max_position_embeddings
@@ -95,6 +102,8 @@ def run_pretrain(cfg: PretrainConfig, run_dir: str | Path, resume: bool = False)
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
     ).to(info.device)
+    check_train_length(model, cfg.train)
+    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.tensorboard)
     ddp = dist.wrap_model(model, info, cfg.train.parallel)
     n_tokens = sum(len(e["input_ids"]) for e in train)
     result = run_training(
@@ -107,14 +116,8 @@ def run_pretrain(cfg: PretrainConfig, run_dir: str | Path, resume: bool = False)
         logger,
         device=info.device,
         desc="pretrain",
-        resume=resume,
+        resume=ckpt,
     )
     export_on_main(ddp, tokenizer, run_dir / "model")
     n_params = sum(p.numel() for p in model.parameters())
-    return logger.finish(
-        {
-            **result,
-            "n_params": n_params,
-            "corpus_tokens": n_tokens,
-        }
-    )
+    return logger.finish({**result, "n_params": n_params, "corpus_tokens": n_tokens})

@@ -38,16 +38,17 @@ from postrl.lm.trainer import (
     _micro_batches,
     _resume,
     _save,
+    check_train_length,
     iterate_batches,
     make_optimizer,
     set_threads,
     to_device,
 )
 from postrl.runtime import distributed as dist
-from postrl.runtime.checkpoint import latest_checkpoint
+from postrl.runtime.config import validate
 from postrl.runtime.errors import UserError
-from postrl.runtime.logging import RunLogger
 from postrl.runtime.progress import Progress
+from postrl.runtime.rundir import open_run
 from postrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ class NormConfig:
     """Longest sampled response (use PPO's)."""
     temperature: float = 1.0
     """Sampling temperature (use PPO's)."""
+
+    CHECKS = {"samples": ">= 0", "max_new_tokens": ">= 1", "temperature": "> 0"}  # valid ranges
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,8 @@ class RMConfig:
     """Also write TensorBoard event files."""
     plots: bool = True
     """Write curves.png at the end."""
+
+    CHECKS = {"eval_pairs": ">= 0", "ece_bins": ">= 1", "threads": ">= 1"}  # valid ranges
 
 
 # ---- data ----------------------------------------------------------------------------------------------
@@ -269,18 +274,21 @@ class _nullcontext:
         return None
 
 
-def run_rm(cfg: RMConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
-    """Train the reward model, export ``RUN_DIR/model`` (+ ``reward_norm.json``), return the summary."""
+def run_rm(
+    cfg: RMConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
+    """Train the reward model, export ``RUN_DIR/model`` (+ ``reward_norm.json``), return the summary.
+    The model and the pairs are loaded and checked before the run folder is touched."""
     from postrl.lm.models import ScalarHeadModel, resolve_dtype
     from postrl.lm.tokenizer import load_tokenizer
 
     run_dir = Path(run_dir)
+    validate(cfg)
+    if cfg.train.packing:
+        raise UserError("train.packing does not apply to a reward model (pairs are scored whole)")
     info = dist.init_distributed(cfg.device)
     set_threads(cfg.threads)
     seed_everything(cfg.train.seed, info.rank)
-    if cfg.train.packing:
-        raise UserError("train.packing does not apply to a reward model (pairs are scored whole)")
-    logger = RunLogger(run_dir, cfg, tensorboard=cfg.tensorboard, enabled=info.is_main, resume=resume)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     rm = ScalarHeadModel.from_pretrained(
         cfg.model,
@@ -290,6 +298,7 @@ def run_rm(cfg: RMConfig, run_dir: str | Path, resume: bool = False) -> dict[str
         new_head=True,
         seed=cfg.train.seed,
     )
+    check_train_length(rm, cfg.train)
     rows, heldout, task = load_pair_rows(cfg, tokenizer)
     train = tokenize_pairs(rows, tokenizer, cfg.train.max_length, cfg.train.overlong)
     evals = tokenize_pairs(heldout, tokenizer, cfg.train.max_length, "drop")[: cfg.eval_pairs]
@@ -309,9 +318,10 @@ def run_rm(cfg: RMConfig, run_dir: str | Path, resume: bool = False) -> dict[str
             rm, evals, pad_id, info.device, loss, gold=gold, gold_tie=gold_tie, bins=cfg.ece_bins
         )
 
+    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.tensorboard)
     model = dist.wrap_model(rm, info, cfg.train.parallel, forward_methods=("score",))
     state, optimizer, scheduler = _train_loop(
-        model, rm, train, cfg, loss, pad_id, info, run_dir, logger, evaluate, resume
+        model, rm, train, cfg, loss, pad_id, info, run_dir, logger, evaluate, ckpt
     )
     metrics = evaluate() if evals else {}
     logger.log(state.step, metrics)
@@ -341,16 +351,16 @@ def run_rm(cfg: RMConfig, run_dir: str | Path, resume: bool = False) -> dict[str
     return logger.finish(summary)
 
 
-def _train_loop(model, rm, train, cfg: RMConfig, loss, pad_id, info, run_dir, logger, evaluate, resume):
-    """Optimiser steps over pairs in a (seed, epoch) order, periodic evaluation, checkpoints, resume."""
+def _train_loop(model, rm, train, cfg: RMConfig, loss, pad_id, info, run_dir, logger, evaluate, ckpt):
+    """Optimiser steps over pairs in a (seed, epoch) order, periodic evaluation, checkpoints, resume from
+    checkpoint folder ``ckpt`` (None: from step 0)."""
     c = cfg.train
     optimizer, scheduler = make_optimizer(rm, c.optim, c.max_steps)
     state = LoopState()
     ckpt_root = run_dir / "checkpoints"
-    last = latest_checkpoint(ckpt_root) if resume else None
-    if last is not None:
-        state = _resume(last, model, optimizer, scheduler)
-        logger.truncate_after(state.step)
+    if ckpt is not None:
+        state, rows = _resume(ckpt, model, optimizer, scheduler)
+        logger.resume_at(state.step, rows)
     batches = iterate_batches(len(train), c.batch_size, c.seed, start=state.position)
     model.train()
     with Progress(c.max_steps, "rm", initial=state.step, disable=None if info.is_main else True) as bar:
@@ -369,7 +379,10 @@ def _train_loop(model, rm, train, cfg: RMConfig, loss, pad_id, info, run_dir, lo
                 logger.log(state.step, metrics)
                 bar.write(f"rm step {state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
             if done or (c.save_every and state.step % c.save_every == 0):
-                _save(ckpt_root, state, model, optimizer, scheduler, c, hf_folder=False)
+                _save(
+                    ckpt_root, state, model, optimizer, scheduler, c,
+                    hf_folder=False, metrics_rows=logger.rows,
+                )  # fmt: skip
     return state, optimizer, scheduler
 
 

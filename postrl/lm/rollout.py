@@ -321,6 +321,8 @@ class SamplingConfig:
     greedy: bool = False
     """take the argmax instead of sampling (evaluation)"""
 
+    CHECKS = {"max_new_tokens": ">= 1", "temperature": "> 0", "top_k": ">= 0", "top_p": "(0, 1]"}
+
 
 class RolloutEngine:
     """Tokenise prompts with left padding, `generate`, and decode the responses.

@@ -8,10 +8,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from postrl.lm.trainer import TrainConfig, export_on_main, prepare_examples, run_training, set_threads
+from postrl.lm.trainer import (
+    TrainConfig,
+    check_train_length,
+    export_on_main,
+    prepare_examples,
+    run_training,
+    set_threads,
+)
 from postrl.runtime import distributed as dist
+from postrl.runtime.config import validate
 from postrl.runtime.errors import UserError
-from postrl.runtime.logging import RunLogger
+from postrl.runtime.rundir import open_run
 from postrl.runtime.seeding import seed_everything
 
 
@@ -49,6 +57,13 @@ class SFTConfig:
     """Run the model repository's own code (only for models you trust)."""
     tensorboard: bool = False
     """Also write TensorBoard event files."""
+
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "eval_prompts": ">= 0",
+        "eval_max_new_tokens": ">= 1",
+        "stop_accuracy": "[0, 1]",
+        "threads": ">= 1",
+    }
 
 
 def task_options(cfg_task: dict[str, Any], name: str, n_tasks: int) -> dict[str, Any]:
@@ -102,28 +117,33 @@ def accuracy_callback(tasks: list[Any], tokenizer: Any, cfg: SFTConfig):
     return evaluate
 
 
-def run_sft(cfg: SFTConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
-    """Fine-tune, export ``RUN_DIR/model`` (HF format), write the run folder, return the summary."""
+def run_sft(
+    cfg: SFTConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
+    """Fine-tune, export ``RUN_DIR/model`` (HF format), write the run folder, return the summary.
+
+    Everything is loaded and checked before the run folder is touched (`postrl.runtime.rundir`)."""
     from postrl.lm.data import tokenize_sft
     from postrl.lm.models import load_causal_lm, resolve_dtype
     from postrl.lm.tokenizer import load_tokenizer
 
     run_dir = Path(run_dir)
+    validate(cfg)
     info = dist.init_distributed(cfg.device)
     set_threads(cfg.threads)
     seed_everything(cfg.train.seed, info.rank)
-    logger = RunLogger(run_dir, cfg, tensorboard=cfg.tensorboard, enabled=info.is_main, resume=resume)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     model = load_causal_lm(
         cfg.model, dtype=resolve_dtype(cfg.dtype), device=info.device, trust_remote_code=cfg.trust_remote_code
     )
+    check_train_length(model, cfg.train)
     rows, heldout, tasks = load_sft_rows(cfg, tokenizer)
     train = prepare_examples(
         tokenize_sft(rows, tokenizer, cfg.train.max_length, cfg.train.overlong), cfg.train
     )
     evals = tokenize_sft(heldout, tokenizer, cfg.train.max_length, "truncate")
     if not train:
-        raise UserError(f"{cfg.data}: no SFT example fits max_length={cfg.train.max_length}")
+        raise UserError(f"{cfg.data}: no SFT example fits train.max_length={cfg.train.max_length}")
     evaluate = accuracy_callback(tasks, tokenizer, cfg)
     stop = None
     if cfg.stop_accuracy is not None and evaluate is not None:
@@ -131,6 +151,7 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path, resume: bool = False) -> dict[s
         def stop(metrics: dict[str, float]) -> bool:
             return metrics.get("heldout_accuracy", 0.0) >= cfg.stop_accuracy
 
+    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.tensorboard)
     result = run_training(
         dist.wrap_model(model, info, cfg.train.parallel),
         tokenizer,
@@ -143,7 +164,7 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path, resume: bool = False) -> dict[s
         desc="sft",
         evaluate=evaluate,
         should_stop=stop,
-        resume=resume,
+        resume=ckpt,
     )
     export_on_main(model, tokenizer, run_dir / "model")
     return logger.finish({**result, "train_examples": len(train)})

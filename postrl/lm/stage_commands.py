@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from postrl.runtime.errors import UserError
+
 # stage name → (module, config class, run function, help, {flag: config key})
 STAGES: dict[str, tuple[str, str, str, str, dict[str, str]]] = {
     "pretrain": (
@@ -85,10 +87,11 @@ def _run_stage(name: str):
             print(format_help(getattr(mod, cls_name)))
             return 0
         if args.out is None:
-            raise SystemExit(f"postrl {name}: --out RUN_DIR is required")
+            raise UserError(f"postrl {name}: --out RUN_DIR is required (a new folder, or a run to --resume)")
         from postrl.runtime import distributed as dist
 
-        summary = getattr(mod, run_name)(stage_config(name, args), args.out, resume=args.resume)
+        run = getattr(mod, run_name)
+        summary = run(stage_config(name, args), args.out, resume=args.resume, overwrite=args.overwrite)
         if dist.is_main():  # under torchrun, one summary line
             print(json.dumps(summary))
         dist.cleanup()
@@ -112,7 +115,15 @@ def add_stage_parser(subparsers: Any, name: str) -> argparse.ArgumentParser:
     parser.add_argument("--out", default=None, metavar="RUN_DIR", help="run folder (required)")
     parser.add_argument("--config", default=None, metavar="FILE.yaml", help="YAML config")
     parser.add_argument(
-        "--resume", action="store_true", help="continue from RUN_DIR's last checkpoint (with its config.yaml)"
+        "--resume",
+        action="store_true",
+        help="continue the run in RUN_DIR from its last intact checkpoint, with its config.yaml and any "
+        "key=value overrides (e.g. more steps); a run killed before its first checkpoint starts over",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in a RUN_DIR that holds a run: the old run is deleted once the new input is checked",
     )
     parser.add_argument("--list-keys", action="store_true", help="print every config key and exit")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")

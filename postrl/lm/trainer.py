@@ -53,6 +53,15 @@ class OptimConfig:
     max_grad_norm: float | None = 1.0
     """Global gradient-norm clip; null turns it off."""
 
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "lr": "> 0",
+        "min_lr_ratio": "[0, 1]",
+        "warmup_steps": ">= 0",
+        "weight_decay": ">= 0",
+        "betas": "[0, 1)",
+        "max_grad_norm": "> 0",
+    }
+
 
 def cosine_schedule(warmup_steps: int, total_steps: int, min_lr_ratio: float) -> Callable[[int], float]:
     """LR multiplier at optimiser step s: s/warmup during warmup, then cosine from 1 to min_lr_ratio."""
@@ -129,6 +138,20 @@ class TrainConfig:
     parallel: str = "ddp"
     """Under torchrun: ddp (replicate the model) or fsdp (shard parameters, gradients and optimiser state
     with FSDP2, for models one device cannot hold). No effect in one process."""
+
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "max_steps": ">= 1",
+        "batch_size": ">= 1",
+        "grad_accum": ">= 1",
+        "max_length": ">= 2",
+        "eval_every": ">= 0",
+        "eval_examples": ">= 0",
+        "save_every": ">= 0",
+        "keep_last": ">= 0",
+        "seed": ">= 0",
+        "log_every": ">= 1",
+        "max_seconds": "> 0",
+    }
 
 
 def token_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,19 +299,23 @@ def run_training(
     desc: str = "sft",
     evaluate: Callable[[torch.nn.Module], dict[str, float]] | None = None,
     should_stop: Callable[[dict[str, float]], bool] | None = None,
-    resume: bool = False,
+    resume: bool | Path | None = False,
 ) -> dict[str, float]:
     """The loop: batches in a (seed, epoch) order, optimiser steps, periodic held-out loss (and the
-    ``evaluate`` callback, e.g. accuracy), atomic checkpoints, exact resume. Returns the last evaluation."""
+    ``evaluate`` callback, e.g. accuracy), atomic checkpoints, exact resume. Returns the last evaluation.
+
+    ``resume``: the checkpoint folder to continue from (what `postrl.runtime.rundir.open_run` returns), or
+    True for the newest one under ``run_dir/checkpoints``."""
     if not train_examples:
         raise ValueError("no training examples left after tokenisation and the length limit")
     inner = dist.unwrap(model)
     optimizer, scheduler = make_optimizer(inner, cfg.optim, cfg.max_steps)
     ckpt_root = run_dir / "checkpoints"
-    last = latest_checkpoint(ckpt_root) if resume else None
-    state = _resume(last, model, optimizer, scheduler) if last is not None else LoopState()
+    last = latest_checkpoint(ckpt_root) if resume is True else (resume or None)
+    state = LoopState()
     if last is not None:
-        logger.truncate_after(state.step)
+        state, rows = _resume(last, model, optimizer, scheduler)
+        logger.resume_at(state.step, rows)
     eval_batches = [
         make_batches(eval_examples[i : i + 64], tokenizer.pad_token_id)
         for i in range(0, min(len(eval_examples), cfg.eval_examples), 64)
@@ -326,7 +353,7 @@ def run_training(
                 if should_stop is not None and should_stop(metrics):
                     done = True
             if done or (cfg.save_every and state.step % cfg.save_every == 0):
-                _save(ckpt_root, state, model, optimizer, scheduler, cfg, tokenizer)
+                _save(ckpt_root, state, model, optimizer, scheduler, cfg, tokenizer, metrics_rows=logger.rows)
             if done:
                 break
     return {**metrics, "steps": state.step, "train_tokens_per_second": tokens / max(train_seconds, 1e-9)}
@@ -349,8 +376,9 @@ def _evaluate(
     return dist.broadcast_object(metrics)
 
 
-def _resume(last: Path, model: torch.nn.Module, optimizer, scheduler) -> LoopState:
-    """Restore model, optimiser, schedule and this rank's RNG from checkpoint ``last`` (same world size)."""
+def _resume(last: Path, model: torch.nn.Module, optimizer, scheduler) -> tuple[LoopState, int | None]:
+    """Restore model, optimiser, schedule and this rank's RNG from checkpoint ``last`` (same world size);
+    returns the loop state and the count of metrics rows written before the checkpoint (None if unknown)."""
     from safetensors.torch import load_file
 
     sharded = dist.is_sharded(model)
@@ -368,7 +396,8 @@ def _resume(last: Path, model: torch.nn.Module, optimizer, scheduler) -> LoopSta
             f"(the weights in model.safetensors load anywhere)"
         )
     set_rng_state(ranks[dist.rank()])
-    return LoopState(step=loaded["step"], position=int(extra["position"]), best=dict(extra.get("best", {})))
+    state = LoopState(step=loaded["step"], position=int(extra["position"]), best=dict(extra.get("best", {})))
+    return state, extra.get("metrics_rows")
 
 
 def _save(
@@ -380,6 +409,7 @@ def _save(
     cfg: TrainConfig,
     tokenizer: Any = None,
     hf_folder: bool = True,
+    metrics_rows: int | None = None,
 ) -> None:
     """Checkpoint written by rank 0: full (gathered) weights as safetensors, so 1 process can load it,
     plus every rank's RNG state for an exact resume at the same world size. With the model's config and
@@ -404,7 +434,12 @@ def _save(
             modules={"model": weights},
             optimizers={"opt": opt_state},
             schedulers={"sched": scheduler},
-            extra={"position": state.position, "best": state.best, "rng_ranks": rng_ranks},
+            extra={
+                "position": state.position,
+                "best": state.best,
+                "rng_ranks": rng_ranks,
+                "metrics_rows": metrics_rows,
+            },
             keep_last=cfg.keep_last,
             write_files=hf_files,
         )
@@ -432,6 +467,13 @@ def export_on_main(model: torch.nn.Module, tokenizer: Any, path: Path) -> None:
     if dist.is_main():
         export_model(model, tokenizer, path, state_dict=state)
     dist.barrier()
+
+
+def check_train_length(model: Any, cfg: TrainConfig) -> None:
+    """``train.max_length`` must fit the model's context: positions past it have no embedding."""
+    from postrl.lm.models import check_context
+
+    check_context(model, cfg.max_length, f"train.max_length ({cfg.max_length})")
 
 
 def set_threads(threads: int | None) -> None:

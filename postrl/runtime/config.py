@@ -4,6 +4,12 @@ A config is a ``@dataclass(frozen=True)`` whose fields each carry a docstring (a
 the field); that docstring is the ``--help`` text. Nested dataclasses group fields per concern
 (``ppo.clip_eps``). Every key is checked: an unknown or mistyped key raises :class:`ConfigError` that
 names the dotted key and suggests the closest valid one.
+
+Every value is checked too. A config class may declare the valid range of its numeric fields in a class
+constant ``CHECKS = {"lr": "> 0", "gamma": "[0, 1]", "batch_size": ">= 1"}`` (open or closed intervals,
+or one comparison); a value outside it, and a NaN in any float field, is a :class:`ConfigError` that
+names the dotted key, the value and the valid range. :func:`validate` runs these checks on a config built
+in Python; :func:`from_dict` and :func:`load_config` run them on every config they build.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import math
+import re
 import textwrap
 import types
 import typing
@@ -188,12 +196,58 @@ def _with_field_default(value: Any, f: dataclasses.Field, tp: Any) -> Any:
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any] | None) -> T:
-    """Build config ``cls`` (a dataclass, possibly nested) from a plain mapping, checking every key."""
+    """Build config ``cls`` (a dataclass, possibly nested) from a plain mapping, checking every key and
+    every value (:func:`validate`)."""
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"a config must be a mapping of keys to values, got {type(data).__name__}")
-    return _from_dict(cls, data)
+    return validate(_from_dict(cls, data))
+
+
+_RANGE = re.compile(r"^([\[(])\s*(\S+)\s*,\s*(\S+)\s*([\])])$")
+_COMPARE = re.compile(r"^(>=|<=|>|<)\s*(\S+)$")
+
+
+def _in_range(x: float, spec: str) -> bool:
+    """Whether number ``x`` satisfies ``spec``: ``"> 0"``, ``">= 1"``, ``"[0, 1]"``, ``"(0, 1]"``, …"""
+    if m := _COMPARE.match(spec):
+        op, bound = m.group(1), float(m.group(2))
+        return {">": x > bound, ">=": x >= bound, "<": x < bound, "<=": x <= bound}[op]
+    m = _RANGE.match(spec)
+    if m is None:
+        raise ValueError(f"malformed range {spec!r}")  # a bug in a CHECKS table, not a user error
+    lo, hi = float(m.group(2)), float(m.group(3))
+    above = x > lo if m.group(1) == "(" else x >= lo
+    below = x < hi if m.group(4) == ")" else x <= hi
+    return above and below
+
+
+def _check_value(value: Any, spec: str | None, key: str) -> None:
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_value(item, spec, f"{key}[{i}]")
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if isinstance(value, float) and math.isnan(value):
+        raise ConfigError(f"'{key}' is NaN" + (f"; it must be {spec}" if spec else ""))
+    if spec is not None and not _in_range(value, spec):
+        raise ConfigError(f"'{key}' must be {spec}, got {value!r}")
+
+
+def validate(cfg: T, prefix: str = "") -> T:
+    """Check every numeric field of config ``cfg`` (and of its nested configs) against its class's
+    ``CHECKS`` ranges, and that no float is NaN; raise :class:`ConfigError` naming the dotted key.
+    Returns ``cfg``, so ``cfg = validate(Config(...))`` reads naturally."""
+    checks: Mapping[str, str] = getattr(type(cfg), "CHECKS", {})
+    for f in dataclasses.fields(cfg):  # type: ignore[arg-type]
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            validate(value, prefix=f"{prefix}{f.name}.")
+        else:
+            _check_value(value, checks.get(f.name), prefix + f.name)
+    return cfg
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -321,6 +375,7 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
     """``(dotted key, default, help)`` for every leaf field of config ``cls``: the override reference."""
     rows: list[tuple[str, str, str]] = []
     docs = field_help(cls)
+    checks: Mapping[str, str] = getattr(cls, "CHECKS", {})
     types_ = _field_types(cls)
     for f in dataclasses.fields(cls):
         tp = types_[f.name]
@@ -333,7 +388,10 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
             default = repr(f.default_factory())
         else:
             default = "(required)"
-        rows.append((prefix + f.name, default, docs.get(f.name, "")))
+        doc = docs.get(f.name, "")
+        if f.name in checks:
+            doc = f"{doc} (valid: {checks[f.name]})".strip()
+        rows.append((prefix + f.name, default, doc))
     return rows
 
 

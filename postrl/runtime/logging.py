@@ -38,6 +38,19 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def read_run_rows(path: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl of a run being resumed: a last line torn by a kill mid-write is dropped, not an error."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rows = []
+    for lineno, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if lineno < len(lines):
+                raise ValueError(f"{path}:{lineno}: malformed JSON") from None
+    return rows
+
+
 def _jsonable(value: Any) -> Any:
     """Tensors and numpy numbers → python; NaN/inf → None (JSON has no NaN)."""
     if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
@@ -67,12 +80,14 @@ class RunLogger:
         self._start = time.perf_counter()
         self._time_offset = 0.0
         self._tb = None
+        self.rows = 0  # rows in metrics.jsonl: a checkpoint records it, a resume cuts the file back to it
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         if resume and self.metrics_path.exists():
-            rows = read_jsonl(self.metrics_path)
+            rows = read_run_rows(self.metrics_path)
+            self.rows = len(rows)
             self._time_offset = float(rows[-1].get("time", 0.0)) if rows else 0.0
         elif self.metrics_path.exists():
             self.metrics_path.unlink()
@@ -90,11 +105,19 @@ class RunLogger:
 
     def truncate_after(self, step: int) -> None:
         """Drop logged rows past ``step`` (a resumed run replays from its checkpoint's step)."""
+        self.resume_at(step)
+
+    def resume_at(self, step: int, rows: int | None = None) -> None:
+        """Cut metrics.jsonl back to what it held when the checkpoint being resumed was written: its first
+        ``rows`` rows (the count the checkpoint recorded), or, for a checkpoint without the count, the rows
+        up to ``step``. The resumed run then appends exactly what the uninterrupted run wrote next."""
         if not self.enabled or not self.metrics_path.exists():
             return
-        rows = [r for r in read_jsonl(self.metrics_path) if r.get("step", 0) <= step]
-        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
-        self._time_offset = float(rows[-1].get("time", 0.0)) if rows else 0.0
+        kept = read_run_rows(self.metrics_path)
+        kept = kept[:rows] if rows is not None else [r for r in kept if r.get("step", 0) <= step]
+        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+        self.rows = len(kept)
+        self._time_offset = float(kept[-1].get("time", 0.0)) if kept else 0.0
         self._start = time.perf_counter()
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
@@ -104,6 +127,7 @@ class RunLogger:
         row = {"step": int(step), "time": round(self.elapsed, 4), **_jsonable(metrics)}
         with open(self.metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
+        self.rows += 1
         if self._tb is not None:
             for key, value in row.items():
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):

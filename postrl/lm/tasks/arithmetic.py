@@ -89,6 +89,8 @@ class ArithmeticConfig:
     seed: int = 0
     """seed of the split partition and of the sampling"""
 
+    CHECKS = {"digits": ">= 1", "n_train": ">= 1", "n_test": ">= 1", "test_fraction": "(0, 1)"}
+
 
 class ArithmeticTask(Task):
     """Integer arithmetic with a verifier; reward 1.0 when the last number of a completion is correct."""

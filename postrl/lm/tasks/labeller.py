@@ -25,6 +25,8 @@ class LabellerConfig:
     temperature: float = 0.5
     """Bradley–Terry temperature (only for mode="bradley_terry")"""
 
+    CHECKS = {"noise": "[0, 1]", "tie_tolerance": ">= 0", "temperature": "> 0"}  # valid ranges
+
 
 class SyntheticLabeller:
     """Labels pairs from their gold rewards; deterministic given ``seed`` and the call order."""

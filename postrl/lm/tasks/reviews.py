@@ -56,6 +56,19 @@ class ReviewsConfig:
     seed: int = 0
     """seed of the split partition, the generators and the labeller"""
 
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "n_sft_train": ">= 1",
+        "n_sft_test": ">= 1",
+        "n_pairs_train": ">= 1",
+        "n_pairs_test": ">= 1",
+        "test_fraction": "(0, 1)",
+        "intensifier_prob": "[0, 1]",
+        "perturb_fraction": "[0, 1]",
+        "label_noise": "[0, 1]",
+        "tie_tolerance": ">= 0",
+        "bt_temperature": "> 0",
+    }
+
 
 def all_prompts() -> list[str]:
     """Every prompt of the review language, in a fixed order (180 of them).

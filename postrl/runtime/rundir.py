@@ -1,0 +1,124 @@
+"""How a command may use its run folder: new, resumed or overwritten, decided before anything is written.
+
+Every training command validates its whole input first (config, data, model, reward functions), then calls
+:func:`open_run`, which is the first thing that writes. The rules, the same for every command:
+
+- a missing or empty folder starts a new run;
+- a *finished* run (it has ``summary.json``) is never touched without a flag: ``--resume`` continues it
+  (e.g. with more steps), ``--overwrite`` starts over;
+- an *interrupted* run (a run folder without ``summary.json``) is continued by ``--resume`` from its last
+  intact checkpoint, or started over by ``--overwrite``; with no checkpoint yet it starts from step 0 with
+  ``metrics.jsonl`` emptied, so that the log is exactly an uninterrupted run's;
+- a non-empty folder that is not a postrl run is refused, flags or not (``--overwrite`` never deletes a
+  folder postrl did not write).
+
+``--overwrite`` deletes the previous run once the new input has been validated: the folder is renamed
+aside (one atomic step) and then removed, so a crash leaves either the old run or a fresh start.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from postrl.runtime import distributed as dist
+from postrl.runtime.checkpoint import latest_checkpoint
+from postrl.runtime.errors import UserError
+from postrl.runtime.logging import RunLogger
+
+Mode = Literal["new", "resume", "overwrite"]
+FINISHED = "summary.json"
+# Files a postrl run folder starts with; one of them marks a folder as a run (possibly interrupted).
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", FINISHED)
+
+
+def run_state(path: str | Path) -> Literal["missing", "empty", "finished", "interrupted", "foreign"]:
+    """What is at ``path``: nothing, an empty folder, a finished or interrupted run, or something else."""
+    path = Path(path)
+    if not path.exists():
+        return "missing"
+    if not path.is_dir():
+        return "foreign"
+    if (path / FINISHED).is_file():
+        return "finished"
+    if any((path / marker).exists() for marker in RUN_MARKERS):
+        return "interrupted"
+    visible = [p for p in path.iterdir() if not p.name.startswith(".")]
+    return "foreign" if visible else "empty"
+
+
+def check_run_dir(path: str | Path, *, resume: bool = False, overwrite: bool = False) -> Mode:
+    """How the command may use ``path`` (reads only); a :class:`UserError` says why it may not."""
+    path = Path(path)
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite exclude each other: continue the run, or start over")
+    state = run_state(path)
+    if state == "foreign":
+        what = "a file" if path.exists() and not path.is_dir() else "a folder that is not a postrl run"
+        raise UserError(f"--out {path} is {what}; refusing to write there: choose a new or empty folder")
+    if state in ("missing", "empty"):
+        return "new"
+    if resume:
+        return "resume"
+    if overwrite:
+        return "overwrite"
+    if state == "finished":
+        raise UserError(
+            f"{path} holds a finished run ({FINISHED}); pass --resume to continue it (e.g. with more "
+            "steps) or --overwrite to start over and replace it"
+        )
+    raise UserError(
+        f"{path} holds an interrupted run (no {FINISHED}); pass --resume to continue from its last "
+        "checkpoint or --overwrite to start over"
+    )
+
+
+def remove_run(path: Path) -> None:
+    """Delete run folder ``path`` crash-safely: rename it aside (atomic), then remove the renamed copy."""
+    aside = path.parent / f".old-{path.name}-{os.getpid()}"
+    os.replace(path, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _clean_leftovers(path: Path) -> None:
+    """Remove what a killed write left behind (temp folders and files, half-deleted checkpoints)."""
+    from postrl.runtime import checkpoint
+
+    for clean, root in (("clean_run_leftovers", path), ("clean_leftovers", path / "checkpoints")):
+        fn = getattr(checkpoint, clean, None)
+        if fn is not None:
+            fn(root)
+
+
+def open_run(
+    path: str | Path,
+    config: Any = None,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    tensorboard: bool = False,
+) -> tuple[RunLogger, Path | None]:
+    """Check, then prepare run folder ``path`` and open its logger: ``(logger, checkpoint to resume from)``.
+
+    Called by every rank after the input is validated; rank 0 writes, the others wait for it. The
+    checkpoint is the newest intact one when resuming (None: start from step 0, metrics emptied).
+    """
+    path = Path(path)
+    mode = check_run_dir(path, resume=resume, overwrite=overwrite)
+    dist.barrier()  # every rank has read the folder's state before rank 0 changes it
+    main = dist.is_main()
+    if main and mode == "overwrite":
+        remove_run(path)
+        print(f"postrl: --overwrite: removed the previous run in {path}", file=sys.stderr)
+    if main and mode == "resume":
+        _clean_leftovers(path)
+    dist.barrier()
+    ckpt = latest_checkpoint(path / "checkpoints") if mode == "resume" else None
+    if main and mode == "resume" and ckpt is None:
+        print(f"postrl: {path} has no checkpoint yet; starting it from step 0", file=sys.stderr)
+    logger = RunLogger(path, config, tensorboard=tensorboard, enabled=main, resume=ckpt is not None)
+    dist.barrier()
+    return logger, ckpt
