@@ -110,3 +110,96 @@ def test_a_nested_override_keeps_the_parents_other_defaults():
     cfg = load_config(Outer, None, ["optim.lr=0.5"])
     assert cfg.optim == Optim(lr=0.5, max_grad_norm=2.0)  # not Optim's own max_grad_norm=0.5
     assert from_dict(Outer, {"optim": {}}).optim == Optim(lr=1.0, max_grad_norm=2.0)
+
+
+# ---- value ranges (CHECKS) -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ranged:
+    lr: float = 1e-3
+    """Learning rate."""
+    gamma: float = 0.99
+    """Discount."""
+    batch_size: int = 8
+    """Batch."""
+    clip: float | None = None
+    """Clip (null: off)."""
+    hidden: tuple[int, ...] = (64, 64)
+    """Widths."""
+    free: float = 0.0
+    """No range."""
+
+    CHECKS = {"lr": "> 0", "gamma": "[0, 1]", "batch_size": ">= 1", "clip": "(0, 10)", "hidden": ">= 1"}
+
+
+@dataclass(frozen=True)
+class Holder:
+    inner: Ranged = field(default_factory=Ranged)
+    """Nested."""
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("inner.lr=0", r"'inner.lr' must be > 0, got 0"),
+        ("inner.lr=-1e-3", r"'inner.lr' must be > 0"),
+        ("inner.lr=.nan", r"'inner.lr' is NaN"),
+        ("inner.gamma=1.5", r"'inner.gamma' must be \[0, 1\], got 1.5"),
+        ("inner.batch_size=0", r"'inner.batch_size' must be >= 1, got 0"),
+        ("inner.clip=10", r"'inner.clip' must be \(0, 10\)"),
+        ("inner.hidden=[64,0]", r"'inner.hidden\[1\]' must be >= 1"),
+        ("inner.free=.nan", r"'inner.free' is NaN"),
+    ],
+)
+def test_values_outside_their_range_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(Holder, None, [override])
+
+
+def test_values_inside_their_range_pass():
+    cfg = load_config(Holder, None, ["inner.gamma=1", "inner.gamma=0", "inner.clip=null", "inner.free=-5"])
+    assert cfg.inner.gamma == 0 and cfg.inner.clip is None
+
+
+def test_validate_checks_a_config_built_in_python():
+    from postrl.runtime.config import validate
+
+    assert validate(Holder()).inner.lr == 1e-3
+    with pytest.raises(ConfigError, match="'inner.gamma'"):
+        validate(Holder(inner=Ranged(gamma=-0.1)))
+
+
+def test_help_shows_the_range():
+    assert "(valid: > 0)" in format_help(Holder)
+
+
+def test_every_shipped_config_default_is_valid():
+    """The ranges agree with every default and preset postrl ships."""
+    from pathlib import Path
+
+    from postrl.control.train import algorithm
+    from postrl.demo import DemoConfig
+    from postrl.lm.grpo import GRPOConfig
+    from postrl.lm.ppo import PPOConfig
+    from postrl.lm.pretrain import PretrainConfig
+    from postrl.lm.reward_model import RMConfig
+    from postrl.lm.sft import SFTConfig
+    from postrl.runtime.config import validate
+
+    for cls in (DemoConfig, GRPOConfig, PPOConfig, PretrainConfig, RMConfig, SFTConfig):
+        validate(cls())
+    for algo in ("reinforce", "a2c", "trpo", "ppo", "prefs"):
+        validate(algorithm(algo).Config())
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    for path in sorted(configs.glob("*.yaml")):
+        kind = path.stem.split("-")[0]
+        cls = {
+            "grpo": GRPOConfig,
+            "ppo": PPOConfig,
+            "rm": RMConfig,
+            "sft": SFTConfig,
+            "pretrain": PretrainConfig,
+        }
+        if kind in ("reinforce", "a2c", "trpo", "prefs") or (kind == "ppo" and "reviews" not in path.stem):
+            load_config(algorithm(kind).Config, path)
+        elif kind in cls:
+            load_config(cls[kind], path)
