@@ -21,9 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import constants as hf_constants
+from huggingface_hub.errors import HFValidationError
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from postrl.runtime.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -63,36 +67,89 @@ def gather_last(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Ten
 
 
 # ---- loading and building --------------------------------------------------------------------------------
-def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str:
-    """A torch dtype from "float32"/"bf16"/... or a dtype; "auto"/None keep the checkpoint's dtype."""
+class ModelError(UserError, ValueError):
+    """A model path, hub name or setting that cannot be loaded; the message names it and what would work."""
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, key: str = "dtype") -> torch.dtype | str:
+    """A torch dtype from "float32"/"bf16"/... or a dtype; "auto"/None keep the checkpoint's dtype.
+    An unknown name raises `ModelError` naming ``key`` and the valid names."""
     if dtype is None or dtype == "auto":
         return "auto"
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)} or 'auto'")
+        raise ModelError(
+            f"{key}: unknown dtype {dtype!r}; valid: float32, bfloat16, float16 (or fp32, bf16, fp16), "
+            "or auto (the checkpoint's own dtype)"
+        )
     return DTYPES[dtype]
 
 
-def _looks_local(path_or_name: str | Path) -> bool:
+def looks_like_path(path_or_name: str | Path) -> bool:
     """A filesystem path rather than a hub name ("org/model" has exactly one slash and no leading ./ or /)."""
     text = str(path_or_name)
     return isinstance(path_or_name, Path) or text.startswith(("/", ".", "~")) or text.count("/") > 1
 
 
-def _hub_kwargs(path_or_name: str | Path, dtype: Any, trust_remote_code: bool) -> dict[str, Any]:
-    local = Path(path_or_name).expanduser().is_dir()
-    if not local and _looks_local(path_or_name):
-        raise FileNotFoundError(f"no model directory at {path_or_name}")
-    return {"dtype": resolve_dtype(dtype), "trust_remote_code": trust_remote_code, "local_files_only": local}
+def model_source(path_or_name: str | Path, what: str = "model") -> tuple[str, bool]:
+    """(what to pass to ``from_pretrained``, whether it is a local folder), checked before any loading.
+
+    A folder must hold a ``config.json``; a path that does not exist is an error unless it can be a hub
+    name ("org/model"). Errors are `ModelError`s that name ``what`` (the config key) and the path.
+    """
+    path = Path(path_or_name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(
+                f"{what} '{path_or_name}': the folder has no config.json, so it is not a Hugging Face model "
+                "(expected a folder written by save_pretrained)"
+            )
+        return str(path), True
+    if path.exists():
+        raise ModelError(f"{what} '{path_or_name}': a file, not a model folder")
+    if looks_like_path(path_or_name):
+        raise ModelError(f"{what} '{path_or_name}': no such folder")
+    return str(path_or_name), False
 
 
-def _from_pretrained(auto_cls: Any, path_or_name: str | Path, **kwargs: Any) -> PreTrainedModel:
+def _first_line(err: BaseException) -> str:
+    return next((line for line in str(err).splitlines() if line.strip()), type(err).__name__).strip()
+
+
+def load_error(what: str, path_or_name: str | Path, local: bool, err: Exception) -> ModelError:
+    """The `ModelError` for a ``from_pretrained`` failure: transformers' OSError / ValueError / hub errors
+    turned into what the user can do about them."""
+    text, name = str(err), f"{what} '{path_or_name}'"
+    if "trust_remote_code" in text:
+        return ModelError(
+            f"{name} ships its own Python code; pass trust_remote_code=true only if you trust that "
+            "repository (its code runs on this machine)"
+        )
+    if "does not recognize this architecture" in text or "Unrecognized model" in text:
+        return ModelError(f"{name}: this transformers version cannot build it: {_first_line(err)}")
+    if not local and isinstance(err, HFValidationError):
+        return ModelError(f"{name}: no such folder, and not a valid hub name: {_first_line(err)}")
+    if not local and isinstance(err, OSError):
+        offline = (
+            " (HF_HUB_OFFLINE is set)" if hf_constants.is_offline_mode() else " (this machine is offline?)"
+        )
+        return ModelError(
+            f"{name}: no such folder; a hub name needs network access{offline}: {_first_line(err)}"
+        )
+    return ModelError(f"{name}: cannot load it: {_first_line(err)}")
+
+
+def _from_pretrained(
+    auto_cls: Any, path_or_name: str | Path, what: str, dtype: Any, trust_remote_code: bool
+) -> PreTrainedModel:
+    dtype = resolve_dtype(dtype)
+    source, local = model_source(path_or_name, what)
+    kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code, "local_files_only": local}
     try:
-        return auto_cls.from_pretrained(str(Path(path_or_name).expanduser()), **kwargs)
-    except OSError as err:
-        where = "local directory" if kwargs["local_files_only"] else "hub name (needs network access)"
-        raise OSError(f"could not load a model from {path_or_name!r} as a {where}: {err}") from err
+        return auto_cls.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as err:  # transformers' and the hub's errors for a bad path, name or file
+        raise load_error(what, path_or_name, local, err) from err
 
 
 def load_causal_lm(
@@ -101,15 +158,16 @@ def load_causal_lm(
     device: str | torch.device = "cpu",
     trust_remote_code: bool = False,
     disable_dropout: bool = True,
+    *,
+    what: str = "model",
 ) -> PreTrainedModel:
     """Any Hugging Face causal LM, from a local directory or (online) a hub name.
 
     ``trust_remote_code`` runs the repository's own Python and is therefore off unless the user asks.
     ``disable_dropout`` (default) zeroes every dropout, as RL needs log-probs that do not change between
-    sampling and training (Ziegler et al., 2019).
+    sampling and training (Ziegler et al., 2019). ``what`` is the config key, named in every error.
     """
-    kwargs = _hub_kwargs(path_or_name, dtype, trust_remote_code)
-    model = _from_pretrained(AutoModelForCausalLM, path_or_name, **kwargs).to(device)
+    model = _from_pretrained(AutoModelForCausalLM, path_or_name, what, dtype, trust_remote_code).to(device)
     if disable_dropout:
         set_dropout_off(model)
     return model
@@ -129,6 +187,14 @@ class TinyLMConfig:
     """MLP width"""
     max_position_embeddings: int = 512
     """longest sequence (RoPE positions)"""
+
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "n_layers": ">= 1",
+        "hidden_size": ">= 1",
+        "n_heads": ">= 1",
+        "intermediate_size": ">= 1",
+        "max_position_embeddings": ">= 2",
+    }
 
 
 def build_tiny_lm(
@@ -162,6 +228,68 @@ def build_tiny_lm(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return LlamaForCausalLM(llama)
+
+
+# ---- context length --------------------------------------------------------------------------------------
+CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "max_sequence_length",
+    "seq_length",
+    "n_ctx",
+)
+"""Config fields that hold a model's context length, in the order they are looked up."""
+
+
+def _context_entry(model_or_config: Any) -> tuple[int, str, str] | None:
+    """(positions, the config field, where the config lives) of a model, its config or its folder."""
+    if isinstance(model_or_config, (str, Path)):
+        file = Path(model_or_config).expanduser() / "config.json"
+        config: Any = json.loads(file.read_text()) if file.is_file() else {}
+        where = str(file)
+    else:  # a (DDP-wrapped) model, or a config
+        model = getattr(model_or_config, "module", model_or_config)
+        config = getattr(model, "config", model)
+        name = getattr(config, "_name_or_path", "")
+        where = f"{name}/config.json" if name else "the model's config"
+    if hasattr(config, "to_dict"):  # the fields as config.json names them (GPT-2: n_positions)
+        config = config.to_dict()
+    if not isinstance(config, dict):
+        return None
+    for c in (config, config.get("text_config") or {}):  # multimodal configs nest the LM's fields
+        for key in CONTEXT_KEYS:
+            value = c.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value, key, where
+    return None
+
+
+def context_length(model_or_config: Any) -> int | None:
+    """The most positions the model takes (``max_position_embeddings``, ``n_positions``, ...), read from a
+    model, its HF config or its folder's config.json; None when the config does not say."""
+    entry = _context_entry(model_or_config)
+    return None if entry is None else entry[0]
+
+
+def check_context(model_or_config: Any, needed: int, what: str) -> None:
+    """Raise `ModelError` when ``needed`` positions exceed the model's context.
+
+    ``what`` says where ``needed`` comes from in the user's keys, e.g. "sampling.max_new_tokens (64) +
+    longest prompt (480 tokens)"; the error adds the limit and the config field it was read from. A model
+    whose config gives no context length is not checked (logged).
+    """
+    entry = _context_entry(model_or_config)
+    if entry is None:
+        log.info(
+            "the model's config has no context length (%s); not checked: %s", "/".join(CONTEXT_KEYS), what
+        )
+        return
+    limit, key, where = entry
+    if needed > limit:
+        raise ModelError(
+            f"{what} = {needed} exceeds the model's context ({limit} positions, {key} in {where})"
+        )
 
 
 # ---- dropout ---------------------------------------------------------------------------------------------
@@ -249,8 +377,9 @@ def _head_for(path: str | Path, hidden_size: int, new_head: bool, seed: int) -> 
     if (Path(path) / HEAD_WEIGHTS).is_file():
         return load_head(path, hidden_size)
     if not new_head:
-        raise FileNotFoundError(
-            f"{Path(path) / HEAD_WEIGHTS} not found; pass new_head=True to start a head on this model"
+        raise ModelError(
+            f"{Path(path) / HEAD_WEIGHTS} not found: {path} is not a reward model or critic saved by postrl "
+            "(pass new_head=True to start a head on this model)"
         )
     log.info("initialised a new scalar head on %s", path)
     return new_scalar_head(hidden_size, seed)
@@ -315,11 +444,13 @@ class ScalarHeadModel(nn.Module):
         trust_remote_code: bool = False,
         new_head: bool = False,
         seed: int = 0,
+        *,
+        what: str = "reward_model",
     ) -> ScalarHeadModel:
         """Load a saved `ScalarHeadModel`; with ``new_head=True`` a plain (causal) LM directory gets a fresh
-        head (e.g. the SFT model as the start of a reward model)."""
-        kwargs = _hub_kwargs(path, dtype, trust_remote_code)
-        backbone = set_dropout_off(_from_pretrained(AutoModel, path, **kwargs).to(device))
+        head (e.g. the SFT model as the start of a reward model). ``what`` is the config key for errors."""
+        backbone = _from_pretrained(AutoModel, path, what, dtype, trust_remote_code)
+        backbone = set_dropout_off(backbone.to(device))
         return cls(backbone, _head_for(path, hidden_size_of(backbone), new_head, seed))
 
 
@@ -375,7 +506,9 @@ class PolicyWithValueHead(nn.Module):
         trust_remote_code: bool = False,
         new_head: bool = False,
         seed: int = 0,
+        *,
+        what: str = "model",
     ) -> PolicyWithValueHead:
         """Load a saved policy + value head; ``new_head=True`` starts a head on a plain causal LM."""
-        lm = load_causal_lm(path, dtype, device, trust_remote_code)
+        lm = load_causal_lm(path, dtype, device, trust_remote_code, what=what)
         return cls(lm, _head_for(path, hidden_size_of(lm), new_head, seed))

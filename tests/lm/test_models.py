@@ -20,6 +20,8 @@ from postrl.lm.models import (
     TinyLMConfig,
     assert_dropout_off,
     build_tiny_lm,
+    check_context,
+    context_length,
     gather_last,
     last_token_index,
     load_causal_lm,
@@ -27,6 +29,7 @@ from postrl.lm.models import (
     position_ids_from_mask,
     set_dropout_off,
 )
+from postrl.runtime.errors import UserError
 
 # two prompts left-padded to 3, responses right-padded to 3: [pad p p | r r pad], [p p p | r pad pad]
 MASK = torch.tensor([[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]])
@@ -87,10 +90,37 @@ def test_user_path_loads_saved_model_and_tokenizer(tiny_lm_dir, tiny_tokenizer) 
 
 
 def test_missing_model_directory_is_a_clear_error(tmp_path) -> None:
-    with pytest.raises(FileNotFoundError, match="no model directory"):
+    with pytest.raises(UserError, match=r"model '.*missing': no such folder"):
         load_causal_lm(tmp_path / "missing")
-    with pytest.raises(ValueError, match="unknown dtype"):
+    with pytest.raises(UserError, match=r"dtype: unknown dtype 'float8'; valid: float32, bfloat16, float16"):
         load_causal_lm(tmp_path, dtype="float8")
+    with pytest.raises(UserError, match=r"ref_model '.*': the folder has no config.json"):
+        load_causal_lm(tmp_path, what="ref_model")
+
+
+def test_context_length_from_any_config(tiny_lm, tiny_lm_dir) -> None:
+    gpt2 = GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=32)
+    assert context_length(tiny_lm) == 128 and context_length(tiny_lm.config) == 128
+    assert context_length(tiny_lm_dir) == 128 and context_length(str(tiny_lm_dir)) == 128
+    assert context_length(gpt2) == 32 and context_length(ScalarHeadModel.from_causal_lm(tiny_lm)) == 128
+    assert (
+        context_length({"seq_length": 2048}) == 2048 and context_length({"text_config": {"n_ctx": 64}}) == 64
+    )
+    assert context_length({"hidden_size": 8}) is None
+
+
+def test_check_context_names_the_keys_the_limit_and_its_field(tiny_lm, tiny_lm_dir) -> None:
+    check_context(tiny_lm, 128, "train.max_length (128)")
+    what = "sampling.max_new_tokens (64) + longest prompt (80 tokens)"
+    with pytest.raises(UserError) as info:
+        check_context(tiny_lm, 144, what)
+    assert str(info.value) == (
+        f"{what} = 144 exceeds the model's context (128 positions, max_position_embeddings in "
+        f"{tiny_lm_dir}/config.json)"
+    )
+    with pytest.raises(UserError, match=r"\(32 positions, n_positions in the model's config\)"):
+        check_context(GPT2Config(n_positions=32), 33, "train.max_length (33)")
+    check_context({"hidden_size": 8}, 10**6, "anything")  # unknown context: not checked
 
 
 def _padded_pair(tiny_tokenizer) -> dict[str, torch.Tensor]:
@@ -127,7 +157,7 @@ def test_scalar_head_model_save_and_load(tiny_lm, tiny_lm_dir, tiny_tokenizer, t
     loaded = ScalarHeadModel.from_pretrained(tmp_path / "rm").eval()
     with torch.no_grad():
         assert torch.allclose(loaded.score(**_ids(batch)), model.score(**_ids(batch)))
-    with pytest.raises(FileNotFoundError, match="new_head=True"):
+    with pytest.raises(UserError, match="new_head=True"):
         ScalarHeadModel.from_pretrained(tiny_lm_dir)
     fresh = ScalarHeadModel.from_pretrained(tiny_lm_dir, new_head=True)  # SFT model → reward model
     assert torch.equal(fresh.backbone.embed_tokens.weight, tiny_lm.model.embed_tokens.weight)
