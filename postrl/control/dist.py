@@ -22,6 +22,7 @@ depend on the world size, as in CleanRL's ``ppo_atari_multigpu.py``.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +153,7 @@ def sync_normalisers(env: Any, before: list) -> None:
 
 
 def _snapshot_name(rank: int) -> str:
-    return "env_state.pkl" if rank == 0 else f"env_state.rank{rank}.pkl"
+    return "env_state.npz" if rank == 0 else f"env_state.rank{rank}.npz"
 
 
 def gather_rank_states(env: Any) -> tuple[list[dict[str, Any]], list[bytes | None]]:
@@ -178,7 +179,8 @@ def restore_rank(ckpt: Path, extra: dict[str, Any], env: Any) -> bool:
     """Give this rank its own env state, snapshot and RNG from a checkpoint (rank 0's is already loaded).
 
     Returns whether the envs were restored from a snapshot (if not, the caller resets them). Refuses a
-    checkpoint written by another number of processes.
+    checkpoint written by another number of processes, and a snapshot file that is not one; an old pickled
+    snapshot (``.pkl``) is never loaded: the envs are then reset as when there is none.
     """
     from postrl.runtime.errors import UserError
     from postrl.runtime.seeding import set_rng_state
@@ -196,6 +198,16 @@ def restore_rank(ckpt: Path, extra: dict[str, Any], env: Any) -> bool:
         set_rng_state(state["rng"])
     snapshot = ckpt / _snapshot_name(r)
     if snapshot.is_file():
-        env.restore(snapshot.read_bytes())
+        try:
+            env.restore(snapshot.read_bytes())
+        except ValueError as err:
+            raise UserError(
+                f"{snapshot} is not a valid env snapshot: {err}; delete it to resume from {ckpt.name} "
+                "with re-seeded envs (not bit-identical to an uninterrupted run)"
+            ) from err
         return True
+    legacy = snapshot.with_suffix(".pkl")
+    if legacy.is_file():
+        # postrl < this format pickled the envs; unpickling a file can run any code, so it is never read
+        print(f"postrl: {legacy} is a pickled env snapshot (older postrl); it is not loaded", file=sys.stderr)
     return False

@@ -10,19 +10,29 @@ step (time limit) bootstraps from V(final obs), a *terminated* one does not (its
 Normalisation (for continuous control) follows Gymnasium's ``NormalizeObservation`` / ``NormalizeReward``
 (running mean and variance, rewards scaled by the std of the discounted return), but lives here so that the
 final observation is normalised with the same statistics and the statistics travel with the checkpoint.
+
+A checkpoint's env snapshot is data only (``env_snapshot.py``): loading a checkpoint never runs code.
 """
 
 from __future__ import annotations
 
-import pickle
+import difflib
+import importlib
+import importlib.util
+import inspect
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import EnvSpec, load_env_creator
 from gymnasium.vector.utils import iterate
 
-__all__ = ["EnvConfig", "RunningMeanStd", "StepResult", "VecEnv", "make_env", "make_vec_env"]
+from postrl.control.env_snapshot import restore_envs, snapshot_envs
+from postrl.runtime.errors import UserError
+
+__all__ = ["EXTRAS", "EnvConfig", "RunningMeanStd", "StepResult", "VecEnv", "make_env", "make_vec_env"]
 
 
 @dataclass(frozen=True)
@@ -46,13 +56,76 @@ class EnvConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for gymnasium.make (e.g. {render_mode: rgb_array})."""
 
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "n_envs": ">= 1",
+        "clip_obs": "> 0",
+        "clip_reward": "> 0",
+        "reward_gamma": "[0, 1]",
+    }
+
+
+EXTRAS = {"box2d": ("box2d",), "mujoco": ("mujoco",), "atari": ("ale_py", "ale-py", "atari")}
+"""The pip extras of postrl that install a family of Gymnasium envs, and the words that mark the family in
+an env's entry point or in the error of its missing package."""
+
 
 def make_env(env_id: str, **kwargs: Any) -> gym.Env:
-    """``gym.make`` with a clear error for an unknown id."""
-    if env_id not in gym.registry:
-        close = [k for k in gym.registry if k.lower().startswith(env_id.lower().split("-")[0][:4])][:5]
-        raise ValueError(f"unknown Gymnasium environment {env_id!r}; similar registered ids: {close}")
-    return gym.make(env_id, **kwargs)
+    """``gym.make``; an unknown id, a missing optional package or an unknown keyword is a UserError."""
+    spec = _registered_spec(env_id)
+    try:
+        return gym.make(env_id, **kwargs)
+    except (gym.error.DependencyNotInstalled, ImportError) as err:
+        haystack = f"{spec.entry_point} {getattr(err, 'name', '')} {err}".lower()
+        extra = next((e for e, words in EXTRAS.items() if any(w in haystack for w in words)), None)
+        fix = f'pip install "postrl[{extra}]"' if extra else "install the missing package"
+        raise UserError(f"env.id={env_id!r} needs a package that is not installed ({err}); {fix}") from err
+    except TypeError as err:
+        bad = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+        if bad is None:
+            raise
+        valid = ", ".join(_valid_kwargs(spec))
+        raise UserError(f"env.kwargs: {env_id} takes no keyword '{bad.group(1)}'; valid: {valid}") from err
+
+
+def _registered_spec(env_id: str) -> EnvSpec:
+    """The registry entry of ``env_id``, or a UserError naming the closest registered ids."""
+    if env_id not in gym.registry and env_id.lower().startswith("ale/"):
+        # Atari ids are registered by importing ale_py, which gymnasium does not do by itself
+        if importlib.util.find_spec("ale_py") is None:
+            raise UserError(
+                f'env.id={env_id!r} is an Atari env and needs ale_py: pip install "postrl[atari]"'
+            )
+        importlib.import_module("ale_py")
+    if env_id in gym.registry:
+        return gym.registry[env_id]
+    ids = sorted(gym.registry)
+    by_lower = {k.lower(): k for k in ids}
+    close = difflib.get_close_matches(env_id.lower(), list(by_lower), n=5, cutoff=0.6)
+
+    def family(k: str) -> str:
+        return re.sub(r"-v\d+$", "", k).lower()
+
+    same_family = [k for k in ids if family(k) == family(env_id)]
+    suggestions = list(dict.fromkeys([by_lower[k] for k in close] + same_family))  # the closest first
+    hint = (
+        f"closest registered ids: {', '.join(suggestions)}"
+        if suggestions
+        else 'list them with python -c "import gymnasium; gymnasium.pprint_registry()"'
+    )
+    raise UserError(f"env.id: unknown Gymnasium environment {env_id!r}; {hint}")
+
+
+def _valid_kwargs(spec: EnvSpec) -> list[str]:
+    """The keywords ``gym.make`` accepts for ``spec``: its own and the env constructor's named ones."""
+    names = {"max_episode_steps", "disable_env_checker"}
+    creator = spec.entry_point
+    try:
+        creator = load_env_creator(creator) if isinstance(creator, str) else creator
+        params = inspect.signature(creator).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C constructor: no signature to read
+        return sorted(names)
+    positional_or_keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return sorted(names | {p.name for p in params if p.kind in positional_or_keyword})
 
 
 class RunningMeanStd:
@@ -235,25 +308,15 @@ class VecEnv:
         self._ep_length = np.asarray(state["ep_length"], dtype=np.int64)
 
     def snapshot(self) -> bytes | None:
-        """Pickled sub-envs and current obs, for exact resume; None when the envs cannot be pickled.
-
-        Resuming mid-episode exactly needs the simulator state, which is impossible in general (MuJoCo,
-        subprocesses). Pure-python envs (all of classic control) pickle, so for them a resumed run continues
-        bit-for-bit; otherwise the caller re-seeds and resets the envs and logs that the resume is inexact.
-        """
+        """The sub-envs' state and the current obs as data, for exact resume; None when a sub-env holds
+        state that is not plain data (then the caller re-seeds the envs and says so), or the envs run in
+        subprocesses. See :mod:`postrl.control.env_snapshot`."""
         envs = getattr(self.env, "envs", None)
-        if envs is None:
-            return None
-        try:
-            return pickle.dumps({"envs": envs, "obs": self.obs})
-        except Exception:  # noqa: BLE001 - any unpicklable simulator means "not snapshottable"
-            return None
+        return None if envs is None else snapshot_envs(envs, self.obs)
 
     def restore(self, blob: bytes) -> None:
-        # Only ever loads a file this library wrote into its own run directory.
-        data = pickle.loads(blob)  # noqa: S301
-        self.env.envs = data["envs"]
-        self.obs = data["obs"]
+        """Continue from a :meth:`snapshot` of envs of the same config; a ValueError if ``blob`` is not one."""
+        self.obs = restore_envs(self.env.envs, blob)
 
 
 def make_vec_env(

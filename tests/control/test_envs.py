@@ -1,14 +1,20 @@
 """Truncation vs termination through the vector env, the buffer and GAE, with a hand-built env."""
 
+import importlib.util
+
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from gymnasium.error import DependencyNotInstalled
 from torch import nn
 
+from postrl.control import ppo
 from postrl.control.buffer import RolloutBuffer, collect_rollout
-from postrl.control.envs import EnvConfig, RunningMeanStd, VecEnv
+from postrl.control.envs import EnvConfig, RunningMeanStd, VecEnv, make_env
 from postrl.core import gae
+from postrl.runtime.config import ConfigError, load_config
+from postrl.runtime.errors import UserError
 
 
 class CounterEnv(gym.Env):
@@ -111,9 +117,67 @@ def test_box_actions_are_clipped_only_when_sent_to_the_env():
     assert actions[0, 0] == 5.0
 
 
-def test_unknown_env_id_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown Gymnasium environment 'CartPol-v1'"):
-        VecEnv(EnvConfig(id="CartPol-v1", n_envs=1), 0)
+@pytest.mark.parametrize(
+    ("env_id", "suggested"),
+    [
+        ("CartPol-v1", ["CartPole-v1"]),
+        ("cartpole-v1", ["CartPole-v1"]),
+        ("CartPole-v9", ["CartPole-v1", "CartPole-v0"]),  # the same family's versions
+        ("Pendulum", ["Pendulum-v1"]),
+    ],
+)
+def test_unknown_env_id_names_the_closest_registered_ids(env_id, suggested):
+    with pytest.raises(UserError, match=f"unknown Gymnasium environment '{env_id}'") as err:
+        VecEnv(EnvConfig(id=env_id, n_envs=1), 0)
+    assert str(err.value).startswith("env.id")
+    suggestions = str(err.value).split("closest registered ids: ")[1].split(", ")
+    assert suggestions[0] == suggested[0] and set(suggested) <= set(suggestions)
+
+
+def _raises(error: Exception):
+    def entry_point(**kwargs):
+        raise error
+
+    return entry_point
+
+
+@pytest.mark.parametrize(
+    ("error", "extra"),
+    [
+        (DependencyNotInstalled('Box2D is not installed, run `pip install "gymnasium[box2d]"`'), "box2d"),
+        (ModuleNotFoundError("No module named 'mujoco'", name="mujoco"), "mujoco"),
+        (ModuleNotFoundError("No module named 'ale_py'", name="ale_py"), "atari"),
+    ],
+)
+def test_a_missing_optional_dependency_names_the_env_and_the_extra(error, extra):
+    env_id = "postrl-test/NeedsExtra-v0"
+    gym.register(env_id, entry_point=_raises(error))
+    try:
+        with pytest.raises(
+            UserError, match=f"env.id='{env_id}' needs a package that is not installed"
+        ) as err:
+            VecEnv(EnvConfig(id=env_id, n_envs=1), 0)
+    finally:
+        del gym.registry[env_id]
+    assert f'pip install "postrl[{extra}]"' in str(err.value)
+
+
+def test_atari_ids_without_ale_py_name_the_atari_extra():
+    if importlib.util.find_spec("ale_py") is not None:
+        pytest.skip("ale_py is installed")
+    with pytest.raises(UserError, match=r'pip install "postrl\[atari\]"'):
+        make_env("ALE/Pong-v5")
+
+
+def test_an_unknown_env_keyword_names_env_kwargs_and_the_valid_ones():
+    with pytest.raises(UserError, match="env.kwargs: CartPole-v1 takes no keyword 'gravity'") as err:
+        VecEnv(EnvConfig(id="CartPole-v1", n_envs=1, kwargs={"gravity": 1.0}), 0)
+    assert "valid: disable_env_checker, max_episode_steps, render_mode, sutton_barto_reward" in str(err.value)
+
+
+def test_env_config_ranges_are_checked():
+    with pytest.raises(ConfigError, match="'env.n_envs' must be >= 1, got 0"):
+        load_config(ppo.Config, None, ["env.n_envs=0"])
 
 
 @pytest.mark.parametrize(
