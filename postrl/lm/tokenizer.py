@@ -21,6 +21,8 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from postrl.lm.models import ModelError, load_error, looks_like_path
+
 log = logging.getLogger(__name__)
 
 PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"
@@ -36,18 +38,28 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
 )
+MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + 1
+"""The smallest vocabulary of the postrl tokenizer: the byte alphabet, the special tokens and one merge."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+"""Files of which a tokenizer folder has at least one."""
+
+
+def check_vocab_size(vocab_size: int, key: str = "vocab_size") -> None:
+    """Refuse a vocabulary too small for the 256 byte symbols, the special tokens and one merge."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
+        raise ModelError(
+            f"{key}={vocab_size!r} is too small: the postrl tokenizer needs at least {MIN_VOCAB_SIZE} "
+            f"(256 byte symbols + {len(SPECIAL_TOKENS)} special tokens + 1 merge)"
+        )
 
 
 def train_bpe(corpus: Iterable[str], vocab_size: int = 512, min_frequency: int = 2) -> Tokenizer:
     """A raw `tokenizers.Tokenizer`: byte-level BPE with single-digit pre-tokens, trained on ``corpus``.
 
     Deterministic given the corpus (the trainer breaks ties in a fixed order). ``vocab_size`` counts the
-    256 byte symbols and the special tokens, so it must exceed 256 + len(SPECIAL_TOKENS).
+    256 byte symbols and the special tokens, so it must be at least `MIN_VOCAB_SIZE` (`check_vocab_size`).
     """
-    if vocab_size <= 256 + len(SPECIAL_TOKENS):
-        raise ValueError(
-            f"vocab_size must exceed {256 + len(SPECIAL_TOKENS)} (bytes + special tokens); got {vocab_size}"
-        )
+    check_vocab_size(vocab_size)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
@@ -103,20 +115,54 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path
     return path
 
 
+def _tokenizer_source(path_or_name: str | Path, what: str) -> tuple[str, bool]:
+    """(what to pass to ``from_pretrained``, whether it is a local folder); a folder without tokenizer
+    files or a path that does not exist raises `ModelError`."""
+    path = Path(path_or_name).expanduser()
+    if path.is_dir():
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise ModelError(
+                f"{what} '{path_or_name}': the folder has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                "set the `tokenizer` key to the folder or hub name of the model's tokenizer"
+            )
+        return str(path), True
+    if path.exists():
+        raise ModelError(f"{what} '{path_or_name}': a file, not a tokenizer folder")
+    if looks_like_path(path_or_name):
+        raise ModelError(f"{what} '{path_or_name}': no such folder")
+    return str(path_or_name), False
+
+
 def load_tokenizer(
-    path_or_name: str | Path, padding_side: str = "left", trust_remote_code: bool = False, **kwargs: Any
+    path_or_name: str | Path,
+    padding_side: str = "left",
+    trust_remote_code: bool = False,
+    *,
+    what: str = "tokenizer",
+    **kwargs: Any,
 ) -> PreTrainedTokenizerBase:
     """``AutoTokenizer.from_pretrained`` with postrl's expectations checked.
 
     Padding goes on ``padding_side`` (left for generation). A tokenizer without a pad token (GPT-2, many
     Llamas) gets ``pad = eos``, and this is logged. A tokenizer without an EOS token is an error: postrl
-    appends EOS to every completion.
+    appends EOS to every completion. Every failure is a `ModelError` naming ``what`` (the config key).
     """
-    tokenizer = AutoTokenizer.from_pretrained(
-        str(path_or_name), trust_remote_code=trust_remote_code, **kwargs
-    )
+    source, local = _tokenizer_source(path_or_name, what)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, trust_remote_code=trust_remote_code, local_files_only=local, **kwargs
+        )
+    except (OSError, ValueError) as err:  # transformers' and the hub's errors for a bad path, name or file
+        if "sentencepiece" in str(err):
+            raise ModelError(
+                f"{what} '{path_or_name}': converting this tokenizer needs sentencepiece: pip install sentencepiece"
+            ) from err
+        raise load_error(what, path_or_name, local, err) from err
     if tokenizer.eos_token_id is None:
-        raise ValueError(f"tokenizer at {path_or_name} has no eos_token; postrl needs one to end completions")
+        raise ModelError(
+            f"{what} '{path_or_name}' has no eos_token; postrl needs one to end completions "
+            "(set eos_token in its tokenizer_config.json)"
+        )
     if tokenizer.pad_token_id is None:
         log.warning(
             "tokenizer at %s has no pad token; using eos %r as pad", path_or_name, tokenizer.eos_token

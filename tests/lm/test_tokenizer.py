@@ -11,12 +11,15 @@ from transformers import AutoTokenizer
 
 from postrl.lm.tokenizer import (
     CHAT_TEMPLATE,
+    MIN_VOCAB_SIZE,
     SPECIAL_TOKENS,
     build_tokenizer,
+    check_vocab_size,
     load_tokenizer,
     train_bpe,
     wrap_tokenizer,
 )
+from postrl.runtime.errors import UserError
 
 TEXTS = [
     "What is 47+38? 85",
@@ -80,9 +83,36 @@ def test_training_is_deterministic(tiny_corpus) -> None:
     assert [first["model"]["vocab"][t] for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4, 5]
 
 
-def test_vocab_too_small_is_refused() -> None:
-    with pytest.raises(ValueError, match="vocab_size must exceed"):
+def test_vocab_too_small_is_refused_with_the_minimum() -> None:
+    assert MIN_VOCAB_SIZE == 256 + len(SPECIAL_TOKENS) + 1
+    with pytest.raises(UserError, match=rf"vocab_size=200 is too small: .* at least {MIN_VOCAB_SIZE} "):
         build_tokenizer(["a b c"], vocab_size=200)
+    with pytest.raises(UserError, match="vocab_size=262"):
+        check_vocab_size(MIN_VOCAB_SIZE - 1)
+    assert len(build_tokenizer(["ab ab ab cd"], vocab_size=MIN_VOCAB_SIZE)) <= MIN_VOCAB_SIZE
+
+
+def test_load_tokenizer_refuses_a_model_folder_without_tokenizer(tiny_lm_dir, tmp_path) -> None:
+    model_only = tmp_path / "model_notok"
+    model_only.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (model_only / name).write_bytes((tiny_lm_dir / name).read_bytes())
+    with pytest.raises(UserError) as info:
+        load_tokenizer(model_only)
+    message = str(info.value)
+    assert str(model_only) in message and "has no tokenizer" in message and "`tokenizer` key" in message
+    with pytest.raises(UserError, match=r"model '.*nowhere': no such folder"):
+        load_tokenizer(tmp_path / "nowhere", what="model")
+    with pytest.raises(UserError, match=r"a file, not a tokenizer folder"):
+        load_tokenizer(model_only / "config.json")
+
+
+def test_load_tokenizer_refuses_a_tokenizer_without_eos(tmp_path, tiny_corpus) -> None:
+    tokenizer = wrap_tokenizer(train_bpe(tiny_corpus[:200], vocab_size=300))
+    tokenizer.eos_token = None
+    tokenizer.save_pretrained(str(tmp_path))
+    with pytest.raises(UserError, match=r"tokenizer '.*' has no eos_token; postrl needs one"):
+        load_tokenizer(tmp_path)
 
 
 def test_load_tokenizer_sets_missing_pad_and_logs(tmp_path, tiny_corpus, caplog) -> None:
