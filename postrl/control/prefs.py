@@ -187,7 +187,7 @@ class Prefs(Agent):
 
     @property
     def taps(self) -> list[RewardTap]:
-        """The sub-envs' taps (read afresh: a resume swaps the sub-envs for their pickled copies)."""
+        """The sub-envs' taps (read afresh: a resume restores the sub-envs' state in place from the data snapshot)."""
         return self.env.env.envs
 
     @property

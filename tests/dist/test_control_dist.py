@@ -33,7 +33,7 @@ def test_two_processes_match_one(tmp_path):
     assert summary["env_steps"] == total  # both ranks' steps: 4 iterations × 2 ranks × 4 envs × 16 steps
     rows = read_jsonl(straight / "metrics.jsonl")
     assert [r["step"] for r in rows] == [128, 256, 384, 512]  # one row per iteration: only rank 0 logs
-    assert (straight / "checkpoints" / "step_00000512" / "env_state.rank1.pkl").is_file()
+    assert (straight / "checkpoints" / "step_00000512" / "env_state.rank1.npz").is_file()
     for name in ("actor", "critic"):
         a = load_file(str(straight / "checkpoints" / "step_00000512" / f"{name}.safetensors"))
         b = load_file(str(resumed / "checkpoints" / "step_00000512" / f"{name}.safetensors"))
