@@ -151,3 +151,107 @@ def test_reward_model_spec_scores_prompt_completion_eos_at_the_last_token(tiny_l
         assert float(got[i]) == pytest.approx(float(expected), abs=1e-5)
     small = RewardModelScorer(fn.fn.model, fn.fn.tokenizer, batch_size=1)
     assert small(PROMPTS, COMPLETIONS) == pytest.approx(got.tolist(), abs=1e-5)
+
+
+# ---- a user's reward file: every mistake is named before training ---------------------------------------------
+def _file(tmp_path, name: str, text: str) -> str:
+    (tmp_path / name).write_text(text)
+    return str(tmp_path / name)
+
+
+GOOD_BODY = "    return [0.0 for _ in completions]\n"
+
+
+def test_a_file_that_does_not_exist(tmp_path):
+    with pytest.raises(RewardError, match=r"reward spec '.*nope.py:fn': no such file .*nope.py"):
+        load_reward_fns([f"{tmp_path / 'nope.py'}:fn"])
+
+
+def test_a_syntax_error_names_the_file_and_line(tmp_path):
+    path = _file(tmp_path, "broken.py", "import math\n\ndef reward(prompts, completions, **kw)\n" + GOOD_BODY)
+    with pytest.raises(RewardError, match=rf"'{path}:reward': {path}:3: SyntaxError"):
+        load_reward_fns([f"{path}:reward"])
+
+
+def test_a_missing_module_is_named(tmp_path):
+    path = _file(tmp_path, "needs.py", "import postrl_no_such_module\n")
+    with pytest.raises(RewardError, match=r"needs.py imports module 'postrl_no_such_module', which is not"):
+        load_reward_fns([f"{path}:reward"])
+    with pytest.raises(RewardError, match=r"cannot import module 'postrl_no_such_module': no such module"):
+        load_reward_fns(["postrl_no_such_module:reward"])
+    # a module that exists but imports a missing one: the missing one is named, not the module
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(RewardError, match=r"needs imports module 'postrl_no_such_module'"):
+            load_reward_fns(["needs:reward"])
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_an_error_while_importing_names_the_line(tmp_path):
+    path = _file(tmp_path, "raises.py", "x = 1\ny = {}['key']\n")
+    with pytest.raises(RewardError, match=rf"importing {path} raised KeyError at {path}:2"):
+        load_reward_fns([f"{path}:reward"])
+
+
+def test_a_missing_function_names_the_close_ones(tmp_path):
+    path = _file(tmp_path, "good.py", "def reward(prompts, completions, **kw):\n" + GOOD_BODY)
+    with pytest.raises(
+        RewardError, match=r"good.py:rewards': .*good.py has no attribute 'rewards'; did you mean reward\?"
+    ):
+        load_reward_fns([f"{path}:rewards"])
+    with pytest.raises(RewardError, match=r"has no attribute 'nope'; its functions: reward"):
+        load_reward_fns([f"{path}:nope"])
+
+
+def test_an_object_that_is_not_callable(tmp_path):
+    path = _file(tmp_path, "not_callable.py", "reward = 3\n")
+    with pytest.raises(RewardError, match=r"not_callable.py:reward': reward is a int, not a function"):
+        load_reward_fns([f"{path}:reward"])
+
+
+@pytest.mark.parametrize(
+    ("source", "columns", "message"),
+    [
+        ("def r(x):\n", None, r"as fn\(prompts, completions, \*\*columns\): too many positional"),
+        ("def r(completions, **kw):\n", None, "too many positional arguments"),
+        ("def r(prompts, completions, answer, /):\n", None, "'answer' is positional-only"),
+        ("def r(prompts, completions, answer):\n", ["id"], r"\(id\): missing a required argument: 'answer'"),
+        ("def r(prompts, completions, answer):\n", ["answer", "id"], "unexpected keyword argument 'id'"),
+    ],
+)
+def test_a_signature_that_cannot_take_the_call_is_refused_at_load(tmp_path, source, columns, message):
+    path = _file(tmp_path, "sig.py", source + GOOD_BODY)
+    with pytest.raises(RewardError, match=message) as info:
+        load_reward_fns([f"{path}:r"], columns=columns)
+    assert str(info.value).startswith(f"reward function {path}:r")
+
+
+def test_signatures_that_take_the_call_load(tmp_path):
+    path = _file(
+        tmp_path,
+        "ok.py",
+        "def a(prompts, completions, **kw):\n"
+        + GOOD_BODY
+        + "def b(prompts, completions, answer):\n"
+        + GOOD_BODY
+        + "def c(*args, **kw):\n"
+        + GOOD_BODY
+        + "def d(prompts, completions, answer=None, **kw):\n"
+        + GOOD_BODY,
+    )
+    assert len(load_reward_fns([f"{path}:{n}" for n in "abcd"])) == 4
+    assert len(load_reward_fns([f"{path}:b"], columns=["answer"])) == 1
+    assert len(load_reward_fns([f"{path}:{n}" for n in "acd"], columns=["answer", "id"])) == 3
+
+
+def test_a_reward_model_folder_without_a_head_is_named(tiny_lm_dir):
+    with pytest.raises(RewardError, match=r"reward spec 'rm:.*': .*value_head.safetensors not found"):
+        load_reward_fns([f"rm:{tiny_lm_dir}"])
+
+
+def test_weights_must_be_finite_numbers():
+    with pytest.raises(RewardError, match="reward weights must be finite numbers; got nan"):
+        load_reward_fns(["task:arithmetic"], [math.nan])
