@@ -1,29 +1,53 @@
-"""Checkpoints written atomically: a temp folder, fsync, then one rename.
+"""Checkpoints written, deleted and read crash-safely.
 
 A checkpoint is a folder ``root/step_{step:08d}/`` holding ``{name}.safetensors`` for every module
 and ``state.pt`` for everything else (optimizers, schedulers, the step, every RNG state, ``extra``).
 ``state.pt`` holds only tensors and plain python, and is read with ``torch.load(weights_only=True)``,
-so loading a checkpoint never runs code. A crash before the rename leaves the previous checkpoint
-untouched; a crash after it leaves the new one complete.
+so loading a checkpoint never runs code.
+
+A kill (SIGKILL, power loss) at any moment leaves every ``step_`` folder whole:
+- writing: a temp folder ``.tmp-step_…`` is filled, fsynced and renamed into place in one step;
+- replacing: the existing folder is first renamed to ``.old-{name}-{pid}`` (put back by :func:`clean_leftovers`
+  if the kill came before the new folder was in place);
+- deleting: the folder is first renamed to ``.del-{name}-…``, then removed (:func:`delete_folder`).
+Those dot-names are never listed; :func:`clean_leftovers` removes them at the next start. A checkpoint damaged
+some other way (a cut-short copy, a full disk) is caught by :func:`latest_checkpoint`, which falls back to the
+previous intact one.
+
+Files and folders are created with modes 0o666 / 0o777, so the kernel applies the user's umask (and a
+folder's default ACL) as for any file the user writes: ``tempfile.mkstemp``/``mkdtemp`` would force
+0600 / 0700, leaving configs and model folders that the user's group cannot read. The umask is never read:
+``os.umask`` can only be read by setting it, which races with other threads creating files.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
+import re
+import secrets
 import shutil
-import tempfile
+import stat
+import sys
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from postrl.runtime.errors import UserError
 from postrl.runtime.seeding import get_rng_state, set_rng_state
 
 STATE_FILE = "state.pt"
 PREFIX = "step_"
+_STEP = re.compile(rf"{PREFIX}(\d+)")
+# Temp files of atomic_write_bytes: ".{name}.{8 random characters}.tmp" (the same shape mkstemp gave).
+_TEMP_FILE = re.compile(r"\..+\.[A-Za-z0-9_]{8}\.tmp")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -39,19 +63,35 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _new_temp(parent: Path, prefix: str, suffix: str = "", *, folder: bool = False) -> Path:
+    """Create a file or folder with a fresh random name, mode 0o666 / 0o777 less the umask (see the module
+    docstring for why not ``tempfile``)."""
+    for _ in range(100):
+        path = parent / f"{prefix}{secrets.token_hex(4)}{suffix}"
+        try:
+            if folder:
+                os.mkdir(path, 0o777)
+            else:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free temporary name {prefix}*{suffix} in {parent}")
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temp file in the same folder, fsync, rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = _new_temp(path.parent, f".{path.name}.", ".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
 
@@ -93,37 +133,66 @@ def _is_flat_view(module: torch.nn.Module) -> bool:
     return any(p.untyped_storage().nbytes() != p.numel() * p.element_size() for p in module.parameters())
 
 
-def _fsync_tree(folder: Path) -> None:
+def _finish_tree(folder: Path) -> None:
+    """fsync every file of ``folder`` and give it the mode ``open(file, "w")`` would, 0o666 less the umask (read
+    off the folder's own mode, 0o777 less the umask): safetensors' writer creates its files 0600."""
+    file_mode = stat.S_IMODE(folder.stat().st_mode) & 0o666
     for file in folder.rglob("*"):
-        if file.is_file():
+        if file.is_file() and not file.is_symlink():
+            os.chmod(file, file_mode)
             with open(file, "rb") as f:
                 os.fsync(f.fileno())
     _fsync_dir(folder)
 
 
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def delete_folder(path: str | Path) -> None:
+    """Delete ``path`` crash-safely: rename it to ``.del-{name}-{pid}-{random}`` (one atomic step, to a name that
+    no listing returns), then remove that. A kill during the removal leaves a ``.del-`` folder for
+    :func:`clean_leftovers`, never a half-deleted folder under its own name. A missing ``path`` is no error."""
+    path = Path(path)
+    aside = path.parent / f".del-{path.name}-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        os.replace(path, aside)
+    except FileNotFoundError:  # already gone, e.g. removed by another process
+        return
+    _fsync_dir(path.parent)  # the rename reaches the disk before the first file inside is unlinked
+    _remove(aside)
+
+
 def write_dir_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Fill a temp folder next to ``path`` with ``write(tmp)``, fsync it and rename it to ``path``.
 
-    An existing ``path`` is moved aside first and deleted after the swap, so a crash at any point leaves the
-    old folder or the new one complete (at worst beside a ``.tmp-``/``.old-`` leftover), never half of one.
+    An existing ``path`` is renamed to ``.old-{name}-{pid}`` first and deleted (:func:`delete_folder`) after the
+    swap. A kill at any point leaves the old folder or the new one complete, at worst beside a ``.tmp-``,
+    ``.old-`` or ``.del-`` leftover for :func:`clean_leftovers` (which puts ``.old-`` back when ``path`` is
+    missing); an exception puts the old folder back at once.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".tmp-{path.name}-"))
+    tmp = _new_temp(path.parent, f".tmp-{path.name}-", folder=True)
+    old = path.parent / f".old-{path.name}-{os.getpid()}"
     try:
         write(tmp)
-        _fsync_tree(tmp)
+        _finish_tree(tmp)
         if path.exists():
-            old = path.parent / f".old-{path.name}-{os.getpid()}"
+            delete_folder(old)  # a stale one, left by an earlier process with our pid
             os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not path.exists():
+            os.replace(old, path)
         raise
+    if old.exists():
+        delete_folder(old)
     return path
 
 
@@ -132,19 +201,170 @@ def step_dir(root: str | Path, step: int) -> Path:
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:
-    """Complete checkpoints under ``root``, oldest first (temp folders are ignored)."""
+    """Complete checkpoints under ``root`` (``step_N`` folders holding ``state.pt``), oldest first.
+
+    Nothing is read, so this stays cheap; :func:`latest_checkpoint` verifies the one it returns."""
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)]
-    found = [p for p in found if (p / STATE_FILE).is_file()]
+    found = [p for p in root.iterdir() if _STEP.fullmatch(p.name) and (p / STATE_FILE).is_file()]
     return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
 
 
+def _first_sentence(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0].split(". ")[0] if text else type(err).__name__
+
+
+def _read_state(file: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(state, None)`` with ``state.pt`` memory-mapped (its tensors are not read), or ``(None, why not)``."""
+    if not file.is_file():
+        return None, f"{file} is missing"
+    if not zipfile.is_zipfile(file):  # torch.save writes a zip archive, whose directory is at its very end
+        return None, f"{file} is truncated or not written by torch.save (no zip directory at its end)"
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as err:
+        return None, f"{file} cannot be loaded ({_first_sentence(err)})"
+    if not isinstance(state, dict) or "step" not in state:
+        return None, f"{file} holds no checkpoint state (no 'step')"
+    return state, None
+
+
+def _safetensors_size(file: Path, size: int) -> int | None:
+    """The byte length ``file``'s header promises (8 + header + tensor data); None if the header is unreadable."""
+    try:
+        with open(file, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if n > size - 8:  # also keeps a garbage length from allocating gigabytes
+                return None
+            header = json.loads(f.read(n))
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+        return 8 + n + max(ends, default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    size = file.stat().st_size
+    expected = _safetensors_size(file, size)
+    if expected is not None and size < expected:
+        return f"{file} is truncated ({size:,} of the {expected:,} bytes its header promises)"
+    try:  # checks the header against the file (offsets, dtypes, length) without reading the tensors
+        with safe_open(str(file), framework="pt"):
+            return None
+    except (SafetensorError, OSError) as err:
+        return f"{file} cannot be opened ({_first_sentence(err)})"
+
+
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why checkpoint folder ``path`` cannot be resumed from, naming the file at fault; None when intact.
+
+    ``state.pt`` must load with ``weights_only=True`` (memory-mapped: its tensors are not read), every
+    ``*.safetensors`` must open and be as long as its header promises (only the header is read), and every
+    module that ``state.pt`` lists must have its file. A flipped bit inside tensor data goes unnoticed.
+    """
+    path = Path(path)
+    state, problem = _read_state(path / STATE_FILE)
+    if state is None:
+        return problem
+    for name in state.get("modules", []):  # checkpoints written before this list was kept have none
+        if not (path / f"{name}.safetensors").is_file():
+            return f"{path / name}.safetensors is missing"
+    for file in sorted(path.glob("*.safetensors")):
+        if problem := _safetensors_problem(file):
+            return problem
+    return None
+
+
 def latest_checkpoint(root: str | Path) -> Path | None:
-    """The newest complete checkpoint under ``root``, or None."""
+    """The newest intact checkpoint under ``root`` (:func:`checkpoint_problem`), or None when there is none.
+
+    A corrupt newer one is skipped with one stderr line naming its bad file and why. When checkpoints exist
+    but none is intact the run cannot be resumed: a :class:`UserError` names the newest one's bad file.
+    """
     found = list_checkpoints(root)
-    return found[-1] if found else None
+    newest_problem = None
+    for path in reversed(found):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        print(f"postrl: {problem}; skipping that checkpoint", file=sys.stderr)
+        newest_problem = newest_problem or problem
+    if newest_problem is not None:
+        raise UserError(
+            f"{newest_problem}, and no older checkpoint in {root} is intact: the run cannot be resumed "
+            "(--overwrite starts it over)"
+        )
+    return None
+
+
+def _put_back(folder: Path) -> None:
+    """Rename each ``.old-{name}-{pid}`` whose ``name`` is missing back to ``name``: the kill came between moving
+    the old copy aside and renaming the new one into place, so the old copy is the only complete one."""
+    for entry in sorted(p for p in folder.iterdir() if p.name.startswith(".old-")):
+        target = folder / entry.name[len(".old-") :].rsplit("-", 1)[0]
+        if not entry.is_dir() or target.exists():
+            continue
+        try:
+            os.replace(entry, target)
+        except OSError:  # e.g. another process put it back first
+            continue
+        print(
+            f"postrl: restored {target} from {entry.name}, moved aside by an interrupted write",
+            file=sys.stderr,
+        )
+
+
+def _leftover_reason(entry: Path, checkpoints: bool) -> str | None:
+    """Why ``entry`` is left over from an interrupted write or delete (None: keep it)."""
+    name = entry.name
+    if name.startswith(".tmp-") or (_TEMP_FILE.fullmatch(name) and entry.is_file()):
+        return "left by an interrupted write"
+    if name.startswith(".del-"):
+        return "left by an interrupted delete"
+    if name.startswith(".old-"):
+        return "the previous copy of a folder, left by an interrupted write"
+    if checkpoints and _STEP.fullmatch(name) and entry.is_dir():
+        _, problem = _read_state(entry / STATE_FILE)
+        return f"an incomplete checkpoint: {problem}" if problem else None
+    return None
+
+
+def _clean(folder: Path, checkpoints: bool) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    _put_back(folder)
+    removed = []
+    for entry in sorted(folder.iterdir()):
+        reason = _leftover_reason(entry, checkpoints)
+        if reason is None:
+            continue
+        if _STEP.fullmatch(entry.name):
+            delete_folder(entry)
+        else:
+            _remove(entry)
+        print(f"postrl: removed {entry} ({reason})", file=sys.stderr)
+        removed.append(entry)
+    return removed
+
+
+def clean_leftovers(root: str | Path) -> list[Path]:
+    """Finish what a killed checkpoint write or delete under checkpoint root ``root`` left; return what it removed.
+
+    Removes ``.tmp-*`` (unfinished writes), ``.del-*`` (unfinished deletes), ``.old-*`` (a replaced folder's
+    previous copy, put back instead when the new one never arrived) and ``step_N`` folders whose ``state.pt``
+    is missing or cannot be loaded, with one stderr line each. Idempotent; a missing ``root`` is fine. Call it
+    from the one process that writes, before it writes: a ``.tmp-`` folder being filled would go too.
+    """
+    return _clean(Path(root), checkpoints=True)
+
+
+def clean_run_leftovers(run_dir: str | Path) -> list[Path]:
+    """:func:`clean_leftovers` for the top level of a run folder: the ``.tmp-``/``.old-``/``.del-`` folders of
+    :func:`write_dir_atomically` exports (e.g. ``.tmp-model-*``) and the ``.{name}.*.tmp`` files of
+    :func:`atomic_write_bytes`. Not recursive: the checkpoint root is :func:`clean_leftovers`' job."""
+    return _clean(Path(run_dir), checkpoints=False)
 
 
 def save_checkpoint(
@@ -158,7 +378,8 @@ def save_checkpoint(
     keep_last: int = 3,
     write_files: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write checkpoint ``root/step_{step:08d}`` atomically and keep the newest ``keep_last``.
+    """Write checkpoint ``root/step_{step:08d}`` atomically and keep the newest ``keep_last`` (older ones are
+    deleted crash-safely: :func:`delete_folder`).
 
     A module may be given as its state dict and an optimizer as its ``state_dict()`` (what a sharded run
     gathers on rank 0). ``extra`` holds plain python, tensors or numpy arrays (stored as tensors). ``write_files(tmp)``
@@ -177,6 +398,7 @@ def save_checkpoint(
                 save_model(module, str(tmp / f"{name}.safetensors"))
         state = {
             "step": int(step),
+            "modules": sorted(modules),  # lets checkpoint_problem notice a missing weights file
             "optimizers": {
                 k: dict(o) if isinstance(o, Mapping) else o.state_dict()
                 for k, o in (optimizers or {}).items()
@@ -192,7 +414,7 @@ def save_checkpoint(
     write_dir_atomically(final, write)
     if keep_last > 0:
         for old in list_checkpoints(root)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+            delete_folder(old)
     return final
 
 
