@@ -1,0 +1,542 @@
+"""The table of bad inputs for `tests/test_bad_input.py`, and the workspace they point into.
+
+Each `Case` is one command line that a user could type with one mistake in it. The promise it checks
+(issue text): every command resolves its config, opens and checks its data, model, tokenizer and reward
+functions, and checks numeric ranges *before* it creates or writes into the run folder; a bad input is one
+line ``postrl: error: …`` naming what is at fault, exit status 2, no traceback, every file untouched.
+
+Command lines are templates: ``{ws}`` is the workspace (tiny models, data files, reward files, configs),
+``{model}`` a tiny Llama with its tokenizer, ``{model_notok}`` the same without a tokenizer, ``{rm}`` a tiny
+reward model, and ``{out}`` a copy of a run folder of the command (finished, interrupted with a corrupt
+checkpoint, or a folder that is not a run). Every case carries the command's tiny budget, so that a case the
+code fails to refuse still ends in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+D, R = "{ws}/data/", "{ws}/rewards/"  # data files and reward-function files
+
+# ---- the tiny budget of every command (a case's overrides replace these keys) ----------------------------
+LM = {"device": "cpu", "threads": 1}
+TRAIN = {
+    "train.max_steps": 1,
+    "train.batch_size": 2,
+    "train.eval_every": 0,
+    "train.eval_examples": 2,
+    "train.optim.warmup_steps": 0,
+}
+BUDGETS: dict[str, dict[str, Any]] = {
+    "control train": {
+        "env.n_envs": 1,
+        "ppo.n_steps": 64,
+        "ppo.batch_size": 64,
+        "ppo.n_epochs": 1,
+        "run.eval_episodes": 1,
+    },
+    "control prefs": {"env.n_envs": 1, "run.eval_episodes": 1},
+    "control eval": {},
+    "pretrain": {
+        "model.n_layers": 1,
+        "model.hidden_size": 32,
+        "model.n_heads": 2,
+        "model.intermediate_size": 64,
+        "model.max_position_embeddings": 128,
+        "vocab_size": 300,
+        "corpus_lines": 400,
+        **TRAIN,
+        **LM,
+    },
+    "sft": {**TRAIN, **LM},
+    "rm": {**TRAIN, "eval_pairs": 2, "norm.samples": 0, "plots": False, **LM},
+    "ppo": {
+        "data": D + "prompts.jsonl",
+        "steps": 1,
+        "batch_size": 2,
+        "ppo.epochs": 1,
+        "ppo.minibatches": 1,
+        "sampling.max_new_tokens": 4,
+        "eval_every": 0,
+        "eval_samples": 2,
+        "reward.normalize": "none",
+        "actor_optim.warmup_steps": 0,
+        "critic_optim.warmup_steps": 0,
+        "plots": False,
+        **LM,
+    },
+    "grpo": {
+        "rewards": "[" + R + "good.py:reward]",
+        "max_steps": 1,
+        "grpo.group_size": 2,
+        "grpo.prompts_per_step": 2,
+        "sampling.max_new_tokens": 4,
+        "max_prompt_length": 32,
+        "eval_every": 0,
+        "eval_prompts": 2,
+        "eval_at_start": False,
+        "optim.warmup_steps": 0,
+        **LM,
+    },
+    "demo": {
+        "compare_sft": False,
+        "eval_prompts": 2,
+        "eval_samples": 2,
+        "threads": 1,
+        "pretrain.corpus_lines": 400,
+        "pretrain.vocab_size": 300,
+        "pretrain.train.max_steps": 1,
+        "sft.train.max_steps": 1,
+        "rm.train.max_steps": 1,
+        "rm.norm.samples": 0,
+        "ppo.steps": 1,
+        "grpo.max_steps": 1,
+    },
+}
+
+# flags of a valid command line (a case's flags replace these; None removes one, True is a bare flag)
+FLAGS: dict[str, dict[str, Any]] = {
+    "control train": {"--algo": "ppo", "--env": "CartPole-v1", "--total-steps": "64", "--out": "{out}"},
+    "control prefs": {"--env": "CartPole-v1", "--total-steps": "64", "--out": "{out}"},
+    "control eval": {"--episodes": "1"},
+    "pretrain": {"--out": "{out}"},
+    "sft": {"--model": "{model}", "--data": D + "sft.jsonl", "--out": "{out}"},
+    "rm": {"--model": "{model}", "--data": D + "prefs.jsonl", "--out": "{out}"},
+    "ppo": {"--model": "{model}", "--reward-model": "{rm}", "--out": "{out}"},
+    "grpo": {"--model": "{model}", "--data": D + "prompts.jsonl", "--out": "{out}"},
+    "demo": {"--quick": True, "--out": "{out}"},
+}
+COMMANDS = tuple(c for c in FLAGS if c != "control eval")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad command line and what its one-line error must contain."""
+
+    id: str
+    cmd: str
+    expect: tuple[str | tuple[str, ...], ...]
+    """Substrings of the error line; a tuple is a set of alternatives (one of them must appear)."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    flags: dict[str, Any] = field(default_factory=dict)
+    positional: tuple[str, ...] = ()
+    out: str = "finished"
+    """The run folder --out points at: finished, interrupted (corrupt checkpoint only) or notarun."""
+    resume: bool = False
+    """Resume the run folder (LM stages: --resume --out DIR; control: --resume DIR), no budget or flags."""
+    overwrite: bool = True
+    """Also run the case with --overwrite appended."""
+    env: dict[str, str] = field(default_factory=dict)
+
+    def argv(self, ws: Path, out: Path, overwrite: bool = False) -> list[str]:
+        """The command line with the templates filled in."""
+        fill = {
+            "ws": str(ws),
+            "model": str(ws / "model"),
+            "model_notok": str(ws / "model_notok"),
+            "rm": str(ws / "rm"),
+            "out": str(out),
+        }
+        argv = [*self.cmd.split(), *self.positional]
+        if self.resume:
+            flags: dict[str, Any] = {"--out": "{out}", "--resume": True}
+            if self.cmd.startswith("control"):
+                flags = {"--resume": "{out}"}
+            overrides: dict[str, Any] = dict(self.overrides)
+        else:
+            flags = {**FLAGS[self.cmd], **self.flags}
+            overrides = {**BUDGETS[self.cmd], **self.overrides}
+        for flag, value in flags.items():
+            if value is True:
+                argv.append(flag)
+            elif value is not None:
+                argv += [flag, value]
+        argv += [f"{key}={_yaml(value)}" for key, value in overrides.items()]
+        if overwrite:
+            argv.append("--overwrite")
+        return [arg.format(**fill) for arg in argv]
+
+
+def _yaml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def C(id: str, cmd: str, *expect: str | tuple[str, ...], **kw: Any) -> Case:  # noqa: N802
+    return Case(id, cmd, tuple(expect), **kw)
+
+
+CT, PT = "control train", "pretrain"
+FINISHED = ("finished", "--resume", "--overwrite")
+CONTEXT = ("max_position_embeddings", "128")
+
+CASES: list[Case] = [
+    # ---- control train: ranges, keys, types, the env id, the config file, a corrupt checkpoint -----------
+    C("ct-batch-size-0", CT, "ppo.batch_size", overrides={"ppo.batch_size": 0}),
+    C("ct-lr-negative", CT, "ppo.lr", overrides={"ppo.lr": -0.001}),
+    C("ct-lr-nan", CT, "ppo.lr", overrides={"ppo.lr": "nan"}),
+    C("ct-gamma-above-1", CT, "ppo.gamma", overrides={"ppo.gamma": 1.5}),
+    C("ct-lam-negative", CT, "ppo.lam", overrides={"ppo.lam": -0.1}),
+    C("ct-clip-eps-0", CT, "ppo.clip_eps", overrides={"ppo.clip_eps": 0}),
+    C("ct-n-envs-0", CT, "env.n_envs", overrides={"env.n_envs": 0}),
+    C("ct-total-steps-0", CT, ("run.total_steps", "--total-steps"), flags={"--total-steps": "0"}),
+    C("ct-unknown-key", CT, "ppo.clip_epss", "ppo.clip_eps", overrides={"ppo.clip_epss": 0.1}),
+    C("ct-wrong-type", CT, "ppo.n_epochs", "four", overrides={"ppo.n_epochs": "four"}),
+    C("ct-unknown-env", CT, "CartPol-v1", "CartPole-v1", flags={"--env": "CartPol-v1"}),
+    C("ct-missing-config-file", CT, "no_such.yaml", flags={"--config": "{ws}/configs/no_such.yaml"}),
+    C(
+        "ct-config-unknown-key",
+        CT,
+        "clip_epss",
+        "ct_unknown_key.yaml",
+        flags={"--config": "{ws}/configs/ct_unknown_key.yaml"},
+    ),
+    C("ct-resume-corrupt-checkpoint", CT, "step_00000001", out="interrupted", resume=True, overwrite=False),
+    # ---- control prefs and control eval -------------------------------------------------------------------
+    C("prefs-noise-above-1", "control prefs", ("labeller.flip_prob", "--noise"), flags={"--noise": "1.5"}),
+    C("prefs-unknown-key", "control prefs", "prefs.label_budgt", overrides={"prefs.label_budgt": 10}),
+    C("eval-not-a-run", "control eval", "{out}", positional=("{out}",), out="notarun", overwrite=False),
+    C(
+        "eval-no-such-folder",
+        "control eval",
+        "no_such_run",
+        positional=("{ws}/no_such_run",),
+        out="notarun",
+        overwrite=False,
+    ),
+    # ---- pretrain ---------------------------------------------------------------------------------------
+    C("pretrain-batch-size-0", PT, "train.batch_size", overrides={"train.batch_size": 0}),
+    C("pretrain-lr-0", PT, "train.optim.lr", overrides={"train.optim.lr": 0}),
+    C("pretrain-max-steps-negative", PT, "train.max_steps", overrides={"train.max_steps": -5}),
+    C("pretrain-warmup-negative", PT, "train.optim.warmup_steps", overrides={"train.optim.warmup_steps": -1}),
+    C(
+        "pretrain-max-length-over-context",
+        PT,
+        "train.max_length",
+        CONTEXT,
+        overrides={"train.max_length": 200},
+    ),
+    C("pretrain-unknown-key", PT, "model.n_layer", "model.n_layers", overrides={"model.n_layer": 2}),
+    C("pretrain-wrong-type", PT, "train.batch_size", "abc", overrides={"train.batch_size": "abc"}),
+    C("pretrain-missing-config-file", PT, "no_such.yaml", flags={"--config": "{ws}/configs/no_such.yaml"}),
+    C(
+        "pretrain-resume-corrupt-checkpoint",
+        PT,
+        "step_00000001",
+        out="interrupted",
+        resume=True,
+        overwrite=False,
+    ),
+    # ---- sft: model, tokenizer, hub name, dtype, every data error, ranges -------------------------------------
+    C("sft-model-missing", "sft", "no_such_model", flags={"--model": "{ws}/no_such_model"}),
+    C("sft-model-without-tokenizer", "sft", "model_notok", "tokenizer", flags={"--model": "{model_notok}"}),
+    C(
+        "sft-hub-name-offline",
+        "sft",
+        "postrl-test/no-such-model",
+        "HF_HUB_OFFLINE",
+        flags={"--model": "postrl-test/no-such-model"},
+        env={"HF_HUB_OFFLINE": "1"},
+    ),
+    C("sft-unknown-dtype", "sft", "dtype", "float8", "bfloat16", overrides={"dtype": "float8"}),
+    C("sft-data-missing-file", "sft", "no_such.jsonl", flags={"--data": D + "no_such.jsonl"}),
+    C("sft-data-malformed-json", "sft", "sft_bad_json.jsonl:3", flags={"--data": D + "sft_bad_json.jsonl"}),
+    C(
+        "sft-data-missing-column",
+        "sft",
+        "sft_no_completion.jsonl:2",
+        "completion",
+        flags={"--data": D + "sft_no_completion.jsonl"},
+    ),
+    C(
+        "sft-data-empty-prompt",
+        "sft",
+        "sft_empty_prompt.jsonl:2",
+        "prompt",
+        flags={"--data": D + "sft_empty_prompt.jsonl"},
+    ),
+    C(
+        "sft-data-empty-completion",
+        "sft",
+        "sft_empty_completion.jsonl:4",
+        "completion",
+        flags={"--data": D + "sft_empty_completion.jsonl"},
+    ),
+    C("sft-data-empty-file", "sft", "empty.jsonl", flags={"--data": D + "empty.jsonl"}),
+    C(
+        "sft-data-bad-record-at-line-500",
+        "sft",
+        "sft_late_bad.jsonl:500",
+        "prompt",
+        flags={"--data": D + "sft_late_bad.jsonl"},
+    ),
+    C("sft-data-prefs-rows", "sft", "prefs.jsonl:1", "completion", flags={"--data": D + "prefs.jsonl"}),
+    C(
+        "sft-eval-data-malformed-json",
+        "sft",
+        "sft_bad_json.jsonl:3",
+        overrides={"eval_data": D + "sft_bad_json.jsonl"},
+    ),
+    C("sft-batch-size-0", "sft", "train.batch_size", overrides={"train.batch_size": 0}),
+    C("sft-lr-nan", "sft", "train.optim.lr", overrides={"train.optim.lr": "nan"}),
+    C("sft-grad-accum-0", "sft", "train.grad_accum", overrides={"train.grad_accum": 0}),
+    C("sft-max-length-over-context", "sft", "train.max_length", CONTEXT, overrides={"train.max_length": 200}),
+    C("sft-unknown-key", "sft", "train.batchsize", "train.batch_size", overrides={"train.batchsize": 2}),
+    C(
+        "sft-config-wrong-type",
+        "sft",
+        "train.log_every",
+        "sft_wrong_type.yaml",
+        flags={"--config": "{ws}/configs/sft_wrong_type.yaml"},
+    ),
+    C("sft-missing-config-file", "sft", "no_such.yaml", flags={"--config": "{ws}/configs/no_such.yaml"}),
+    C(
+        "sft-resume-corrupt-checkpoint",
+        "sft",
+        "step_00000001",
+        out="interrupted",
+        resume=True,
+        overwrite=False,
+    ),
+    # ---- rm -----------------------------------------------------------------------------------------------
+    C("rm-data-sft-rows", "rm", "sft.jsonl:1", "chosen", flags={"--data": D + "sft.jsonl"}),
+    C(
+        "rm-data-missing-rejected",
+        "rm",
+        "prefs_no_rejected.jsonl:2",
+        "rejected",
+        flags={"--data": D + "prefs_no_rejected.jsonl"},
+    ),
+    C(
+        "rm-data-target-above-1",
+        "rm",
+        "prefs_bad_target.jsonl:3",
+        "target",
+        flags={"--data": D + "prefs_bad_target.jsonl"},
+    ),
+    C(
+        "rm-data-empty-chosen",
+        "rm",
+        "prefs_empty_chosen.jsonl:2",
+        "chosen",
+        flags={"--data": D + "prefs_empty_chosen.jsonl"},
+    ),
+    C("rm-model-missing", "rm", "no_such_model", flags={"--model": "{ws}/no_such_model"}),
+    C("rm-batch-size-0", "rm", "train.batch_size", overrides={"train.batch_size": 0}),
+    C("rm-norm-samples-negative", "rm", "norm.samples", overrides={"norm.samples": -1}),
+    C("rm-resume-corrupt-checkpoint", "rm", "step_00000001", out="interrupted", resume=True, overwrite=False),
+    # ---- ppo (RLHF) -----------------------------------------------------------------------------------------
+    C("ppo-kl-beta-negative", "ppo", "kl.beta", overrides={"kl.beta": -0.1}),
+    C("ppo-gamma-above-1", "ppo", "gae.gamma", overrides={"gae.gamma": 1.1}),
+    C("ppo-lam-negative", "ppo", "gae.lam", overrides={"gae.lam": -0.5}),
+    C("ppo-clip-eps-0", "ppo", "ppo.clip_eps", overrides={"ppo.clip_eps": 0}),
+    C("ppo-batch-size-0", "ppo", "batch_size", overrides={"batch_size": 0}),
+    C("ppo-steps-0", "ppo", "steps", overrides={"steps": 0}),
+    C("ppo-actor-lr-negative", "ppo", "actor_optim.lr", overrides={"actor_optim.lr": -1e-4}),
+    C(
+        "ppo-max-new-tokens-over-context",
+        "ppo",
+        "sampling.max_new_tokens",
+        CONTEXT,
+        overrides={"sampling.max_new_tokens": 120},
+    ),
+    C("ppo-reward-model-missing", "ppo", "no_such_rm", flags={"--reward-model": "{ws}/no_such_rm"}),
+    C(
+        "ppo-reward-fn-syntax-error",
+        "ppo",
+        "syntax_error.py",
+        overrides={"reward_fns": "[" + R + "syntax_error.py:reward]", "critic": "sft"},
+    ),
+    C(
+        "ppo-reward-fn-wrong-signature",
+        "ppo",
+        "wrong_sig.py",
+        "completions",
+        overrides={"reward_fns": "[" + R + "wrong_sig.py:r]", "critic": "sft"},
+    ),
+    C(
+        "ppo-data-missing-prompt",
+        "ppo",
+        "prompts_no_prompt.jsonl:1",
+        "prompt",
+        overrides={"data": D + "prompts_no_prompt.jsonl"},
+    ),
+    C("ppo-unknown-critic", "ppo", "critic", "reward_model", overrides={"critic": "value_head"}),
+    # ---- grpo ---------------------------------------------------------------------------------------------
+    C("grpo-group-size-1", "grpo", "grpo.group_size", overrides={"grpo.group_size": 1}),
+    C("grpo-beta-negative", "grpo", "grpo.beta", overrides={"grpo.beta": -0.04}),
+    C("grpo-clip-eps-negative", "grpo", "grpo.clip_eps", overrides={"grpo.clip_eps": -0.2}),
+    C("grpo-lr-0", "grpo", "optim.lr", overrides={"optim.lr": 0}),
+    C("grpo-max-steps-0", "grpo", "max_steps", overrides={"max_steps": 0}),
+    C("grpo-prompts-per-step-0", "grpo", "grpo.prompts_per_step", overrides={"grpo.prompts_per_step": 0}),
+    C("grpo-temperature-negative", "grpo", "sampling.temperature", overrides={"sampling.temperature": -1.0}),
+    C("grpo-top-p-above-1", "grpo", "sampling.top_p", overrides={"sampling.top_p": 1.5}),
+    C(
+        "grpo-prompt-plus-new-tokens-over-context",
+        "grpo",
+        "max_prompt_length",
+        "sampling.max_new_tokens",
+        overrides={"max_prompt_length": 100, "sampling.max_new_tokens": 64},
+    ),
+    C("grpo-unknown-dtype", "grpo", "dtype", "fp8", overrides={"dtype": "fp8"}),
+    C(
+        "grpo-hub-name-offline",
+        "grpo",
+        "postrl-test/no-such-model",
+        "HF_HUB_OFFLINE",
+        flags={"--model": "postrl-test/no-such-model"},
+        env={"HF_HUB_OFFLINE": "1"},
+    ),
+    C(
+        "grpo-reward-syntax-error",
+        "grpo",
+        "syntax_error.py",
+        overrides={"rewards": "[" + R + "syntax_error.py:reward]"},
+    ),
+    C(
+        "grpo-reward-file-imports-missing-module",
+        "grpo",
+        "imports_missing.py",
+        "postrl_no_such_module",
+        overrides={"rewards": "[" + R + "imports_missing.py:reward]"},
+    ),
+    C(
+        "grpo-reward-no-such-module",
+        "grpo",
+        "postrl_no_such_module",
+        overrides={"rewards": "[postrl_no_such_module:reward]"},
+    ),
+    C(
+        "grpo-reward-missing-function",
+        "grpo",
+        "good.py",
+        "nope",
+        overrides={"rewards": "[" + R + "good.py:nope]"},
+    ),
+    C(
+        "grpo-reward-wrong-signature",
+        "grpo",
+        "wrong_sig.py",
+        "completions",
+        overrides={"rewards": "[" + R + "wrong_sig.py:r]"},
+    ),
+    C(
+        "grpo-reward-not-callable",
+        "grpo",
+        "not_callable.py",
+        "reward",
+        overrides={"rewards": "[" + R + "not_callable.py:reward]"},
+    ),
+    C("grpo-reward-weights-mismatch", "grpo", "reward_weights", overrides={"reward_weights": "[1.0, 2.0]"}),
+    C(
+        "grpo-data-malformed-json",
+        "grpo",
+        "prompts_bad_json.jsonl:2",
+        flags={"--data": D + "prompts_bad_json.jsonl"},
+    ),
+    C(
+        "grpo-data-empty-prompt",
+        "grpo",
+        "prompts_empty_prompt.jsonl:3",
+        "prompt",
+        flags={"--data": D + "prompts_empty_prompt.jsonl"},
+    ),
+    C(
+        "grpo-config-out-of-range",
+        "grpo",
+        "grpo.clip_eps",
+        "grpo_bad_range.yaml",
+        flags={"--config": "{ws}/configs/grpo_bad_range.yaml"},
+    ),
+    C(
+        "grpo-resume-corrupt-checkpoint",
+        "grpo",
+        "step_00000001",
+        out="interrupted",
+        resume=True,
+        overwrite=False,
+    ),
+    # ---- demo ---------------------------------------------------------------------------------------------
+    C("demo-unknown-key", "demo", "pretrain.train.batchsize", overrides={"pretrain.train.batchsize": 2}),
+    C("demo-sft-lr-negative", "demo", "sft.train.optim.lr", overrides={"sft.train.optim.lr": -1}),
+    C("demo-grpo-group-size-1", "demo", "grpo.grpo.group_size", overrides={"grpo.grpo.group_size": 1}),
+    C("demo-ppo-kl-beta-negative", "demo", "ppo.kl.beta", overrides={"ppo.kl.beta": -0.1}),
+    C("demo-missing-config-file", "demo", "no_such.yaml", flags={"--config": "{ws}/configs/no_such.yaml"}),
+    # ---- a valid command pointed at a finished run, without --resume or --overwrite -------------------------
+    *[C(f"{cmd.replace(' ', '-')}-finished-run", cmd, *FINISHED, overwrite=False) for cmd in COMMANDS],
+]
+
+# end to end through a real process as well: exit status 2 and no traceback
+SUBPROCESS_CASES = ("ct-unknown-env", "sft-hub-name-offline", "grpo-reward-wrong-signature")
+
+
+# ---- the workspace: data files, reward files, configs ---------------------------------------------------
+def _jsonl(path: Path, rows: list[Any]) -> None:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+
+
+def _sft(i: int) -> dict[str, str]:
+    return {"prompt": f"What is {i}+{i}?", "completion": f" {2 * i}"}
+
+
+def _pref(i: int) -> dict[str, str]:
+    return {"prompt": f"Review {i}:", "chosen": " great food", "rejected": " bad"}
+
+
+def _prompt(i: int) -> dict[str, str]:
+    return {"prompt": f"What is {i}+1?", "answer": str(i + 1)}
+
+
+def write_inputs(ws: Path) -> None:
+    """Data files (good and bad), reward-function files and YAML configs under ``ws``."""
+    data, rewards, configs = ws / "data", ws / "rewards", ws / "configs"
+    for folder in (data, rewards, configs):
+        folder.mkdir(parents=True)
+    sft = [_sft(i) for i in range(40)]
+    _jsonl(data / "sft.jsonl", sft)
+    _jsonl(data / "prefs.jsonl", [_pref(i) for i in range(40)])
+    _jsonl(data / "prompts.jsonl", [_prompt(i) for i in range(40)])
+    _jsonl(data / "sft_bad_json.jsonl", [*sft[:2], '{"prompt": "What is 3+3?", "completion": ', *sft[3:10]])
+    _jsonl(data / "sft_no_completion.jsonl", [sft[0], {"prompt": "What is 1+1?"}, *sft[2:10]])
+    _jsonl(data / "sft_empty_prompt.jsonl", [sft[0], {"prompt": "", "completion": " 2"}, *sft[2:10]])
+    _jsonl(
+        data / "sft_empty_completion.jsonl",
+        [*sft[:3], {"prompt": "What is 3+3?", "completion": ""}, *sft[4:10]],
+    )
+    _jsonl(
+        data / "sft_late_bad.jsonl", [*[_sft(i % 50) for i in range(499)], {"prompt": 5, "completion": " 5"}]
+    )
+    (data / "empty.jsonl").write_text("")
+    prefs = [_pref(i) for i in range(10)]
+    _jsonl(data / "prefs_no_rejected.jsonl", [prefs[0], {"prompt": "Review:", "chosen": " good"}, *prefs[2:]])
+    _jsonl(data / "prefs_bad_target.jsonl", [*prefs[:2], {**prefs[2], "target": 2.0}, *prefs[3:]])
+    _jsonl(data / "prefs_empty_chosen.jsonl", [prefs[0], {**prefs[1], "chosen": ""}, *prefs[2:]])
+    prompts = [_prompt(i) for i in range(10)]
+    _jsonl(data / "prompts_no_prompt.jsonl", [{"question": "What is 1+1?", "answer": "2"}, *prompts[1:]])
+    _jsonl(
+        data / "prompts_bad_json.jsonl",
+        [prompts[0], '{"prompt": "What is 2+1?", "answer": "3"', *prompts[2:]],
+    )
+    _jsonl(data / "prompts_empty_prompt.jsonl", [*prompts[:2], {"prompt": "", "answer": "1"}, *prompts[3:]])
+
+    (rewards / "good.py").write_text(
+        "def reward(prompts, completions, **columns):\n    return [0.0 for _ in completions]\n"
+    )
+    (rewards / "syntax_error.py").write_text(
+        "def reward(prompts, completions, **columns)\n    return [0.0 for _ in completions]\n"
+    )
+    (rewards / "imports_missing.py").write_text(
+        "import postrl_no_such_module\n\n\ndef reward(prompts, completions, **columns):\n"
+        "    return [0.0 for _ in completions]\n"
+    )
+    (rewards / "wrong_sig.py").write_text("def r(x):\n    return [0.0]\n")
+    (rewards / "not_callable.py").write_text("reward = 3\n")
+
+    # the keys these set are outside every budget, whose overrides would otherwise mask them
+    (configs / "ct_unknown_key.yaml").write_text("ppo:\n  clip_epss: 0.1\n")
+    (configs / "sft_wrong_type.yaml").write_text("train:\n  log_every: ten\n")
+    (configs / "grpo_bad_range.yaml").write_text("grpo:\n  clip_eps: 0\n")
