@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
 OVERLONG_POLICIES = ("drop", "truncate", "error")
+EMPTY_POLICIES = ("error", "skip")
 _TEXT_FIELDS = {
     "sft": ("prompt", "completion"),
     "prefs": ("prompt", "chosen", "rejected"),
@@ -43,13 +45,18 @@ class DataError(UserError, ValueError):
 
 # ---- reading ---------------------------------------------------------------------------------------------
 def _read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """(location, record) for each non-blank line; malformed JSON or a non-object raises `DataError`."""
+    """(location, record) for each non-blank line; malformed JSON, a non-object or bytes that are not
+    UTF-8 raise `DataError` naming the line."""
     out = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            where = f"{path}:{number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{where}: not UTF-8 text (byte {err.start} of the line)") from None
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
@@ -60,14 +67,37 @@ def _read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def _item_lines(text: str) -> list[int]:
+    """The line on which each item of a (valid) top-level JSON list starts."""
+    decoder, skip = json.JSONDecoder(), re.compile(r"[ \t\n\r,]*")
+    lines, line, seen = [], 1, 0
+    position = skip.match(text, text.index("[") + 1).end()
+    while position < len(text) and text[position] != "]":
+        line, seen = line + text.count("\n", seen, position), position
+        lines.append(line)
+        position = skip.match(text, decoder.raw_decode(text, position)[1]).end()
+    return lines
+
+
 def _read_json(path: Path) -> list[tuple[str, dict[str, Any]]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    if not text.strip():
+        raise DataError(f"{path}: empty file (expected a JSON list of objects)")
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as err:
         raise DataError(f"{path}:{err.lineno}: malformed JSON: {err.msg} (column {err.colno})") from None
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON list of objects (or use JSONL), got {type(data).__name__}")
-    return [(f"{path}: item {i}", r) for i, r in enumerate(data)]
+    out = []
+    for i, (line, record) in enumerate(zip(_item_lines(text), data, strict=True)):
+        if not isinstance(record, dict):
+            raise DataError(f"{path}:{line}: item {i}: expected a JSON object, got {type(record).__name__}")
+        out.append((f"{path}:{line}", record))
+    return out
 
 
 def _read_parquet(path: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -75,7 +105,11 @@ def _read_parquet(path: Path) -> list[tuple[str, dict[str, Any]]]:
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError(f"{path}: reading Parquet needs pyarrow: pip install 'postrl[parquet]'") from None
-    return [(f"{path}: row {i}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise DataError(f"{path}: not a readable Parquet file: {err}") from None
+    return [(f"{path}: row {i}", r) for i, r in enumerate(table.to_pylist())]
 
 
 def _read_hub(name: str, split: str) -> list[tuple[str, dict[str, Any]]]:
@@ -85,19 +119,30 @@ def _read_hub(name: str, split: str) -> list[tuple[str, dict[str, Any]]]:
         raise DataError(
             f"{name!r} is not a file; loading it as a Hugging Face dataset needs: pip install 'postrl[datasets]'"
         ) from None
-    rows = datasets.load_dataset(name, split=split)
+    try:
+        rows = datasets.load_dataset(name, split=split)
+    except (OSError, ValueError, KeyError) as err:  # not found, offline, unknown split
+        raise DataError(
+            f"{name!r}: no such data file, and loading it as a Hugging Face dataset (split {split!r}) failed "
+            f"(a hub name needs network access): {type(err).__name__}: {err}"
+        ) from None
     return [(f"{name}[{split}]: row {i}", dict(r)) for i, r in enumerate(rows)]
 
 
 def read_records(source: str | Path, split: str = "train") -> list[tuple[str, dict[str, Any]]]:
     """Raw ``(location, record)`` pairs from a file or a ``datasets`` name (no schema check)."""
-    path = Path(source)
+    path = Path(source).expanduser()
     suffix = path.suffix.lower()
     if path.is_file():
         reader = {".parquet": _read_parquet, ".json": _read_json}.get(suffix, _read_jsonl)
-        return reader(path)
-    if suffix in (".jsonl", ".json", ".parquet") or path.is_dir():
-        raise DataError(f"{path}: no such data file")
+        try:
+            return reader(path)
+        except PermissionError:
+            raise DataError(f"{path}: cannot read the file (permission denied)") from None
+    if path.is_dir():
+        raise DataError(f"{path}: a folder, not a data file (.jsonl, .json or .parquet)")
+    if suffix in (".jsonl", ".json", ".parquet") or str(source).startswith(("/", ".", "~")):
+        raise DataError(f"{source}: no such data file")
     return _read_hub(str(source), split)
 
 
@@ -150,10 +195,58 @@ def validate_record(record: dict[str, Any], kind: str, where: str) -> None:
         raise DataError(f"{where}: field 'target': expected a number in [0, 1], got {target!r}")
 
 
+def _is_blank(value: str | list[dict[str, str]], last_only: bool) -> bool:
+    """An empty or whitespace-only text; for messages, the last one's content (an answer) or all of them."""
+    if isinstance(value, str):
+        return not value.strip()
+    contents = [value[-1]["content"]] if last_only else [m["content"] for m in value]
+    return not any(c.strip() for c in contents)
+
+
+def blank_fields(record: dict[str, Any], kind: str) -> list[str]:
+    """The text fields of a validated record of ``kind`` that are empty or whitespace-only."""
+    if kind == "sft" and "messages" in record and "prompt" not in record:
+        return ["messages[-1].content"] if _is_blank(record["messages"], last_only=True) else []
+    if kind == "sft" and "text" in record and "prompt" not in record:
+        return ["text"] if _is_blank(record["text"], last_only=True) else []
+    return [f for f in _TEXT_FIELDS[kind] if _is_blank(record[f], last_only=f != "prompt")]
+
+
+def _drop_blank(
+    records: list[tuple[str, dict[str, Any]]], kind: str, empty: str
+) -> list[tuple[str, dict[str, Any]]]:
+    """Records without an empty text field; the others are refused ("error") or dropped and counted."""
+    if empty not in EMPTY_POLICIES:
+        raise DataError(f"empty must be one of {EMPTY_POLICIES}; got {empty!r}")
+    blank = {where: fields for where, record in records if (fields := blank_fields(record, kind))}
+    if not blank:
+        return records
+    where, fields = next(iter(blank.items()))
+    count = f"{len(blank)} of {len(records)} {kind} rows have an empty or whitespace-only text field"
+    if empty == "error":
+        lm_hint = "; a row without a prompt is a {'text': ...} row" if fields[0] == "prompt" else ""
+        raise DataError(
+            f"{where}: field '{fields[0]}': empty or whitespace-only ({count}); fix or remove them, "
+            f"or skip them with empty=skip{lm_hint}"
+        )
+    log.warning("%s (e.g. %s: field '%s'); skipped", count, where, fields[0])
+    return [(where, record) for where, record in records if where not in blank]
+
+
 def load_rows(
-    source: str | Path, kind: str, split: str = "train", task_kwargs: dict[str, Any] | None = None
+    source: str | Path,
+    kind: str,
+    split: str = "train",
+    task_kwargs: dict[str, Any] | None = None,
+    *,
+    empty: str = "error",
 ) -> list[dict[str, Any]]:
-    """Validated rows of ``kind`` from a file, ``task:NAME`` (a built-in task) or a ``datasets`` name."""
+    """Validated rows of ``kind`` from a file, ``task:NAME`` (a built-in task) or a ``datasets`` name.
+
+    A bad record raises `DataError` naming its file:line and field. Rows with an empty or whitespace-only
+    prompt, completion, chosen or rejected are refused (``empty="error"``: the first one and the count are
+    named) or dropped with a warning that counts them (``empty="skip"``).
+    """
     text = str(source)
     if text.startswith("task:"):
         from postrl.lm.tasks import get_task
@@ -161,20 +254,29 @@ def load_rows(
         return get_task(text[len("task:") :], **(task_kwargs or {})).rows(kind, split)
     records = read_records(source, split)
     if not records:
-        raise DataError(f"{source}: no records")
+        raise DataError(f"{source}: no records (the file is empty)")
     for where, record in records:
         validate_record(record, kind, where)
-    return [record for _, record in records]
+    kept = _drop_blank(records, kind, empty)
+    if not kept:
+        raise DataError(f"{source}: no records left: every row has an empty text field")
+    return [record for _, record in kept]
 
 
 def load_train_heldout(
-    data: str, kind: str, eval_data: str | None = None, task_kwargs: dict[str, Any] | None = None
+    data: str,
+    kind: str,
+    eval_data: str | None = None,
+    task_kwargs: dict[str, Any] | None = None,
+    *,
+    empty: str = "error",
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train rows, held-out rows) of ``kind``: held-out from ``eval_data`` when given, else the test split
-    of a built-in task (``task:NAME``), else the last 5% of ``data`` (taken out of the train rows)."""
-    rows = load_rows(data, kind, "train", task_kwargs=task_kwargs)
+    of a built-in task (``task:NAME``), else the last 5% of ``data`` (taken out of the train rows).
+    ``empty``: see `load_rows`."""
+    rows = load_rows(data, kind, "train", task_kwargs=task_kwargs, empty=empty)
     if eval_data is not None:
-        return rows, load_rows(eval_data, kind, "test", task_kwargs=task_kwargs)
+        return rows, load_rows(eval_data, kind, "test", task_kwargs=task_kwargs, empty=empty)
     if str(data).startswith("task:"):
         return rows, load_rows(data, kind, "test", task_kwargs=task_kwargs)
     cut = max(1, len(rows) // 20)
@@ -191,7 +293,12 @@ def _render_prompt(value: str | list[dict[str, str]], tokenizer: Any, index: int
         return value
     if getattr(tokenizer, "chat_template", None) is None:
         raise DataError(f"row {index}: conversational data needs a tokenizer with a chat template")
-    return tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
+    try:
+        return tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
+    except Exception as err:  # raised by the tokenizer's own Jinja template (jinja2's types are optional)
+        raise DataError(
+            f"row {index}: field 'prompt': the tokenizer's chat template refused it: {err}"
+        ) from None
 
 
 def render_rows(rows: Sequence[dict[str, Any]], kind: str, tokenizer: Any) -> list[dict[str, Any]]:
@@ -297,15 +404,14 @@ def tokenize_sft(
     """SFT examples ``{"input_ids", "attention_mask", "labels"}`` from plain prompt/completion rows.
 
     input_ids = `encode_prompts` + `encode_completions` (text + EOS); labels = −100 on the prompt, the token
-    ids elsewhere. An empty prompt (``text`` rows) becomes ``[bos]``, so the first token is a target.
+    ids elsewhere. The prompt is encoded exactly as generation encodes it (a Llama-style tokenizer's BOS
+    included), so training and sampling see the same inputs; an empty prompt (``text`` rows) becomes
+    ``[bos]``, so the first token is a target.
     Overlong examples (prompt + completion + EOS > max_length) are dropped, truncated (the completion's end
     is cut; examples whose prompt alone fills the limit are dropped) or refused, and reported.
     """
-    bos = getattr(tokenizer, "bos_token_id", None)
-    prompts = [
-        p or ([bos] if bos is not None else []) for p in encode(tokenizer, [r["prompt"] for r in rows])
-    ]
-    completions = [c + [tokenizer.eos_token_id] for c in encode(tokenizer, [r["completion"] for r in rows])]
+    prompts = encode_prompts(tokenizer, [r["prompt"] for r in rows])
+    completions = encode_completions(tokenizer, [r["completion"] for r in rows])
     lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
     action = "completions cut at the limit (examples whose prompt fills it are dropped)"
     long_rows = set(_report_overlong(lengths, max_length, overlong, "SFT examples", action))

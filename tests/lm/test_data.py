@@ -14,6 +14,7 @@ from postrl.lm.data import (
     collate_preferences,
     join_prompt_response,
     load_rows,
+    load_train_heldout,
     pack_examples,
     pad,
     render_rows,
@@ -251,3 +252,130 @@ def test_data_check_command(tmp_path, capsys) -> None:
     args = parser.parse_args(["data", "check", "--kind", "sft", str(bad)])
     with pytest.raises(DataError, match=r"bad.jsonl:2: missing field 'completion'"):
         args.handler(args)
+
+
+# ---- empty text, and every unreadable source, named by file:line:field --------------------------------------
+PREF = {"prompt": "a", "chosen": "b", "rejected": "c"}
+USER = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "good", "blank", "field"),
+    [
+        ("sft", json.loads(GOOD), {"prompt": "", "completion": " 2"}, "prompt"),
+        ("sft", json.loads(GOOD), {"prompt": "Q", "completion": " \n\t"}, "completion"),
+        ("sft", json.loads(GOOD), {"text": "   "}, "text"),
+        (
+            "sft",
+            json.loads(GOOD),
+            {"messages": [USER, {"role": "assistant", "content": " "}]},
+            r"messages\[-1\].content",
+        ),
+        ("prefs", PREF, {**PREF, "chosen": ""}, "chosen"),
+        ("prefs", PREF, {**PREF, "rejected": [{"role": "assistant", "content": ""}]}, "rejected"),
+        ("prompts", {"prompt": "Q", "answer": "1"}, {"prompt": " ", "answer": "2"}, "prompt"),
+        ("prompts", {"prompt": "Q"}, {"prompt": [{**USER, "content": " "}]}, "prompt"),
+    ],
+)
+def test_empty_text_is_refused_or_skipped_and_counted(tmp_path, caplog, kind, good, blank, field) -> None:
+    lines = [json.dumps(r) for r in (good, blank, good, blank)]
+    path = _write(tmp_path, lines)
+    with pytest.raises(
+        DataError, match=rf"data.jsonl:2: field '{field}': empty or whitespace-only \(2 of 4 "
+    ):
+        load_rows(path, kind)
+    with caplog.at_level(logging.WARNING):
+        rows = load_rows(path, kind, empty="skip")
+    assert rows == [good, good]
+    assert f"2 of 4 {kind} rows have an empty or whitespace-only text field" in caplog.text
+    _write(tmp_path, [json.dumps(blank)], name="all_blank.jsonl")
+    with pytest.raises(DataError, match="no records left"):
+        load_rows(tmp_path / "all_blank.jsonl", kind, empty="skip")
+    with pytest.raises(DataError, match=r"empty must be one of \('error', 'skip'\)"):
+        load_rows(path, kind, empty="drop")
+
+
+def test_empty_policy_reaches_the_held_out_file(tmp_path) -> None:
+    train = _write(tmp_path, [GOOD] * 3, name="train.jsonl")
+    heldout = _write(tmp_path, [GOOD, json.dumps({"prompt": "Q", "completion": ""})], name="eval.jsonl")
+    with pytest.raises(DataError, match=r"eval.jsonl:2: field 'completion'"):
+        load_train_heldout(str(train), "sft", str(heldout))
+    assert len(load_train_heldout(str(train), "sft", str(heldout), empty="skip")[1]) == 1
+
+
+def test_json_list_errors_name_the_line_of_the_item(tmp_path) -> None:
+    rows = [{"prompt": "a", "completion": "b"}, {"prompt": "c", "completion": "d"}]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows, indent=2))  # each object spans 4 lines: items start on lines 2 and 6
+    assert load_rows(path, "sft") == rows
+    path.write_text(json.dumps([*rows, {"prompt": "e"}], indent=2))
+    with pytest.raises(DataError, match=r"rows.json:10: missing field 'completion'"):
+        load_rows(path, "sft")
+    path.write_text('[{"prompt": "a", "completion": "b"},\n "just text"]')
+    with pytest.raises(DataError, match=r"rows.json:2: item 1: expected a JSON object, got str"):
+        load_rows(path, "sft")
+    path.write_text("  \n")
+    with pytest.raises(DataError, match=r"rows.json: empty file"):
+        load_rows(path, "sft")
+    path.write_text('[{"prompt": "a",\n "completion": }]')
+    with pytest.raises(DataError, match=r"rows.json:2: malformed JSON"):
+        load_rows(path, "sft")
+
+
+def test_unreadable_sources_are_data_errors(tmp_path, tiny_tokenizer) -> None:
+    (tmp_path / "latin1.jsonl").write_bytes(GOOD.encode() + b"\n" + '{"prompt": "caf\xe9"}'.encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1.jsonl:2: not UTF-8 text"):
+        load_rows(tmp_path / "latin1.jsonl", "sft")
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(DataError, match=r"empty.jsonl: no records \(the file is empty\)"):
+        load_rows(tmp_path / "empty.jsonl", "sft")
+    with pytest.raises(DataError, match=r"a folder, not a data file"):
+        load_rows(tmp_path, "sft")
+    with pytest.raises(DataError, match=r"no such data file"):
+        load_rows(tmp_path / "nothing" / "here", "sft")
+    if pytest.importorskip("pyarrow"):
+        (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
+        with pytest.raises(DataError, match=r"bad.parquet: not a readable Parquet file"):
+            load_rows(tmp_path / "bad.parquet", "sft")
+    rows = [{"prompt": [{"role": "tool", "content": "x"}], "completion": "y"}]
+    with pytest.raises(DataError, match=r"row 0: field 'prompt': the tokenizer's chat template refused it"):
+        render_rows(rows, "sft", tiny_tokenizer)
+
+
+# ---- SFT prompts are the prompts generation sees --------------------------------------------------------------
+def _llama_like(tiny_corpus):
+    """A tokenizer that adds <bos> by itself, as Llama's and Mistral's do."""
+    from tokenizers import processors
+
+    from postrl.lm.tokenizer import train_bpe, wrap_tokenizer
+
+    raw = train_bpe(tiny_corpus[:300], vocab_size=300)
+    raw.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    return wrap_tokenizer(raw)
+
+
+def test_sft_prompt_ids_are_the_generation_prompt_ids(tiny_corpus, tiny_tokenizer) -> None:
+    from postrl.lm.data import encode_completions, encode_prompts
+
+    rows = [
+        {"prompt": "What is 1+1?", "completion": " 2"},
+        {"prompt": "<bos>Review: the tea", "completion": " was warm ."},  # a rendered template with its BOS
+    ]
+    for tokenizer, bos_first in ((_llama_like(tiny_corpus), True), (tiny_tokenizer, False)):
+        prompts = encode_prompts(tokenizer, [r["prompt"] for r in rows])
+        completions = encode_completions(tokenizer, [r["completion"] for r in rows])
+        examples = tokenize_sft(rows, tokenizer, max_length=64)
+        for example, p, c in zip(examples, prompts, completions, strict=True):
+            assert example["input_ids"] == p + c and example["labels"] == [-100] * len(p) + c
+        plain, rendered = (e["input_ids"] for e in examples)
+        assert (plain[0] == 2) is bos_first and plain.count(2) == int(bos_first)
+        assert rendered[0] == 2 and rendered.count(2) == 1  # the template's BOS, never a second one
+
+
+def test_pretraining_rows_are_unchanged_bos_text_eos(tiny_corpus, tiny_tokenizer) -> None:
+    """`postrl pretrain` tokenises {"prompt": "", "completion": line}: [bos] + the line + eos, every token after
+    the BOS a target, with either kind of tokenizer."""
+    for tokenizer in (_llama_like(tiny_corpus), tiny_tokenizer):
+        (example,) = tokenize_sft([{"prompt": "", "completion": "the cat sat ."}], tokenizer, max_length=64)
+        text = tokenizer("the cat sat .", add_special_tokens=False)["input_ids"]
+        assert example["input_ids"] == [2, *text, 1] and example["labels"] == [-100, *text, 1]
