@@ -84,8 +84,10 @@ class PPOBatch:
     """[B, T] targets of the critic"""
 
     def rows(self, index: Tensor | slice) -> PPOBatch:
-        """The rows ``index``, right padding trimmed to their longest response."""
+        """The rows ``index`` (at least one), right padding trimmed to their longest response."""
         mask = self.response_mask[index]
+        if mask.shape[0] == 0:
+            raise ValueError("PPOBatch.rows: no rows selected (split a short batch with minibatches())")
         width = max(1, int(mask.sum(-1).max()))
         end = self.prompt_len + width
         return PPOBatch(
@@ -98,6 +100,20 @@ class PPOBatch:
             self.advantages[index, :width],
             self.returns[index, :width],
         )
+
+    def minibatches(self, order: Tensor, n: int) -> list[PPOBatch]:
+        """The rows in ``order`` [N] cut into min(n, N) non-empty minibatches, sizes within one of each other.
+
+        An epoch's short last batch (one process keeps it) can have fewer rows than ``n``: it makes fewer
+        optimiser steps instead of empty ones, each still the token mean over its own rows. Under torchrun
+        every rank must make the same number of steps (DDP syncs each), so there N < n is refused.
+        """
+        if len(order) < n and dist.world_size() > 1:
+            raise ValueError(f"{len(order)} rows on this rank for {n} minibatches: ranks would disagree")
+        if len(order) == 0:
+            return []
+        parts = torch.tensor_split(order.to(self.input_ids.device), min(n, len(order)))
+        return [self.rows(rows) for rows in parts]
 
 
 @dataclass
