@@ -117,6 +117,12 @@ def _first_line(err: BaseException) -> str:
     return next((line for line in str(err).splitlines() if line.strip()), type(err).__name__).strip()
 
 
+def _caused_by(err: BaseException | None, kind: type[BaseException]) -> bool:
+    while err is not None and not isinstance(err, kind):
+        err = err.__cause__ or err.__context__
+    return err is not None
+
+
 def load_error(what: str, path_or_name: str | Path, local: bool, err: Exception) -> ModelError:
     """The `ModelError` for a ``from_pretrained`` failure: transformers' OSError / ValueError / hub errors
     turned into what the user can do about them."""
@@ -128,7 +134,7 @@ def load_error(what: str, path_or_name: str | Path, local: bool, err: Exception)
         )
     if "does not recognize this architecture" in text or "Unrecognized model" in text:
         return ModelError(f"{name}: this transformers version cannot build it: {_first_line(err)}")
-    if not local and isinstance(err, HFValidationError):
+    if not local and _caused_by(err, HFValidationError):  # transformers re-raises it as an OSError
         return ModelError(f"{name}: no such folder, and not a valid hub name: {_first_line(err)}")
     if not local and isinstance(err, OSError):
         offline = (
