@@ -9,9 +9,11 @@ columns; each kind accepts plain text or conversational messages (``[{"role", "c
     prefs    {"prompt", "chosen", "rejected"} (+ optional "target" in [0, 1]; 1 = chosen preferred, 0.5 = tie)
     prompts  {"prompt"} (+ any columns, passed on to reward functions, e.g. "answer")
 
-A bad record raises `DataError` naming the file, the line (row for Parquet) and the field. Prompts longer
-than a limit are counted and reported with an example row, then dropped, truncated (from the left: the end
-of a prompt is next to the answer) or refused, as configured: never silently.
+A bad record raises `DataError` naming the file, the line (row for Parquet) and the field. Rows whose
+prompt or answer is empty or whitespace-only are refused (the first named, all counted) or skipped with a
+warning that counts them. Prompts longer than a limit are counted and reported with an example row, then
+dropped, truncated (from the left: the end of a prompt is next to the answer) or refused, as configured:
+never silently.
 """
 
 from __future__ import annotations
@@ -203,7 +205,7 @@ def _is_blank(value: str | list[dict[str, str]], last_only: bool) -> bool:
     return not any(c.strip() for c in contents)
 
 
-def blank_fields(record: dict[str, Any], kind: str) -> list[str]:
+def _blank_fields(record: dict[str, Any], kind: str) -> list[str]:
     """The text fields of a validated record of ``kind`` that are empty or whitespace-only."""
     if kind == "sft" and "messages" in record and "prompt" not in record:
         return ["messages[-1].content"] if _is_blank(record["messages"], last_only=True) else []
@@ -218,7 +220,7 @@ def _drop_blank(
     """Records without an empty text field; the others are refused ("error") or dropped and counted."""
     if empty not in EMPTY_POLICIES:
         raise DataError(f"empty must be one of {EMPTY_POLICIES}; got {empty!r}")
-    blank = {where: fields for where, record in records if (fields := blank_fields(record, kind))}
+    blank = {where: fields for where, record in records if (fields := _blank_fields(record, kind))}
     if not blank:
         return records
     where, fields = next(iter(blank.items()))

@@ -9,6 +9,11 @@ Scalar heads (critic values, reward-model scores) are ``nn.Linear(d, 1)`` on the
 initialised N(0, 1/(d+1)) with bias 0 as in Stiennon et al. (2020), kept in float32. A head is saved next to
 its backbone as ``value_head.safetensors`` plus ``value_head.json``; the backbone is saved in plain Hugging
 Face format (safetensors), so any HF tool can load it.
+
+Every loader checks its source first (`model_source`: a folder with a config.json, or a hub name) and turns
+what transformers raises into a `ModelError` (a `UserError`) that names the config key, the path and what
+would work: offline hub names, custom code without ``trust_remote_code``, missing weights, unknown dtypes.
+`check_context` refuses lengths beyond the model's positions.
 """
 
 from __future__ import annotations
