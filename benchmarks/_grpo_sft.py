@@ -51,14 +51,14 @@ def build_checkpoint(args: argparse.Namespace, task_opts: dict, postrl: PostRL) 
     base = Path(args.base) if args.base else work / f"base-{args.seed}" / "model"
     if not base.is_dir():
         postrl(
-            "pretrain", "--out", str(base.parent), *BASE_PRETRAIN, f"train.seed={args.seed}",
+            "pretrain", "--out", str(base.parent), "--overwrite", *BASE_PRETRAIN, f"train.seed={args.seed}",
             f"threads={args.threads}", log=work / f"base-{args.seed}.log",
         )  # fmt: skip
     recipe = f"{args.sft_demos}-{args.checkpoint_sft_steps}-{args.checkpoint_sft_min_lr_ratio:g}-{args.seed}"
     model = work / f"sft-{recipe}" / "model"  # a changed recipe builds a new checkpoint
     if not model.is_dir():
         postrl(
-            "sft", "--model", str(base), "--data", "task:arithmetic", "--out", str(model.parent),
+            "sft", "--model", str(base), "--data", "task:arithmetic", "--out", str(model.parent), "--overwrite",
             f"task={json.dumps(sft_task(args, task_opts))}", f"train.max_steps={args.checkpoint_sft_steps}",
             "train.batch_size=64", "train.max_length=48", "train.optim.lr=0.001", "train.optim.warmup_steps=20",
             f"train.optim.min_lr_ratio={args.checkpoint_sft_min_lr_ratio}", "train.eval_every=25",

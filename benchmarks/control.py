@@ -131,7 +131,7 @@ def run_postrl(task: str, seed: int, steps: int, out_root: Path) -> dict:
         ],
     )
     cpu_start = time.process_time()
-    summary = train(cfg, out_root / f"{task}-s{seed}")
+    summary = train(cfg, out_root / f"{task}-s{seed}", overwrite=True)
     cpu_seconds = time.process_time() - cpu_start  # CPU time, robust to other jobs on a shared machine
     keys = ("eval_return_mean", "eval_return_std", "steps_per_second", "steps_to_threshold", "peak_rss_mb")
     row = {"backend": "postrl", "task": task, "seed": seed, "env_steps": summary["env_steps"]}
@@ -210,7 +210,7 @@ def reinforce_gradient_variance(train_steps: int, batches: int, out_root: Path) 
         reinforce.Config, preset_path("reinforce", "CartPole-v1"), [f"run.total_steps={train_steps}"]
     )
     run_dir = out_root / "reinforce-variance"
-    train(cfg, run_dir)
+    train(cfg, run_dir, overwrite=True)
     env = VecEnv(cfg.env, 0)
     agent = reinforce.build(cfg, env)
     load_checkpoint(latest_checkpoint(run_dir / "checkpoints"), modules=agent.modules, restore_rng=False)

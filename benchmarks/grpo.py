@@ -176,7 +176,7 @@ def bench_arithmetic(args: argparse.Namespace) -> dict:
     before = os.getloadavg()[0]
     summary = _postrl(
         "grpo", "--config", str(ROOT / "configs" / "grpo-arithmetic.yaml"), "--model", str(sft),
-        "--out", str(work / "grpo"), f"task={json.dumps(task_opts)}", f"max_seconds={args.budget}",
+        "--out", str(work / "grpo"), "--overwrite", f"task={json.dumps(task_opts)}", f"max_seconds={args.budget}",
         "max_steps=1000000", f"eval_every={args.eval_every}", f"eval_prompts={args.eval_prompts}",
         f"sampling.max_new_tokens={args.max_new_tokens}", "save_every=0", f"threads={args.threads}",
         f"seed={args.seed}", *args.grpo_set,
@@ -233,7 +233,7 @@ def _trl_task(work: Path, args: argparse.Namespace) -> tuple[Path, Path, Path]:
     sft_rows = [{"prompt": r["prompt"], "completion": " " + r["answer"]} for r in rows]
     sft_data = _write_jsonl(sft_rows, work / "sft.jsonl")
     _postrl(
-        "sft", "--model", str(work / "init"), "--data", str(sft_data), "--out", str(work / "sft"),
+        "sft", "--model", str(work / "init"), "--data", str(sft_data), "--out", str(work / "sft"), "--overwrite",
         f"train.max_steps={args.sft_steps}", "train.batch_size=32", "train.optim.lr=0.001",
         "train.optim.warmup_steps=10", "train.eval_every=0", "train.save_every=0", "train.log_every=10",
         "device=cpu", f"threads={args.threads}",
@@ -245,7 +245,7 @@ def _trl_task(work: Path, args: argparse.Namespace) -> tuple[Path, Path, Path]:
 def _postrl_on_trl_task(model: Path, train: Path, heldout: Path, out: Path, args: argparse.Namespace) -> dict:
     spec = f"{THIS}:trl"
     summary = _postrl(
-        "grpo", "--model", str(model), "--data", str(train), "--out", str(out),
+        "grpo", "--model", str(model), "--data", str(train), "--out", str(out), "--overwrite", "max_prompt_length=32",
         f"eval_data={heldout}", f"rewards=[{spec}_reward, {spec}_correct]", "reward_weights=[1.0, 0.0]",
         f"verifier={spec}_correct", f"sampling.max_new_tokens={MAX_NEW_TOKENS}", "sampling.temperature=1.0",
         "grpo.group_size=8", "grpo.prompts_per_step=2", f"grpo.beta={args.beta}", "grpo.loss_type=grpo",

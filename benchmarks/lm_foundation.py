@@ -150,7 +150,7 @@ def bench_train(args: argparse.Namespace) -> dict:
     demo = DemoConfig()
     out = Path(args.out or tempfile.mkdtemp(prefix="lm-foundation-"))
     pre_cfg = dataclasses.replace(demo.pretrain, threads=args.threads)
-    pre = run_pretrain(pre_cfg, out / "pretrain")
+    pre = run_pretrain(pre_cfg, out / "pretrain", overwrite=True)
     sft_cfg = dataclasses.replace(
         demo.sft,
         model=str(out / "pretrain" / "model"),
@@ -159,7 +159,7 @@ def bench_train(args: argparse.Namespace) -> dict:
         threads=args.threads,
         stop_accuracy=args.stop_accuracy,
     )
-    sft = run_sft(sft_cfg, out / "sft")
+    sft = run_sft(sft_cfg, out / "sft", overwrite=True)
     model = load_causal_lm(out / "sft" / "model")
     tokenizer = load_tokenizer(out / "sft" / "model")
     task = get_task("arithmetic", **demo.sft.task["arithmetic"])

@@ -63,7 +63,8 @@ def build_sft(sft: Path, threads: int) -> None:
 def run_stage(stage: str, config: str | None, out: Path, flags: list[str], overrides: list[str]) -> dict:
     """``postrl STAGE [--config CONFIG] --out OUT FLAGS OVERRIDES`` in a fresh process → its summary.json."""
     config_flags = [] if config is None else ["--config", config]
-    cmd = [sys.executable, "-m", "postrl.cli", stage, *config_flags, "--out", str(out), *flags, *overrides]
+    cmd = [sys.executable, "-m", "postrl.cli", stage, *config_flags, "--out", str(out), "--overwrite", *flags]
+    cmd += overrides
     print("$ " + " ".join(cmd[1:]), flush=True)
     start = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)

@@ -93,7 +93,7 @@ def run_one(env: str, seed: int, noise: float | None, steps: int, labels: int | 
     row = {"env": env, "seed": seed, "noise": noise}
     if noise is None:
         cfg = load_config(ppo.Config, ROOT / f"configs/ppo-{env}.yaml", common)
-        summary = train(cfg, Path(out) / f"ppo-{env}-s{seed}")
+        summary = train(cfg, Path(out) / f"ppo-{env}-s{seed}", overwrite=True)
         return {
             **row,
             "algo": "ppo",

@@ -94,19 +94,16 @@ def resolve_config(args: argparse.Namespace):
     if path is None:
         env_id = args.env or module.Config().env.id
         path = preset_path(args.algo, env_id)
-    base = {}
-    if path is not None:
-        base = read_yaml(path)
-        if base.get("algo", args.algo) != args.algo:
-            from postrl.runtime.config import ConfigError
+    if path is not None and (algo := read_yaml(path).get("algo", args.algo)) != args.algo:
+        from postrl.runtime.config import ConfigError
 
-            raise ConfigError(f"{path} is a config for algo '{base['algo']}', not '{args.algo}'")
+        raise ConfigError(f"{path} is a config for algo '{algo}', not '{args.algo}'")
     flags = [f"env.id={args.env}"] if args.env else []
     if args.total_steps is not None:
         flags.append(f"run.total_steps={int(args.total_steps)}")
     if args.seed is not None:
         flags.append(f"run.seed={args.seed}")
-    return load_config(module.Config, None, [*flags, *args.overrides], base=base)
+    return load_config(module.Config, path, [*flags, *args.overrides])
 
 
 def _interrupted(run_dir: Path) -> bool:

@@ -229,7 +229,7 @@ def _drop_blank(
         lm_hint = "; a row without a prompt is a {'text': ...} row" if fields[0] == "prompt" else ""
         raise DataError(
             f"{where}: field '{fields[0]}': empty or whitespace-only ({count}); fix or remove them, "
-            f"or skip them with empty=skip{lm_hint}"
+            f"or skip them with empty_rows=skip{lm_hint}"
         )
     log.warning("%s (e.g. %s: field '%s'); skipped", count, where, fields[0])
     return [(where, record) for where, record in records if where not in blank]

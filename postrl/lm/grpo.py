@@ -265,21 +265,9 @@ def _check_config(cfg: GRPOConfig, world: int) -> None:
         raise UserError("; ".join(bad))
 
 
-def _build_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
-    from postrl.lm.tokenizer import load_tokenizer
-
-    load = {
-        "dtype": resolve_dtype(cfg.dtype),
-        "device": info.device,
-        "trust_remote_code": cfg.trust_remote_code,
-    }
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
-    policy = load_causal_lm(cfg.model, **load)
-    ref = None
-    if cfg.grpo.beta != 0:  # β = 0: no reference model is loaded at all
-        ref = load_causal_lm(cfg.ref_model or cfg.model, **load).eval().requires_grad_(False)
-        if cfg.parallel == "fsdp":  # sharded at rest too; scoring gathers it (grpo_rollouts.collect)
-            ref = dist.wrap_model(ref, info, "fsdp")
+def _reward_fns(cfg: GRPOConfig, rows: list[dict[str, Any]], device: torch.device) -> list:
+    """The reward functions of ``cfg.rewards`` (default: the built-in task's), signature-checked against the
+    data's columns, with the verifier marked."""
     specs = list(cfg.rewards)
     if not specs:
         if not cfg.data.startswith("task:"):
@@ -287,21 +275,41 @@ def _build_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
                 f"no reward function: set rewards (e.g. rewards=[my_module:fn]) for data {cfg.data}"
             )
         specs = [cfg.data]
-    fns = load_reward_fns(specs, cfg.reward_weights, task_kwargs=cfg.task, device=info.device)
+    columns = sorted({k for r in rows for k in r} - {"prompt"})
+    fns = load_reward_fns(specs, cfg.reward_weights, task_kwargs=cfg.task, device=device, columns=columns)
     if cfg.verifier is not None:
         if cfg.verifier not in specs:
             raise UserError(f"verifier {cfg.verifier!r} is not one of the rewards {specs}")
         fns = [replace(f, is_verifier=f.name == cfg.verifier) for f in fns]
+    return fns
+
+
+def _build_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
+    """Load and check everything a run needs (models, tokenizer, prompts, reward functions)."""
+    from postrl.lm.tokenizer import load_tokenizer
+
+    load = {
+        "dtype": resolve_dtype(cfg.dtype),
+        "device": info.device,
+        "trust_remote_code": cfg.trust_remote_code,
+    }
+    policy = load_causal_lm(cfg.model, **load)
+    p, t = cfg.max_prompt_length, cfg.sampling.max_new_tokens
+    check_context(policy, p + t, f"max_prompt_length ({p}) + sampling.max_new_tokens ({t})")
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     train, heldout = _load_prompts(cfg, tokenizer)
-    longest, new = max(len(ids) for ids in train.ids + heldout.ids), cfg.sampling.max_new_tokens
-    check_context(
-        policy, longest + new, f"the longest prompt ({longest} tokens) + sampling.max_new_tokens ({new})"
-    )
     if len(train.rows) < cfg.grpo.prompts_per_step and not cfg.grpo.repeat_prompts:
         raise UserError(
             f"{cfg.data}: {len(train.rows)} prompts for grpo.prompts_per_step={cfg.grpo.prompts_per_step}; "
             "lower it or set grpo.repeat_prompts=true"
         )
+    fns = _reward_fns(cfg, train.rows, info.device)
+    ref = None
+    if cfg.grpo.beta != 0:  # β = 0: no reference model is loaded at all
+        what = "ref_model" if cfg.ref_model else "model"
+        ref = load_causal_lm(cfg.ref_model or cfg.model, **load, what=what).eval().requires_grad_(False)
+        if cfg.parallel == "fsdp":  # sharded at rest too; scoring gathers it (grpo_rollouts.collect)
+            ref = dist.wrap_model(ref, info, "fsdp")
     policy = dist.wrap_model(policy, info, cfg.parallel)
     return Run(cfg, policy, ref, tokenizer, fns, train, heldout, info.device)
 

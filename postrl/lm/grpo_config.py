@@ -85,6 +85,9 @@ class GRPOConfig:
     """Options of a built-in task, for the data and the task: rewards (e.g. {digits: 3})."""
     eval_data: str | None = None
     """Held-out prompt rows (default: the test split of a built-in task, else the last 5% of the data)."""
+    empty_rows: Literal["error", "skip"] = "error"
+    """Rows whose prompt or completion (chosen, rejected) is empty or whitespace-only: error (the default:
+    names the first one's file:line:field and the count) or skip (dropped, the count logged)."""
     rewards: list[str] = field(default_factory=list)
     """Reward functions: task:NAME, module:function (or file.py:function), rm:PATH; empty: the built-in
     task's reward when data is task:NAME."""

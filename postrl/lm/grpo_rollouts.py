@@ -105,7 +105,7 @@ def _load_prompts(cfg: GRPOConfig, tokenizer: Any) -> tuple[Prompts, Prompts]:
     """(train, held-out) prompts, rendered with the chat template where conversational, length-limited."""
     from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_train_heldout, render_rows
 
-    rows, heldout = load_train_heldout(cfg.data, "prompts", cfg.eval_data, cfg.task)
+    rows, heldout = load_train_heldout(cfg.data, "prompts", cfg.eval_data, cfg.task, empty=cfg.empty_rows)
     out = []
     for part in (rows, heldout[: cfg.eval_prompts]):
         rendered = render_rows(part, "prompts", tokenizer)

@@ -18,12 +18,15 @@ would work: offline hub names, custom code without ``trust_remote_code``, missin
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 from huggingface_hub import constants as hf_constants
@@ -118,6 +121,22 @@ def model_source(path_or_name: str | Path, what: str = "model") -> tuple[str, bo
     return str(path_or_name), False
 
 
+@functools.cache
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub's host resolves (asked once per process). When it does not, hub names are
+    loaded from the local cache only: the hub client would otherwise retry for ~30 s, printing each retry,
+    before saying the same thing."""
+    if hf_constants.is_offline_mode():
+        return False
+    host = urlparse(hf_constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        log.info("%s does not resolve: hub names are loaded from the local cache only", host)
+        return False
+    return True
+
+
 def _first_line(err: BaseException) -> str:
     return next((line for line in str(err).splitlines() if line.strip()), type(err).__name__).strip()
 
@@ -156,7 +175,8 @@ def _from_pretrained(
 ) -> PreTrainedModel:
     dtype = resolve_dtype(dtype)
     source, local = model_source(path_or_name, what)
-    kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code, "local_files_only": local}
+    kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+    kwargs["local_files_only"] = local or not hub_reachable()
     try:
         return auto_cls.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as err:  # transformers' and the hub's errors for a bad path, name or file

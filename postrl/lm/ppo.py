@@ -16,7 +16,8 @@ and the reference both use the sampling temperature.
 
 Under torchrun each rank samples its share of a step's prompts with its own generator; scores and advantages
 are whitened and losses normalised over all ranks, so an update equals one process's on the same global batch
-when ppo.minibatches = 1 (minibatches are shuffled within each rank); an epoch's short last batch is skipped.
+when ppo.minibatches = 1 (minibatches are shuffled within each rank); under torchrun an epoch's short last batch is skipped
+(each rank needs a full share); one process trains on it, in fewer minibatches if it has fewer rows.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -115,6 +116,9 @@ class PPOConfig:
     """Options of a built-in task."""
     eval_data: str | None = None
     """Held-out prompts (default: the test split of a built-in task, else the last 5% of the prompts)."""
+    empty_rows: Literal["error", "skip"] = "error"
+    """Rows whose prompt or completion (chosen, rejected) is empty or whitespace-only: error (the default:
+    names the first one's file:line:field and the count) or skip (dropped, the count logged)."""
     max_prompt_length: int = 32
     """Longer prompts are dropped (and reported)."""
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=24))
@@ -283,9 +287,8 @@ def optimise(
     history: list[dict[str, float]] = []
     for _ in range(cfg.ppo.epochs):
         order = torch.randperm(n, generator=generator)
-        # exactly `minibatches` steps on every rank (DDP syncs each one), sizes within one of each other
-        for rows in torch.tensor_split(order, cfg.ppo.minibatches):
-            mb = batch.rows(rows.to(batch.input_ids.device))
+        # `minibatches` steps (fewer for a short batch in one process), sizes within one of each other
+        for mb in batch.minibatches(order, cfg.ppo.minibatches):
             stats = backward_minibatch(roles, mb, cfg.ppo, cfg.sampling.temperature, ptx_loss)
             stats["actor_grad_norm"] = _clip_params(params["actor"], cfg.actor_optim.max_grad_norm)
             stats["critic_grad_norm"] = _clip_params(params["critic"], cfg.critic_optim.max_grad_norm)

@@ -37,6 +37,8 @@ class RewardConfig:
     missing_eos_penalty: float | None = -1.0
     """Score that REPLACES the score of a response cut at max_new_tokens without EOS (N+ details); null: keep."""
 
+    CHECKS = {"clip": "> 0"}  # valid ranges
+
 
 @dataclass(frozen=True)
 class KLConfig:
@@ -49,6 +51,8 @@ class KLConfig:
     horizon: int = 10000
     """Adaptive controller horizon, in responses."""
 
+    CHECKS = {"beta": ">= 0", "target": "> 0", "horizon": ">= 1"}  # valid ranges
+
 
 @dataclass(frozen=True)
 class GAEConfig:
@@ -60,6 +64,8 @@ class GAEConfig:
     """λ of GAE."""
     whiten_advantages: bool = True
     """Normalise advantages to mean 0, std 1 over the batch (all ranks)."""
+
+    CHECKS = {"gamma": "[0, 1]", "lam": "[0, 1]"}  # valid ranges
 
 
 @dataclass

@@ -71,7 +71,7 @@ def load_prompts(cfg: Any, tokenizer: Any) -> tuple[PromptSet, PromptSet]:
     """(train, held-out) prompts, rendered (chat template where conversational), overlong ones dropped."""
     from postrl.lm.data import DataError, load_train_heldout, render_rows, tokenize_prompts
 
-    rows, heldout = load_train_heldout(cfg.data, "prompts", cfg.eval_data, cfg.task)
+    rows, heldout = load_train_heldout(cfg.data, "prompts", cfg.eval_data, cfg.task, empty=cfg.empty_rows)
     out = []
     for part in (rows, heldout):
         kept, _ = tokenize_prompts(render_rows(part, "prompts", tokenizer), tokenizer, cfg.max_prompt_length)
@@ -252,8 +252,8 @@ def build_run(cfg: PPOConfig, info: dist.DistInfo) -> PPORun:
 
     if info.world_size > 1 and cfg.ptx.coef and cfg.critic == "shared":
         raise UserError("ptx with critic=shared is single-process only; use critic=reward_model or sft")
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     roles = build_roles(cfg, info.device)
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     if cfg.parallel == "fsdp":  # in place, before the optimisers are built on the (sharded) parameters
         for model in (roles.actor, roles.critic, roles.reference, roles.reward_model):
             if model is not None:  # (the reward model's score runs it too)

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -84,6 +84,9 @@ class RMConfig:
     """Options of a built-in task (e.g. {label_noise: 0.2})."""
     eval_data: str | None = None
     """Held-out pairs (default: the test split of a built-in task, else the last 5% of the data)."""
+    empty_rows: Literal["error", "skip"] = "error"
+    """Rows whose prompt or completion (chosen, rejected) is empty or whitespace-only: error (the default:
+    names the first one's file:line:field and the count) or skip (dropped, the count logged)."""
     loss: str = "auto"
     """soft (σ(r1−r2) against the label, ties at 0.5), pairwise (−log σ(r_w−r_l−margin), ties dropped), or
     auto (pairwise when the data has a margin column, else soft)."""
@@ -171,7 +174,7 @@ def load_pair_rows(cfg: RMConfig, tokenizer: Any) -> tuple[list[dict], list[dict
     from postrl.lm.tasks import get_task
 
     task = get_task(cfg.data[len("task:") :], **cfg.task) if cfg.data.startswith("task:") else None
-    rows, heldout = load_train_heldout(cfg.data, "prefs", cfg.eval_data, cfg.task)
+    rows, heldout = load_train_heldout(cfg.data, "prefs", cfg.eval_data, cfg.task, empty=cfg.empty_rows)
     return render_rows(rows, "prefs", tokenizer), render_rows(heldout, "prefs", tokenizer), task
 
 
@@ -289,7 +292,6 @@ def run_rm(
     info = dist.init_distributed(cfg.device)
     set_threads(cfg.threads)
     seed_everything(cfg.train.seed, info.rank)
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     rm = ScalarHeadModel.from_pretrained(
         cfg.model,
         dtype=resolve_dtype(cfg.dtype),
@@ -299,6 +301,7 @@ def run_rm(
         seed=cfg.train.seed,
     )
     check_train_length(rm, cfg.train)
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     rows, heldout, task = load_pair_rows(cfg, tokenizer)
     train = tokenize_pairs(rows, tokenizer, cfg.train.max_length, cfg.train.overlong)
     evals = tokenize_pairs(heldout, tokenizer, cfg.train.max_length, "drop")[: cfg.eval_pairs]

@@ -235,7 +235,10 @@ def load_reward_fns(
         raise RewardError("no reward function given")
     weights = [1.0] * len(specs) if weights is None else list(weights)
     if len(weights) != len(specs):
-        raise RewardError(f"{len(specs)} reward functions but {len(weights)} weights: give one weight each")
+        raise RewardError(
+            f"reward_weights has {len(weights)} weight(s) for {len(specs)} reward function(s) {list(specs)}: "
+            "give one weight per reward function"
+        )
     bad = [
         w for w in weights if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w)
     ]

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from postrl.lm.data import encode_prompts
 from postrl.lm.decoders import make_decoder
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.shared_prefix import distinct_prompts, response_logits
@@ -348,7 +349,7 @@ class RolloutEngine:
 
     def encode(self, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
         """Prompts → left-padded (ids [B, P], mask [B, P]) on the model's device; long prompts keep their end."""
-        encoded = self.tokenizer(list(prompts))["input_ids"]
+        encoded = encode_prompts(self.tokenizer, list(prompts))  # as SFT and GRPO encode them (one BOS)
         if self.max_prompt_len is not None:
             encoded = [seq[-self.max_prompt_len :] for seq in encoded]
         ids, mask = left_pad(encoded, self.tokenizer.pad_token_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from postrl.lm.trainer import (
     TrainConfig,
@@ -39,6 +39,9 @@ class SFTConfig:
     named in data (e.g. {digits: 3})."""
     eval_data: str | None = None
     """Held-out rows (default: the test split of a built-in task, else the last 5% of the data)."""
+    empty_rows: Literal["error", "skip"] = "error"
+    """Rows whose prompt or completion (chosen, rejected) is empty or whitespace-only: error (the default:
+    names the first one's file:line:field and the count) or skip (dropped, the count logged)."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """The optimisation loop."""
     eval_prompts: int = 200
@@ -88,7 +91,7 @@ def load_sft_rows(cfg: SFTConfig, tokenizer: Any) -> tuple[list[dict], list[dict
     for source in sources:
         name = source[len("task:") :] if source.startswith("task:") else None
         options = task_options(cfg.task, name, len(names)) if name else {}
-        part = load_rows(source, "sft", "train", task_kwargs=options)
+        part = load_rows(source, "sft", "train", task_kwargs=options, empty=cfg.empty_rows)
         if cfg.eval_data is None and name is not None:
             heldout += get_task(name, **options).sft_rows("test")
         elif cfg.eval_data is None:
@@ -96,7 +99,7 @@ def load_sft_rows(cfg: SFTConfig, tokenizer: Any) -> tuple[list[dict], list[dict
             part, heldout = part[:-cut], heldout + part[-cut:]
         rows += part
     if cfg.eval_data is not None:
-        heldout = load_rows(cfg.eval_data, "sft", "test")
+        heldout = load_rows(cfg.eval_data, "sft", "test", empty=cfg.empty_rows)
     return render_rows(rows, "sft", tokenizer), render_rows(heldout, "sft", tokenizer), tasks
 
 
@@ -132,10 +135,10 @@ def run_sft(
     info = dist.init_distributed(cfg.device)
     set_threads(cfg.threads)
     seed_everything(cfg.train.seed, info.rank)
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     model = load_causal_lm(
         cfg.model, dtype=resolve_dtype(cfg.dtype), device=info.device, trust_remote_code=cfg.trust_remote_code
     )
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     check_train_length(model, cfg.train)
     rows, heldout, tasks = load_sft_rows(cfg, tokenizer)
     train = prepare_examples(

@@ -21,7 +21,7 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from postrl.lm.models import ModelError, load_error, looks_like_path
+from postrl.lm.models import ModelError, hub_reachable, load_error, looks_like_path
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,10 @@ def load_tokenizer(
     source, local = _tokenizer_source(path_or_name, what)
     try:
         tokenizer = AutoTokenizer.from_pretrained(
-            source, trust_remote_code=trust_remote_code, local_files_only=local, **kwargs
+            source,
+            trust_remote_code=trust_remote_code,
+            local_files_only=local or not hub_reachable(),
+            **kwargs,
         )
     except (OSError, ValueError) as err:  # transformers' and the hub's errors for a bad path, name or file
         if "sentencepiece" in str(err):

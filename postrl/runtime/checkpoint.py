@@ -283,17 +283,17 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     A corrupt newer one is skipped with one stderr line naming its bad file and why. When checkpoints exist
     but none is intact the run cannot be resumed: a :class:`UserError` names the newest one's bad file.
     """
-    found = list_checkpoints(root)
-    newest_problem = None
-    for path in reversed(found):
+    problems = []
+    for path in reversed(list_checkpoints(root)):
         problem = checkpoint_problem(path)
         if problem is None:
+            for skipped in problems:  # said only when there is a checkpoint to fall back to
+                print(f"postrl: {skipped}; skipping that checkpoint", file=sys.stderr)
             return path
-        print(f"postrl: {problem}; skipping that checkpoint", file=sys.stderr)
-        newest_problem = newest_problem or problem
-    if newest_problem is not None:
+        problems.append(problem)
+    if problems:
         raise UserError(
-            f"{newest_problem}, and no older checkpoint in {root} is intact: the run cannot be resumed "
+            f"{problems[0]}, and no older checkpoint in {root} is intact: the run cannot be resumed "
             "(--overwrite starts it over)"
         )
     return None
@@ -325,9 +325,10 @@ def _leftover_reason(entry: Path, checkpoints: bool) -> str | None:
         return "left by an interrupted delete"
     if name.startswith(".old-"):
         return "the previous copy of a folder, left by an interrupted write"
-    if checkpoints and _STEP.fullmatch(name) and entry.is_dir():
-        _, problem = _read_state(entry / STATE_FILE)
-        return f"an incomplete checkpoint: {problem}" if problem else None
+    if checkpoints and _STEP.fullmatch(name) and entry.is_dir() and not (entry / STATE_FILE).exists():
+        # only a delete by an older postrl (rmtree in place) leaves a step folder without its state file;
+        # one whose state file is damaged is kept for latest_checkpoint to report, never deleted
+        return f"an incomplete checkpoint: no {STATE_FILE}"
     return None
 
 
@@ -353,8 +354,9 @@ def clean_leftovers(root: str | Path) -> list[Path]:
     """Finish what a killed checkpoint write or delete under checkpoint root ``root`` left; return what it removed.
 
     Removes ``.tmp-*`` (unfinished writes), ``.del-*`` (unfinished deletes), ``.old-*`` (a replaced folder's
-    previous copy, put back instead when the new one never arrived) and ``step_N`` folders whose ``state.pt``
-    is missing or cannot be loaded, with one stderr line each. Idempotent; a missing ``root`` is fine. Call it
+    previous copy, put back instead when the new one never arrived) and ``step_N`` folders without ``state.pt``
+    (half-deleted by an older postrl), with one stderr line each; a damaged ``state.pt`` is the user's to see
+    (:func:`latest_checkpoint` names it), so its folder is kept. Idempotent; a missing ``root`` is fine. Call it
     from the one process that writes, before it writes: a ``.tmp-`` folder being filled would go too.
     """
     return _clean(Path(root), checkpoints=True)

@@ -18,14 +18,12 @@ aside (one atomic step) and then removed, so a crash leaves either the old run o
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Literal
 
 from postrl.runtime import distributed as dist
-from postrl.runtime.checkpoint import latest_checkpoint
+from postrl.runtime.checkpoint import clean_leftovers, clean_run_leftovers, delete_folder, latest_checkpoint
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import RunLogger
 
@@ -77,20 +75,15 @@ def check_run_dir(path: str | Path, *, resume: bool = False, overwrite: bool = F
 
 
 def remove_run(path: Path) -> None:
-    """Delete run folder ``path`` crash-safely: rename it aside (atomic), then remove the renamed copy."""
-    aside = path.parent / f".old-{path.name}-{os.getpid()}"
-    os.replace(path, aside)
-    shutil.rmtree(aside, ignore_errors=True)
+    """Delete run folder ``path`` crash-safely: renamed aside (atomic), then removed."""
+    delete_folder(path)
 
 
-def _clean_leftovers(path: Path) -> None:
-    """Remove what a killed write left behind (temp folders and files, half-deleted checkpoints)."""
-    from postrl.runtime import checkpoint
-
-    for clean, root in (("clean_run_leftovers", path), ("clean_leftovers", path / "checkpoints")):
-        fn = getattr(checkpoint, clean, None)
-        if fn is not None:
-            fn(root)
+def _latest(root: Path) -> Path | UserError | None:
+    try:
+        return latest_checkpoint(root)
+    except UserError as err:  # raised on every rank, not on rank 0 alone (the others would wait forever)
+        return err
 
 
 def open_run(
@@ -113,10 +106,15 @@ def open_run(
     if main and mode == "overwrite":
         remove_run(path)
         print(f"postrl: --overwrite: removed the previous run in {path}", file=sys.stderr)
-    if main and mode == "resume":
-        _clean_leftovers(path)
-    dist.barrier()
-    ckpt = latest_checkpoint(path / "checkpoints") if mode == "resume" else None
+    if main and mode == "resume":  # what a killed write or delete left behind, before anything writes
+        clean_run_leftovers(path)
+        clean_leftovers(path / "checkpoints")
+    # rank 0 picks (and verifies) the checkpoint; a corrupt one is reported once, the others take its pick
+    ckpt = None
+    if mode == "resume":
+        ckpt = dist.broadcast_object(_latest(path / "checkpoints") if main else None)
+        if isinstance(ckpt, UserError):
+            raise ckpt
     if main and mode == "resume" and ckpt is None:
         print(f"postrl: {path} has no checkpoint yet; starting it from step 0", file=sys.stderr)
     logger = RunLogger(path, config, tensorboard=tensorboard, enabled=main, resume=ckpt is not None)

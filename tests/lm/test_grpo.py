@@ -150,6 +150,7 @@ def _config(tiny_lm_dir, **kw) -> GRPOConfig:
     base = dict(
         model=str(tiny_lm_dir),
         task={"n_train": 40, "n_test": 6},
+        max_prompt_length=64,
         rewards=[f"{__name__}:digits_reward", "task:arithmetic"],
         sampling=SamplingConfig(max_new_tokens=4),
         grpo=GRPOLossConfig(**{"group_size": 4, "prompts_per_step": 2, **grpo_kw}),

@@ -341,12 +341,6 @@ def test_a_one_row_minibatch_gradient_is_its_token_mean(tiny_lm_dir, tiny_rm_dir
         torch.testing.assert_close(g, p.grad, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.xfail(
-    raises=ValueError,
-    strict=True,
-    reason="ppo.optimise still cuts with torch.tensor_split(order, minibatches), which makes empty minibatches "
-    "for a short batch; it should iterate batch.minibatches(order, minibatches) (remove this mark then)",
-)
 def test_optimise_on_a_one_row_batch_with_two_minibatches(tiny_lm_dir, tiny_rm_dir, tiny_tokenizer) -> None:
     cfg = _cfg(tiny_lm_dir, tiny_rm_dir, ppo=PPOLossConfig(epochs=1, minibatches=2, grad_accum=1))
     roles = build_roles(cfg, torch.device("cpu"))

@@ -107,7 +107,7 @@ def test_bad_specs_are_user_errors(spec, message):
 
 
 def test_weights_must_match_specs():
-    with pytest.raises(RewardError, match="2 reward functions but 1 weights"):
+    with pytest.raises(RewardError, match=r"reward_weights has 1 weight\(s\) for 2 reward function\(s\)"):
         load_reward_fns(["task:arithmetic", "task:arithmetic"], [1.0])
 
 

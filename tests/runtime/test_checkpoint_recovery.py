@@ -215,12 +215,16 @@ def test_no_intact_checkpoint_is_a_user_error_naming_the_newest(tmp_path):
         latest_checkpoint(tmp_path)
 
 
-def test_an_unloadable_state_is_an_incomplete_checkpoint(tmp_path):
-    _save(tmp_path, 1)
+def test_a_damaged_checkpoint_is_kept_for_the_user_to_see(tmp_path, capsys):
+    """A step folder whose state file is damaged is corruption, not a leftover of a kill (writes are atomic):
+    the cleanup keeps it and latest_checkpoint names it and falls back."""
+    good = _save(tmp_path, 1)
     bad = _save(tmp_path, 2)
     (bad / "state.pt").write_bytes(b"")
-    assert clean_leftovers(tmp_path) == [bad]
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000001"]
+    assert clean_leftovers(tmp_path) == []
+    assert bad.is_dir()
+    assert latest_checkpoint(tmp_path) == good
+    assert f"{bad / 'state.pt'}" in capsys.readouterr().err
 
 
 def test_an_empty_root_has_no_checkpoint(tmp_path):

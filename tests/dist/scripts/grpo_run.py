@@ -86,6 +86,7 @@ def run_config(model_dir: Path) -> GRPOConfig:
     return GRPOConfig(
         model=str(model_dir),
         task={"n_train": 40, "n_test": 6},
+        max_prompt_length=64,
         sampling=SamplingConfig(max_new_tokens=4),
         grpo=GRPOLossConfig(group_size=4, prompts_per_step=2),
         max_steps=2,
