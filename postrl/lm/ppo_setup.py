@@ -358,6 +358,7 @@ def export_models(run: PPORun, run_dir: Path) -> None:
     ``RUN_DIR/critic`` (their weights gathered first under fsdp)."""
     from postrl.lm.models import ScalarHeadModel, resolve_dtype
     from postrl.lm.trainer import export_on_main
+    from postrl.runtime.checkpoint import write_dir_atomically
 
     export_on_main(run.roles.policy, run.tokenizer, run_dir / "model")
     critic, cfg = run.roles.critic, run.cfg
@@ -370,8 +371,8 @@ def export_models(run: PPORun, run_dir: Path) -> None:
             dtype = resolve_dtype(cfg.dtype)
             critic = ScalarHeadModel.from_pretrained(source, dtype=dtype, new_head=True, seed=cfg.seed)
             critic.load_state_dict(weights)
-    if dist.is_main():
-        critic.save_pretrained(run_dir / "critic", kind="value")
+    if dist.is_main():  # atomically, like every export: a kill leaves the old folder or the new one
+        write_dir_atomically(run_dir / "critic", lambda tmp: critic.save_pretrained(tmp, kind="value"))
     dist.barrier()
 
 
