@@ -68,3 +68,46 @@ def test_parser_lists_all_commands():
     text = build_parser().format_help()
     for name in ("control", "data", "pretrain", "sft", "rm", "ppo", "grpo", "generate", "demo"):
         assert name in text
+
+
+def _leaves(cfg, prefix=""):
+    """Every leaf field of a config instance as {dotted key: value}."""
+    import dataclasses
+
+    out = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(_leaves(value, f"{prefix}{f.name}."))
+        else:
+            out[prefix + f.name] = value
+    return out
+
+
+@pytest.mark.parametrize(
+    "argv, module, cls",
+    [
+        (["pretrain"], "postrl.lm.pretrain", "PretrainConfig"),
+        (["sft"], "postrl.lm.sft", "SFTConfig"),
+        (["rm"], "postrl.lm.reward_model", "RMConfig"),
+        (["ppo"], "postrl.lm.ppo", "PPOConfig"),
+        (["grpo"], "postrl.lm.grpo", "GRPOConfig"),
+        (["demo"], "postrl.demo", "DemoConfig"),
+        (["control", "train", "--algo", "trpo"], "postrl.control.trpo", "Config"),
+    ],
+)
+def test_list_keys_prints_the_defaults_a_run_uses(argv, module, cls, capsys):
+    """`--list-keys` shows, for every key, the value a run with no overrides resolves to (not the nested
+    class's own default, e.g. GRPO's optim.lr 2e-4, not OptimConfig's 1e-3)."""
+    import importlib
+    import re
+
+    from postrl.runtime.config import load_config
+
+    assert main([*argv, "--list-keys"]) == 0
+    printed = dict(re.findall(r"^  (\S+) = (.*)$", capsys.readouterr().out, flags=re.M))
+    resolved = _leaves(load_config(getattr(importlib.import_module(module), cls)))
+    assert printed, "nothing printed"
+    for key, value in resolved.items():
+        shown = printed[key]
+        assert shown == repr(value), key

@@ -371,18 +371,34 @@ def field_help(cls: type) -> dict[str, str]:
     return docs
 
 
-def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
-    """``(dotted key, default, help)`` for every leaf field of config ``cls``: the override reference."""
+def _defaults(cls: type) -> Any:
+    """An instance of ``cls`` with every default, or None when a field is required."""
+    try:
+        return cls()
+    except TypeError:
+        return None
+
+
+def describe(cls: type, prefix: str = "", values: Any = None) -> list[tuple[str, str, str]]:
+    """``(dotted key, default, help)`` for every leaf field of config ``cls``: the override reference.
+
+    The defaults are the values a run with no overrides uses: a nested config's are those of its parent's
+    default (``SFTConfig().train.max_steps``), not its own class's (``TrainConfig().max_steps``)."""
+    values = _defaults(cls) if values is None else values
     rows: list[tuple[str, str, str]] = []
     docs = field_help(cls)
     checks: Mapping[str, str] = getattr(cls, "CHECKS", {})
     types_ = _field_types(cls)
     for f in dataclasses.fields(cls):
         tp = types_[f.name]
+        value = dataclasses.MISSING if values is None else getattr(values, f.name)
         if dataclasses.is_dataclass(tp):
-            rows += describe(tp, prefix=f"{prefix}{f.name}.")
+            nested = None if value is dataclasses.MISSING else value
+            rows += describe(tp, prefix=f"{prefix}{f.name}.", values=nested)
             continue
-        if f.default is not dataclasses.MISSING:
+        if value is not dataclasses.MISSING:
+            default = repr(value)
+        elif f.default is not dataclasses.MISSING:
             default = repr(f.default)
         elif f.default_factory is not dataclasses.MISSING:
             default = repr(f.default_factory())
