@@ -1,11 +1,13 @@
 """postrl.core: the math of the notes as pure functions on torch tensors.
 
 No I/O, no models, no global state; time on the last dimension (``[..., T]``); inputs never modified.
-See DESIGN.md, "The core API".
+See DESIGN.md, "The core API" and "Core additions (wave 2)".
 """
 
 from postrl.core.distributions import diag_gaussian_entropy, diag_gaussian_log_prob
-from postrl.core.grpo import GRPO_LOSS_TYPES, group_advantages, grpo_loss
+from postrl.core.dpo import DPO_LOSS_TYPES, dpo_loss
+from postrl.core.estimators import overlong_penalty, reinforce_pp_advantages, rloo_advantages
+from postrl.core.grpo import GRPO_LOSS_TYPES, IMPORTANCE_LEVELS, group_advantages, grpo_loss
 from postrl.core.kl import (
     KL_KINDS,
     AdaptiveKLController,
@@ -32,7 +34,9 @@ from postrl.core.trpo import (
 )
 
 __all__ = [
+    "DPO_LOSS_TYPES",
     "GRPO_LOSS_TYPES",
+    "IMPORTANCE_LEVELS",
     "KL_KINDS",
     "AdaptiveKLController",
     "FixedKLController",
@@ -42,6 +46,7 @@ __all__ = [
     "diag_gaussian_entropy",
     "diag_gaussian_log_prob",
     "discounted_returns",
+    "dpo_loss",
     "entropy_from_logits",
     "flat_grad",
     "flat_params",
@@ -53,10 +58,13 @@ __all__ = [
     "masked_mean",
     "masked_sum",
     "masked_whiten",
+    "overlong_penalty",
     "pairwise_loss",
     "preference_loss",
     "ppo_clip_loss",
     "reinforce_loss",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
     "set_flat_params",
     "td_errors",
     "value_loss",

@@ -3,7 +3,8 @@
 GRPO (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300) samples G responses per prompt and uses the
 group-normalised reward as every token's advantage; Dr. GRPO (Liu et al. 2025, arXiv:2503.20783) removes the
 std scaling and the per-response length normalisation; DAPO (Yu et al. 2025, arXiv:2503.14476) adds
-clip-higher (ε_high > ε) and token-level averaging.
+clip-higher (ε_high > ε) and token-level averaging; GSPO (Zheng et al. 2025, arXiv:2507.18071) replaces the
+per-token importance ratio by one length-normalised ratio per response.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from postrl.core.kl import kl_estimate
 from postrl.core.policy_gradient import clipped_surrogate
 from postrl.core.stats import _fill, masked_mean
 
-__all__ = ["GRPO_LOSS_TYPES", "group_advantages", "grpo_loss"]
+__all__ = ["GRPO_LOSS_TYPES", "IMPORTANCE_LEVELS", "group_advantages", "grpo_loss"]
 
 
 def group_advantages(
@@ -87,6 +88,27 @@ def _dr_grpo(per_token: torch.Tensor, mask: torch.Tensor, max_len, normalizer) -
 GRPO_LOSS_TYPES: dict[str, Aggregation] = {"grpo": _grpo_mean, "token": _token_mean, "dr_grpo": _dr_grpo}
 
 
+def _token_ratio(log_ratio: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """ρ_{i,t} = exp(log π_{i,t} − log π_old,{i,t}): ``[B, T]``."""
+    return torch.exp(log_ratio)
+
+
+def _sequence_ratio(log_ratio: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """GSPO (Zheng et al. 2025): s_i = exp(Σ_t m_{i,t} log ρ_{i,t} / Σ_t m_{i,t}): ``[B, 1]``.
+
+    Not detached: ∂s_i/∂log π_{i,t} = s_i m_{i,t} / |o_i|. A row without response tokens gets s_i = 1.
+    """
+    lengths = real.sum(dim=-1, keepdim=True).clamp(min=1)  # [B, 1]
+    return torch.exp(log_ratio.sum(dim=-1, keepdim=True) / lengths)
+
+
+# `log_ratio` is 0 on padding; each maps it and the bool mask to a ratio broadcastable to [B, T].
+IMPORTANCE_LEVELS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "token": _token_ratio,
+    "sequence": _sequence_ratio,
+}
+
+
 def grpo_loss(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
@@ -101,11 +123,24 @@ def grpo_loss(
     max_len: int | None = None,
     normalizer: float | torch.Tensor | None = None,
     unbiased_kl: bool = False,
+    importance_level: str = "token",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO clipped surrogate with a k3 KL penalty, aggregated per ``loss_type``.
 
         ρ_{i,t} = exp(log π − log π_old),  k3_{i,t} = kl_estimate(log π, log π_ref, "k3")
         ℓ_{i,t} = −[ min(ρ A_i, clip(ρ, 1−ε, 1+ε_high) A_i) − β k3_{i,t} ]       (ρ k3 with ``unbiased_kl``)
+
+    ``importance_level="sequence"`` is GSPO (Zheng et al. 2025, arXiv:2507.18071): ρ_{i,t} is
+    replaced on every response token by the response's length-normalised ratio
+
+        s_i = exp( Σ_t m_{i,t} (log π_{i,t} − log π_old,{i,t}) / Σ_t m_{i,t} )
+        ℓ_{i,t} = −[ min(s_i A_i, clip(s_i, 1−ε, 1+ε_high) A_i) − β k3_{i,t} ]
+
+    s_i is not detached, so the gradient reaches every token of the response through it; with
+    ``loss_type="grpo"`` the loss is GSPO's −(1/B) Σ_i min(s_i A_i, clip(s_i) A_i) (+ the KL term). GSPO's
+    ε are those of its paper (e.g. 3e-4 and 4e-4), far below token-level ones, since s_i is a geometric mean.
+    ``unbiased_kl`` still weights k3 by the token ratio ρ_{i,t}, which is what makes each token's KL
+    gradient unbiased.
 
     KL gradient. The tokens are samples of π_old, so (at ρ = 1) E[∇k3] = −Σ_y π_ref(y) ∇log π(y) =
     ∇KL(π_ref‖π), the forward KL, although k3's value estimates the reverse KL(π‖π_ref). ``unbiased_kl``
@@ -134,16 +169,25 @@ def grpo_loss(
             micro-batch the same value and the sum of their losses equals the full-batch loss. For
             ``dr_grpo`` it replaces ``B · max_len``.
         unbiased_kl: weight k3 by ρ (see "KL gradient" above); the logged ``kl`` stays the plain k3 mean.
+        importance_level: ``"token"`` (GRPO, PPO's per-token ρ) or ``"sequence"`` (GSPO's s_i); see
+            ``IMPORTANCE_LEVELS``.
 
     Returns:
         ``(loss, stats)``: 0-dim loss and detached 0-dim local stats: ``clip_fraction`` (as
         :func:`ppo_clip_loss`), ``kl`` (masked mean k3; 0 when ``ref_log_probs`` is None), ``ratio_mean``.
+        For ``"token"`` the fractions and means are over response tokens; for ``"sequence"`` over responses
+        (those with at least one token): the fraction of responses whose s_i is clipped and the mean s_i
+        (with per-token ``advantages``, a response counts by the fraction of its tokens that are clipped).
 
     Raises:
-        ValueError: unknown ``loss_type``, or ``beta != 0`` without ``ref_log_probs``.
+        ValueError: unknown ``loss_type`` or ``importance_level``, or ``beta != 0`` without ``ref_log_probs``.
     """
     if loss_type not in GRPO_LOSS_TYPES:
         raise ValueError(f"grpo_loss: unknown loss_type {loss_type!r}; valid: {sorted(GRPO_LOSS_TYPES)}")
+    if importance_level not in IMPORTANCE_LEVELS:
+        raise ValueError(
+            f"grpo_loss: unknown importance_level {importance_level!r}; valid: {sorted(IMPORTANCE_LEVELS)}"
+        )
     if ref_log_probs is None and beta != 0:
         raise ValueError("grpo_loss: ref_log_probs is required when beta != 0")
     real = mask != 0
@@ -152,18 +196,32 @@ def grpo_loss(
     log_probs = _fill(log_probs, real)
     old_log_probs = _fill(old_log_probs.detach(), real)
     advantages = _fill(advantages.detach(), real)  # [B, T]
-    ratio = torch.exp(log_probs - old_log_probs)
-    surrogate, clipped = clipped_surrogate(ratio, advantages, clip_eps, clip_eps_high)
+    log_ratio = log_probs - old_log_probs  # [B, T], 0 on padding
+    ratio = IMPORTANCE_LEVELS[importance_level](log_ratio, real)  # [B, T] or [B, 1] (GSPO)
+    surrogate, clipped = clipped_surrogate(ratio, advantages, clip_eps, clip_eps_high)  # [B, T]
     per_token = -surrogate  # 0 on padding: every input is 0 there, so ρ = 1, A = 0 and k3 = 0
     kl = None
     if ref_log_probs is not None:
         kl = kl_estimate(log_probs, _fill(ref_log_probs.detach(), real), "k3")
-        per_token = per_token + beta * (kl * ratio if unbiased_kl else kl)
+        per_token = per_token + beta * (kl * torch.exp(log_ratio) if unbiased_kl else kl)
     loss = GRPO_LOSS_TYPES[loss_type](per_token, real.to(per_token.dtype), max_len, normalizer)
     with torch.no_grad():
+        clip_fraction, ratio_mean = _ratio_stats(ratio, clipped, real, importance_level)
         stats = {
-            "clip_fraction": masked_mean(clipped.to(ratio.dtype), real),
+            "clip_fraction": clip_fraction,
             "kl": torch.zeros((), dtype=ratio.dtype) if kl is None else masked_mean(kl, real),
-            "ratio_mean": masked_mean(ratio, real),
+            "ratio_mean": ratio_mean,
         }
     return loss, stats
+
+
+def _ratio_stats(
+    ratio: torch.Tensor, clipped: torch.Tensor, real: torch.Tensor, importance_level: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(clip fraction, mean ratio) over response tokens (token level) or over responses (sequence level)."""
+    clipped = clipped.to(ratio.dtype)
+    if importance_level == "token":
+        return masked_mean(clipped, real), masked_mean(ratio, real)
+    has_tokens = real.any(dim=-1)  # [B]
+    per_response = masked_mean(clipped, real, dim=-1)  # [B] fraction of the response's tokens clipped
+    return masked_mean(per_response, has_tokens), masked_mean(ratio.squeeze(-1), has_tokens)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from postrl.core import group_advantages
+from postrl.core import group_advantages, overlong_penalty
 from postrl.lm.grpo_config import GRPOConfig
 from postrl.lm.rewards import RewardFunction, combine, reward_terms
 from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, left_pad, score
@@ -169,15 +169,6 @@ def _rewards(run: Run, rows: list[dict[str, Any]], texts: list[str]) -> dict[str
 def _accuracy(run: Run, terms: dict[str, Tensor]) -> Tensor | None:
     verifiers = [f.name for f in run.fns if f.is_verifier]
     return terms[verifiers[0]] if verifiers else None
-
-
-def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float) -> Tensor:
-    """DAPO soft overlong punishment (Yu et al. 2025, eq. 13): 0 up to max_len − buffer, then falling linearly
-    to −penalty at max_len. lengths: [N] → [N]."""
-    if buffer <= 0:
-        return torch.zeros(lengths.shape, dtype=torch.float32)
-    over = (lengths.float() - (max_len - buffer)).clamp(min=0.0)
-    return -penalty * (over / buffer).clamp(max=1.0)
 
 
 def _merge(parts: list[Rollout], pad_id: int) -> Rollout:

@@ -36,6 +36,18 @@ DESIGN_SIGNATURES = {
         "beta",
         "loss_type",
     ],  # fmt: skip
+    "rloo_advantages": ["rewards", "group_size"],
+    "reinforce_pp_advantages": ["rewards", "group_size"],
+    "overlong_penalty": ["lengths", "max_len", "buffer_len", "penalty"],
+    "dpo_loss": [
+        "chosen_logps",
+        "rejected_logps",
+        "ref_chosen_logps",
+        "ref_rejected_logps",
+        "beta",
+        "loss_type",
+        "target",
+    ],  # fmt: skip
     "conjugate_gradient": ["Avp", "b", "iters", "residual_tol"],
     "backtracking_line_search": [
         "f",
@@ -56,6 +68,8 @@ def test_design_names_and_positional_order():
         assert positional == expected, name
     for name in core.__all__:
         assert hasattr(core, name), name
+    # wave 2: a keyword of grpo_loss
+    assert inspect.signature(core.grpo_loss).parameters["importance_level"].default == "token"
 
 
 @PROP
@@ -86,6 +100,13 @@ def test_inputs_are_never_modified_in_place(seed, width):
     core.group_advantages(seq, 2)
     for loss_type in ("grpo", "token", "dr_grpo"):
         core.grpo_loss(a, b, c, seq, mask, 0.2, 0.1, loss_type)
+        core.grpo_loss(a, b, c, seq, mask, 0.2, 0.1, loss_type, importance_level="sequence")
+    core.rloo_advantages(seq, 2)
+    core.reinforce_pp_advantages(seq, 2)
+    core.reinforce_pp_advantages(seq)
+    core.overlong_penalty(seq.abs() * 4, 5, 2)
+    for loss_type in ("sigmoid", "ipo"):
+        core.dpo_loss(seq, seq.flip(0), seq.abs(), seq * 0.5, 0.1, loss_type, seq.sigmoid())
     spd = d.T @ d + torch.eye(width, dtype=torch.float64)
     rhs, step = e[0], e[1]
     core.conjugate_gradient(lambda v: spd @ v, rhs)
