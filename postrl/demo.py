@@ -24,6 +24,7 @@ from postrl.lm.pretrain import PretrainConfig
 from postrl.lm.reward_model import RMConfig
 from postrl.lm.rollout import SamplingConfig
 from postrl.lm.sft import SFTConfig
+from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig, TrainConfig
 from postrl.runtime.checkpoint import atomic_write_text
 from postrl.runtime.config import validate
@@ -40,15 +41,9 @@ class DemoConfig:
     pretrain: PretrainConfig = field(
         default_factory=lambda: PretrainConfig(
             arithmetic=ARITHMETIC,
-            train=TrainConfig(
-                max_steps=800,
-                batch_size=32,
-                max_length=128,
-                packing=True,
-                eval_every=200,
-                save_every=200,
-                optim=OptimConfig(lr=3e-3, warmup_steps=50, weight_decay=0.1),
-            ),
+            train=TrainConfig(batch_size=32, max_length=128, packing=True),
+            optim=OptimConfig(lr=3e-3, warmup_steps=50, weight_decay=0.1),
+            run=RunConfig(steps=800, eval_every=200, save_every=200),
         )
     )
     """Stage 1: the tiny LM and its tokenizer, from scratch."""
@@ -57,14 +52,9 @@ class DemoConfig:
             data="task:arithmetic,task:reviews",
             task={"arithmetic": ARITHMETIC},
             stop_accuracy=0.3,
-            train=TrainConfig(
-                max_steps=600,
-                batch_size=64,
-                max_length=48,
-                eval_every=25,
-                save_every=50,
-                optim=OptimConfig(lr=1e-3, warmup_steps=20),
-            ),
+            train=TrainConfig(batch_size=64, max_length=48),
+            optim=OptimConfig(lr=1e-3, warmup_steps=20),
+            run=RunConfig(steps=600, eval_every=25, save_every=50),
         )
     )
     """Stage 2: supervised fine-tuning on both tasks' demonstrations, stopped at a held-out accuracy band."""
@@ -131,14 +121,14 @@ def quick(cfg: DemoConfig) -> DemoConfig:
         pretrain=r(
             cfg.pretrain,
             corpus_lines=2000,
-            train=r(
-                cfg.pretrain.train, max_steps=30, eval_every=15, save_every=15, batch_size=8, max_length=64
-            ),
+            train=r(cfg.pretrain.train, batch_size=8, max_length=64),
+            run=r(cfg.pretrain.run, steps=30, eval_every=15, save_every=15),
         ),
         sft=r(
             cfg.sft,
-            eval_prompts=50,
-            train=r(cfg.sft.train, max_steps=30, eval_every=15, save_every=15, batch_size=32),
+            eval_size=50,
+            train=r(cfg.sft.train, batch_size=32),
+            run=r(cfg.sft.run, steps=30, eval_every=15, save_every=15),
         ),
         rm=r(
             cfg.rm,
@@ -165,12 +155,11 @@ def wire(cfg: DemoConfig, out: Path) -> DemoConfig:
     sft_model, rm_model = str(out / "sft" / "model"), str(out / "rm" / "model")
     return r(
         cfg,
-        pretrain=r(cfg.pretrain, threads=cfg.threads, train=r(cfg.pretrain.train, seed=cfg.seed)),
+        pretrain=r(cfg.pretrain, run=r(cfg.pretrain.run, seed=cfg.seed, threads=cfg.threads)),
         sft=r(
             cfg.sft,
             model=str(out / "pretrain" / "model"),
-            threads=cfg.threads,
-            train=r(cfg.sft.train, seed=cfg.seed),
+            run=r(cfg.sft.run, seed=cfg.seed, threads=cfg.threads),
         ),
         rm=r(
             cfg.rm,
@@ -220,14 +209,8 @@ def continued_sft(cfg: DemoConfig, out: Path, seconds: float) -> SFTConfig:
         cfg.sft,
         model=str(out / "sft" / "model"),
         stop_accuracy=None,
-        train=r(
-            cfg.sft.train,
-            max_steps=100_000,
-            max_seconds=seconds,
-            eval_every=0,
-            save_every=50,
-            optim=r(cfg.sft.train.optim, warmup_steps=0, min_lr_ratio=1.0),
-        ),
+        optim=r(cfg.sft.optim, warmup_steps=0, min_lr_ratio=1.0),
+        run=r(cfg.sft.run, steps=100_000, max_seconds=seconds, eval_every=0, save_every=50),
     )
 
 

@@ -12,8 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from postrl.lm.models import TinyLMConfig, build_tiny_lm
+from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import (
+    TRAIN_RENAMED,
     OptimConfig,
+    Supervised,
     TrainConfig,
     check_train_length,
     export_on_main,
@@ -42,25 +45,18 @@ class PretrainConfig:
     reviews: dict[str, Any] = field(default_factory=dict)
     """Options of the reviews task whose train split feeds the corpus."""
     train: TrainConfig = field(
-        default_factory=lambda: TrainConfig(
-            max_steps=600,
-            batch_size=32,
-            max_length=128,
-            packing=True,
-            eval_every=200,
-            save_every=200,
-            optim=OptimConfig(lr=3e-3, warmup_steps=50, weight_decay=0.1),
-        )
+        default_factory=lambda: TrainConfig(batch_size=32, max_length=128, packing=True)
     )
-    """The optimisation loop."""
-    device: str = "auto"
-    """cpu, cuda, cuda:1, mps, or auto."""
-    threads: int | None = None
-    """torch intra-op threads (null: torch's default)."""
-    tensorboard: bool = False
-    """Also write TensorBoard event files."""
+    """Batches (packed blocks of max_length tokens)."""
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=3e-3, warmup_steps=50, weight_decay=0.1)
+    )
+    """AdamW and its schedule."""
+    run: RunConfig = field(default_factory=lambda: RunConfig(steps=600, eval_every=200, save_every=200))
+    """Steps, seed, logging, evaluation and checkpoint cadence, device, threads, parallelism."""
 
     CHECKS = {"vocab_size": ">= 1", "corpus_lines": ">= 1"}
+    RENAMED = TRAIN_RENAMED
 
 
 def corpus_and_heldout(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
@@ -68,7 +64,7 @@ def corpus_and_heldout(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
     from postrl.lm.tasks import build_corpus, get_task
 
     arith, reviews = get_task("arithmetic", **cfg.arithmetic), get_task("reviews", **cfg.reviews)
-    corpus = build_corpus(cfg.corpus_lines, cfg.train.seed, arithmetic=arith.config, reviews=reviews.config)
+    corpus = build_corpus(cfg.corpus_lines, cfg.run.seed, arithmetic=arith.config, reviews=reviews.config)
     heldout = [r["prompt"] + r["completion"] for t in (arith, reviews) for r in t.sft_rows("test")]
     return corpus, heldout
 
@@ -83,9 +79,10 @@ def run_pretrain(
 
     run_dir = Path(run_dir)
     validate(cfg)
-    info = dist.init_distributed(cfg.device)
-    set_threads(cfg.threads)
-    seed_everything(cfg.train.seed, info.rank)
+    run = cfg.run
+    info = dist.init_distributed(run.device)
+    set_threads(run.threads)
+    seed_everything(run.seed, info.rank)
     corpus, heldout = corpus_and_heldout(cfg)
     tokenizer = build_tokenizer(
         corpus, vocab_size=cfg.vocab_size, model_max_length=cfg.model.max_position_embeddings
@@ -97,27 +94,19 @@ def run_pretrain(
     model = build_tiny_lm(
         len(tokenizer),
         cfg.model,
-        seed=cfg.train.seed,
+        seed=run.seed,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
     ).to(info.device)
     check_train_length(model, cfg.train)
-    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.tensorboard)
-    ddp = dist.wrap_model(model, info, cfg.train.parallel)
-    n_tokens = sum(len(e["input_ids"]) for e in train)
-    result = run_training(
-        ddp,
-        tokenizer,
-        train,
-        evals,
-        cfg.train,
-        run_dir,
-        logger,
-        device=info.device,
-        desc="pretrain",
-        resume=ckpt,
+    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=run.tensorboard)
+    ddp = dist.wrap_model(model, info, run.parallel)
+    algo = Supervised(
+        ddp, tokenizer, train, evals, cfg.train, cfg.optim, run, device=info.device, name="pretrain"
     )
+    result = run_training(algo, run_dir, logger, ckpt)
     export_on_main(ddp, tokenizer, run_dir / "model")
     n_params = sum(p.numel() for p in model.parameters())
+    n_tokens = sum(len(e["input_ids"]) for e in train)
     return logger.finish({**result, "n_params": n_params, "corpus_tokens": n_tokens})

@@ -8,7 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import (
+    TRAIN_RENAMED,
+    OptimConfig,
+    Supervised,
     TrainConfig,
     check_train_length,
     export_on_main,
@@ -42,31 +46,25 @@ class SFTConfig:
     empty_rows: Literal["error", "skip"] = "error"
     """Rows whose prompt or completion (chosen, rejected) is empty or whitespace-only: error (the default:
     names the first one's file:line:field and the count) or skip (dropped, the count logged)."""
-    train: TrainConfig = field(default_factory=TrainConfig)
-    """The optimisation loop."""
-    eval_prompts: int = 200
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(batch_size=8, max_length=1024))
+    """Batches: examples per step, micro-batches, length limit, packing (TRL's SFT defaults)."""
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=2e-5, warmup_steps=0, min_lr_ratio=0.0, betas=(0.9, 0.999))
+    )
+    """AdamW and its schedule (TRL's SFT defaults; the built-in tiny models use configs/sft-arithmetic.yaml)."""
+    run: RunConfig = field(default_factory=lambda: RunConfig(steps=1000, eval_every=500, save_every=500))
+    """Steps, seed, logging, evaluation and checkpoint cadence, device, dtype, threads, parallelism."""
+    eval_size: int = 200
     """Held-out prompts for greedy exact-match accuracy (built-in tasks with a verifier)."""
     eval_max_new_tokens: int = 8
     """Tokens generated per prompt for the accuracy check."""
     stop_accuracy: float | None = None
     """Stop once held-out accuracy reaches this (e.g. 0.3 to leave room for RL); null: never."""
-    device: str = "auto"
-    """cpu, cuda, cuda:1, mps, or auto."""
-    dtype: str = "float32"
-    """Weights dtype: float32, bfloat16 or float16."""
-    threads: int | None = None
-    """torch intra-op threads (null: torch's default)."""
     trust_remote_code: bool = False
     """Run the model repository's own code (only for models you trust)."""
-    tensorboard: bool = False
-    """Also write TensorBoard event files."""
 
-    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
-        "eval_prompts": ">= 0",
-        "eval_max_new_tokens": ">= 1",
-        "stop_accuracy": "[0, 1]",
-        "threads": ">= 1",
-    }
+    CHECKS = {"eval_size": ">= 0", "eval_max_new_tokens": ">= 1", "stop_accuracy": "[0, 1]"}
+    RENAMED = TRAIN_RENAMED | {"eval_prompts": "eval_size"}
 
 
 def task_options(cfg_task: dict[str, Any], name: str, n_tasks: int) -> dict[str, Any]:
@@ -113,7 +111,7 @@ def accuracy_callback(tasks: list[Any], tokenizer: Any, cfg: SFTConfig):
 
     def evaluate(model: Any) -> dict[str, float]:
         result = evaluate_task(
-            model, tokenizer, task, n=cfg.eval_prompts, max_new_tokens=cfg.eval_max_new_tokens
+            model, tokenizer, task, n=cfg.eval_size, max_new_tokens=cfg.eval_max_new_tokens
         )
         return {"heldout_accuracy": result["reward"]}
 
@@ -132,11 +130,12 @@ def run_sft(
 
     run_dir = Path(run_dir)
     validate(cfg)
-    info = dist.init_distributed(cfg.device)
-    set_threads(cfg.threads)
-    seed_everything(cfg.train.seed, info.rank)
+    run = cfg.run
+    info = dist.init_distributed(run.device)
+    set_threads(run.threads)
+    seed_everything(run.seed, info.rank)
     model = load_causal_lm(
-        cfg.model, dtype=resolve_dtype(cfg.dtype), device=info.device, trust_remote_code=cfg.trust_remote_code
+        cfg.model, dtype=resolve_dtype(run.dtype), device=info.device, trust_remote_code=cfg.trust_remote_code
     )
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     check_train_length(model, cfg.train)
@@ -154,20 +153,11 @@ def run_sft(
         def stop(metrics: dict[str, float]) -> bool:
             return metrics.get("heldout_accuracy", 0.0) >= cfg.stop_accuracy
 
-    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.tensorboard)
-    result = run_training(
-        dist.wrap_model(model, info, cfg.train.parallel),
-        tokenizer,
-        train,
-        evals,
-        cfg.train,
-        run_dir,
-        logger,
-        device=info.device,
-        desc="sft",
-        evaluate=evaluate,
-        should_stop=stop,
-        resume=ckpt,
-    )
+    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=run.tensorboard)
+    algo = Supervised(
+        dist.wrap_model(model, info, run.parallel), tokenizer, train, evals, cfg.train, cfg.optim, run,
+        device=info.device, name="sft", evaluate=evaluate, should_stop=stop,
+    )  # fmt: skip
+    result = run_training(algo, run_dir, logger, ckpt)
     export_on_main(model, tokenizer, run_dir / "model")
     return logger.finish({**result, "train_examples": len(train)})

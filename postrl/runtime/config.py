@@ -8,7 +8,8 @@ names the dotted key and suggests the closest valid one.
 Every value is checked too. A config class may declare the valid range of its numeric fields in a class
 constant ``CHECKS = {"lr": "> 0", "gamma": "[0, 1]", "batch_size": ">= 1"}`` (open or closed intervals,
 or one comparison); a value outside it, and a NaN in any float field, is a :class:`ConfigError` that
-names the dotted key, the value and the valid range. :func:`validate` runs these checks on a config built
+names the dotted key, the value and the valid range. Keys renamed between versions are listed in a class
+constant ``RENAMED`` (old dotted key → new one): an old key is an error that names its new name. :func:`validate` runs these checks on a config built
 in Python; :func:`from_dict` and :func:`load_config` run them on every config they build.
 """
 
@@ -30,13 +31,10 @@ from typing import Any, TypeVar
 
 import yaml
 
-from postrl.runtime.errors import UserError
+from postrl.runtime.errors import ConfigError as ConfigError
+from postrl.runtime.presets import config_file
 
 T = TypeVar("T")
-
-
-class ConfigError(UserError, ValueError):
-    """A config file or override that does not match the config's dataclass."""
 
 
 def _suggest(key: str, valid: Sequence[str]) -> str:
@@ -157,11 +155,25 @@ def _coerce_scalar(value: Any, tp: Any, key: str) -> Any:
     return out
 
 
+def _check_renamed(cls: type, key: str, value: Any, prefix: str) -> None:
+    """An old key name is an error that names the new one. A config class lists its old names in a class
+    constant ``RENAMED = {"train.max_steps": "run.steps", "device": "run.device"}`` (dotted paths relative
+    to the class; an old section, e.g. ``train``, is matched through the keys given under it)."""
+    renamed: Mapping[str, str] = getattr(cls, "RENAMED", {})
+    paths = [key]
+    if isinstance(value, Mapping):
+        paths += [f"{key}.{sub}" for sub in value]
+    for old in paths:
+        if old in renamed:
+            raise ConfigError(f"'{prefix}{old}' was renamed: use '{prefix}{renamed[old]}'")
+
+
 def _from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     types_ = _field_types(cls)
     unknown = [k for k in data if k not in types_]
     if unknown:
         key = unknown[0]
+        _check_renamed(cls, key, data[key], prefix)
         valid = [prefix + name for name in types_]
         raise ConfigError(f"unknown config key '{prefix}{key}'{_suggest(prefix + key, valid)}")
     defaults = {f.name: f for f in dataclasses.fields(cls)}
@@ -304,8 +316,8 @@ def _deepcopy_dict(d: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping (safe loader); errors name the file."""
-    path = Path(path)
+    """Read a YAML mapping (safe loader) from a file or a shipped preset's name; errors name the file."""
+    path = config_file(path)  # a file, else a shipped preset of that name
     try:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:

@@ -7,3 +7,7 @@ bug in postrl and keeps its traceback.
 
 class UserError(Exception):
     """Bad input: the message says what and where (file, line, key, sample)."""
+
+
+class ConfigError(UserError, ValueError):
+    """A config file or override that does not match the config's dataclass."""

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from postrl.lm.data import tokenize_sft
+from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import (
     OptimConfig,
+    Supervised,
     TrainConfig,
     cosine_schedule,
     iterate_batches,
@@ -71,9 +73,11 @@ def test_gradient_accumulation_does_not_change_the_step(tiny_lm_dir, tiny_tokeni
     results = []
     for grad_accum in (1, accum):
         model = load_causal_lm(tiny_lm_dir)
-        cfg = TrainConfig(batch_size=8, grad_accum=grad_accum, optim=OptimConfig(lr=1e-2, warmup_steps=0))
-        opt, _ = make_optimizer(model, cfg.optim, 10)
-        out = train_step(model, opt, examples, indices, cfg, tiny_tokenizer.pad_token_id, torch.device("cpu"))
+        cfg, optim = TrainConfig(batch_size=8, grad_accum=grad_accum), OptimConfig(lr=1e-2, warmup_steps=0)
+        opt, _ = make_optimizer(model, optim, 10)
+        out = train_step(
+            model, opt, examples, indices, cfg, optim, tiny_tokenizer.pad_token_id, torch.device("cpu")
+        )
         results.append((out["loss"], out["grad_norm"], _params(model)))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
     assert results[0][1] == pytest.approx(results[1][1], rel=1e-5)  # the gradient's scale
@@ -91,60 +95,29 @@ def test_batch_order_is_a_function_of_position():
     assert first_epoch == list(range(10))  # every example once per epoch
 
 
-def _cfg(**kw):
-    base = dict(
-        max_steps=6,
-        batch_size=4,
-        eval_every=3,
-        save_every=3,
-        log_every=1,
-        optim=OptimConfig(lr=5e-3, warmup_steps=2),
-    )
-    return TrainConfig(**{**base, **kw})
+def _algo(model, tokenizer, examples, steps=6, eval_every=3, save_every=3, **kw):
+    """The SFT algorithm on the tiny model: batch 4, lr 5e-3 with 2 warmup steps, a row every step."""
+    run = RunConfig(steps=steps, eval_every=eval_every, save_every=save_every, log_every=1)
+    return Supervised(
+        model, tokenizer, examples, examples[:4], TrainConfig(batch_size=4), OptimConfig(lr=5e-3, warmup_steps=2),
+        run, device=torch.device("cpu"), **kw,
+    )  # fmt: skip
 
 
 def test_resume_is_exact(tiny_lm_dir, tiny_tokenizer, tmp_path):
     from postrl.lm.models import load_causal_lm
 
     examples = tokenize_sft(ROWS, tiny_tokenizer, max_length=64)
-    cfg = _cfg()
     straight = load_causal_lm(tiny_lm_dir)
-    run_training(
-        straight,
-        tiny_tokenizer,
-        examples,
-        examples[:4],
-        cfg,
-        tmp_path / "a",
-        RunLogger(tmp_path / "a"),
-        device=torch.device("cpu"),
-    )
+    run_training(_algo(straight, tiny_tokenizer, examples), tmp_path / "a", RunLogger(tmp_path / "a"))
     # an interrupted run: it stops right after the step-3 checkpoint
     model = load_causal_lm(tiny_lm_dir)
-    run_training(
-        model,
-        tiny_tokenizer,
-        examples,
-        examples[:4],
-        cfg,
-        tmp_path / "b",
-        RunLogger(tmp_path / "b"),
-        device=torch.device("cpu"),
-        should_stop=lambda m: True,
-    )
+    interrupted = _algo(model, tiny_tokenizer, examples, should_stop=lambda m: True)
+    run_training(interrupted, tmp_path / "b", RunLogger(tmp_path / "b"))
     torch.manual_seed(123)  # a different process: nothing may depend on the RNG left behind
     resumed = load_causal_lm(tiny_lm_dir)
-    run_training(
-        resumed,
-        tiny_tokenizer,
-        examples,
-        examples[:4],
-        cfg,
-        tmp_path / "b",
-        RunLogger(tmp_path / "b", resume=True),
-        device=torch.device("cpu"),
-        resume=True,
-    )
+    logger = RunLogger(tmp_path / "b", resume=True)
+    run_training(_algo(resumed, tiny_tokenizer, examples), tmp_path / "b", logger, resume=True)
     for a, b in zip(straight.parameters(), resumed.parameters(), strict=True):
         assert torch.equal(a, b)
     steps = [r["step"] for r in read_jsonl(tmp_path / "b" / "metrics.jsonl") if "loss" in r]
@@ -156,23 +129,16 @@ def test_short_sft_lowers_heldout_loss(tiny_lm_dir, tiny_tokenizer, tmp_path):
 
     model = load_causal_lm(tiny_lm_dir)
     examples = tokenize_sft(ROWS, tiny_tokenizer, max_length=64)
-    cfg = TrainConfig(
-        max_steps=30, batch_size=8, eval_every=0, save_every=0, optim=OptimConfig(lr=1e-2, warmup_steps=3)
-    )
     from postrl.lm.trainer import heldout_loss
 
     batches = [make_batches(examples[:4], tiny_tokenizer.pad_token_id)]
     before = heldout_loss(model, batches)
-    result = run_training(
-        model,
-        tiny_tokenizer,
-        examples,
-        examples[:4],
-        cfg,
-        tmp_path,
-        RunLogger(tmp_path),
+    algo = Supervised(
+        model, tiny_tokenizer, examples, examples[:4], TrainConfig(batch_size=8),
+        OptimConfig(lr=1e-2, warmup_steps=3), RunConfig(steps=30, eval_every=0, save_every=0),
         device=torch.device("cpu"),
-    )
+    )  # fmt: skip
+    result = run_training(algo, tmp_path, RunLogger(tmp_path))
     assert result["heldout_loss"] < 0.5 * before
 
 
@@ -184,16 +150,7 @@ def test_a_checkpoint_is_a_hugging_face_model_folder(tiny_lm_dir, tiny_tokenizer
 
     model = load_causal_lm(tiny_lm_dir)
     examples = tokenize_sft(ROWS, tiny_tokenizer, max_length=64)
-    run_training(
-        model,
-        tiny_tokenizer,
-        examples,
-        examples[:4],
-        _cfg(max_steps=3, eval_every=0),
-        tmp_path,
-        RunLogger(tmp_path),
-        device=torch.device("cpu"),
-    )
+    run_training(_algo(model, tiny_tokenizer, examples, steps=3, eval_every=0), tmp_path, RunLogger(tmp_path))
     folder = latest_checkpoint(tmp_path / "checkpoints")
     loaded = AutoModelForCausalLM.from_pretrained(folder)
     for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):

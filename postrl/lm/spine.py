@@ -1,0 +1,252 @@
+"""The loop every LM trainer shares: steps, logging, evaluation cadence, time limit, checkpoints, resume.
+
+An algorithm (pretraining and SFT, the reward model, PPO-RLHF, GRPO) is an object with
+
+- ``name``: the progress bar's label;
+- ``step(step) -> metrics``: one optimiser step or RL iteration, data fetching included;
+- ``evaluate() -> metrics``: held-out evaluation (called on every rank; it gathers what it needs);
+- ``parts() -> Parts``: the modules, optimisers, schedulers and plain-data state a checkpoint holds;
+- ``load_extra(extra)``: its own state back from a checkpoint (the weights are loaded by the loop);
+- optionally ``bar(metrics) -> dict`` (the progress bar's fields) and ``should_stop(evals) -> bool``.
+
+:func:`train_loop` runs it for ``run.steps`` steps (or ``run.max_seconds`` of step time, rank 0's clock), logs
+every ``run.log_every`` steps, evaluates every ``run.eval_every`` steps and at the end, and checkpoints every
+``run.save_every`` steps and at the end. A checkpoint holds the full (gathered) weights as safetensors, the
+optimiser and schedule states, every rank's RNG state, the loop's counters, the algorithm's state and the
+count of metrics rows written so far, so a resumed run continues bit for bit and its log equals an
+uninterrupted run's (`postrl.runtime.rundir`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+
+from postrl.runtime import distributed as dist
+from postrl.runtime.checkpoint import STATE_FILE, load_checkpoint, save_checkpoint
+from postrl.runtime.logging import RunLogger
+from postrl.runtime.progress import Progress
+from postrl.runtime.seeding import get_rng_state, set_rng_state
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How long a run lasts, how often it logs, evaluates and checkpoints, and where it runs."""
+
+    steps: int = 1000
+    """Optimiser steps (RL: iterations, each sampling a batch and optimising on it)."""
+    seed: int = 0
+    """Seed of the data order, the sampling and everything random."""
+    save_every: int = 200
+    """Steps between checkpoints (0: only at the end)."""
+    keep_last: int = 2
+    """Checkpoints kept (0: all)."""
+    log_every: int = 10
+    """Steps between metrics.jsonl rows."""
+    eval_every: int = 100
+    """Steps between held-out evaluations (0: only at the end)."""
+    max_seconds: float | None = None
+    """Also stop after this many seconds of training steps (evaluation and checkpoints excluded); null: no
+    time limit."""
+    device: str = "auto"
+    """cpu, cuda, cuda:1, mps, or auto."""
+    dtype: str = "float32"
+    """Weights dtype: float32, bfloat16 or float16."""
+    threads: int | None = None
+    """torch intra-op threads (null: torch's default)."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """Under torchrun: ddp (replicate the model) or fsdp (shard parameters, gradients and optimiser state
+    with FSDP2, for models one device cannot hold). No effect in one process."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files."""
+
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "steps": ">= 1",
+        "seed": ">= 0",
+        "save_every": ">= 0",
+        "keep_last": ">= 0",
+        "log_every": ">= 1",
+        "eval_every": ">= 0",
+        "max_seconds": "> 0",
+        "threads": ">= 1",
+    }
+
+
+# The keys every LM stage's run section took over (their old names, for RENAMED tables).
+RUN_KEYS = ("seed", "save_every", "keep_last", "log_every", "eval_every", "max_seconds", "device", "dtype")
+RUN_KEYS += ("threads", "parallel", "tensorboard")
+
+
+@dataclass
+class Parts:
+    """What a checkpoint holds besides the loop's counters. ``modules[k]`` is trained by ``optimizers[k]``
+    (same key; a module may be DDP/FSDP-wrapped: its full weights are gathered for the file)."""
+
+    modules: dict[str, torch.nn.Module]
+    optimizers: dict[str, torch.optim.Optimizer]
+    schedulers: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    write_files: Callable[[Path], None] | None = None
+    """Adds files to the checkpoint folder (e.g. the model's config and tokenizer: a loadable HF folder)."""
+
+
+class Algorithm(Protocol):
+    name: str
+
+    def step(self, step: int) -> dict[str, float]: ...
+
+    def evaluate(self) -> dict[str, float]: ...
+
+    def parts(self) -> Parts: ...
+
+    def load_extra(self, extra: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class LoopState:
+    """The loop's counters (saved with every checkpoint)."""
+
+    step: int = 0
+    train_seconds: float = 0.0
+    start_eval: dict[str, float] = field(default_factory=dict)
+    last_eval: dict[str, float] = field(default_factory=dict)
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def accumulate(
+    models: Sequence[torch.nn.Module], micro_batches: Sequence[Any], loss: Callable[[Any], torch.Tensor]
+) -> float:
+    """Gradient accumulation, the one place postrl does it: backward ``loss(mb)`` for each micro-batch, with
+    the gradient all-reduce (DDP) or reduce-scatter (FSDP2) of ``models`` only in the last backward.
+
+    ``loss(mb)`` must already be the micro-batch's share of the step's loss: its sum over the micro-batch
+    divided by the step's count over every micro-batch and rank (tokens, responses or pairs), so that the
+    accumulated gradient is exactly that of the whole step's batch. Returns Σ of the losses."""
+    total = 0.0
+    for k, mb in enumerate(micro_batches):
+        with contextlib.ExitStack() as stack:
+            if k < len(micro_batches) - 1:
+                for model in models:
+                    stack.enter_context(dist.no_grad_sync(model))
+            value = loss(mb)
+            value.backward()
+        total += float(value.detach())
+    return total
+
+
+def save(run_dir: Path, algo: Algorithm, state: LoopState, keep_last: int, metrics_rows: int) -> None:
+    """Checkpoint ``run_dir/checkpoints/step_N`` (a collective: every rank calls it, rank 0 writes)."""
+    parts = algo.parts()
+    # full weights (gathered when sharded: a collective), tied copies under their first name only, as
+    # save_pretrained writes them: a checkpoint folder is also a model folder from_pretrained loads
+    saved = {
+        k: (
+            dist.without_tied_copies(m, dist.model_state_dict(m)),
+            dist.optimizer_state_dict(m, parts.optimizers[k]),
+        )
+        for k, m in parts.modules.items()
+    }
+    rng_ranks = dist.all_gather_object(get_rng_state())
+    if dist.is_main():
+        loop = {"step": state.step, "train_seconds": state.train_seconds, "start_eval": state.start_eval}
+        loop |= {"last_eval": state.last_eval}
+        save_checkpoint(
+            run_dir / "checkpoints",
+            state.step,
+            modules={k: weights for k, (weights, _) in saved.items()},
+            optimizers={k: opt for k, (_, opt) in saved.items()},
+            schedulers=parts.schedulers,
+            extra={
+                "loop": loop,
+                "algorithm": parts.extra,
+                "rng_ranks": rng_ranks,
+                "metrics_rows": metrics_rows,
+            },
+            keep_last=keep_last,
+            write_files=parts.write_files,
+        )
+    dist.barrier()
+
+
+def restore(path: Path, algo: Algorithm) -> tuple[LoopState, int | None]:
+    """Load checkpoint ``path`` into the algorithm (same world size); returns the loop's counters and the
+    count of metrics rows written before it."""
+    parts = algo.parts()
+    sharded = any(dist.is_sharded(m) for m in parts.modules.values())
+    modules = {} if sharded else {k: dist.unwrap(m) for k, m in parts.modules.items()}
+    loaded = load_checkpoint(path, modules=modules, schedulers=parts.schedulers, restore_rng=False)
+    if sharded:
+        for k, module in parts.modules.items():
+            dist.load_sharded(path, module, parts.optimizers[k], k, k)
+    else:
+        saved = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+        for k, opt in parts.optimizers.items():
+            dist.load_optimizer_state_dict(parts.modules[k], opt, saved["optimizers"][k])
+    extra = loaded["extra"]
+    ranks = extra["rng_ranks"]
+    if len(ranks) != dist.world_size():
+        raise ValueError(
+            f"{path} was written by {len(ranks)} process(es); resume it with the same number "
+            "(the weights in its safetensors files load anywhere)"
+        )
+    set_rng_state(ranks[dist.rank()])
+    algo.load_extra(dict(extra["algorithm"]))
+    loop = extra["loop"]
+    state = LoopState(
+        int(loop["step"]), float(loop["train_seconds"]), dict(loop["start_eval"]), dict(loop["last_eval"])
+    )
+    return state, extra.get("metrics_rows")
+
+
+def _log_eval(algo: Algorithm, state: LoopState, logger: RunLogger, bar: Progress) -> dict[str, float]:
+    evals = algo.evaluate()
+    logger.log(state.step, evals)
+    bar.write(f"{algo.name} step {state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in evals.items()))
+    return evals
+
+
+def train_loop(
+    algo: Algorithm,
+    run: RunConfig,
+    run_dir: Path,
+    logger: RunLogger,
+    checkpoint: Path | None = None,
+    *,
+    eval_at_start: bool = False,
+) -> LoopState:
+    """Run ``algo`` from ``checkpoint`` (None: step 0) to ``run.steps`` steps; returns the loop's state."""
+    state = LoopState()
+    if checkpoint is not None:
+        state, rows = restore(checkpoint, algo)
+        logger.resume_at(state.step, rows)
+    fields = getattr(algo, "bar", lambda metrics: {})
+    should_stop = getattr(algo, "should_stop", lambda evals: False)
+    with Progress(run.steps, algo.name, initial=state.step, disable=None if dist.is_main() else True) as bar:
+        if eval_at_start and state.step == 0:
+            state.start_eval = state.last_eval = _log_eval(algo, state, logger, bar)
+        while state.step < run.steps:
+            tic = time.perf_counter()
+            metrics = algo.step(state.step)
+            state.train_seconds += time.perf_counter() - tic
+            state.step += 1
+            state.last_metrics = metrics
+            bar.update(1, **fields(metrics))
+            if state.step % run.log_every == 0:
+                logger.log(state.step, metrics)
+            done = state.step == run.steps
+            if run.max_seconds is not None:  # rank 0's clock decides, so every rank stops at the same step
+                done = dist.broadcast_object(done or state.train_seconds >= run.max_seconds)
+            if done or (run.eval_every and state.step % run.eval_every == 0):
+                state.last_eval = _log_eval(algo, state, logger, bar)
+                done = done or bool(dist.broadcast_object(should_stop(state.last_eval)))
+            if done or (run.save_every and state.step % run.save_every == 0):
+                save(run_dir, algo, state, run.keep_last, logger.rows)
+            if done:
+                break
+    return state
