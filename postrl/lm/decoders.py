@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from postrl.lm import fast_gpt2, fast_llama
+from postrl.runtime.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +82,32 @@ def fast_decoder(model: torch.nn.Module) -> Any | None:
     return next((cls(model, checked=True) for cls, why in FAST_DECODERS.items() if why(model) is None), None)
 
 
+_SAID: set[tuple[int, str]] = set()  # (model, path) pairs already logged: one line per model, not per call
+
+
+def _say(model: torch.nn.Module, path: str, why: str) -> None:
+    if (id(model), path) not in _SAID:
+        _SAID.add((id(model), path))
+        log.info("%s runs through %s (%s)", type(model).__name__, path, why)
+
+
 def make_decoder(model: torch.nn.Module, use_fast: bool | None = None) -> Any:
-    """The fast decoder that supports ``model`` (``use_fast=None``: auto; True: required), else `HFDecoder`."""
+    """The fast decoder that supports ``model`` (``use_fast=None``: auto; True: required), else `HFDecoder`
+    (`postrl.lm.rollout.SamplingConfig.backend`); the choice and the reason are logged at info level."""
     fast = None if use_fast is False else fast_decoder(model)
     if fast is not None:
+        _say(model, type(fast).__name__, "sampling.backend " + ("fast" if use_fast else "auto"))
         return fast
     reasons = (why(model) for why in FAST_DECODERS.values())
-    reason = "use_fast=False" if use_fast is False else "; ".join(r for r in reasons if r)
+    reason = "sampling.backend hf" if use_fast is False else "; ".join(r for r in reasons if r)
     if use_fast:
-        raise ValueError(f"use_fast=True but the fast path cannot run this model: {reason}")
-    log.debug("rollout uses the Hugging Face forward (%s)", reason)
+        raise ValueError(f"sampling.backend is fast but the fast decoders cannot run this model: {reason}")
+    _say(model, "the Hugging Face forward", reason)
     return HFDecoder(model)
+
+
+def check_backend(model: torch.nn.Module, backend: str) -> None:
+    """Before a run: ``sampling.backend=fast`` on a model the fast decoders cannot run is a config error."""
+    if backend == "fast" and fast_decoder(model) is None:
+        reasons = "; ".join(r for why in FAST_DECODERS.values() if (r := why(model)))
+        raise ConfigError(f"sampling.backend is fast but the fast decoders cannot run this model: {reasons}")

@@ -5,8 +5,8 @@ on a CPU is dominated by per-operation overhead, and the stock Hugging Face forw
 building masks, growing a dynamic cache and walking module wrappers. `FastGPT2` owns the decode forward:
 
 - LayerNorm with its affine part in the one kernel, reading the module's own weight and bias: nothing is copied
-  or folded when a decoder is built (folding the affine into the next projection made a build cost 0.5 ms
-  instead of 0.16 ms on the benchmark machine, three builds per GRPO step, for no measurable gain per token);
+  or folded when a decoder is built (a decoder is built three times per GRPO step; folding the affine into
+  the next projection made that build cost three times as much for no gain per token: benchmarks/grpo.py);
 - GPT-2's ``Conv1D`` weights are already (in, out): ``addmm`` takes them as they are, the residual add fused in;
 - learned absolute positions: every future step's ``wpe`` rows are gathered once per call (a row's positions
   count its real tokens only, so left padding does not shift them);

@@ -21,7 +21,7 @@ import inspect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -250,6 +250,7 @@ def score(
     temperature: float = 1.0,
     chunk_size: int = 64,
     value_fn: ValueFn | None = None,
+    use_fast: bool | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Teacher-forced log π_τ of the response tokens ``input_ids[:, response_start:]`` → [B, T] float32.
 
@@ -257,7 +258,8 @@ def score(
     response positions get 0. Runs under the caller's grad mode (wrap in ``torch.no_grad()`` for reference or
     old log-probs). With ``value_fn`` (final hidden states [b, L, d] → values [b, L] or [b, L, 1]), or for a
     model that returns ``(logits, values)``, returns ``(log_probs, values)``, values [B, T] float32 being
-    V of the state before each response token: positions ``P − 1 … P + T − 2``.
+    V of the state before each response token: positions ``P − 1 … P + T − 2``. ``use_fast`` as for
+    `generate` (`SamplingConfig.use_fast`).
     """
     P = response_start
     T = input_ids.shape[1] - P
@@ -265,7 +267,7 @@ def score(
     for rows in torch.split(torch.arange(input_ids.shape[0], device=input_ids.device), chunk_size):
         ids, mask = input_ids[rows], attention_mask[rows]
         if value_fn is None and isinstance(model, PreTrainedModel):  # a plain causal LM: prompts run once
-            logits, values = response_logits(model, ids, mask, P), None  # (b, T, V)
+            logits, values = response_logits(model, ids, mask, P, use_fast), None  # (b, T, V)
         else:
             logits, values = _forward_full(model, ids, mask, T + 1, value_fn)  # (b, T + 1, V)
             logits = logits[:, :-1]
@@ -301,7 +303,7 @@ def score_values(
 def left_pad(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[Tensor, Tensor]:
     """Token id lists → (ids [B, P], mask [B, P] long), padded on the LEFT to the longest."""
     width = max(len(s) for s in sequences)
-    # built as lists, one tensor each: a slice assignment per row cost ~25 µs (0.4 ms for a GRPO step's 16)
+    # built as lists, one tensor each: a slice assignment per row is one op per prompt (benchmarks/grpo.py)
     ids = torch.tensor([[pad_token_id] * (width - len(s)) + list(s) for s in sequences], dtype=torch.long)
     mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences], dtype=torch.long)
     return ids, mask
@@ -321,8 +323,17 @@ class SamplingConfig:
     """draw only within the nucleus of mass p (1: off); does not change the recorded log-probs"""
     greedy: bool = False
     """take the argmax instead of sampling (evaluation)"""
+    backend: Literal["auto", "fast", "hf"] = "auto"
+    """how the model runs for sampling and scoring: fast (postrl's fused GPT-2/Llama decoders: an error if
+    they cannot run the model), hf (the model's own Hugging Face forward), auto (fast where it can run the
+    model, else hf; which one runs, and why, is logged at info level)"""
 
     CHECKS = {"max_new_tokens": ">= 1", "temperature": "> 0", "top_k": ">= 0", "top_p": "(0, 1]"}
+
+    @property
+    def use_fast(self) -> bool | None:
+        """``backend`` as the ``use_fast`` argument of `generate` / `score` (None: auto)."""
+        return {"auto": None, "fast": True, "hf": False}[self.backend]
 
 
 class RolloutEngine:
@@ -381,7 +392,7 @@ class RolloutEngine:
             pad_token_id=self.tokenizer.pad_token_id,
             generator=generator,
             greedy=c.greedy,
-            use_fast=self.use_fast,
+            use_fast=c.use_fast if self.use_fast is None else self.use_fast,
         )
 
     def decode(self, rollout: Rollout) -> list[str]:

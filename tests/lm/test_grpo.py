@@ -128,7 +128,7 @@ def test_four_micro_batches_equal_one_batch(tiny_lm_dir, tiny_tokenizer, loss_ty
 
 def test_overlong_penalty_by_hand():
     lengths = torch.tensor([2, 6, 7, 8])
-    got = overlong_penalty(lengths, max_len=8, buffer=4, penalty=1.0)
+    got = overlong_penalty(lengths, max_len=8, buffer_len=4, penalty=1.0)
     assert got.tolist() == pytest.approx([0.0, -0.5, -0.75, -1.0])
     assert overlong_penalty(lengths, 8, 0, 1.0).tolist() == [0.0] * 4
 

@@ -119,7 +119,7 @@ def test_fast_path_refuses_unsupported_models():
     llama = tiny_llama()
     llama.config.hidden_act = "gelu"
     assert "silu" in unsupported_reason(llama)
-    with pytest.raises(ValueError, match="fast path"):  # float64: neither fast decoder runs it
+    with pytest.raises(ValueError, match="fast decoders cannot run"):  # float64: neither fast decoder runs it
         run(tiny_gpt2().double(), *prompts(), use_fast=True)
 
 
@@ -339,3 +339,28 @@ def test_engine_left_pads_text_prompts_and_decodes_responses(tiny_lm, tiny_token
     with torch.no_grad():
         ref = score(tiny_lm, out.input_ids, out.attention_mask, out.prompt_len, temperature=0.7)
     assert (out.log_probs - ref).abs().max() < TOL
+
+
+def test_sampling_backend_switch_picks_the_path_and_says_so(caplog):
+    """sampling.backend: auto takes the fast decoder where it runs the model, hf forces the Hugging Face
+    forward (same samples to float32 rounding), fast on a model it cannot run is a config error; the path
+    taken is logged at info level."""
+    import logging
+
+    from postrl.lm.decoders import HFDecoder, check_backend, make_decoder
+    from postrl.lm.rollout import SamplingConfig
+    from postrl.runtime.errors import ConfigError
+
+    model = tiny_llama()
+    assert SamplingConfig(backend="auto").use_fast is None and SamplingConfig(backend="hf").use_fast is False
+    with caplog.at_level(logging.INFO, logger="postrl.lm.decoders"):
+        assert not isinstance(make_decoder(model, SamplingConfig().use_fast), HFDecoder)
+        assert isinstance(make_decoder(model, SamplingConfig(backend="hf").use_fast), HFDecoder)
+    assert "FastLlama" in caplog.text and "sampling.backend hf" in caplog.text
+    ids, mask = prompts()
+    fast = run(model, ids, mask, use_fast=SamplingConfig().use_fast)
+    slow = run(model, ids, mask, use_fast=SamplingConfig(backend="hf").use_fast)
+    assert torch.equal(fast.response_ids, slow.response_ids)
+    check_backend(model, "fast")
+    with pytest.raises(ConfigError, match="sampling.backend is fast"):
+        check_backend(tiny_gpt2().double(), "fast")
