@@ -25,6 +25,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -81,9 +82,12 @@ def _import_file(path: Path, spec: str) -> ModuleType:
     if module_spec is None or module_spec.loader is None:
         raise RewardError(f"reward spec {spec!r}: {path} cannot be imported as a Python file")
     module = importlib.util.module_from_spec(module_spec)
+    # registered before it runs, as `import` does: dataclasses, pickling and typing look the module up by name
+    sys.modules[module_spec.name] = module
     try:
         module_spec.loader.exec_module(module)
     except Exception as err:  # the user's code: any failure is theirs to fix, reported with file:line
+        del sys.modules[module_spec.name]
         raise RewardError(f"reward spec {spec!r}: {_import_problem(err, str(path))}") from err
     return module
 

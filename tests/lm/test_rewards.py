@@ -255,3 +255,14 @@ def test_a_reward_model_folder_without_a_head_is_named(tiny_lm_dir):
 def test_weights_must_be_finite_numbers():
     with pytest.raises(RewardError, match="reward weights must be finite numbers; got nan"):
         load_reward_fns(["task:arithmetic"], [math.nan])
+
+
+def test_a_reward_file_may_define_a_dataclass(tmp_path):
+    """A file loaded by path runs as a registered module (dataclasses look their module up by name)."""
+    path = tmp_path / "with_dataclass.py"
+    path.write_text(
+        "from dataclasses import dataclass\n\n@dataclass\nclass Weights:\n    bonus: float = 1.0\n\n"
+        "def reward(prompts, completions, **kw):\n    return [Weights().bonus] * len(completions)\n"
+    )
+    (fn,) = load_reward_fns([f"{path}:reward"])
+    assert fn.fn(["p"], ["c"]) == [1.0]
