@@ -1,11 +1,18 @@
-"""Reward functions for the RL trainers (GRPO, PPO-RLHF): loading them from specs and checking what they return.
+"""Reward functions for the RL trainers (GRPO, PPO-RLHF): loading them from specs, calling them the way TRL's
+`GRPOTrainer` does, and checking what they return.
 
-A reward function has TRL's signature
+A reward function follows TRL's contract: it is called with keyword arguments only,
 
-    fn(prompts: list[str], completions: list[str], **columns) -> list[float]
+    fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None]
 
-one float per completion; ``columns`` are the other fields of each sample's dataset row, as lists aligned with
-the completions (e.g. ``answer``). Three kinds of spec name one:
+``prompts`` as the data holds them (strings, or message lists for conversational data); ``completions`` the
+decoded completions, as strings, or for conversational prompts as one-message lists
+``[{"role": "assistant", "content": text}]``; ``completion_ids`` the token ids of each completion; every other
+column of the sample's dataset row by its name (e.g. ``answer``, ``ground_truth``), as lists aligned with the
+completions. The easiest signature that takes all of it is TRL's ``def fn(completions, **kwargs)``. ``None``
+means "this function has no reward for this sample" (e.g. a math reward on a coding prompt): the sample's
+reward is the weighted sum of the other functions' values. An ``async def`` function is awaited; several run
+concurrently. Three kinds of spec name a function:
 
     task:NAME              the built-in task's reward (`postrl.lm.tasks`), e.g. ``task:arithmetic`` (a verifier)
     module:function        any importable function (``my_pkg.rewards:length_penalty``), or a file
@@ -14,20 +21,23 @@ the completions (e.g. ``answer``). Three kinds of spec name one:
                            scoring prompt + completion + EOS at the last real token, as it was trained
 
 Several functions combine as a weighted sum. Whatever a function returns is checked before it is used: an
-exception, a wrong length, a value that is not a number, NaN or inf stops the run with a `RewardError` that
-names the function and shows the offending prompt and completion.
+exception, a wrong length, a value that is neither a number nor None, NaN or inf stops the run with a
+`RewardError` that names the function and shows the offending prompt and completion.
 """
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import importlib
 import importlib.util
 import inspect
+import logging
 import math
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -35,9 +45,14 @@ from typing import Any
 
 import torch
 
+from postrl.lm.tasks.base import completion_text
 from postrl.runtime.errors import UserError
 
-RewardCallable = Callable[..., Sequence[float]]
+log = logging.getLogger(__name__)
+
+RewardCallable = Callable[..., Sequence[float | None] | Awaitable[Sequence[float | None]]]
+CALL_KEYWORDS: tuple[str, ...] = ("prompts", "completions", "completion_ids", "trainer_state")
+"""The keywords every reward call carries besides the data's columns (TRL's `GRPOTrainer` contract)."""
 
 
 class RewardError(UserError, ValueError):
@@ -53,6 +68,17 @@ class RewardFunction:
     weight: float = 1.0
     is_verifier: bool = False
     """0/1 correctness (a built-in task with answers): its mean is an accuracy."""
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """What a reward function reads as ``trainer_state`` (the fields of transformers' `TrainerState` that
+    curriculum rewards use), e.g. to ramp a penalty up over training."""
+
+    global_step: int = 0
+    """optimizer steps taken so far"""
+    max_steps: int = 0
+    """the run's total optimizer steps"""
 
 
 # ---- loading ----------------------------------------------------------------------------------------------
@@ -120,29 +146,32 @@ def _missing_attribute(spec: str, owner: Any, where: str, part: str) -> RewardEr
 
 
 def check_signature(fn: Callable[..., Any], name: str, columns: Sequence[str] | None = None) -> None:
-    """Refuse, before training, a reward function that cannot be called as ``fn(prompts, completions,
-    **columns)``. With ``columns`` (the data's columns other than the prompt) the call is bound exactly;
-    without, any argument after the first two must be one a column can fill by name."""
+    """Refuse, before training, a reward function that cannot take postrl's call: the keywords of
+    `CALL_KEYWORDS` and each column by name. With ``columns`` (the data's columns other than the prompt) the
+    call is bound exactly; without, every argument the fixed keywords leave open must be one a column can fill
+    by name."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # some builtins have no signature: their first call will tell
         return
+    fixed: dict[str, Any] = dict.fromkeys(CALL_KEYWORDS, [])
     try:
         if columns is not None:
-            signature.bind([], [], **dict.fromkeys(columns, []))
+            signature.bind(**fixed, **dict.fromkeys(columns, []))
             return
-        bound = signature.bind_partial([], [])
+        bound = signature.bind_partial(**fixed)
     except TypeError as err:
         given = f" with the data's columns ({', '.join(columns) or 'none'})" if columns is not None else ""
         raise RewardError(
-            f"reward function {name} cannot be called as fn(prompts, completions, **columns){given}: {err}; "
-            "define it as def fn(prompts, completions, **columns)"
+            f"reward function {name} cannot be called as fn(prompts=, completions=, completion_ids=, "
+            f"trainer_state=, **columns){given}: {err}; postrl passes every argument by name, as TRL does: "
+            "define it as def fn(completions, **kwargs) and name the columns it reads"
         ) from None
-    for param in list(signature.parameters.values())[len(bound.arguments) :]:
-        if param.kind is param.POSITIONAL_ONLY and param.default is param.empty:
+    for param in signature.parameters.values():
+        if param.name not in bound.arguments and param.kind is param.POSITIONAL_ONLY:
             raise RewardError(
                 f"reward function {name}: its argument {param.name!r} is positional-only, but postrl passes "
-                "only prompts and completions by position (columns go by name)"
+                "every argument by name (TRL's convention)"
             )
 
 
@@ -172,12 +201,13 @@ class RewardModelScorer:
         self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
 
     @torch.no_grad()
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         from postrl.lm.data import encode_completions, encode_prompts, join_prompt_response, render_rows
 
         rows = render_rows([{"prompt": p} for p in prompts], "prompts", self.tokenizer)
         prompt_ids = encode_prompts(self.tokenizer, [r["prompt"] for r in rows])
-        completion_ids = encode_completions(self.tokenizer, [str(c) for c in completions])
+        # re-encoded from the text (not kwargs["completion_ids"]): the RM may have another tokenizer
+        completion_ids = encode_completions(self.tokenizer, [completion_text(c) for c in completions])
         device = next(self.model.parameters()).device
         scores: list[float] = []
         for i in range(0, len(prompt_ids), self.batch_size):
@@ -258,40 +288,119 @@ def load_reward_fns(
 
 
 # ---- calling and checking ---------------------------------------------------------------------------------
+def is_conversational(prompt: Any) -> bool:
+    """Whether ``prompt`` is a list of ``{"role", "content"}`` messages (TRL's conversational format)."""
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+    )
+
+
+def _ids(row: Any) -> list[int]:
+    return [int(t) for t in (row.tolist() if hasattr(row, "tolist") else row)]
+
+
+def reward_kwargs(
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    columns: dict[str, Sequence[Any]] | None = None,
+    *,
+    completion_ids: Sequence[Sequence[int]] | None = None,
+    trainer_state: Any = None,
+) -> dict[str, Any]:
+    """The keyword arguments of one reward call over a batch (TRL's contract, see the module docstring).
+
+    A text completion of a conversational prompt becomes ``[{"role": "assistant", "content": text}]``, as
+    TRL decodes it; a completion already in that form is passed as it is.
+    """
+    columns = {key: list(value) for key, value in (columns or {}).items()}
+    clash = [key for key in columns if key in CALL_KEYWORDS]
+    if clash:
+        raise RewardError(
+            f"the data has a column named {clash[0]!r}, but reward functions get postrl's own "
+            f"{clash[0]!r} under that name; rename the column"
+        )
+    given = {
+        "prompts": prompts,
+        **columns,
+        **({} if completion_ids is None else {"completion_ids": completion_ids}),
+    }
+    for key, value in given.items():
+        if len(value) != len(completions):
+            raise ValueError(f"{key!r} has {len(value)} values for {len(completions)} completions")
+    return {
+        "prompts": list(prompts),
+        "completions": [
+            [{"role": "assistant", "content": c}] if isinstance(c, str) and is_conversational(p) else c
+            for p, c in zip(prompts, completions, strict=True)
+        ],
+        "completion_ids": None if completion_ids is None else [_ids(row) for row in completion_ids],
+        "trainer_state": trainer_state,
+        **columns,
+    }
+
+
+def _run_async(awaitables: list[Awaitable[Any]]) -> list[Any]:
+    """Await ``awaitables`` concurrently (as TRL's ``asyncio.gather``); an exception is returned in place."""
+
+    async def gather() -> list[Any]:
+        return await asyncio.gather(*awaitables, return_exceptions=True)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(gather())
+    # called from inside a running event loop (a notebook): asyncio.run needs a thread of its own
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, gather()).result()
+
+
+def _invoke(fns: Sequence[RewardFunction], kwargs: dict[str, Any]) -> list[Any]:
+    """Each function's result on the batch, or the exception it raised; async functions awaited together."""
+    results: list[Any] = []
+    for fn in fns:
+        try:
+            results.append(fn.fn(**kwargs))
+        except Exception as err:  # the user's code: the caller reports it with the function and sample
+            results.append(err)
+    pending = [k for k, result in enumerate(results) if inspect.isawaitable(result)]
+    if pending:
+        for k, result in zip(pending, _run_async([results[k] for k in pending]), strict=True):
+            results[k] = result
+    return results
+
+
 def _sample(prompts: Sequence[Any], completions: Sequence[str], i: int) -> str:
     return f"sample {i}: prompt={str(prompts[i])[:200]!r}, completion={str(completions[i])[:200]!r}"
 
 
-def _find_failing_sample(
-    fn: RewardFunction, prompts: Sequence[Any], completions: Sequence[str], columns: dict[str, list[Any]]
-) -> int | None:
+def _find_failing_sample(fn: RewardFunction, kwargs: dict[str, Any], n: int) -> int | None:
     """The first sample on which ``fn`` raises when called alone (only used to report an error)."""
-    for i in range(len(completions)):
-        try:
-            fn.fn([prompts[i]], [completions[i]], **{k: [v[i]] for k, v in columns.items()})
-        except Exception:
+    for i in range(n):
+        one = {k: v if k == "trainer_state" or v is None else v[i : i + 1] for k, v in kwargs.items()}
+        if isinstance(_invoke([fn], one)[0], BaseException):
             return i
     return None
 
 
-def _call(
-    fn: RewardFunction, prompts: Sequence[Any], completions: Sequence[str], columns: dict[str, list[Any]]
-) -> Sequence[Any]:
-    try:
-        return fn.fn(list(prompts), list(completions), **columns)
-    except Exception as err:
-        failing = _find_failing_sample(fn, prompts, completions, columns)
-        where = _sample(prompts, completions, failing if failing is not None else 0)
-        which = "on" if failing is not None else "on a batch that starts with"
-        raise RewardError(
-            f"reward function {fn.name} raised {type(err).__name__}: {err} ({which} {where})"
-        ) from err
+def _failure(
+    fn: RewardFunction, err: BaseException, kwargs: dict[str, Any], prompts: Sequence[Any], texts: list[str]
+) -> RewardError:
+    failing = _find_failing_sample(fn, kwargs, len(texts))
+    where = _sample(prompts, texts, failing if failing is not None else 0)
+    which = "on" if failing is not None else "on a batch that starts with"
+    no_ids = kwargs["completion_ids"] is None and isinstance(err, TypeError)
+    hint = "; note: this caller passed no completion_ids (None)" if no_ids else ""
+    return RewardError(
+        f"reward function {fn.name} raised {type(err).__name__}: {err} ({which} {where}){hint}"
+    )
 
 
 def _check_values(
     fn: RewardFunction, values: Any, prompts: Sequence[Any], completions: Sequence[str]
 ) -> torch.Tensor:
-    """The values as float64 [N]; a wrong length, a non-number, NaN or inf raises `RewardError`."""
+    """The values as float64 [N], NaN for None; a wrong length, a non-number, NaN or inf raises `RewardError`."""
     if isinstance(values, torch.Tensor):
         values = values.detach().cpu().reshape(-1).tolist()
     try:
@@ -307,6 +416,9 @@ def _check_values(
         )
     out = []
     for i, value in enumerate(values):
+        if value is None:  # TRL: "no reward from this function for this sample", NaN in its term
+            out.append(math.nan)
+            continue
         try:
             number = float(value)
         except (TypeError, ValueError):
@@ -315,40 +427,79 @@ def _check_values(
             ) from None
         if not math.isfinite(number):
             raise RewardError(
-                f"reward function {fn.name} returned {number} for {_sample(prompts, completions, i)}"
+                f"reward function {fn.name} returned {number} for {_sample(prompts, completions, i)} (return "
+                "None for 'no reward for this sample')"
             )
         out.append(number)
     return torch.tensor(out, dtype=torch.float64)
 
 
+def unscored(terms: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[N] bool: the samples for which every function returned None. `combine` gives them 0; TRL (since 1.6)
+    also leaves them out of their group's mean and std and sets their advantage to 0."""
+    return torch.stack(list(terms.values())).isnan().all(0)
+
+
+def _warn_unscored(terms: dict[str, torch.Tensor], prompts: Sequence[Any], texts: list[str]) -> None:
+    mask = unscored(terms)
+    if mask.any():
+        first = int(mask.nonzero()[0, 0])
+        log.warning(
+            "every reward function returned None for %d of %d samples (first: %s); their reward is 0: make "
+            "sure at least one function scores every sample",
+            int(mask.sum()),
+            len(texts),
+            _sample(prompts, texts, first),
+        )
+
+
 def reward_terms(
     fns: Sequence[RewardFunction],
     prompts: Sequence[Any],
-    completions: Sequence[str],
-    columns: dict[str, list[Any]] | None = None,
+    completions: Sequence[Any],
+    columns: dict[str, Sequence[Any]] | None = None,
+    *,
+    completion_ids: Sequence[Sequence[int]] | None = None,
+    trainer_state: Any = None,
 ) -> dict[str, torch.Tensor]:
-    """Each function's checked, unweighted rewards: name → float32 [N]."""
-    columns = dict(columns or {})
-    for key, value in columns.items():
-        if len(value) != len(completions):
-            raise ValueError(f"column {key!r} has {len(value)} values for {len(completions)} completions")
+    """Each function's checked, unweighted rewards: name → float32 [N], NaN where it returned None.
+
+    ``prompts`` as the data holds them (text or messages), ``completions`` the decoded texts, ``columns`` the
+    data's other columns, ``completion_ids`` the completions' token ids (a function that reads them gets None
+    when the caller gives none), ``trainer_state`` e.g. a `TrainerState`. See `reward_kwargs` for the call.
+    """
+    kwargs = reward_kwargs(
+        prompts, completions, columns, completion_ids=completion_ids, trainer_state=trainer_state
+    )
+    texts = [completion_text(c) for c in completions]
     terms = {}
-    for fn in fns:
-        values = _check_values(fn, _call(fn, prompts, completions, columns), prompts, completions)
-        terms[fn.name] = values.float()
+    for fn, result in zip(fns, _invoke(fns, kwargs), strict=True):
+        if isinstance(result, BaseException):
+            raise _failure(fn, result, kwargs, prompts, texts) from result
+        terms[fn.name] = _check_values(fn, result, prompts, texts).float()
+    if terms:
+        _warn_unscored(terms, prompts, texts)
     return terms
 
 
 def combine(fns: Sequence[RewardFunction], terms: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Σ_k w_k · r_k over the functions' terms → float32 [N]."""
-    return torch.stack([fn.weight * terms[fn.name].double() for fn in fns]).sum(0).float()
+    """Σ_k w_k · r_k over the functions' terms → float32 [N], skipping the NaN (None) values as TRL's
+    ``nansum`` does: a sample no function scored gets 0 (see `unscored`)."""
+    weighted = torch.stack([fn.weight * terms[fn.name].double() for fn in fns])  # (K, N)
+    return weighted.nansum(0).float()
 
 
 def compute_rewards(
     fns: Sequence[RewardFunction],
     prompts: Sequence[Any],
-    completions: Sequence[str],
-    columns: dict[str, list[Any]] | None = None,
+    completions: Sequence[Any],
+    columns: dict[str, Sequence[Any]] | None = None,
+    *,
+    completion_ids: Sequence[Sequence[int]] | None = None,
+    trainer_state: Any = None,
 ) -> torch.Tensor:
-    """The weighted sum of the checked rewards → float32 [N] (see `reward_terms` for the checks)."""
-    return combine(fns, reward_terms(fns, prompts, completions, columns))
+    """The weighted sum of the checked rewards → float32 [N] (see `reward_terms` and `combine`)."""
+    terms = reward_terms(
+        fns, prompts, completions, columns, completion_ids=completion_ids, trainer_state=trainer_state
+    )
+    return combine(fns, terms)

@@ -58,6 +58,27 @@ def test_is_correct_and_reward_fn() -> None:
     assert task.reward_fn(prompts[:2], [" 85", " 84"], answer=["84", "84"]) == [0.0, 1.0]  # column wins
 
 
+@pytest.mark.parametrize("name", ["arithmetic", "reviews"])
+def test_task_rewards_take_trls_keyword_call(name: str) -> None:
+    """The call `postrl.lm.rewards` makes (TRL's): keywords only, completion ids and the trainer state
+    included, completions of conversational prompts as one-message lists; the same values as plain text."""
+    task = get_task(name)
+    rows = task.sft_rows("test")[:4]
+    prompts, texts = [r["prompt"] for r in rows], [r["completion"] for r in rows]
+    columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
+    expected = task.reward_fn(prompts, texts, **columns)
+    chat = [[{"role": "user", "content": p}] for p in prompts]
+    for fn in (task.reward_fn, task.gold_reward):
+        got = fn(
+            prompts=chat,
+            completions=[[{"role": "assistant", "content": t}] for t in texts],
+            completion_ids=[[1, 2]] * len(texts),
+            trainer_state=None,
+            **columns,
+        )
+        assert got == expected
+
+
 @pytest.mark.parametrize(
     "kwargs", [{}, {"digits": 1, "ops": "+-*"}, {"digits": 5, "n_train": 300, "n_test": 50}]
 )

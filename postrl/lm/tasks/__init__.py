@@ -1,7 +1,7 @@
 """Built-in tasks: small generated worlds with prompts, demonstrations, rewards and a hidden gold reward.
 
 task = get_task("arithmetic", digits=2, ops="+-")
-task.prompts("train"); task.sft_rows("test"); task.reward_fn(prompts, completions, answer=[...])
+task.prompts("train"); task.sft_rows("test"); task.reward_fn(prompts=..., completions=..., answer=[...])
 """
 
 from __future__ import annotations

@@ -200,12 +200,12 @@ class ArithmeticTask(Task):
             )
         return rows
 
-    def reward_fn(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
+    def reward_fn(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         """1.0 where the last number of the completion equals the answer, else 0.0.
 
         The answer comes from the ``answer`` column when given, else it is recomputed from the prompt.
         """
-        answers = columns.get("answer")
+        answers = kwargs.get("answer")
         rewards = []
         for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             answer = answers[i] if answers is not None else answer_from_prompt(prompt_text(prompt))

@@ -1,8 +1,9 @@
 """What every built-in task shares: the `Task` interface, splits, stable hashing and config building.
 
 A task is a small, fully generated world: prompts, demonstrations, (where it fits) preference pairs, a
-reward function with the GRPO/TRL signature ``fn(prompts, completions, **columns) -> list[float]`` and a
-hidden gold reward. Everything is a pure function of the task's config (which holds the seed).
+reward function that takes TRL's call ``fn(prompts=..., completions=..., completion_ids=..., **columns) ->
+list[float]`` (completions as text or as TRL's conversational ``[{"role": "assistant", "content": ...}]``;
+positional ``fn(prompts, completions)`` works too) and a hidden gold reward. Everything is a pure function of the task's config (which holds the seed).
 """
 
 from __future__ import annotations
@@ -109,12 +110,13 @@ class Task(abc.ABC):
         raise TaskError(f"task {self.name!r} has no preference data")
 
     @abc.abstractmethod
-    def reward_fn(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
-        """The RL reward, one float per completion (TRL/GRPO reward-function signature)."""
+    def reward_fn(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
+        """The RL reward, one float per completion. ``kwargs``: the data's columns (e.g. ``answer``) and what
+        else TRL's call carries (``completion_ids``, ``trainer_state``), unused unless a task says so."""
 
-    def gold_reward(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
+    def gold_reward(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         """The hidden "true" reward used to measure (not train) a policy; defaults to ``reward_fn``."""
-        return self.reward_fn(prompts, completions, **columns)
+        return self.reward_fn(prompts=prompts, completions=completions, **kwargs)
 
     @abc.abstractmethod
     def corpus_lines(self, n: int, seed: int = 0) -> list[str]:

@@ -167,16 +167,16 @@ class ReviewsTask(Task):
             )
         return rows
 
-    def gold_reward(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
+    def gold_reward(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         """The hidden true preference, one float per completion (see `review_language`)."""
         return [
             lang.gold_reward_one(prompt_text(p), completion_text(c))
             for p, c in zip(prompts, completions, strict=True)
         ]
 
-    def reward_fn(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
+    def reward_fn(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         """RL directly on the gold reward (an oracle baseline for RLHF with a learned reward model)."""
-        return self.gold_reward(prompts, completions, **columns)
+        return self.gold_reward(prompts=prompts, completions=completions, **kwargs)
 
     def corpus_lines(self, n: int, seed: int = 0) -> list[str]:
         """``n`` lines "Review of the pasta: was fresh ." from train prompts."""
