@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from pathlib import Path
 from typing import Any
 
@@ -117,10 +118,16 @@ def make_plots(out: Path) -> dict[str, Path]:
     return made
 
 
-def _table_md(rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-    return "\n".join(lines)
+def _cell_md(text: str) -> str:
+    """A table cell's Markdown: one line, ``|`` escaped so it stays one cell, backticks escaped so a model's
+    text shows as written."""
+    return text.replace("\n", " ").replace("|", "\\|").replace("`", "\\`")
+
+
+def _table_md(rows: list[list[str]]) -> list[str]:
+    """A Markdown table, one line per row: the header, the separator, the data rows."""
+    lines = ["| " + " | ".join(_cell_md(c) for c in rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    return lines + ["| " + " | ".join(_cell_md(c) for c in r) + " |" for r in rows[1:]]
 
 
 STAGE_TEXT = {
@@ -152,7 +159,7 @@ def write_report(
         "",
         "## Held-out metrics per checkpoint",
         "",
-        _table_md(table),
+        *_table_md(table),
         "",
         "`heldout_accuracy`: arithmetic exact match (greedy); `gold_reward`, `rm_score`, `kl_to_ref`: "
         "review prompts, sampled at temperature 1, KL to the SFT policy; `sft-vs-*`: continued SFT for "
@@ -189,41 +196,76 @@ def _samples_md(ev: dict[str, dict]) -> list[str]:
     for task, after in (("reviews", "ppo"), ("arithmetic", "grpo")):
         if "sft" not in ev or after not in ev:
             continue
-        lines += [f"### {task}: SFT → {after}", "", "| prompt | SFT | " + after + " |", "|---|---|---|"]
         before, later = ev["sft"]["samples"][task], ev[after]["samples"][task]
-        for (prompt, a), (_, b) in zip(before, later, strict=False):
-            lines.append(f"| {prompt} | {a} | {b} |".replace("\n", " "))
-        lines.append("")
+        rows = [["prompt", "SFT", after]]
+        rows += [[prompt, a, b] for (prompt, a), (_, b) in zip(before, later, strict=False)]
+        lines += [f"### {task}: SFT → {after}", "", *_table_md(rows), ""]
     return lines
 
 
-def _html(md_lines: list[str], out: Path) -> str:
-    """A small self-contained HTML rendering of the report (tables, headings, inline PNGs)."""
-    body: list[str] = []
-    table: list[str] = []
-    for line in md_lines + [""]:
-        if line.startswith("|"):
-            if not line.startswith("|---"):
-                cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
-                tag = "th" if not table else "td"
-                table.append("<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
-            continue
-        if table:
-            body.append("<table>" + "".join(table) + "</table>")
-            table = []
-        if line.startswith("!["):
+# ---- report.html: the Markdown above as HTML (the subset this report writes) ------------------------------
+_BLOCKS = {"|": "table", "- ": "list", "![": "image", "#": "heading"}
+
+
+def _inline(text: str) -> str:
+    """Escaped text with `code` spans as <code> (an escaped backtick is a literal one)."""
+    code = re.sub(r"(?<!\\)`(.+?)(?<!\\)`", r"<code>\1</code>", html.escape(text))
+    return code.replace("\\`", "`")
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of one Markdown table row (``\\|`` is a literal bar inside a cell)."""
+    inner = line.strip().removeprefix("|").removesuffix("|")
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", inner)]
+
+
+def _table_html(lines: list[str]) -> str:
+    """A header row of <th>, then one <tr> of <td> per data row (the ``|---|`` separator dropped)."""
+    rows = [_cells(line) for line in lines if not re.fullmatch(r"\|?(\s*:?-+:?\s*\|)+\s*", line.strip())]
+    head = "<tr>" + "".join(f"<th>{_inline(c)}</th>" for c in rows[0]) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
+    return f"<table><thead>{head}</thead><tbody>{body}</tbody></table>"
+
+
+def _kind(line: str) -> str:
+    return next(
+        (kind for start, kind in _BLOCKS.items() if line.startswith(start)), "text" if line.strip() else ""
+    )
+
+
+def _block_html(kind: str, lines: list[str], out: Path) -> list[str]:
+    if kind == "table":
+        return [_table_html(lines)]
+    if kind == "list":
+        return ["<ul>" + "".join(f"<li>{_inline(line[2:])}</li>" for line in lines) + "</ul>"]
+    if kind == "image":
+        images = []
+        for line in lines:
             src = line[line.index("(") + 1 : -1]
             data = base64.b64encode((out / src).read_bytes()).decode()
-            body.append(f'<img src="data:image/png;base64,{data}" style="max-width:720px">')
-        elif line.startswith("#"):
-            level = len(line) - len(line.lstrip("#"))
-            body.append(f"<h{level}>{html.escape(line.lstrip('#').strip())}</h{level}>")
-        elif line.strip():
-            body.append(f"<p>{html.escape(line)}</p>")
+            images.append(f'<img src="data:image/png;base64,{data}" alt="{html.escape(src)}">')
+        return images
+    if kind == "heading":  # one line: a heading always starts a block of its own
+        level = len(lines[0]) - len(lines[0].lstrip("#"))
+        return [f"<h{level}>{_inline(lines[0].lstrip('#').strip())}</h{level}>"]
+    return [f"<p>{_inline(' '.join(lines))}</p>"] if kind == "text" else []
+
+
+def _html(md_lines: list[str], out: Path) -> str:
+    """A small self-contained HTML rendering of the report's Markdown: headings, paragraphs, bullet lists,
+    tables (a header row, then a row per data row), `code` spans and inline PNGs."""
+    lines = "\n".join(md_lines).split("\n")
+    body: list[str] = []
+    start = 0
+    for end in range(1, len(lines) + 1):
+        if end == len(lines) or _kind(lines[end]) != _kind(lines[start]) or _kind(lines[end]) == "heading":
+            body += _block_html(_kind(lines[start]), lines[start:end], out)
+            start = end
     style = (
-        "body{font-family:sans-serif;max-width:960px;margin:2em auto}td,th{border:1px solid #ccc;padding:4px}"
+        "body{font-family:sans-serif;max-width:960px;margin:2em auto;line-height:1.4}"
+        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px}"
+        "th{background:#f3f3f3}td{font-variant-numeric:tabular-nums}"
+        "code{background:#f3f3f3;padding:0 3px;border-radius:3px}img{max-width:720px}"
     )
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>postrl demo</title><style>{style}</style>"
-        f"</head><body>{''.join(body)}</body></html>\n"
-    )
+    head = f"<meta charset='utf-8'><title>postrl demo</title><style>{style}</style>"
+    return "\n".join([f"<!doctype html><html><head>{head}</head><body>", *body, "</body></html>"]) + "\n"

@@ -1,0 +1,113 @@
+"""report.md / report.html from a small fake demo result: the HTML is parsed back and its tables checked
+cell by cell against the Markdown's rows (no demo run needed)."""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+
+from postrl.report import CHECKPOINTS, COLUMNS, metrics_table, write_report
+
+SAMPLES = {
+    "arithmetic": [("What is 2+3?", " 5"), ("What is 7*8?", " 56")],
+    "reviews": [("Review: the tea", " was warm | cold ."), ("Review: the `soup`", " was great .")],
+}
+
+
+def _evaluation() -> dict[str, dict]:
+    ev = {}
+    for k, name in enumerate(CHECKPOINTS):
+        ev[name] = {c: 0.1 * k + 0.01 * j for j, c in enumerate(COLUMNS)}
+        ev[name]["samples"] = {t: [(p, f"{c} ({name})") for p, c in rows] for t, rows in SAMPLES.items()}
+    ev["pretrain"]["rm_score"] = None  # a metric a checkpoint lacks shows as "–"
+    return ev
+
+
+VOID = {"meta", "img", "br", "hr"}
+
+
+class Page(HTMLParser):
+    """Tables as lists of rows of (tag, text) cells; list items; text inside <code>; all text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[list[list[tuple[str, str]]]] = []
+        self.items: list[str] = []
+        self.code: list[str] = []
+        self.text: list[str] = []
+        self.open: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag in VOID:
+            return
+        self.open.append(tag)
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self.tables[-1][-1].append((tag, ""))
+        elif tag == "li":
+            self.items.append("")
+
+    def handle_endtag(self, tag):
+        assert self.open.pop() == tag, f"</{tag}> closes <{self.open[-1] if self.open else None}>"
+
+    def handle_data(self, data):
+        self.text.append(data)
+        inside = [t for t in self.open if t in ("td", "th", "li")]
+        if inside and inside[-1] in ("td", "th"):
+            tag, text = self.tables[-1][-1][-1]
+            self.tables[-1][-1][-1] = (tag, text + data)
+        elif inside:
+            self.items[-1] += data
+        if self.open and self.open[-1] == "code":
+            self.code.append(data)
+
+
+def _report(tmp_path):
+    stages = {name: {"wall_seconds": 10.0 + k} for k, name in enumerate(CHECKPOINTS)}
+    evaluation = _evaluation()
+    (tmp_path / "sft").mkdir()
+    rows = [{"step": s, "loss": 1.0 / s, "heldout_accuracy": 0.1 * s} for s in range(1, 6)]
+    (tmp_path / "sft" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_report(tmp_path, None, stages, evaluation, {"wall_seconds": 61.0, "peak_rss_mb": 900.0})
+    page = Page()
+    page.feed((tmp_path / "report.html").read_text())
+    page.close()
+    return page, metrics_table(evaluation, stages), evaluation
+
+
+def test_the_main_table_is_an_html_table_of_rows_by_columns(tmp_path):
+    page, table, evaluation = _report(tmp_path)
+    assert page.open == []  # every tag closed, in order
+    main = page.tables[0]
+    assert len(main) == 1 + len(evaluation) and all(len(r) == 2 + len(COLUMNS) for r in main)
+    assert [tag for tag, _ in main[0]] == ["th"] * len(main[0])
+    assert all(tag == "td" for row in main[1:] for tag, _ in row)
+    assert [[text for _, text in row] for row in main] == table  # the summary's cells, in order
+    assert main[1][COLUMNS.index("rm_score") + 2][1] == "–" and main[-1][0][1] == CHECKPOINTS[-1]
+
+
+def test_sample_tables_keep_a_bar_inside_one_cell(tmp_path):
+    page, _, _ = _report(tmp_path)
+    assert len(page.tables) == 3  # the main table, reviews SFT → ppo, arithmetic SFT → grpo
+    reviews = page.tables[1]
+    assert [text for _, text in reviews[0]] == ["prompt", "SFT", "ppo"]
+    assert all(len(row) == 3 for row in reviews) and len(reviews) == 1 + len(SAMPLES["reviews"])
+    assert [text for _, text in reviews[1]] == [
+        "Review: the tea",
+        "was warm | cold . (sft)",
+        "was warm | cold . (ppo)",
+    ]
+    assert reviews[2][0][1] == "Review: the `soup`"  # a sample's backticks are its text, not code
+
+
+def test_code_spans_and_bullets_are_rendered_not_literal(tmp_path):
+    page, _, _ = _report(tmp_path)
+    text = "".join(page.text)
+    assert text.count("`") == 2 and "|---" not in text and "\n- " not in text  # the 2: a sample's `soup`
+    assert {"heldout_accuracy", "gold_reward", "rm_score", "kl_to_ref", "sft-vs-*"} <= set(page.code)
+    assert len(page.items) == 2 and page.items[0].startswith("ppo: gold_reward")  # the comparison bullets
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 1  # the one stage with metrics
