@@ -131,14 +131,36 @@ def add_stage_parser(subparsers: Any, name: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _chat_prompts(tokenizer: Any, prompts: Sequence[str], system: str | None, flag: str) -> list[str]:
+    """Each prompt as a user turn (after a ``system`` turn when given) through the tokenizer's chat template,
+    with the generation prompt: the rendering the trainers use for conversational data (`render_rows`).
+    ``flag`` names the option in the error a tokenizer without a chat template gets."""
+    from postrl.lm.data import DataError, render_rows
+
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise UserError(
+            f"postrl generate {flag}: the tokenizer has no chat template, so prompts cannot be rendered as "
+            f"chat turns; drop {flag}, or give --tokenizer a tokenizer that has one"
+        )
+    turns = [{"role": "system", "content": system}] if system is not None else []
+    rows = [{"prompt": [*turns, {"role": "user", "content": p}]} for p in prompts]
+    try:
+        return [r["prompt"] for r in render_rows(rows, "prompts", tokenizer)]
+    except DataError as err:  # e.g. a template that refuses a system turn
+        raise UserError(f"postrl generate {flag}: {err}") from None
+
+
 def _generate(args: argparse.Namespace) -> int:
     from postrl.lm.evaluation import complete
     from postrl.lm.models import load_causal_lm
     from postrl.lm.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer or args.model, trust_remote_code=args.trust_remote_code)
-    model = load_causal_lm(args.model, trust_remote_code=args.trust_remote_code)
     prompts: Sequence[str] = args.prompt
+    if args.chat or args.system is not None:
+        flag = "--system" if args.system is not None and not args.chat else "--chat"
+        prompts = _chat_prompts(tokenizer, prompts, args.system, flag)
+    model = load_causal_lm(args.model, trust_remote_code=args.trust_remote_code)
     texts = complete(
         model,
         tokenizer,
@@ -161,6 +183,15 @@ def add_parser(subparsers: Any) -> None:
     gen.add_argument("--model", required=True, help="model folder or hub name")
     gen.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's)")
     gen.add_argument("--prompt", action="append", required=True, help="a prompt (repeatable)")
+    gen.add_argument(
+        "--chat",
+        action="store_true",
+        help="send each prompt as a user turn through the tokenizer's chat template (generation prompt added); "
+        "the output shows the rendered prompt",
+    )
+    gen.add_argument(
+        "--system", default=None, metavar="TEXT", help="a system turn before each prompt (implies --chat)"
+    )
     gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default 32)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed")
