@@ -13,8 +13,13 @@ REINFORCE gradient estimate with and without the learned baseline.
     python benchmarks/control.py --quick                       # a smoke version (minutes)
     python benchmarks/control.py --tasks ppo-cartpole --seeds 0 1 2 --with-sb3
     python benchmarks/control.py                               # every task, 3 seeds (hours on 2 cores)
+    python benchmarks/control.py --tasks ppo-cartpole --ppo-backend autograd   # PPO without its fused path
 
 The last line printed is one JSON object with every result.
+
+Measured 2026-12-03 on the shared 2-core machine (load ≈ 6 from other jobs: read the ratio only), the
+fused path against the reference one, ``--quick --tasks ppo-cartpole --no-variance --ppo-backend autograd``
+then ``… fused``: 3,247 vs 5,003 env steps/s (1.54×), 6.3 vs 5.0 CPU-s for 30,208 steps.
 
 Measured 2026-12-03 (later) on the idle 2-core machine, after the hand gradient's op diet (tanh as 2σ(2u) − 1,
 since torch's tanh kernel costs 4.2 ns per element here and its sigmoid 2.1; [N, 1] columns end to end; the clip
@@ -51,7 +56,7 @@ the bias-corrected weight gradient cost more than the forward saves. Still short
 Measured 2026-12-02 evening on the idle 2-core machine (load < 1.6; ceiling 34,979–38,345 steps/s):
 - ppo-cartpole, 1e5 steps, side by side with SB3 2.9 (``--tasks ppo-cartpole --seeds 0 --with-sb3``), after
   the hand-written minibatch gradient (postrl/control/ppo_grad.py), FlatAdam.update and the numpy actor of
-  the rollout loop (policies.NumpyActor): postrl 4,852 env steps/s vs SB3 1,995: **2.43× wall, 2.49× CPU
+  the rollout loop (numpy_actor.NumpyActor): postrl 4,852 env steps/s vs SB3 1,995: **2.43× wall, 2.49× CPU
   time** (23.2 s vs 57.8 s), eval 500 both, steps to a 20-episode average ≥ 475 41,944 vs 25,136. Before the
   numpy actor: 4,598 vs 1,985 (2.32×, 2.39× CPU); before the op diet of ppo_grad: 3,658 vs 1,620 (2.26×); in
   the morning, with autograd: 2,770 vs 1,422 (1.95×). SB3's own speed moved
@@ -114,7 +119,7 @@ QUICK_BUDGET = {
 PEERS = Path(os.environ.get("POSTRL_PEERS", "/work/shared/peers"))
 
 
-def run_postrl(task: str, seed: int, steps: int, out_root: Path) -> dict:
+def run_postrl(task: str, seed: int, steps: int, out_root: Path, ppo_backend: str = "auto") -> dict:
     from postrl.control.commands import preset_path
     from postrl.control.train import algorithm, train
     from postrl.runtime.config import load_config
@@ -124,10 +129,11 @@ def run_postrl(task: str, seed: int, steps: int, out_root: Path) -> dict:
         algorithm(algo).Config,
         preset_path(algo, env_id),
         [
-            f"run.total_steps={steps}",
+            f"run.steps={steps}",
             f"run.seed={seed}",
-            "run.checkpoint_every=0",
+            "run.save_every=0",
             *TASK_OVERRIDES.get(task, []),
+            *([f"ppo.backend={ppo_backend}"] if algo == "ppo" else []),
         ],
     )
     cpu_start = time.process_time()
@@ -137,6 +143,8 @@ def run_postrl(task: str, seed: int, steps: int, out_root: Path) -> dict:
     row = {"backend": "postrl", "task": task, "seed": seed, "env_steps": summary["env_steps"]}
     row.update({k: summary[k] for k in keys})
     row["cpu_seconds"] = round(cpu_seconds, 1)
+    if algo == "ppo":
+        row["ppo_backend"] = ppo_backend
     row["goal_met"] = summary["eval_return_mean"] >= goal
     return row
 
@@ -206,9 +214,7 @@ def reinforce_gradient_variance(train_steps: int, batches: int, out_root: Path) 
     from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint
     from postrl.runtime.config import load_config
 
-    cfg = load_config(
-        reinforce.Config, preset_path("reinforce", "CartPole-v1"), [f"run.total_steps={train_steps}"]
-    )
+    cfg = load_config(reinforce.Config, preset_path("reinforce", "CartPole-v1"), [f"run.steps={train_steps}"])
     run_dir = out_root / "reinforce-variance"
     train(cfg, run_dir, overwrite=True)
     env = VecEnv(cfg.env, 0)
@@ -265,6 +271,12 @@ def main(argv=None) -> int:
     p.add_argument("--peers-python", default=str(ROOT / ".peers" / "bin" / "python"))
     p.add_argument("--no-variance", action="store_true", help="skip the REINFORCE gradient-variance study")
     p.add_argument("--out-dir", default=None, help="keep the run folders here (default: a temp folder)")
+    p.add_argument(
+        "--ppo-backend",
+        choices=("auto", "fused", "autograd"),
+        default="auto",
+        help="ppo.backend of the PPO tasks (autograd: without the fused path)",
+    )
     args = p.parse_args(argv)
     import torch
 
@@ -280,7 +292,7 @@ def main(argv=None) -> int:
     for task in tasks:
         steps = QUICK_BUDGET.get(task, TASKS[task][2] // 10) if args.quick else TASKS[task][2]
         for seed in seeds:
-            row = run_postrl(task, seed, steps, out_root)
+            row = run_postrl(task, seed, steps, out_root, args.ppo_backend)
             rows.append(row)
             print(json.dumps(row), flush=True)
             if args.with_sb3 and TASKS[task][4]:

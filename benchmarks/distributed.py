@@ -112,7 +112,7 @@ def launch_control(n: int, args: argparse.Namespace) -> dict:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
         cmd += ["-m", "postrl.cli", "control", "train", "--algo", "ppo", "--env", args.control_env]
         cmd += ["--total-steps", str(args.control_steps * n), "--out", tmp]
-        cmd += [f"ppo.batch_size={256 * n}", "run.eval_episodes=1", "run.checkpoint_every=0"]
+        cmd += [f"ppo.batch_size={256 * n}", "run.eval_episodes=1", "run.save_every=0"]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise SystemExit(f"control ppo with {n} processes failed:\n{proc.stderr[-4000:]}")

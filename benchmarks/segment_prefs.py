@@ -30,7 +30,7 @@ so every run takes a different chaotic path; ``--envs cartpole pendulum --seeds 
   drifts off the track (|x| > 2.4 at 180–350 steps) or drops the pole, while the ensemble ranks held-out pairs
   as the noise-free labeller does; r̂(o, a) depends strongly on the action (by 0.5–4 normalised units in the
   same state), a shaping that PPO (γ 0.98) chases off the track. Tried on seeds 0–5 with noise 10%
-  (``postrl control prefs --env CartPole-v1 --seed S --noise 0.1 KEY=VALUE``): ``ppo.n_epochs=10`` 500 / 236 /
+  (``postrl control prefs --env CartPole-v1 --seed S --noise 0.1 KEY=VALUE``): ``ppo.epochs=10`` 500 / 236 /
   203 / 181 (stopped); ``reward_model.ensemble=5`` 128 / 500 / 500 (stopped); ``ppo.ent_coef=0.01`` 494 / 500 /
   284 / 500 / 234 / 465; **``reward_model.use_actions=false`` (r̂(o): CartPole's reward is a function of the
   state) 500 / 470.6 / 500 / 500 / 500 / 500, and 500 on all of seeds 6–11**. The preset now uses r̂(o).
@@ -85,9 +85,9 @@ def run_one(env: str, seed: int, noise: float | None, steps: int, labels: int | 
     from postrl.runtime.config import load_config
 
     common = [
-        f"run.total_steps={steps}",
+        f"run.steps={steps}",
         f"run.seed={seed}",
-        "run.checkpoint_every=0",
+        "run.save_every=0",
         "run.eval_episodes=20",
     ]
     row = {"env": env, "seed": seed, "noise": noise}

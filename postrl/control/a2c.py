@@ -22,6 +22,7 @@ from torch import nn
 
 from postrl.control.buffer import Batch, RolloutBuffer, collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
+from postrl.control.numpy_actor import use_numpy_actor
 from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.control.train import Agent, RunConfig
 from postrl.core import gae, masked_whiten, reinforce_loss, td_errors, value_loss
@@ -73,7 +74,7 @@ class Config:
     """Environment settings."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """Actor and critic networks."""
-    run: RunConfig = field(default_factory=lambda: RunConfig(checkpoint_every=1000, log_every=50))
+    run: RunConfig = field(default_factory=lambda: RunConfig(save_every=1000, log_every=50))
     """Budget, seed, logging, evaluation and checkpoints."""
     a2c: A2CConfig = field(default_factory=A2CConfig)
     """A2C hyperparameters."""
@@ -131,6 +132,7 @@ class A2C(Agent):
         self.params = [*self.actor.parameters(), *self.critic.parameters()]
         self.optimizer = OPTIMIZERS[self.cfg.optimizer](self.params, self.cfg.lr)
         self.buffer = RolloutBuffer(env, self.cfg.n_steps)
+        self.numpy_actor = use_numpy_actor(self.actor, "a2c")
         self.modules = {"actor": self.actor, "critic": self.critic}
         self.optimizers = {"optimizer": self.optimizer}
 
@@ -139,7 +141,7 @@ class A2C(Agent):
         lr = cfg.lr * (1.0 - frac_done) if cfg.anneal_lr else cfg.lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        episodes = collect_rollout(env, self.actor, self.critic, buf)
+        episodes = collect_rollout(env, self.actor, self.critic, buf, self.numpy_actor)
         advantages, returns = TARGETS[cfg.target](buf, cfg)
         if cfg.normalize_advantages:
             advantages = masked_whiten(advantages, torch.ones_like(advantages))

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from postrl.control.envs import VecEnv
-from postrl.control.policies import NumpyActor
+from postrl.control.numpy_actor import NumpyActor
 
 __all__ = ["Batch", "RolloutBuffer", "collect_rollout"]
 
@@ -93,11 +93,13 @@ class RolloutBuffer:
 
 @torch.no_grad()
 def collect_rollout(
-    env: VecEnv, actor: nn.Module, critic: nn.Module | None, buf: RolloutBuffer
+    env: VecEnv, actor: nn.Module, critic: nn.Module | None, buf: RolloutBuffer, numpy_actor: bool = False
 ) -> list[tuple[int, float, int]]:
     """Step ``env`` for ``buf.n_steps`` steps with the current policy, filling ``buf``.
 
-    Only the actor runs inside the loop. The critic is evaluated once, after it, on all ``n_envs · n_steps``
+    Only the actor runs inside the loop: ``actor.act``, or with ``numpy_actor`` its copy in numpy, which
+    draws the same actions (the fast path of `postrl.control.numpy_actor`; the caller checks that the actor
+    allows it). The critic is evaluated once, after it, on all ``n_envs · n_steps``
     observations (and the final observations of truncated steps) in one batch: the same values as a call
     per step, at a fraction of the cost for small networks.
 
@@ -110,7 +112,7 @@ def collect_rollout(
     np_terminated, np_truncated = buf.terminated.numpy(), buf.truncated.numpy()
     truncations: list[tuple[np.ndarray, int, np.ndarray]] = []  # (env rows, step, final obs of those rows)
     obs = env.obs
-    policy = NumpyActor(actor) if NumpyActor.supports(actor) else None
+    policy = NumpyActor(actor) if numpy_actor else None
     uniforms = None if policy is None else policy.draws(buf.n_steps, buf.n_envs)  # the rollout's in one call
     for t in range(buf.n_steps):
         if policy is not None:  # numpy: a third of the cost of torch ops on 8 observations

@@ -31,7 +31,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     train.add_argument("--algo", choices=ALGOS, default="ppo", help="algorithm (default ppo)")
     train.add_argument("--env", default=None, help="Gymnasium id, e.g. CartPole-v1 (default: the config's)")
-    train.add_argument("--total-steps", type=float, default=None, help="environment steps to train for")
+    train.add_argument(
+        "--total-steps", type=float, default=None, help="environment steps to train for (run.steps)"
+    )
     train.add_argument("--seed", type=int, default=None, help="random seed")
     train.add_argument("--out", default=None, help="run folder (default runs/<algo>-<env>-s<seed>)")
     train.add_argument(
@@ -100,7 +102,7 @@ def resolve_config(args: argparse.Namespace):
         raise ConfigError(f"{path} is a config for algo '{algo}', not '{args.algo}'")
     flags = [f"env.id={args.env}"] if args.env else []
     if args.total_steps is not None:
-        flags.append(f"run.total_steps={int(args.total_steps)}")
+        flags.append(f"run.steps={int(args.total_steps)}")
     if args.seed is not None:
         flags.append(f"run.seed={args.seed}")
     return load_config(module.Config, path, [*flags, *args.overrides])
@@ -179,7 +181,9 @@ def _add_prefs_parser(sub: argparse._SubParsersAction) -> None:
         "checkpoints and true_return_vs_labels.png. Any config key can be overridden as key=value.",
     )
     prefs.add_argument("--env", default=None, help="Gymnasium id, e.g. CartPole-v1 or Pendulum-v1")
-    prefs.add_argument("--total-steps", type=float, default=None, help="environment steps to train for")
+    prefs.add_argument(
+        "--total-steps", type=float, default=None, help="environment steps to train for (run.steps)"
+    )
     prefs.add_argument("--seed", type=int, default=None, help="random seed")
     prefs.add_argument("--labels", type=int, default=None, help="label budget (prefs.label_budget)")
     prefs.add_argument(

@@ -16,14 +16,13 @@ import math
 from dataclasses import dataclass
 
 import gymnasium as gym
-import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from postrl.core import diag_gaussian_entropy, diag_gaussian_log_prob, entropy_from_logits
 
-__all__ = ["CategoricalActor", "Critic", "GaussianActor", "NumpyActor", "PolicyConfig", "make_actor", "mlp"]
+__all__ = ["MLP", "CategoricalActor", "Critic", "GaussianActor", "PolicyConfig", "make_actor", "mlp"]
 
 _ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "elu": F.elu}
 
@@ -183,68 +182,3 @@ def make_actor(obs_space: gym.Space, action_space: gym.Space, cfg: PolicyConfig)
     if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
         return GaussianActor(obs_dim, action_space.shape[0], cfg)
     raise ValueError(f"unsupported action space {action_space}: need Discrete or a 1-D Box")
-
-
-_NUMPY_ACTIVATIONS = {
-    "tanh": np.tanh,
-    "relu": lambda x: np.maximum(x, 0.0, out=x),
-    "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0))),
-}
-
-
-class NumpyActor:
-    """``actor.act`` (sampling, under no_grad) in numpy, for the rollout loop's few observations.
-
-    With 8 observations and 64×64 MLPs a torch op costs ~8 µs of dispatch and a numpy op ~1 µs, so the
-    actor's part of a vector step is about 3× cheaper here. The weights are copied at construction: build one
-    per rollout, after each update. Random numbers still come from torch (the same calls, in the same order,
-    as ``act``), so both draw the same actions up to float rounding (tests/control/test_policies.py).
-    """
-
-    def __init__(self, actor: CategoricalActor | GaussianActor):
-        with torch.no_grad():
-            self.layers = [
-                (layer.weight.detach().numpy().T.copy(), layer.bias.detach().numpy().copy())
-                for layer in actor.net.layers
-            ]
-        self.activation = _NUMPY_ACTIVATIONS[actor.net.activation_name]
-        self.actor = actor
-
-    @staticmethod
-    def supports(actor: nn.Module) -> bool:
-        """True for postrl's own actors (exact types: a subclass may change the forward copied here)."""
-        return type(actor) in (CategoricalActor, GaussianActor) and type(actor.net) is MLP
-
-    def _forward(self, obs: np.ndarray) -> np.ndarray:
-        *hidden, (w, b) = self.layers
-        x = obs
-        for wh, bh in hidden:
-            x = self.activation(x @ wh + bh)
-        return x @ w + b
-
-    def draws(self, n_steps: int, n_obs: int) -> np.ndarray | None:
-        """The uniforms ``[n_steps, n_obs, 1]`` that ``n_steps`` calls of `act` on ``n_obs`` observations would
-        draw, in one torch call (~20 µs saved per step): torch's CPU generator fills a block with the same
-        numbers, in the same order, as a call per step, and ends in the same state (tests/control/
-        test_policies.py). None for a Gaussian policy, whose normal draws are not blocked that way."""
-        return torch.rand((n_steps, n_obs, 1)).numpy() if isinstance(self.actor, CategoricalActor) else None
-
-    def act(self, obs: np.ndarray, uniforms: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Sampled actions ``[N]`` (int64) or ``[N, act_dim]`` and their log-probs ``[N]`` (float32);
-        ``uniforms`` ``[N, 1]``: this step's row of `draws` (categorical), else they are drawn here."""
-        out = self._forward(obs)
-        if isinstance(self.actor, CategoricalActor):  # inverse-CDF sampling, as CategoricalActor.act
-            z = out - out.max(axis=-1, keepdims=True)  # (N, K) logits − max
-            cdf = np.exp(z).cumsum(axis=-1)  # unnormalised: the total is its last column
-            total = cdf[:, -1:]
-            if uniforms is None:
-                uniforms = torch.rand((obs.shape[0], 1)).numpy()
-            u = uniforms * total  # u ≤ total: never past the last action
-            actions = (cdf < u).sum(axis=-1)  # the first k with cdf_k ≥ u
-            rows = np.arange(obs.shape[0])
-            log_probs = z[rows, actions] - np.log(total[:, 0])  # log softmax of the drawn action
-            return actions, log_probs.astype(np.float32)
-        mean = torch.from_numpy(out)
-        actions = mean + torch.randn(mean.shape, dtype=mean.dtype) * self.actor.log_std.detach().exp()
-        log_probs = diag_gaussian_log_prob(actions, mean, self.actor.log_std.detach())
-        return actions.numpy(), log_probs.numpy()

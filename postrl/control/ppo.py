@@ -1,7 +1,7 @@
 """Proximal Policy Optimization with GAE (Schulman et al. 2017, arXiv:1707.06347).
 
 One iteration: collect ``n_steps`` steps from each of ``n_envs`` envs with π_old, compute GAE advantages
-and λ-returns (``postrl.core.gae``), then take ``n_epochs`` passes of minibatch Adam steps on
+and λ-returns (``postrl.core.gae``), then take ``epochs`` passes of minibatch Adam steps on
 
     L = L_clip(θ) + vf_coef · L_V(φ) − ent_coef · H[π_θ]
 
@@ -9,12 +9,17 @@ with the implementation details that matter (Engstrom et al. 2020; Huang et al. 
 Implementation Details of PPO"): per-minibatch advantage normalisation, optional value clipping, global
 gradient-norm clipping, linear annealing of the learning rate and of ε, Adam ε = 1e-5, and an early stop of
 the epochs when the approximate KL passes ``target_kl``. Truncated episodes bootstrap from V(final obs).
+
+``backend`` chooses how the gradient is taken: this file's `ppo_loss` through autograd (the reference), or a
+fused path written out by hand for postrl's MLPs (`postrl.control.ppo_grad`, pinned to this one by
+tests/control/test_ppo_grad.py); ``auto`` takes the fused one when it can and logs which runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import nn
@@ -36,7 +41,7 @@ class PPOConfig:
     """Steps per env in each rollout (the rollout is n_envs · n_steps transitions)."""
     batch_size: int = 256
     """Minibatch size for the gradient steps."""
-    n_epochs: int = 4
+    epochs: int = 4
     """Passes over the rollout per iteration."""
     gamma: float = 0.99
     """Discount γ."""
@@ -50,7 +55,7 @@ class PPOConfig:
     """Clipping ε of the surrogate ratio."""
     anneal_clip: bool = False
     """Anneal ε linearly to 0 over the run (rl-zoo's lin_0.2)."""
-    clip_vf: float | None = None
+    vf_clip: float | None = None
     """ε of PPO's clipped value loss; null disables value clipping."""
     ent_coef: float = 0.0
     """Entropy bonus coefficient."""
@@ -64,22 +69,28 @@ class PPOConfig:
     """Whiten advantages per minibatch."""
     adam_eps: float = 1e-5
     """Adam ε (1e-5 as in the PPO reference implementation)."""
+    backend: Literal["auto", "fused", "autograd"] = "auto"
+    """How the gradient is taken: autograd (ppo_loss, backward, the rollout's actor in torch), fused (the
+    gradient written out and the actor in numpy, for postrl's MLP actor and critic: postrl.control.ppo_grad;
+    the same numbers to float32 rounding) or auto (fused when the networks allow it, else autograd; the
+    choice and the reason are logged at info level)."""
 
     CHECKS = {  # valid ranges (postrl.runtime.config.validate)
         "n_steps": ">= 1",
         "batch_size": ">= 1",
-        "n_epochs": ">= 1",
+        "epochs": ">= 1",
         "gamma": "[0, 1]",
         "lam": "[0, 1]",
         "lr": "> 0",
         "clip_eps": "> 0",
-        "clip_vf": "> 0",
+        "vf_clip": "> 0",
         "ent_coef": ">= 0",
         "vf_coef": ">= 0",
         "max_grad_norm": "> 0",
         "target_kl": "> 0",
         "adam_eps": "> 0",
     }
+    RENAMED = {"n_epochs": "epochs", "clip_vf": "vf_clip"}  # old key → new (postrl.runtime.config)
 
 
 @dataclass(frozen=True)
@@ -106,8 +117,8 @@ def ppo_loss(
     log_probs, entropy = actor.evaluate(batch.obs, batch.actions, with_entropy=cfg.ent_coef != 0)
     values = critic(batch.obs)
     pg_loss, stats = ppo_clip_loss(log_probs, batch.log_probs, batch.advantages, clip_eps)
-    old_values = None if cfg.clip_vf is None else batch.values
-    v_loss = value_loss(values, batch.returns, old_values=old_values, clip_eps=cfg.clip_vf)
+    old_values = None if cfg.vf_clip is None else batch.values
+    v_loss = value_loss(values, batch.returns, old_values=old_values, clip_eps=cfg.vf_clip)
     loss = pg_loss + cfg.vf_coef * v_loss
     stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), **stats}
     if entropy is not None:  # skipped when ent_coef = 0: it would cost a quarter of the forward pass
@@ -129,7 +140,7 @@ class PPO(Agent):
         self.flat = FlatParameters([self.actor, self.critic])  # one tensor for Adam, clipping and zeroing
         self.optimizer = FlatAdam(self.flat.param, lr=self.cfg.lr, eps=self.cfg.adam_eps)
         self.buffer = RolloutBuffer(env, self.cfg.n_steps)
-        self.hand_gradient = ppo_grad.supported(self.actor, self.critic)
+        self.fused = ppo_grad.use_fused(self.cfg.backend, self.actor, self.critic)  # logs the path
         self.modules = {"actor": self.actor, "critic": self.critic}
         self.optimizers = {"optimizer": self.optimizer}
 
@@ -140,7 +151,7 @@ class PPO(Agent):
         clip_eps = cfg.clip_eps * frac if cfg.anneal_clip else cfg.clip_eps
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        episodes = collect_rollout(env, self.actor, self.critic, buf)
+        episodes = collect_rollout(env, self.actor, self.critic, buf, numpy_actor=self.fused)
         if self.rollout_hook is not None:
             self.rollout_hook(buf)
         advantages, returns = gae(
@@ -159,18 +170,18 @@ class PPO(Agent):
             batch = self._whiten(batch)
         names = ppo_grad.stat_names(cfg.ent_coef)
         self.flat.zero_grad()  # also re-attaches the parameters' .grad views of the flat gradient if replaced
-        gradient = ppo_grad.HandGradient(self.actor, self.critic) if self.hand_gradient else None
+        gradient = ppo_grad.HandGradient(self.actor, self.critic) if self.fused else None
         whole = gradient.prepare(batch) if full_batch and gradient else None  # the same for every epoch
         history: list[torch.Tensor] = []  # per minibatch, the statistics `names` as a row [1, k]
         epochs = 0
-        for _ in range(cfg.n_epochs):
+        for _ in range(cfg.epochs):
             epochs += 1
             order = None if full_batch else torch.randperm(n)
             for start in range(0, n, batch_size):
                 mb = batch if full_batch else self._whiten(batch.take(order[start : start + batch_size]))
                 if gradient is not None:
                     prepared = whole if whole is not None else gradient.prepare(mb)
-                    stats = gradient(prepared, clip_eps, cfg.vf_coef, cfg.ent_coef, cfg.clip_vf)
+                    stats = gradient(prepared, clip_eps, cfg.vf_coef, cfg.ent_coef, cfg.vf_clip)
                 else:
                     stats = self._autograd_gradient(mb, clip_eps, names)
                 dist.sync_grads([self.flat.param])  # the mean over ranks (nothing in one process)
@@ -189,7 +200,7 @@ class PPO(Agent):
 
     def _autograd_gradient(self, mb: Batch, clip_eps: float, names: tuple[str, ...]) -> torch.Tensor:
         """The gradient of `ppo_loss` on ``mb`` through autograd into the flat gradient; its statistics
-        ``names`` as a row [1, k] (for networks `postrl.control.ppo_grad` does not cover)."""
+        ``names`` as a row [1, k] (the reference path: ``ppo.backend`` autograd)."""
         self.flat.zero_grad()
         loss, stats = ppo_loss(self.actor, self.critic, mb, self.cfg, clip_eps)
         loss.backward()

@@ -1,4 +1,11 @@
-"""PPO's minibatch gradient written out: the MLPs' forward and backward and the loss's derivative, no autograd.
+"""PPO's fused path: the minibatch gradient written out (the MLPs' forward and backward and the loss's
+derivative, no autograd), with the rollout's actor in numpy (`postrl.control.numpy_actor`).
+
+``ppo.backend`` chooses it (:func:`use_fused`): ``auto`` (the default) runs it when the networks are postrl's
+own MLP actor and critic and says why not otherwise (e.g. a custom actor subclass), ``fused`` insists on it
+(a ConfigError says why it cannot run), ``autograd`` runs the reference path: `postrl.control.ppo.ppo_loss`,
+``backward`` and ``actor.act``. Either way the optimiser is the same (`postrl.control.flat.FlatAdam`: torch's
+fused Adam kernel, whatever the networks), so checkpoints move between backends.
 
 For the 64×64 MLPs of classic control on a 256-row minibatch, autograd's bookkeeping (a node per op, its
 saved tensors, the engine's walk of the graph) costs about as much as the arithmetic: `ppo_loss` + `backward`
@@ -35,16 +42,33 @@ there: no zeroing is needed.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from postrl.control import numpy_actor
 from postrl.control.buffer import Batch
 from postrl.control.policies import MLP, CategoricalActor, Critic, GaussianActor
 from postrl.core import diag_gaussian_entropy, diag_gaussian_log_prob
+from postrl.runtime.config import ConfigError
 
-__all__ = ["STATS", "HandGradient", "Minibatch", "minibatch_gradient", "stat_names", "supported"]
+__all__ = [
+    "BACKENDS",
+    "STATS",
+    "HandGradient",
+    "Minibatch",
+    "minibatch_gradient",
+    "refusal",
+    "stat_names",
+    "use_fused",
+]
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "fused", "autograd")
+"""The values of ``ppo.backend``."""
 
 # The statistics of `postrl.control.ppo.ppo_loss`, in the order of the vector a gradient step returns.
 STATS = ("policy_loss", "value_loss", "clip_fraction", "approx_kl", "ratio_mean", "entropy")
@@ -65,12 +89,41 @@ def stat_names(ent_coef: float) -> tuple[str, ...]:
     return STATS if ent_coef else STATS[:-1]
 
 
-def supported(actor: torch.nn.Module, critic: torch.nn.Module) -> bool:
-    """True when `HandGradient` covers these networks (postrl's MLP actors and critic)."""
-    # exact types: a subclass may change the forward this module writes out
-    heads = type(actor) in (CategoricalActor, GaussianActor) and type(critic) is Critic
-    nets = heads and all(type(net) is MLP for net in (actor.net, critic.net))
-    return nets and all(net.activation_name in _ACT_BACKWARD for net in (actor.net, critic.net))
+def refusal(actor: nn.Module, critic: nn.Module) -> str | None:
+    """Why the fused path cannot run these networks (None: it can). Exact types only: a subclass may change
+    the forward that this module and the numpy actor write out."""
+    reason = numpy_actor.refusal(actor)
+    if reason is not None:
+        return reason
+    if type(critic) is not Critic:
+        return f"the critic is a {type(critic).__qualname__}, not postrl's Critic"
+    if type(critic.net) is not MLP:
+        return f"the critic's net is a {type(critic.net).__qualname__}, not postrl's MLP"
+    for name, net in (("actor", actor.net), ("critic", critic.net)):
+        if net.activation_name not in _ACT_BACKWARD:
+            return f"the {name}'s activation {net.activation_name!r} has no hand-written derivative"
+    return None
+
+
+def use_fused(backend: str, actor: nn.Module, critic: nn.Module) -> bool:
+    """Whether PPO runs the fused path for ``ppo.backend`` = ``backend`` on these networks; logs which path
+    runs and, when ``auto`` refuses the fused one, why. ``fused`` on networks it cannot run is a ConfigError."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"'ppo.backend': {backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend == "autograd":
+        log.info("ppo.backend=autograd: gradients through autograd, the rollout's actor in torch")
+        return False
+    reason = refusal(actor, critic)
+    if reason is None:
+        log.info(
+            "ppo.backend=%s: the fused path runs (hand-written gradient, numpy actor: postrl.control.ppo_grad)",
+            backend,
+        )
+        return True
+    if backend == "fused":
+        raise ConfigError(f"'ppo.backend' is fused, but {reason}; use ppo.backend=auto or autograd")
+    log.info("ppo.backend=auto: autograd path, the fused one cannot run: %s", reason)
+    return False
 
 
 @dataclass(frozen=True)
@@ -171,7 +224,7 @@ class HandGradient:
 
     @torch.no_grad()
     def __call__(
-        self, mb: Minibatch, clip_eps: float, vf_coef: float, ent_coef: float, clip_vf: float | None
+        self, mb: Minibatch, clip_eps: float, vf_coef: float, ent_coef: float, vf_clip: float | None
     ) -> Tensor:
         """Write the gradient on ``mb`` into every parameter's ``.grad``; return the statistics
         `stat_names(ent_coef)` as a row ``[1, k]``. The advantages are used as given (already whitened)."""
@@ -196,7 +249,7 @@ class HandGradient:
         )  # (ρ − clip ρ)·A > 0: the clip binds
         d_log_probs = torch.mul(neg_unclipped, 1.0 / n).masked_fill_(clipped, 0.0)  # ∂L/∂log π, (N, 1)
         kl = torch.add(_MINUS_ONE, ratio).sub_(log_ratio)  # (ρ − 1) − log ρ, as ppo_clip_loss's approx_kl
-        d_values, value_terms = self._value_gradient(values, mb, vf_coef / n, clip_vf)
+        d_values, value_terms = self._value_gradient(values, mb, vf_coef / n, vf_clip)
         columns = [neg_surrogate, value_terms, clipped.to(ratio.dtype), kl, ratio]
 
         if self.discrete:
@@ -221,14 +274,14 @@ class HandGradient:
 
     @staticmethod
     def _value_gradient(
-        values: Tensor, mb: Minibatch, scale: float, clip_vf: float | None
+        values: Tensor, mb: Minibatch, scale: float, vf_clip: float | None
     ) -> tuple[Tensor, Tensor]:
         """(∂(c_v L_v)/∂V, the per-row terms whose mean is L_v), both (N, 1); ``scale`` = c_v / N."""
         error = values - mb.returns
         d_values = error * scale
-        if clip_vf is None:
+        if vf_clip is None:
             return d_values, torch.addcmul(_ZERO, error, error, value=0.5)  # ½ (V − R̂)²
-        clipped_error = mb.old_values + torch.clamp(values - mb.old_values, -clip_vf, clip_vf) - mb.returns
+        clipped_error = mb.old_values + torch.clamp(values - mb.old_values, -vf_clip, vf_clip) - mb.returns
         squared, clipped_squared = error * error, clipped_error * clipped_error
         d_values.masked_fill_(squared < clipped_squared, 0.0)
         return d_values, torch.maximum(squared, clipped_squared).mul_(0.5)
@@ -241,10 +294,10 @@ def minibatch_gradient(
     clip_eps: float,
     vf_coef: float,
     ent_coef: float,
-    clip_vf: float | None,
+    vf_clip: float | None,
 ) -> dict[str, Tensor]:
     """`HandGradient` for one `Batch`: write the gradient into ``.grad``; return the statistics by name (those
     of `postrl.control.ppo.ppo_loss`)."""
     gradient = HandGradient(actor, critic)
-    stats = gradient(gradient.prepare(batch), clip_eps, vf_coef, ent_coef, clip_vf)
+    stats = gradient(gradient.prepare(batch), clip_eps, vf_coef, ent_coef, vf_clip)
     return dict(zip(stat_names(ent_coef), stats[0], strict=True))

@@ -65,7 +65,7 @@ class Config:
     """Environment settings (n_envs = episodes per batch; sync envs, no normalisation)."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """Actor and baseline networks."""
-    run: RunConfig = field(default_factory=lambda: RunConfig(checkpoint_every=100, log_every=10))
+    run: RunConfig = field(default_factory=lambda: RunConfig(save_every=100, log_every=10))
     """Budget, seed, logging, evaluation and checkpoints."""
     reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)
     """REINFORCE hyperparameters."""

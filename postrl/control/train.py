@@ -49,36 +49,49 @@ WINDOW = 20  # episodes in the training moving average
 
 @dataclass(frozen=True)
 class RunConfig:
-    total_steps: int = 100_000
+    """How long a run lasts, how often it logs, evaluates and checkpoints (the LM trainers' ``run`` section,
+    less what does not apply to control: device, dtype, parallel)."""
+
+    steps: int = 100_000
     """Environment steps to train for (rounded up to whole iterations)."""
     seed: int = 0
     """Seed of python, numpy, torch and the environments."""
-    torch_threads: int = 1
-    """torch.set_num_threads for training (1 is fastest for small MLPs)."""
-    eval_episodes: int = 20
-    """Episodes of the final deterministic evaluation (seeds 10000 + 100·seed + i)."""
-    eval_every: int = 0
-    """Also evaluate every this many env steps during training (0: only at the end)."""
-    checkpoint_every: int = 50
-    """Checkpoint every this many iterations (and always at the end)."""
-    keep_checkpoints: int = 3
-    """How many of the newest checkpoints to keep."""
+    save_every: int = 50
+    """Checkpoint every this many iterations, not env steps (and always at the end); 0: only at the end."""
+    keep_last: int = 3
+    """How many of the newest checkpoints to keep (0: all)."""
     log_every: int = 1
     """Log metrics every this many iterations."""
+    eval_every: int = 0
+    """Also evaluate every this many env steps during training (0: only at the end)."""
+    max_seconds: float | None = None
+    """Also stop after this many seconds of training (evaluation excluded; rank 0's clock), at the end of an
+    iteration; null: no time limit. The learning-rate and clip schedules still run over run.steps."""
+    threads: int | None = 1
+    """torch.set_num_threads for training (1 is fastest for small MLPs; null: torch's default)."""
     tensorboard: bool = False
     """Also write TensorBoard event files."""
+    eval_episodes: int = 20
+    """Episodes of the final deterministic evaluation (seeds 10000 + 100·seed + i)."""
     gif: bool = False
     """Write eval.gif of one deterministic episode at the end (env must render rgb_array)."""
 
     CHECKS = {  # valid ranges (postrl.runtime.config.validate)
-        "total_steps": ">= 1",
+        "steps": ">= 1",
         "seed": ">= 0",
-        "torch_threads": ">= 1",
-        "eval_episodes": ">= 1",
-        "eval_every": ">= 0",
-        "checkpoint_every": ">= 0",
-        "keep_checkpoints": ">= 0",
+        "save_every": ">= 0",
+        "keep_last": ">= 0",
         "log_every": ">= 1",
+        "eval_every": ">= 0",
+        "max_seconds": "> 0",
+        "threads": ">= 1",
+        "eval_episodes": ">= 1",
+    }
+    RENAMED = {  # old key → new (postrl.runtime.config)
+        "total_steps": "steps",
+        "torch_threads": "threads",
+        "checkpoint_every": "save_every",
+        "keep_checkpoints": "keep_last",
     }
 
 
@@ -152,7 +165,8 @@ def train(cfg: Any, run_dir: str | Path, resume: bool = False, overwrite: bool =
     validate(cfg)
     info = dist.setup(cfg.algo)
     run_dir = Path(run_dir)
-    torch.set_num_threads(cfg.run.torch_threads)
+    if cfg.run.threads is not None:
+        torch.set_num_threads(cfg.run.threads)
     seed_everything(cfg.run.seed, info.rank)
     env = VecEnv(cfg.env, dist.env_seed(cfg.run.seed, cfg.env.n_envs))
     agent = algorithm(cfg.algo).build(cfg, env)
@@ -170,15 +184,16 @@ def train(cfg: Any, run_dir: str | Path, resume: bool = False, overwrite: bool =
 
 
 def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, logger, threshold) -> None:
-    """Iterate until ``run.total_steps`` env steps: learn, log, evaluate, checkpoint."""
+    """Iterate until ``run.steps`` env steps (or ``run.max_seconds``): learn, log, evaluate, checkpoint."""
     from postrl.control import dist
     from postrl.runtime.distributed import is_main, reduce_metrics
     from postrl.runtime.progress import Progress
 
-    total, run, main = cfg.run.total_steps, cfg.run, is_main()
+    total, run, main = cfg.run.steps, cfg.run, is_main()
     bar_off = None if main else True
+    done = progress.env_steps >= total or _out_of_time(run, progress.train_seconds)
     with Progress(total, f"{cfg.algo} {cfg.env.id}", "step", bar_off, progress.env_steps) as bar:
-        while progress.env_steps < total:
+        while not done:
             # Training time counts everything but evaluation (logging and checkpoints included), as
             # the peer benchmark times SB3's learn().
             start, eval_seconds = time.perf_counter(), 0.0
@@ -188,7 +203,8 @@ def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, lo
             episodes, n_steps = dist.gather_episodes(episodes, n_steps, env.n_envs)
             progress.record(episodes, progress.env_steps, threshold)
             progress.iteration, progress.env_steps = it + 1, progress.env_steps + n_steps
-            done = progress.env_steps >= total
+            elapsed = progress.train_seconds + time.perf_counter() - start
+            done = progress.env_steps >= total or _out_of_time(run, elapsed)
             row = _row(reduce_metrics(metrics), progress)
             if main and run.eval_every and _crossed(progress.env_steps, n_steps, run.eval_every):
                 eval_start = time.perf_counter()
@@ -198,7 +214,7 @@ def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, lo
                 logger.log(progress.env_steps, row)
             bar.update(n_steps, ret=row.get("train_return_ma20"))
             progress.train_seconds += time.perf_counter() - start - eval_seconds
-            if done or run.checkpoint_every and (it + 1) % run.checkpoint_every == 0:
+            if done or run.save_every and (it + 1) % run.save_every == 0:
                 save_start = time.perf_counter()
                 _save(run_dir, agent, env, progress, cfg, logger.rows)
                 progress.train_seconds += time.perf_counter() - save_start
@@ -239,6 +255,14 @@ def _finish(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, 
     return broadcast_object(summary)
 
 
+def _out_of_time(run: RunConfig, train_seconds: float) -> bool:
+    """Whether ``train_seconds`` reach ``run.max_seconds`` (rank 0's clock decides, so every rank stops at
+    the same iteration)."""
+    from postrl.runtime.distributed import broadcast_object
+
+    return run.max_seconds is not None and bool(broadcast_object(train_seconds >= run.max_seconds))
+
+
 def _crossed(steps: int, per_iteration: int, every: int) -> bool:
     """True when ``steps`` just crossed a multiple of ``every``."""
     return steps // every != (steps - per_iteration) // every
@@ -276,7 +300,7 @@ def _save(
         modules=agent.modules,
         optimizers=agent.optimizers,
         extra=extra,
-        keep_last=cfg.run.keep_checkpoints,
+        keep_last=cfg.run.keep_last,
         write_files=dist.write_snapshots(snapshots),
     )
 

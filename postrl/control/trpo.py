@@ -20,6 +20,7 @@ from torch import nn
 
 from postrl.control.buffer import Batch, RolloutBuffer, collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
+from postrl.control.numpy_actor import use_numpy_actor
 from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.control.train import Agent, RunConfig
 from postrl.core import (
@@ -87,7 +88,7 @@ class Config:
     """Environment settings."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """Actor and critic networks."""
-    run: RunConfig = field(default_factory=lambda: RunConfig(checkpoint_every=10))
+    run: RunConfig = field(default_factory=lambda: RunConfig(save_every=10))
     """Budget, seed, logging, evaluation and checkpoints."""
     trpo: TRPOConfig = field(default_factory=TRPOConfig)
     """TRPO hyperparameters."""
@@ -109,12 +110,13 @@ class TRPO(Agent):
         self.critic = Critic(env.single_observation_space.shape[0], cfg.policy)
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=self.cfg.critic_lr, eps=1e-5)
         self.buffer = RolloutBuffer(env, self.cfg.n_steps)
+        self.numpy_actor = use_numpy_actor(self.actor, "trpo")
         self.modules = {"actor": self.actor, "critic": self.critic}
         self.optimizers = {"critic": self.critic_opt}
 
     def iteration(self, env: VecEnv, it: int, frac_done: float) -> tuple[dict, list, int]:
         cfg, buf = self.cfg, self.buffer
-        episodes = collect_rollout(env, self.actor, self.critic, buf)
+        episodes = collect_rollout(env, self.actor, self.critic, buf, self.numpy_actor)
         advantages, returns = gae(
             buf.rewards, buf.values, buf.next_values(), buf.terminated, buf.episode_end, cfg.gamma, cfg.lam
         )

@@ -66,16 +66,16 @@ def test_trpo_step_stays_in_the_trust_region_and_improves_the_surrogate():
 
 
 def _quick(module, overrides, tmp_path):
-    cfg = load_config(module.Config, None, ["run.eval_episodes=10", "run.checkpoint_every=0", *overrides])
+    cfg = load_config(module.Config, None, ["run.eval_episodes=10", "run.save_every=0", *overrides])
     return train(cfg, tmp_path / "run")
 
 
 @pytest.mark.parametrize(
     ("module", "overrides"),
     [
-        (reinforce, ["run.total_steps=6000", "reinforce.lr=0.005"]),
-        (a2c, ["run.total_steps=10000", "a2c.optimizer=adam", "a2c.lr=0.002"]),
-        (trpo, ["run.total_steps=6144", "env.n_envs=2", "trpo.n_steps=512", "trpo.critic_epochs=5"]),
+        (reinforce, ["run.steps=6000", "reinforce.lr=0.005"]),
+        (a2c, ["run.steps=10000", "a2c.optimizer=adam", "a2c.lr=0.002"]),
+        (trpo, ["run.steps=6144", "env.n_envs=2", "trpo.n_steps=512", "trpo.critic_epochs=5"]),
     ],
     ids=["reinforce", "a2c", "trpo"],
 )
@@ -109,7 +109,7 @@ def test_pendulum_gaussian_agent_runs(tmp_path):
             "env.id=Pendulum-v1",
             "env.n_envs=2",
             "ppo.n_steps=64",
-            "run.total_steps=256",
+            "run.steps=256",
             "env.normalize_obs=true",
         ],
         tmp_path,

@@ -31,8 +31,8 @@ def group(tmp_path):
 def _config() -> Config:
     return Config(
         env=EnvConfig(n_envs=4),
-        ppo=PPOConfig(n_steps=16, batch_size=32, n_epochs=2, target_kl=0.5),
-        run=RunConfig(total_steps=3 * 64, eval_episodes=2, checkpoint_every=2),
+        ppo=PPOConfig(n_steps=16, batch_size=32, epochs=2, target_kl=0.5),
+        run=RunConfig(steps=3 * 64, eval_episodes=2, save_every=2),
     )
 
 

@@ -141,14 +141,14 @@ def test_only_known_bit_generators_are_built():
         VecEnv(EnvConfig(id="CartPole-v1", n_envs=1), 0).restore(buffer.getvalue())
 
 
-SMALL = ["env.n_envs=2", "ppo.n_steps=16", "ppo.batch_size=8", "ppo.n_epochs=2", "run.eval_episodes=2"]
-SMALL += ["run.checkpoint_every=1", "run.keep_checkpoints=20"]
+SMALL = ["env.n_envs=2", "ppo.n_steps=16", "ppo.batch_size=8", "ppo.epochs=2", "run.eval_episodes=2"]
+SMALL += ["run.save_every=1", "run.keep_last=20"]
 
 
 @pytest.mark.parametrize("env_id", ["Acrobot-v1", "MountainCar-v0"])
 def test_a_run_resumed_from_the_snapshot_equals_an_uninterrupted_one(tmp_path, capsys, env_id):
     """Episodes of 20 steps end inside every iteration, so the resumed envs' RNG and elapsed steps matter."""
-    overrides = [f"env.id={env_id}", "env.kwargs={max_episode_steps: 20}", "run.total_steps=160", *SMALL]
+    overrides = [f"env.id={env_id}", "env.kwargs={max_episode_steps: 20}", "run.steps=160", *SMALL]
     cfg = load_config(ppo.Config, None, overrides)
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     train(cfg, straight)
@@ -185,7 +185,7 @@ class _RunsCode:
 @pytest.fixture
 def checkpoint(tmp_path):
     """A finished run's last checkpoint, and a marker file that a payload creates when it is unpickled."""
-    cfg = load_config(ppo.Config, None, ["env.id=CartPole-v1", "run.total_steps=32", *SMALL])
+    cfg = load_config(ppo.Config, None, ["env.id=CartPole-v1", "run.steps=32", *SMALL])
     train(cfg, tmp_path / "run")
     marker = tmp_path / "marker"
     pickle.loads(pickle.dumps(_RunsCode(marker)))  # noqa: S301 - the payload works when unpickled ...

@@ -5,7 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from postrl.control.policies import CategoricalActor, GaussianActor, NumpyActor, PolicyConfig, make_actor
+from postrl.control.numpy_actor import NumpyActor
+from postrl.control.policies import CategoricalActor, GaussianActor, PolicyConfig, make_actor
 
 
 @settings(max_examples=25, deadline=None)

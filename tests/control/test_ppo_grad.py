@@ -1,18 +1,23 @@
-"""The hand-written PPO minibatch gradient (`postrl.control.ppo_grad`) equals autograd through `ppo_loss`."""
+"""PPO's fused path (`postrl.control.ppo_grad`: the hand-written minibatch gradient, the numpy actor) equals the
+reference path (autograd through `ppo_loss`, ``actor.act``), and ``ppo.backend`` chooses between them."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
-from postrl.control import ppo_grad
-from postrl.control.buffer import Batch
-from postrl.control.policies import Critic, NumpyActor, PolicyConfig, make_actor
+from postrl.control import numpy_actor, ppo, ppo_grad
+from postrl.control.buffer import Batch, collect_rollout
+from postrl.control.envs import VecEnv
+from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.control.ppo import PPOConfig, ppo_loss
+from postrl.core import gae
+from postrl.runtime.config import ConfigError, load_config
 
 N = 64
 
@@ -47,14 +52,14 @@ def gradients(actor, critic) -> list[torch.Tensor]:
 @pytest.mark.parametrize("activation", ["tanh", "relu", "elu"])
 @pytest.mark.parametrize("discrete", [True, False])
 @pytest.mark.parametrize("ent_coef", [0.0, 0.05])
-@pytest.mark.parametrize("clip_vf", [None, 0.2])
-def test_hand_gradient_equals_autograd(discrete, activation, ent_coef, clip_vf):
+@pytest.mark.parametrize("vf_clip", [None, 0.2])
+def test_hand_gradient_equals_autograd(discrete, activation, ent_coef, vf_clip):
     actor, critic, batch = setup(discrete, activation)
-    cfg = dataclasses.replace(PPOConfig(), ent_coef=ent_coef, clip_vf=clip_vf, vf_coef=0.7)
+    cfg = dataclasses.replace(PPOConfig(), ent_coef=ent_coef, vf_clip=vf_clip, vf_coef=0.7)
     loss, ref_stats = ppo_loss(actor, critic, batch, cfg, clip_eps=0.2)
     loss.backward()
     ref = gradients(actor, critic)
-    stats = ppo_grad.minibatch_gradient(actor, critic, batch, 0.2, cfg.vf_coef, ent_coef, clip_vf)
+    stats = ppo_grad.minibatch_gradient(actor, critic, batch, 0.2, cfg.vf_coef, ent_coef, vf_clip)
     assert 0 < float(stats["clip_fraction"]) < 1  # both branches of the clipped surrogate are exercised
     for got, want in zip(gradients(actor, critic), ref, strict=True):
         assert torch.allclose(got, want, atol=1e-6, rtol=1e-5), (got - want).abs().max()
@@ -71,38 +76,73 @@ def test_hand_gradient_replaces_the_old_gradient():
     assert all(torch.equal(a, b) for a, b in zip(first, gradients(actor, critic), strict=True))
 
 
-def test_supported_only_for_postrl_mlps():
-    """A subclass may change the forward that the hand gradient and the numpy actor copy: autograd then."""
-    actor, critic, _ = setup(True, "tanh")
-    assert ppo_grad.supported(actor, critic) and NumpyActor.supports(actor)
-    assert not ppo_grad.supported(actor, torch.nn.Linear(3, 1))
+def _tempered(actor):
+    """``actor`` turned into an instance of a subclass that changes its forward."""
 
     class Tempered(type(actor)):
         def evaluate(self, obs, actions, with_entropy=True):
             return super().evaluate(obs / 2, actions, with_entropy)
 
     actor.__class__ = Tempered
-    assert not ppo_grad.supported(actor, critic) and not NumpyActor.supports(actor)
+    return actor
+
+
+def test_the_fused_path_refuses_networks_it_does_not_write_out():
+    """A subclass may change the forward that the hand gradient and the numpy actor copy: autograd then."""
+    actor, critic, _ = setup(True, "tanh")
+    assert ppo_grad.refusal(actor, critic) is None and numpy_actor.refusal(actor) is None
+    assert "Linear" in ppo_grad.refusal(actor, torch.nn.Linear(3, 1))
+    _tempered(actor)
+    assert "Tempered" in ppo_grad.refusal(actor, critic) and "Tempered" in numpy_actor.refusal(actor)
+
+
+def test_backend_auto_takes_the_fused_path_for_postrls_mlps_and_says_so(caplog):
+    actor, critic, _ = setup(False, "relu")
+    with caplog.at_level(logging.INFO, logger="postrl.control.ppo_grad"):
+        assert ppo_grad.use_fused("auto", actor, critic)
+        assert ppo_grad.use_fused("fused", actor, critic)
+        assert not ppo_grad.use_fused("autograd", actor, critic)
+    auto, fused, autograd = (r.getMessage() for r in caplog.records)
+    assert "ppo.backend=auto: the fused path runs" in auto and "fused path runs" in fused
+    assert "ppo.backend=autograd" in autograd
+
+
+def test_backend_auto_refuses_a_custom_actor_and_says_why(caplog):
+    actor, critic, _ = setup(True, "tanh")
+    _tempered(actor)
+    with caplog.at_level(logging.INFO, logger="postrl.control.ppo_grad"):
+        assert not ppo_grad.use_fused("auto", actor, critic)
+    (record,) = caplog.records
+    assert record.levelno == logging.INFO
+    assert "autograd path" in record.getMessage() and "Tempered" in record.getMessage()
+
+
+def test_backend_fused_on_a_custom_actor_is_a_config_error(monkeypatch):
+    """At build, before the run folder is touched: the message names the key and the reason."""
+    with pytest.raises(ConfigError, match=r"'ppo.backend' is fused, but the actor is a .*Tempered"):
+        ppo_grad.use_fused("fused", _tempered(setup(True, "tanh")[0]), setup(True, "tanh")[1])
+    monkeypatch.setattr(ppo, "make_actor", lambda *args: _tempered(make_actor(*args)))
+    cfg = load_config(ppo.Config, None, ["env.n_envs=1", "ppo.backend=fused"])
+    with pytest.raises(ConfigError, match="Tempered"):
+        ppo.build(cfg, VecEnv(cfg.env, 0))
+    cfg = load_config(ppo.Config, None, ["env.n_envs=1"])  # auto: autograd for the custom actor
+    assert not ppo.build(cfg, VecEnv(cfg.env, 0)).fused
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 @pytest.mark.parametrize("overrides", [[], ["ppo.batch_size=16", "ppo.target_kl=1e-6", "ppo.ent_coef=0.01"]])
 def test_ppo_update_by_hand_equals_the_update_through_autograd(env_id, overrides):
     """A whole `PPO.update` (20 or 2 epochs, whole-rollout or shuffled minibatches, target-KL stop, the
-    statistics it logs): the same parameters and metrics by either gradient."""
-    from postrl.control import ppo
-    from postrl.control.buffer import collect_rollout
-    from postrl.control.envs import VecEnv
-    from postrl.core import gae
-    from postrl.runtime.config import load_config
-
-    cfg = load_config(ppo.Config, None, [f"env.id={env_id}", "env.n_envs=4", "ppo.n_steps=16", *overrides])
-    cfg = dataclasses.replace(cfg, ppo=dataclasses.replace(cfg.ppo, n_epochs=20 if not overrides else 3))
+    statistics it logs): the same parameters and metrics by either backend."""
+    base = [f"env.id={env_id}", "env.n_envs=4", "ppo.n_steps=16", *overrides]
+    base.append(f"ppo.epochs={20 if not overrides else 3}")
+    cfg = load_config(ppo.Config, None, base)
     env = VecEnv(cfg.env, 0)
     env.reset()
     torch.manual_seed(0)
-    by_hand, by_autograd = ppo.build(cfg, env), ppo.build(cfg, env)
-    by_autograd.hand_gradient = False
+    by_hand = ppo.build(load_config(ppo.Config, None, [*base, "ppo.backend=fused"]), env)
+    by_autograd = ppo.build(load_config(ppo.Config, None, [*base, "ppo.backend=autograd"]), env)
+    assert by_hand.fused and not by_autograd.fused
     for name in ("actor", "critic"):
         by_autograd.modules[name].load_state_dict(by_hand.modules[name].state_dict())
     collect_rollout(env, by_hand.actor, by_hand.critic, by_hand.buffer)
@@ -121,13 +161,35 @@ def test_ppo_update_by_hand_equals_the_update_through_autograd(env_id, overrides
     assert hand["epochs"] == (1 if overrides else 20)  # with target_kl, the first epoch's KL stops it
     for key in hand:
         assert hand[key] == pytest.approx(auto[key], rel=1e-4, abs=1e-6), key
+    _assert_same_networks(by_hand, by_autograd)
+
+
+def _assert_same_networks(a, b):
     for name in ("actor", "critic"):
         for (key, got), want in zip(
-            by_hand.modules[name].state_dict().items(),
-            by_autograd.modules[name].state_dict().values(),
-            strict=True,
+            a.modules[name].state_dict().items(), b.modules[name].state_dict().values(), strict=True
         ):
             assert torch.allclose(got, want, atol=1e-5, rtol=1e-4), (name, key, (got - want).abs().max())
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_iterations_by_either_backend_agree(env_id):
+    """Rollouts (numpy actor vs ``actor.act``), GAE and updates, three iterations: the same episodes and,
+    to float32 rounding, the same networks and metrics."""
+    runs = {}
+    for backend in ("fused", "autograd"):
+        overrides = [f"env.id={env_id}", "env.n_envs=4", "ppo.n_steps=32", "ppo.batch_size=64"]
+        cfg = load_config(ppo.Config, None, [*overrides, "ppo.epochs=4", f"ppo.backend={backend}"])
+        torch.manual_seed(0)
+        env = VecEnv(cfg.env, 0)
+        env.reset()
+        agent = ppo.build(cfg, env)
+        runs[backend] = agent, [agent.iteration(env, it, it / 3) for it in range(3)]
+    (fused, fused_out), (autograd, autograd_out) = runs["fused"], runs["autograd"]
+    for (m1, episodes1, n1), (m2, episodes2, n2) in zip(fused_out, autograd_out, strict=True):
+        assert n1 == n2 and [e[:1] + e[2:] for e in episodes1] == [e[:1] + e[2:] for e in episodes2]
+        assert m1 == pytest.approx(m2, rel=1e-4, abs=1e-6)
+    _assert_same_networks(fused, autograd)
 
 
 def test_the_clip_mask_is_cores():

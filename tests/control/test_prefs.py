@@ -120,8 +120,8 @@ def _cartpole_cfg(*overrides):
         "env.n_envs=2",
         "ppo.n_steps=32",
         "ppo.batch_size=32",
-        "ppo.n_epochs=2",
-        "run.total_steps=256",
+        "ppo.epochs=2",
+        "run.steps=256",
         "run.eval_episodes=2",
         "run.eval_every=0",
         "prefs.segment_length=10",
@@ -197,7 +197,7 @@ def test_normalize_returns_scales_by_the_std_of_the_discounted_return():
 
 @pytest.mark.slow
 def test_run_folder_and_exact_resume(tmp_path):
-    cfg = _cartpole_cfg("run.checkpoint_every=1", "run.keep_checkpoints=20", "prefs.normalize_returns=true")
+    cfg = _cartpole_cfg("run.save_every=1", "run.keep_last=20", "prefs.normalize_returns=true")
     straight = tmp_path / "straight"
     summary = prefs.run(cfg, straight)
     for key in (
@@ -250,7 +250,7 @@ def test_cli_lists_keys(capsys):
 def test_cli_run(tmp_path):
     out = tmp_path / "run"
     argv = ["control", "prefs", "--env", "CartPole-v1", "--labels", "30", "--noise", "0.1", "--out", str(out)]
-    args = _parser().parse_args([*argv, "env.n_envs=2", "run.total_steps=64", "run.eval_episodes=1"])
+    args = _parser().parse_args([*argv, "env.n_envs=2", "run.steps=64", "run.eval_episodes=1"])
     args.overrides += ["prefs.segment_length=10", "prefs.initial_labels=10", "reward_model.pretrain_steps=5"]
     assert args.handler(args) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -260,9 +260,7 @@ def test_cli_run(tmp_path):
 
 @pytest.mark.slow
 def test_learns_cartpole_from_preferences(tmp_path):
-    cfg = load_config(
-        prefs.Config, "configs/prefs-cartpole.yaml", ["run.total_steps=30000", "run.eval_every=0"]
-    )
+    cfg = load_config(prefs.Config, "configs/prefs-cartpole.yaml", ["run.steps=30000", "run.eval_every=0"])
     summary = prefs.run(cfg, tmp_path / "run")
     assert summary["true_return"] > 150  # random ≈ 22
 

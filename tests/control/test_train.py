@@ -2,13 +2,14 @@
 
 import argparse
 import json
+import re
 import shutil
 
 import numpy as np
 import pytest
 import torch
 
-from postrl.control import ppo
+from postrl.control import a2c, ppo, prefs, reinforce, trpo
 from postrl.control.commands import add_parser, preset_path, resolve_config
 from postrl.control.train import evaluate, train
 from postrl.runtime.config import ConfigError, load_config
@@ -37,7 +38,7 @@ def _random_return(episodes=20):
 
 def test_ppo_learns_cartpole_in_seconds(tmp_path):
     cfg = load_config(
-        ppo.Config, preset_path("ppo", "CartPole-v1"), ["run.total_steps=12000", "run.eval_episodes=10"]
+        ppo.Config, preset_path("ppo", "CartPole-v1"), ["run.steps=12000", "run.eval_episodes=10"]
     )
     summary = train(cfg, tmp_path / "run")
     assert summary["eval_return_mean"] > 3 * _random_return()  # random ≈ 22; PPO reaches ≈ 150–500 here
@@ -52,10 +53,10 @@ SMALL = [
     "env.n_envs=2",
     "ppo.n_steps=16",
     "ppo.batch_size=8",
-    "ppo.n_epochs=2",
-    "run.total_steps=192",
-    "run.checkpoint_every=1",
-    "run.keep_checkpoints=20",
+    "ppo.epochs=2",
+    "run.steps=192",
+    "run.save_every=1",
+    "run.keep_last=20",
     "run.eval_episodes=2",
 ]
 
@@ -91,15 +92,56 @@ def test_resume_is_exact(tmp_path, env_id):
 
 def test_cli_preset_flags_and_overrides():
     cfg = resolve_config(_cli("control", "train", "--algo", "ppo", "--env", "CartPole-v1", "--seed", "3"))
-    assert (cfg.ppo.n_steps, cfg.ppo.n_epochs, cfg.ppo.gamma, cfg.ppo.lam) == (32, 20, 0.98, 0.8)
+    assert (cfg.ppo.n_steps, cfg.ppo.epochs, cfg.ppo.gamma, cfg.ppo.lam) == (32, 20, 0.98, 0.8)
     assert cfg.ppo.anneal_clip and cfg.run.seed == 3 and cfg.env.n_envs == 8
     args = _cli(
         "control", "train", "--env", "Pendulum-v1", "--total-steps", "1e4", "ppo.lr=3e-4", "env.n_envs=2"
     )
     cfg = resolve_config(args)
-    assert (cfg.env.id, cfg.run.total_steps, cfg.ppo.lr, cfg.env.n_envs) == ("Pendulum-v1", 10_000, 3e-4, 2)
+    assert (cfg.env.id, cfg.run.steps, cfg.ppo.lr, cfg.env.n_envs) == ("Pendulum-v1", 10_000, 3e-4, 2)
     with pytest.raises(ConfigError, match="ppo.clip_eps"):
         resolve_config(_cli("control", "train", "ppo.clip_epss=0.1"))
+
+
+RENAMED = [  # old key → new: one vocabulary with the LM trainers (run.*, epochs, vf_clip)
+    ("run.total_steps", "run.steps"),
+    ("run.torch_threads", "run.threads"),
+    ("run.checkpoint_every", "run.save_every"),
+    ("run.keep_checkpoints", "run.keep_last"),
+    ("ppo.n_epochs", "ppo.epochs"),
+    ("ppo.clip_vf", "ppo.vf_clip"),
+]
+
+
+@pytest.mark.parametrize(("old", "new"), RENAMED)
+def test_an_old_key_is_an_error_that_names_the_new_one(tmp_path, old, new):
+    said = re.escape(f"'{old}' was renamed: use '{new}'")
+    with pytest.raises(ConfigError, match=said):
+        resolve_config(_cli("control", "train", f"{old}=2"))
+    section, key = old.split(".")
+    path = tmp_path / "old.yaml"
+    path.write_text(f"algo: ppo\n{section}:\n  {key}: 2\n")
+    with pytest.raises(ConfigError, match=said + r".*old\.yaml"):
+        resolve_config(_cli("control", "train", "--config", str(path)))
+
+
+@pytest.mark.parametrize("module", [reinforce, a2c, trpo, prefs])
+def test_every_control_config_names_the_new_keys(module):
+    with pytest.raises(
+        ConfigError, match=re.escape("'run.checkpoint_every' was renamed: use 'run.save_every'")
+    ):
+        load_config(module.Config, None, ["run.checkpoint_every=5"])
+    assert load_config(module.Config, None, ["run.save_every=5"]).run.save_every == 5
+    if module is prefs:  # prefs' policy learner is PPO
+        with pytest.raises(ConfigError, match=re.escape("'ppo.n_epochs' was renamed: use 'ppo.epochs'")):
+            load_config(module.Config, None, ["ppo.n_epochs=2"])
+
+
+def test_max_seconds_stops_at_the_end_of_an_iteration(tmp_path):
+    cfg = load_config(ppo.Config, None, [*SMALL, "run.max_seconds=1e-9", "run.threads=null"])
+    summary = train(cfg, tmp_path / "run")
+    assert summary["env_steps"] == 32  # one iteration of 2 envs × 16 steps, of the 192 asked for
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*")] == ["step_00000032"]
 
 
 def test_cli_train_then_eval(tmp_path, capsys):
@@ -138,7 +180,7 @@ def test_stochastic_evaluation_does_not_touch_the_training_rng():
 def test_cli_resume_continues_an_interrupted_run(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["control", "train", "--env", "CartPole-v1", "--total-steps", "96", "--out", str(out), *SMALL[:4]]
-    argv += ["run.checkpoint_every=1", "run.keep_checkpoints=10", "run.eval_episodes=1"]
+    argv += ["run.save_every=1", "run.keep_last=10", "run.eval_episodes=1"]
     args = _cli(*argv)
     args.handler(args)
     final = (out / "checkpoints" / "step_00000096" / "actor.safetensors").read_bytes()

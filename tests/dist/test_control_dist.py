@@ -28,7 +28,7 @@ def test_two_processes_match_one(tmp_path):
         print(f"control ppo {name}: max |2 ranks - 1 process| = {worst:.2e}")
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    total = script.run_config().run.total_steps
+    total = script.run_config().run.steps
     summary = json.loads((straight / "summary.json").read_text())
     assert summary["env_steps"] == total  # both ranks' steps: 4 iterations × 2 ranks × 4 envs × 16 steps
     rows = read_jsonl(straight / "metrics.jsonl")

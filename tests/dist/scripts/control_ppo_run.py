@@ -32,7 +32,7 @@ N_ENVS, N_STEPS = 8, 16
 
 
 def update_config() -> Config:
-    ppo = PPOConfig(n_steps=N_STEPS, batch_size=N_ENVS * N_STEPS, n_epochs=3, ent_coef=0.01, clip_vf=0.2)
+    ppo = PPOConfig(n_steps=N_STEPS, batch_size=N_ENVS * N_STEPS, epochs=3, ent_coef=0.01, vf_clip=0.2)
     return Config(env=EnvConfig(n_envs=N_ENVS), ppo=ppo)
 
 
@@ -60,8 +60,8 @@ def one_update(info: dist.DistInfo) -> PPO:
 def run_config() -> Config:
     return Config(
         env=EnvConfig(n_envs=4),
-        ppo=PPOConfig(n_steps=16, batch_size=64, n_epochs=2),
-        run=RunConfig(total_steps=4 * 2 * 4 * 16, eval_episodes=2, checkpoint_every=2, keep_checkpoints=4),
+        ppo=PPOConfig(n_steps=16, batch_size=64, epochs=2),
+        run=RunConfig(steps=4 * 2 * 4 * 16, eval_episodes=2, save_every=2, keep_last=4),
     )
 
 
@@ -79,7 +79,7 @@ def main(out: Path) -> None:
         shutil.copytree(out / "straight" / "checkpoints" / "step_00000256",
                         out / "resumed" / "checkpoints" / "step_00000256")  # fmt: skip
     dist.barrier()
-    train(replace(cfg, run=replace(cfg.run, checkpoint_every=0)), out / "resumed", resume=True)
+    train(replace(cfg, run=replace(cfg.run, save_every=0)), out / "resumed", resume=True)
     dist.cleanup()
 
 
