@@ -1,23 +1,39 @@
 """Evaluation of a `postrl rm` reward model (`postrl.lm.reward_model`): held-out accuracy, margin, ECE and
 gold agreement of preference pairs, and the mean and std of its scores on SFT-policy samples, exported next
-to the model as ``reward_norm.json`` for PPO's reward normalisation."""
+to the model as ``reward_norm.json`` for PPO's reward normalisation (Ziegler et al. 2019, §2.2; "The N+
+implementation details of RLHF with PPO", Huang et al. 2024)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from postrl.lm.rm_pairs import LOSSES, collate, pair_scores
 from postrl.lm.trainer import to_device
 from postrl.runtime.checkpoint import write_dir_atomically
 
-if TYPE_CHECKING:
-    from postrl.lm.reward_model import RMConfig
-
 NORM_FILE = "reward_norm.json"
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    """Score statistics on SFT samples (what PPO normalises rewards with)."""
+
+    samples: int = 256
+    """Responses sampled from the policy on train prompts and scored (0: skip)."""
+    policy: str | None = None
+    """Causal LM that samples them (default: `model`, the SFT checkpoint the RM starts from)."""
+    max_new_tokens: int = 24
+    """Longest sampled response (use PPO's)."""
+    temperature: float = 1.0
+    """Sampling temperature (use PPO's)."""
+
+    CHECKS = {"samples": ">= 0", "max_new_tokens": ">= 1", "temperature": "> 0"}  # valid ranges
 
 
 # ---- held-out metrics ----------------------------------------------------------------------------------
@@ -53,8 +69,6 @@ def evaluate_pairs(
     """Held-out loss, accuracy and mean margin (on pairs whose label is not a tie), ECE, and with ``gold``
     ((g_chosen, g_rejected) per pair) the agreement with the gold ordering where |g_c − g_r| > ``gold_tie``
     and the Pearson correlation of scores with gold rewards."""
-    from postrl.lm.reward_model import LOSSES, collate, pair_scores  # the RM's (it imports this module)
-
     was_training = model.training
     model.eval()
     diffs, targets, scores, total = [], [], [], 0.0
@@ -84,40 +98,35 @@ def evaluate_pairs(
     return metrics
 
 
-def _gold_pairs(task: Any, examples: Sequence[dict[str, Any]]) -> list[tuple[float, float]] | None:
-    if task is None:
-        return None
-    prompts = [e["row"]["prompt"] for e in examples]
-    g_c = task.gold_reward(prompts, [e["row"]["chosen"] for e in examples])
-    g_r = task.gold_reward(prompts, [e["row"]["rejected"] for e in examples])
-    return list(zip(g_c, g_r, strict=True))
-
-
 # ---- normalisation statistics --------------------------------------------------------------------------
 @torch.no_grad()
 def score_policy_samples(
     rm: torch.nn.Module,
     tokenizer: Any,
     prompts: Sequence[str],
-    cfg: RMConfig,
+    norm: NormConfig,
+    *,
+    policy: str,
+    seed: int,
     device: torch.device,
     task: Any,
+    trust_remote_code: bool = False,
 ) -> dict[str, float]:
-    """Mean and std of the RM's scores (and, for a built-in task, of the gold reward) on ``cfg.norm.samples``
-    responses sampled from the SFT policy, one per prompt cycling through ``prompts``."""
+    """Mean and std of the RM's scores (and, for a built-in task, of the gold reward) on ``norm.samples``
+    responses sampled from the causal LM ``policy`` (a folder or hub name), one per prompt cycling through
+    ``prompts``, with a generator seeded ``seed``."""
+    # models and rollout import transformers (seconds): deferred so that `postrl rm --help` stays quick
     from postrl.lm.models import load_causal_lm
     from postrl.lm.rollout import RolloutEngine, SamplingConfig
 
-    n = cfg.norm.samples
-    policy = load_causal_lm(
-        cfg.norm.policy or cfg.model, device=device, trust_remote_code=cfg.trust_remote_code
-    )
+    n = norm.samples
+    sampler = load_causal_lm(policy, device=device, trust_remote_code=trust_remote_code)
     engine = RolloutEngine(
-        policy.eval(),
+        sampler.eval(),
         tokenizer,
-        SamplingConfig(max_new_tokens=cfg.norm.max_new_tokens, temperature=cfg.norm.temperature),
+        SamplingConfig(max_new_tokens=norm.max_new_tokens, temperature=norm.temperature),
     )
-    generator = torch.Generator(device=device).manual_seed(cfg.train.seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
     chosen = [prompts[i % len(prompts)] for i in range(n)]
     scores, gold = [], []
     rm.eval()

@@ -1,4 +1,4 @@
-"""The reward model with ``train.parallel=fsdp`` (FSDP2 ``fully_shard``) under ``torchrun --nproc_per_node 2``
+"""The reward model with ``run.parallel=fsdp`` (FSDP2 ``fully_shard``) under ``torchrun --nproc_per_node 2``
 (gloo): its steps equal one process's, a resume at 2 processes continues exactly, and its checkpoint and
 export (gathered, written by rank 0) load in one process."""
 
@@ -15,7 +15,7 @@ from tests.dist.launch import assert_same_weights, load_script, torchrun
 def test_fsdp_two_processes_match_one(tiny_lm_dir, tmp_path):
     from postrl.lm.models import ScalarHeadModel
 
-    script = load_script("rlhf_run.py")
+    script = load_script("rm_fsdp_run.py")
     torchrun("rm_fsdp_run.py", [str(tiny_lm_dir), str(tmp_path / "two")], timeout=600)
     script.run_rm(script.rm_config(tiny_lm_dir), tmp_path / "one")
     rm_one = ScalarHeadModel.from_pretrained(tmp_path / "one" / "model").state_dict()

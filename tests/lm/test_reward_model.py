@@ -1,6 +1,7 @@
 """The reward model: the score sits on the last real token (padding and pad = EOS safe), hand-checked held-out
-metrics (accuracy, margin, ECE, gold agreement), the loss falls and accuracy rises on a toy set, the run
-folder (export with normalisation stats) and exact resume."""
+metrics (accuracy, margin, ECE, gold agreement), the loss falls and accuracy rises on a toy set, micro-batches
+give the gradient of the whole batch, the config's names (old ones refused, TRL's defaults, the tiny-world
+preset), the run folder (export with normalisation stats) and exact resume."""
 
 from __future__ import annotations
 
@@ -13,22 +14,21 @@ import pytest
 import torch
 
 from postrl.lm.models import ScalarHeadModel, load_causal_lm
-from postrl.lm.reward_model import (
+from postrl.lm.reward_model import RMConfig, rm_train_step, run_rm
+from postrl.lm.reward_model_eval import (
     NORM_FILE,
     NormConfig,
-    RMConfig,
-    choose_loss,
-    collate,
     evaluate_pairs,
     expected_calibration_error,
-    pair_scores,
     read_reward_norm,
-    rm_loss,
-    run_rm,
-    tokenize_pairs,
 )
+from postrl.lm.rm_pairs import choose_loss, collate, pair_scores, rm_loss, tokenize_pairs
+from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig, TrainConfig, make_optimizer
+from postrl.runtime.config import ConfigError, from_dict, load_config
 from postrl.runtime.errors import UserError
+
+CONFIGS = Path(__file__).parents[2] / "configs"
 
 TOY = [
     ("Review: the pasta", " was great .", " was awful ."),
@@ -158,16 +158,93 @@ def test_training_lowers_loss_and_learns_toy_preferences(tiny_lm, tiny_tokenizer
     assert metrics["accuracy"] == 1.0
 
 
-def _cfg(model_dir: Path, **train) -> RMConfig:
+class GradientSnapshot:
+    """An optimiser stand-in that keeps the gradients ``step()`` sees."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model, self.grads = model, {}
+
+    def step(self) -> None:
+        self.grads = {n: p.grad.clone() for n, p in self.model.named_parameters() if p.grad is not None}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.model.zero_grad(set_to_none=set_to_none)
+
+
+@pytest.mark.parametrize("loss", ["soft", "pairwise"])
+def test_micro_batches_give_the_gradient_of_the_whole_batch(tiny_lm, tiny_tokenizer, loss) -> None:
+    """7 pairs in 1 or 3 micro-batches (3 + 3 + 1: the last one's mean must weigh 1/7, not 1/3) take the step
+    of the mean loss over all 7 pairs computed in one batch."""
+    torch.manual_seed(0)
+    rm = ScalarHeadModel.from_causal_lm(tiny_lm)
+    rows = toy_rows() + [{"prompt": "Review: the bread", "chosen": " was warm .", "rejected": " was stale ."}]
+    pairs = tokenize_pairs(rows, tiny_tokenizer, 64)
+    pad = tiny_tokenizer.pad_token_id
+    value, _ = rm_loss(rm, collate(pairs, pad), loss)  # the independent formulation: one batch, one mean
+    value.backward()
+    whole = {n: p.grad.clone() for n, p in rm.named_parameters()}
+    rm.zero_grad(set_to_none=True)
+    optim, cpu, every = OptimConfig(max_grad_norm=None), torch.device("cpu"), list(range(len(pairs)))
+    for grad_accum in (1, 3):
+        snapshot = GradientSnapshot(rm)
+        train = TrainConfig(grad_accum=grad_accum)
+        out = rm_train_step(rm, snapshot, pairs, every, train, optim, loss, pad, cpu)
+        assert out["loss"] == pytest.approx(float(value.detach()), rel=1e-5)
+        for name, grad in whole.items():
+            torch.testing.assert_close(snapshot.grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+# an old key under a section that still exists (train.max_steps) is only caught once _from_dict checks RENAMED
+# for every key, not only for unknown ones (postrl/runtime/config.py)
+NESTED_RENAMES = pytest.mark.xfail(strict=True, reason="config.py checks RENAMED only for unknown keys")
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ({"eval_pairs": 100}, "eval_size"),
+        ({"device": "cpu"}, "run.device"),
+        ({"threads": 1}, "run.threads"),
+        ({"tensorboard": True}, "run.tensorboard"),
+        *[
+            pytest.param(old, new, marks=NESTED_RENAMES)
+            for old, new in [
+                ({"train": {"max_steps": 5}}, "run.steps"),
+                ({"train": {"seed": 1}}, "run.seed"),
+                ({"train": {"eval_every": 5}}, "run.eval_every"),
+                ({"train": {"parallel": "fsdp"}}, "run.parallel"),
+                ({"train": {"optim": {"lr": 1e-4}}}, "optim"),
+            ]
+        ],
+    ],
+)
+def test_an_old_key_is_an_error_that_names_the_new_one(old: dict, new: str) -> None:
+    with pytest.raises(ConfigError, match=f"use '{new}'"):
+        from_dict(RMConfig, old)
+
+
+def test_defaults_suit_a_real_model_and_the_preset_holds_the_tiny_worlds_values() -> None:
+    """The defaults are TRL's (RewardConfig: max_length 1024; its reward-model recipe: lr 1e-5, batch 8, AdamW
+    β2 0.999, no warmup); configs/rm-reviews.yaml holds what `postrl rm` used before, for the tiny LM."""
+    cfg = RMConfig()
+    assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.betas) == (1e-5, 0, (0.9, 0.999))
+    assert (cfg.train.batch_size, cfg.train.max_length, cfg.eval_size) == (8, 1024, 500)
+    tiny = load_config(RMConfig, CONFIGS / "rm-reviews.yaml")
+    assert tiny.train == TrainConfig(batch_size=32, max_length=48)
+    assert tiny.optim == OptimConfig(lr=3e-4, warmup_steps=20, min_lr_ratio=0.1, betas=(0.9, 0.95))
+    assert tiny.run == RunConfig(steps=250, eval_every=50, save_every=125, log_every=10, threads=1)
+    assert (tiny.eval_size, tiny.norm.samples, tiny.task) == (500, 512, {"perturb_fraction": 0.3})
+
+
+def _cfg(model_dir: Path, **run) -> RMConfig:
     return RMConfig(
         model=str(model_dir),
         data="task:reviews",
         task={"n_pairs_train": 48, "n_pairs_test": 24},
-        train=TrainConfig(
-            max_steps=4, batch_size=8, max_length=48, eval_every=2, save_every=2, log_every=1, **train
-        ),
+        train=TrainConfig(batch_size=8, max_length=48),
+        optim=OptimConfig(lr=3e-4, warmup_steps=2),
+        run=RunConfig(steps=4, eval_every=2, save_every=2, log_every=1, device="cpu", **run),
         norm=NormConfig(samples=8, max_new_tokens=6),
-        device="cpu",
     )
 
 
@@ -177,6 +254,9 @@ def test_run_rm_folder_and_exact_resume(tiny_lm_dir: Path, tmp_path: Path) -> No
     for key in ("heldout_accuracy", "heldout_ece", "gold_accuracy", "sft_score_mean", "sft_score_std"):
         assert key in summary
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["steps"] == 4
+    rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "heldout_loss" in r] == [2, 4]  # run.eval_every, the last step once
+    assert rows[-1]["heldout_accuracy"] == summary["heldout_accuracy"]
     assert (tmp_path / "a" / "curves.png").is_file()
     norm = read_reward_norm(tmp_path / "a" / "model")
     assert norm is not None and norm["n"] == 8 and norm["std"] > 0 and "gold_std" in norm

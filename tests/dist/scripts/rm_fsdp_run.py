@@ -1,8 +1,8 @@
 """The reward model with FSDP2 under torchrun, run by the tests with 2 processes.
 
 ``python -m torch.distributed.run --standalone --nproc_per_node 2 rm_fsdp_run.py MODEL_DIR OUT_DIR``: the
-3-step `run_rm` of ``rlhf_run.py`` (a batch of 5 pairs: an uneven share, accumulation) with
-``train.parallel=fsdp`` into ``OUT_DIR/straight`` (checkpoints at steps 2 and 3), then a resume from its
+3-step `run_rm` of :func:`rm_config` (a batch of 5 pairs: an uneven share, accumulation) with
+``run.parallel=fsdp`` into ``OUT_DIR/straight`` (checkpoints at steps 2 and 3), then a resume from its
 step-2 checkpoint into ``OUT_DIR/resumed``.
 """
 
@@ -13,14 +13,30 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from postrl.lm.reward_model import RMConfig, run_rm
+from postrl.lm.reward_model import NormConfig, RMConfig, run_rm
+from postrl.lm.spine import RunConfig
+from postrl.lm.trainer import OptimConfig, TrainConfig
 from postrl.runtime import distributed as dist
-from tests.dist.scripts.rlhf_run import rm_config
+
+
+def rm_config(model_dir: Path) -> RMConfig:
+    """3 steps of 5 pairs (an uneven share of 2 ranks) in 2 micro-batches; evaluation and checkpoint at the
+    end only."""
+    return RMConfig(
+        model=str(model_dir),
+        data="task:reviews",
+        task={"n_pairs_train": 24, "n_pairs_test": 8},
+        train=TrainConfig(batch_size=5, grad_accum=2, max_length=48),
+        optim=OptimConfig(lr=1e-3, warmup_steps=50),
+        run=RunConfig(steps=3, eval_every=0, save_every=0, log_every=1, device="cpu"),
+        norm=NormConfig(samples=4, max_new_tokens=4),
+        plots=False,
+    )
 
 
 def fsdp_config(model_dir: Path) -> RMConfig:
     cfg = rm_config(model_dir)
-    return replace(cfg, train=replace(cfg.train, parallel="fsdp", save_every=2, keep_last=3))
+    return replace(cfg, run=replace(cfg.run, parallel="fsdp", save_every=2, keep_last=3))
 
 
 def main(model_dir: Path, out: Path) -> None:
