@@ -42,10 +42,11 @@ from pathlib import Path
 
 import torch
 
+# on top of configs/sft-arithmetic.yaml (the tiny world's SFT values; postrl sft's defaults are TRL's)
 SFT_RECIPE = [
-    "--data", "task:arithmetic,task:reviews", "task={arithmetic: {digits: 3}}", "train.max_steps=800",
-    "train.batch_size=64", "train.max_length=48", "train.optim.lr=0.001", "train.optim.min_lr_ratio=0.1",
-    "train.optim.warmup_steps=50", "train.eval_every=50", "train.save_every=50", "stop_accuracy=0.3",
+    "--data", "task:arithmetic,task:reviews", "task={arithmetic: {digits: 3}}", "run.steps=800",
+    "train.batch_size=64", "train.max_length=48", "optim.lr=0.001", "optim.min_lr_ratio=0.1",
+    "optim.warmup_steps=50", "run.eval_every=50", "run.save_every=50", "stop_accuracy=0.3",
 ]  # fmt: skip
 
 
@@ -56,8 +57,9 @@ def build_sft(sft: Path, threads: int) -> None:
 
     base = sft.parent.parent / "pretrain"
     if not (base / "model").is_dir():
-        run_stage("pretrain", None, base, [], [*BASE_PRETRAIN, f"threads={threads}"])
-    run_stage("sft", None, sft.parent, ["--model", str(base / "model")], [*SFT_RECIPE, f"threads={threads}"])
+        run_stage("pretrain", None, base, [], [*BASE_PRETRAIN, f"run.threads={threads}"])
+    flags, over = ["--model", str(base / "model")], [*SFT_RECIPE, f"run.threads={threads}"]
+    run_stage("sft", "configs/sft-arithmetic.yaml", sft.parent, flags, over)
 
 
 def run_stage(stage: str, config: str | None, out: Path, flags: list[str], overrides: list[str]) -> dict:
@@ -128,28 +130,28 @@ def main() -> None:
         "--small-beta", type=float, default=0.002, help="β of the over-optimisation run (0: skip)"
     )
     parser.add_argument("--skip-rm", action="store_true", help="reuse OUT/rm from an earlier run")
-    parser.add_argument("--eval-samples", type=int, default=256, help="held-out samples per evaluation")
+    parser.add_argument("--eval-size", type=int, default=256, help="held-out samples per evaluation")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    common = [f"threads={args.threads}"]
+    common = [f"run.threads={args.threads}"]
     if not Path(args.sft).is_dir():
         build_sft(Path(args.sft), args.threads)
     if args.skip_rm:
         rm = json.loads((out / "rm" / "summary.json").read_text())
     else:
-        rm_over = common + ([] if args.rm_steps is None else [f"train.max_steps={args.rm_steps}"])
+        rm_over = common + ([] if args.rm_steps is None else [f"run.steps={args.rm_steps}"])
         rm = run_stage("rm", "configs/rm-reviews.yaml", out / "rm", ["--model", args.sft], rm_over)
     ppo_flags = ["--model", args.sft, "--reward-model", str(out / "rm" / "model")]
-    ppo_over = [*common, f"eval_samples={args.eval_samples}"]
+    ppo_over = [*common, f"eval_size={args.eval_size}"]
     if args.ppo_steps is not None:
-        ppo_over.append(f"steps={args.ppo_steps}")
+        ppo_over.append(f"run.steps={args.ppo_steps}")
     ppo = run_stage("ppo", "configs/ppo-reviews.yaml", out / "ppo", ppo_flags, ppo_over)
     small = None
     if args.small_beta > 0:
         over = [*ppo_over, f"kl.beta={args.small_beta}"]
         small = run_stage("ppo", "configs/ppo-reviews.yaml", out / "ppo-small-beta", ppo_flags, over)
-    bon = best_of_n(args.sft, out / "rm" / "model", [4, 16], args.eval_samples, 24, seed=1)
+    bon = best_of_n(args.sft, out / "rm" / "model", [4, 16], args.eval_size, 24, seed=1)
     result = report(rm, ppo, small, bon)
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))

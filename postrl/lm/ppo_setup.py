@@ -1,25 +1,47 @@
 """PPO-RLHF set-up and bookkeeping: the four roles, prompts, the ptx data, the reward scorer, the held-out
-evaluation (RM score, gold reward, KL to the reference) that makes over-optimisation visible, checkpoints
-with everything a resumed run needs, the summary and the plots."""
+evaluation (RM score, gold reward, KL to the reference) that makes over-optimisation visible, the export, the
+summary and the plots."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from postrl.core import kl_estimate, masked_sum
+from postrl.core import AdaptiveKLController, FixedKLController, kl_estimate, masked_sum
+from postrl.lm.data import (
+    DataError,
+    load_rows,
+    load_train_heldout,
+    render_rows,
+    tokenize_prompts,
+    tokenize_sft,
+)
+from postrl.lm.models import (
+    PolicyWithValueHead,
+    ScalarHeadModel,
+    check_context,
+    load_causal_lm,
+    resolve_dtype,
+)
 from postrl.lm.ppo_batch import Roles, reward_model_scores
+from postrl.lm.ppo_config import PPOConfig
+from postrl.lm.reward_model_eval import NORM_FILE, read_reward_norm
+from postrl.lm.rewards import compute_rewards, load_reward_fns
 from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, score
+from postrl.lm.tasks import get_task
+from postrl.lm.tasks.base import stable_hash
+from postrl.lm.tokenizer import load_tokenizer
+from postrl.lm.trainer import export_on_main, make_optimizer
 from postrl.runtime import distributed as dist
+from postrl.runtime.checkpoint import write_dir_atomically
 from postrl.runtime.errors import UserError
-
-if TYPE_CHECKING:
-    from postrl.lm.ppo import PPOConfig
+from postrl.runtime.logging import read_jsonl
+from postrl.runtime.plots import plot_curves
 
 Scorer = Callable[[Rollout, Sequence[dict[str, Any]]], Tensor]
 
@@ -29,24 +51,26 @@ def _frozen(model: torch.nn.Module) -> torch.nn.Module:
     return model.eval().requires_grad_(False)
 
 
-def build_roles(cfg: Any, device: torch.device) -> Roles:
+def build_roles(cfg: PPOConfig, device: torch.device) -> Roles:
     """Actor (SFT), critic (per ``cfg.critic``), frozen reward model, frozen reference; dropout off in all
     (`load_causal_lm` and `ScalarHeadModel.from_pretrained` zero it)."""
-    from postrl.lm.models import PolicyWithValueHead, ScalarHeadModel, load_causal_lm, resolve_dtype
-
-    load = {"dtype": resolve_dtype(cfg.dtype), "device": device, "trust_remote_code": cfg.trust_remote_code}
+    load = {
+        "dtype": resolve_dtype(cfg.run.dtype),
+        "device": device,
+        "trust_remote_code": cfg.trust_remote_code,
+    }
     actor = load_causal_lm(cfg.model, **load)
     reference = _frozen(load_causal_lm(cfg.ref_model or cfg.model, **load))
     reward_model = None
-    if cfg.reward_model is not None and not cfg.reward_fns:
+    if cfg.reward_model is not None and not cfg.rewards:
         reward_model = _frozen(ScalarHeadModel.from_pretrained(cfg.reward_model, **load))
     critic: torch.nn.Module | None
     if cfg.critic == "reward_model":  # N+ details: the value model starts as the reward model
         critic = ScalarHeadModel.from_pretrained(cfg.reward_model, **load)
     elif cfg.critic == "sft":
-        critic = ScalarHeadModel.from_pretrained(cfg.model, new_head=True, seed=cfg.seed, **load)
+        critic = ScalarHeadModel.from_pretrained(cfg.model, new_head=True, seed=cfg.run.seed, **load)
     else:
-        actor, critic = PolicyWithValueHead(actor, seed=cfg.seed), None
+        actor, critic = PolicyWithValueHead(actor, seed=cfg.run.seed), None
     return Roles(actor=actor, critic=critic, reference=reference, reward_model=reward_model)
 
 
@@ -67,10 +91,8 @@ class PromptSet:
         return [r["prompt"] for r in self.rows]
 
 
-def load_prompts(cfg: Any, tokenizer: Any) -> tuple[PromptSet, PromptSet]:
+def load_prompts(cfg: PPOConfig, tokenizer: Any) -> tuple[PromptSet, PromptSet]:
     """(train, held-out) prompts, rendered (chat template where conversational), overlong ones dropped."""
-    from postrl.lm.data import DataError, load_train_heldout, render_rows, tokenize_prompts
-
     rows, heldout = load_train_heldout(cfg.data, "prompts", cfg.eval_data, cfg.task, empty=cfg.empty_rows)
     out = []
     for part in (rows, heldout):
@@ -81,17 +103,13 @@ def load_prompts(cfg: Any, tokenizer: Any) -> tuple[PromptSet, PromptSet]:
     return out[0], out[1]
 
 
-def load_task(cfg: Any) -> Any:
+def load_task(cfg: PPOConfig) -> Any:
     """The built-in task of ``cfg.data`` (for its gold reward), or None."""
-    from postrl.lm.tasks import get_task
-
     return get_task(cfg.data[len("task:") :], **cfg.task) if cfg.data.startswith("task:") else None
 
 
-def load_ptx_examples(cfg: Any, tokenizer: Any) -> list[dict[str, list[int]]]:
+def load_ptx_examples(cfg: PPOConfig, tokenizer: Any) -> list[dict[str, list[int]]]:
     """Tokenised SFT examples for the ptx loss (empty when ``ptx.coef`` is 0)."""
-    from postrl.lm.data import load_rows, render_rows, tokenize_sft
-
     if cfg.ptx.coef == 0:
         return []
     source = cfg.ptx.data or (cfg.data if cfg.data.startswith("task:") else None)
@@ -110,21 +128,17 @@ def _columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
     return {k: [r.get(k) for r in rows] for k in keys}
 
 
-def make_scorer(cfg: Any, roles: Roles, device: torch.device) -> Scorer:
+def make_scorer(cfg: PPOConfig, roles: Roles, device: torch.device) -> Scorer:
     """rollout, its prompt rows → raw sequence scores [B]: the frozen RM on the rollout's own tokens, or the
     weighted sum of the reward functions on the decoded texts."""
-    if not cfg.reward_fns:
+    if not cfg.rewards:
         return lambda rollout, rows: reward_model_scores(roles.reward_model, rollout)
-    from postrl.lm.rewards import compute_rewards, load_reward_fns
-
-    fns = load_reward_fns(cfg.reward_fns, cfg.reward_weights, task_kwargs=cfg.task, device=device)
+    fns = load_reward_fns(cfg.rewards, cfg.reward_weights, task_kwargs=cfg.task, device=device)
     return lambda rollout, rows: compute_rewards(fns, rollout.prompts, rollout.texts, _columns(rows))
 
 
-def read_norm_stats(cfg: Any) -> dict[str, float] | None:
+def read_norm_stats(cfg: PPOConfig) -> dict[str, float] | None:
     """The reward model's score statistics on SFT samples (needed for reward.normalize=rm_stats)."""
-    from postrl.lm.reward_model import NORM_FILE, read_reward_norm
-
     if cfg.reward.normalize != "rm_stats":
         return None
     stats = read_reward_norm(cfg.reward_model) if cfg.reward_model else None
@@ -150,7 +164,7 @@ def sequence_kl(rollout: Rollout, reference: torch.nn.Module, temperature: float
 
 
 @torch.no_grad()
-def evaluate(
+def evaluate_heldout(
     roles: Roles,
     tokenizer: Any,
     prompts: PromptSet,
@@ -192,24 +206,9 @@ def evaluate(
     return {k: float(totals[j] / totals[-1]) for j, k in enumerate(keys)}
 
 
-# ---- the run: state, checkpoints, summary -----------------------------------------------------------------
-@dataclass
-class PPOState:
-    """What a checkpoint restores besides weights, optimisers and schedules."""
-
-    step: int = 0
-    position: int = 0
-    ptx_position: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)
-    """held-out evaluations, one per evaluation step"""
-    totals: dict[str, float] = field(default_factory=dict)
-    """seconds per phase and generated tokens, summed over steps"""
-
-
+# ---- the run ---------------------------------------------------------------------------------------------
 def seeded_generator(device: torch.device, *parts: object) -> torch.Generator:
     """A generator seeded from ``parts`` (seed, purpose, step, rank): resumed runs draw the same numbers."""
-    from postrl.lm.tasks.base import stable_hash
-
     return torch.Generator(device=device).manual_seed(stable_hash(":".join(map(str, parts))) % 2**63)
 
 
@@ -223,143 +222,72 @@ class PPORun:
     train_roles: Roles
     """actor and critic DDP-wrapped when distributed (the update); the sharded roles themselves under fsdp"""
     parts: dict[str, torch.nn.Module]
+    """the trained modules, by optimiser: the actor's LM and the critic (or the shared value head)"""
     optimizers: dict[str, torch.optim.Optimizer]
     schedulers: dict[str, Any]
-    kl_ctl: Any
+    kl_ctl: AdaptiveKLController | FixedKLController
     norm_stats: dict[str, float] | None
     tokenizer: Any
-    prompts: Any
-    heldout: Any
+    prompts: PromptSet
+    heldout: PromptSet
     task: Any
-    scorer: Any
+    scorer: Scorer
     ptx_examples: list[dict[str, list[int]]]
     device: torch.device
 
 
-def build_run(cfg: PPOConfig, info: dist.DistInfo) -> PPORun:
-    from postrl.core import AdaptiveKLController, FixedKLController
-    from postrl.lm.ppo_setup import (
-        build_roles,
-        load_prompts,
-        load_ptx_examples,
-        load_task,
-        make_scorer,
-        read_norm_stats,
-        trainable_parts,
-    )
-    from postrl.lm.tokenizer import load_tokenizer
-    from postrl.lm.trainer import make_optimizer
-
+def build_models(cfg: PPOConfig, info: dist.DistInfo) -> tuple[Roles, Any]:
+    """(roles, tokenizer): the four models, sharded in place under fsdp (before the optimisers are built on
+    their parameters)."""
     if info.world_size > 1 and cfg.ptx.coef and cfg.critic == "shared":
         raise UserError("ptx with critic=shared is single-process only; use critic=reward_model or sft")
     roles = build_roles(cfg, info.device)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
-    if cfg.parallel == "fsdp":  # in place, before the optimisers are built on the (sharded) parameters
+    if cfg.run.parallel == "fsdp":
         for model in (roles.actor, roles.critic, roles.reference, roles.reward_model):
             if model is not None:  # (the reward model's score runs it too)
                 methods = ("score",) if hasattr(model, "score") else ()
                 dist.wrap_model(model, info, "fsdp", forward_methods=methods)
+    return roles, tokenizer
+
+
+def build_run(cfg: PPOConfig, info: dist.DistInfo) -> PPORun:
+    """Load and check everything a run needs (models, tokenizer, prompts, reward functions, ptx data) before
+    the run folder is touched."""
+    roles, tokenizer = build_models(cfg, info)
     parts = trainable_parts(roles)
     optimizers, schedulers = {}, {}
-    for name, optim in (("actor", cfg.actor_optim), ("critic", cfg.critic_optim)):
-        optimizers[name], schedulers[name] = make_optimizer(parts[name], optim, cfg.steps)
-    train_roles = roles
-    if cfg.parallel == "ddp":
+    for name, optim in (("actor", cfg.optim), ("critic", cfg.critic_optim)):
+        optimizers[name], schedulers[name] = make_optimizer(parts[name], optim, cfg.run.steps)
+    train_roles = roles  # fsdp: the sharded roles themselves
+    if cfg.run.parallel == "ddp":
         critic = None if roles.critic is None else dist.wrap_ddp(roles.critic, info)
         train_roles = Roles(dist.wrap_ddp(roles.actor, info), critic, roles.reference, roles.reward_model)
     if cfg.kl.target is not None:
+        kl_ctl: AdaptiveKLController | FixedKLController
         kl_ctl = AdaptiveKLController(cfg.kl.beta, cfg.kl.target, cfg.kl.horizon)
     else:
         kl_ctl = FixedKLController(cfg.kl.beta)
     prompts, heldout = load_prompts(cfg, tokenizer)
     check_lengths(cfg, roles.actor)
     return PPORun(
-        cfg,
-        roles,
-        train_roles,
-        parts,
-        optimizers,
-        schedulers,
-        kl_ctl,
-        read_norm_stats(cfg),
-        tokenizer,
-        prompts,
-        heldout,
-        load_task(cfg),
-        make_scorer(cfg, roles, info.device),
-        load_ptx_examples(cfg, tokenizer),
-        info.device,
-    )
+        cfg, roles, train_roles, parts, optimizers, schedulers, kl_ctl, read_norm_stats(cfg), tokenizer,
+        prompts, heldout, load_task(cfg), make_scorer(cfg, roles, info.device),
+        load_ptx_examples(cfg, tokenizer), info.device,
+    )  # fmt: skip
 
 
-def check_lengths(cfg: Any, actor: Any) -> None:
+def check_lengths(cfg: PPOConfig, actor: Any) -> None:
     """Prompt + response (and the ptx examples) must fit the actor's context."""
-    from postrl.lm.models import check_context
-
     p, t = cfg.max_prompt_length, cfg.sampling.max_new_tokens
     check_context(actor, p + t, f"max_prompt_length ({p}) + sampling.max_new_tokens ({t})")
     if cfg.ptx.coef:
         check_context(actor, cfg.ptx.max_length, f"ptx.max_length ({cfg.ptx.max_length})")
 
 
-def save_state(run_dir: Path, run: PPORun, state: PPOState, metrics_rows: int) -> None:
-    from postrl.runtime.checkpoint import save_checkpoint
-
-    saved = {k: dist.saved_state(m, run.optimizers[k]) for k, m in run.parts.items()}  # gathered under fsdp
-    if dist.is_main():
-        save_checkpoint(
-            run_dir / "checkpoints",
-            state.step,
-            modules={k: weights for k, (weights, _) in saved.items()},
-            optimizers={k: opt for k, (_, opt) in saved.items()},
-            schedulers=run.schedulers,
-            extra={
-                "position": state.position,
-                "ptx_position": state.ptx_position,
-                "kl": run.kl_ctl.state_dict(),
-                "reward_norm": run.norm_stats or {},
-                "history": state.history,
-                "totals": state.totals,
-                "metrics_rows": metrics_rows,
-            },
-            keep_last=run.cfg.keep_last,
-        )
-    dist.barrier()
-
-
-def restore_state(last: Path, run: PPORun, logger: Any) -> PPOState:
-    """The state of checkpoint ``last`` (weights, optimisers, schedules, β, reward statistics, RNGs);
-    metrics.jsonl is cut back to what it held then."""
-    from postrl.runtime.checkpoint import load_checkpoint
-
-    if dist.is_sharded(run.parts["actor"]):  # (fsdp with a separate critic: both parts are FSDP roots)
-        loaded = load_checkpoint(last, schedulers=run.schedulers)
-        for name, module in run.parts.items():
-            dist.load_sharded(last, module, run.optimizers[name], name, name)
-    else:
-        loaded = load_checkpoint(
-            last, modules=run.parts, optimizers=run.optimizers, schedulers=run.schedulers
-        )
-    extra = loaded["extra"]
-    run.kl_ctl.load_state_dict(extra["kl"])
-    run.norm_stats = dict(extra["reward_norm"]) or None  # the statistics the run started with
-    logger.resume_at(loaded["step"], extra.get("metrics_rows"))
-    return PPOState(
-        loaded["step"],
-        int(extra["position"]),
-        int(extra["ptx_position"]),
-        list(extra["history"]),
-        dict(extra["totals"]),
-    )
-
-
 def export_models(run: PPORun, run_dir: Path) -> None:
     """Called by every rank: rank 0 writes the policy to ``RUN_DIR/model`` and a separate critic to
     ``RUN_DIR/critic`` (their weights gathered first under fsdp)."""
-    from postrl.lm.models import ScalarHeadModel, resolve_dtype
-    from postrl.lm.trainer import export_on_main
-    from postrl.runtime.checkpoint import write_dir_atomically
-
     export_on_main(run.roles.policy, run.tokenizer, run_dir / "model")
     critic, cfg = run.roles.critic, run.cfg
     if critic is None:
@@ -368,55 +296,44 @@ def export_models(run: PPORun, run_dir: Path) -> None:
         weights = dist.model_state_dict(critic)  # a collective: the full tensors on rank 0, {} elsewhere
         if dist.is_main():
             source = cfg.reward_model if cfg.critic == "reward_model" else cfg.model
-            dtype = resolve_dtype(cfg.dtype)
-            critic = ScalarHeadModel.from_pretrained(source, dtype=dtype, new_head=True, seed=cfg.seed)
+            dtype = resolve_dtype(cfg.run.dtype)
+            critic = ScalarHeadModel.from_pretrained(source, dtype=dtype, new_head=True, seed=cfg.run.seed)
             critic.load_state_dict(weights)
     if dist.is_main():  # atomically, like every export: a kill leaves the old folder or the new one
         write_dir_atomically(run_dir / "critic", lambda tmp: critic.save_pretrained(tmp, kind="value"))
     dist.barrier()
 
 
-def summarize(state: PPOState, beta: float) -> dict[str, Any]:
+def summarize(history: list[dict[str, float]], totals: dict[str, float], steps: int, beta: float) -> dict:
     """The run's summary: the last and first held-out evaluation, throughput and time per phase."""
-    last, first = (state.history[-1], state.history[0]) if state.history else ({}, {})
+    last, first = (history[-1], history[0]) if history else ({}, {})
     names = {"heldout_gold_reward": "gold_reward", "heldout_rm_score": "rm_score", "heldout_kl": "kl_to_ref"}
     names |= {"heldout_kl_k3": "kl_k3", "heldout_length": "response_length"}
-    t = state.totals
-    steps = max(1, state.step)
+    t = totals
     return {
         **{new: last.get(old) for old, new in names.items()},
         **{f"start_{new}": first.get(old) for old, new in names.items()},
-        "steps": state.step,
+        "steps": steps,
         "beta": beta,
-        "seconds_per_step": (t.get("generate", 0) + t.get("score", 0) + t.get("train", 0)) / steps,
+        "seconds_per_step": (t.get("generate", 0) + t.get("score", 0) + t.get("train", 0)) / max(1, steps),
         "time_generate": t.get("generate", 0.0),
         "time_score": t.get("score", 0.0),
         "time_train": t.get("train", 0.0),
         "tokens_per_second": t.get("tokens", 0.0) / max(t.get("generate", 0.0), 1e-9),
-        "heldout": state.history,
+        "heldout": history,
     }
 
 
 def plot_run(run_dir: Path) -> None:
     """``heldout.png`` (RM score, gold reward, KL over training: over-optimisation shows as the RM score
     rising while the gold reward falls) and ``train.png`` (per-step training metrics)."""
-    from postrl.runtime.logging import read_jsonl
-    from postrl.runtime.plots import plot_curves
-
     rows = read_jsonl(run_dir / "metrics.jsonl")
     heldout = ["heldout_rm_score", "heldout_gold_reward", "heldout_kl", "heldout_length"]
     plot_curves(
         [r for r in rows if "heldout_kl" in r], heldout, run_dir / "heldout.png", title="held-out prompts"
     )
-    train = [
-        "rm_score",
-        "gold_reward",
-        "kl_to_ref",
-        "entropy",
-        "clip_fraction",
-        "approx_kl",
-        "explained_variance",
-    ]
+    train = ["rm_score", "gold_reward", "kl_to_ref", "entropy", "clip_fraction", "approx_kl"]
+    train.append("explained_variance")
     plot_curves(
         [r for r in rows if "rm_score" in r], train, run_dir / "train.png", title="PPO training batches"
     )

@@ -1,7 +1,7 @@
-"""PPO-RLHF with ``parallel=fsdp`` (FSDP2, a separate critic) under ``torchrun --nproc_per_node 2`` (gloo): one
-update on the same global batch with actor and critic sharded equals one process's; a `run_ppo` with every role
-sharded (gathered for sampling and scoring) equals the same run under DDP, resumes exactly, and its checkpoint
-and export (gathered, written by rank 0) load in one process."""
+"""PPO-RLHF with ``run.parallel=fsdp`` (FSDP2, a separate critic) under ``torchrun --nproc_per_node 2`` (gloo):
+one update on the same global batch with actor and critic sharded equals one process's; a `run_ppo` with every
+role sharded (gathered for sampling and scoring) equals the same run under DDP, resumes exactly, and its
+checkpoint and export (gathered, written by rank 0) load in one process."""
 
 from __future__ import annotations
 

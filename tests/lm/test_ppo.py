@@ -1,7 +1,8 @@
 """PPO-RLHF: shaped rewards and GAE masks on a padded batch (against the unpadded rows and hand values), score
 normalisation, the pitfalls (score on the last real token, positions under left padding, temperature in
 actor and reference log-probs, dropout off in all four roles), a PPO update lowers the loss on a fixed batch,
-and the run folder with exact resume (β and reward statistics restored from the checkpoint)."""
+the run folder with exact resume (β and reward statistics restored from the checkpoint), and the config: old
+key names are errors naming the new ones, the preset holds the tiny world's values."""
 
 from __future__ import annotations
 
@@ -17,7 +18,15 @@ import torch
 
 from postrl.core import gae, kl_shaped_rewards
 from postrl.lm.models import ScalarHeadModel, assert_dropout_off, load_causal_lm
-from postrl.lm.ppo import PPOConfig, PPOLossConfig, optimise, ppo_loss, run_ppo
+from postrl.lm.ppo import (
+    PPOConfig,
+    PPOLossConfig,
+    backward_minibatch,
+    optimise,
+    policy_forward,
+    ppo_loss,
+    run_ppo,
+)
 from postrl.lm.ppo_batch import (
     GAEConfig,
     KLConfig,
@@ -29,9 +38,11 @@ from postrl.lm.ppo_batch import (
     normalize_scores,
     reward_model_scores,
 )
-from postrl.lm.ppo_setup import build_roles, trainable_parts
-from postrl.lm.reward_model import NORM_FILE
+from postrl.lm.ppo_config import PtxConfig
+from postrl.lm.ppo_setup import build_roles, sequence_kl, trainable_parts
+from postrl.lm.reward_model_eval import NORM_FILE
 from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig
+from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig, make_optimizer
 from postrl.runtime.checkpoint import latest_checkpoint
 from postrl.runtime.errors import UserError
@@ -59,22 +70,23 @@ def tiny_rm_dir(tmp_path_factory: pytest.TempPathFactory, tiny_lm_dir: Path, tin
     return path
 
 
+RUN = RunConfig(steps=2, log_every=1, eval_every=1, save_every=1, keep_last=3, device="cpu")
+
+
 def _cfg(tiny_lm_dir: Path, tiny_rm_dir: Path, **kw) -> PPOConfig:
     base = PPOConfig(
         model=str(tiny_lm_dir),
         reward_model=str(tiny_rm_dir),
         data="task:reviews",
+        max_prompt_length=32,
         sampling=SamplingConfig(max_new_tokens=6, temperature=0.7),
-        steps=2,
         batch_size=8,
         ppo=PPOLossConfig(epochs=2, minibatches=2, grad_accum=2),
-        actor_optim=OptimConfig(lr=1e-3, warmup_steps=0, min_lr_ratio=1.0),
+        kl=KLConfig(beta=0.1),
+        optim=OptimConfig(lr=1e-3, warmup_steps=0, min_lr_ratio=1.0),
         critic_optim=OptimConfig(lr=1e-3, warmup_steps=0, min_lr_ratio=1.0),
-        eval_every=1,
-        eval_samples=8,
-        save_every=1,
-        keep_last=3,
-        device="cpu",
+        run=RUN,
+        eval_size=8,
     )
     return replace(base, **kw)
 
@@ -175,8 +187,6 @@ def test_temperature_in_actor_and_reference_log_probs(tiny_lm_dir, tiny_rm_dir, 
         roles, rollout, raw, temperature=0.7, beta=0.1, reward=cfg.reward, advantage=cfg.gae, norm_stats=None
     )
     assert abs(metrics["kl_to_ref"]) < 1e-4 and abs(metrics["kl_k3"]) < 1e-6
-    from postrl.lm.ppo import policy_forward
-
     with torch.no_grad():
         log_probs, _, values = policy_forward(roles, batch, 0.7, False)
         mask = batch.response_mask.bool()
@@ -225,8 +235,6 @@ def test_score_on_last_real_token_and_left_padding(tiny_lm_dir, tiny_rm_dir, tin
         advantage=cfg.gae,
         norm_stats=None,
     )
-    from postrl.lm.ppo_setup import sequence_kl
-
     k1, _ = sequence_kl(
         rollout, roles.reference, 0.7
     )  # Σ (0 − log π_ref): minus the reference log-likelihood
@@ -315,8 +323,6 @@ def test_short_batch_splits_into_non_empty_minibatches(n_rows: int, sizes: list[
 def test_a_one_row_minibatch_gradient_is_its_token_mean(tiny_lm_dir, tiny_rm_dir, tiny_tokenizer) -> None:
     """The step a short batch makes (1 row, ppo.minibatches = 2, grad_accum = 2) has the gradient of the
     row's own token-mean PPO loss."""
-    from postrl.lm.ppo import backward_minibatch
-
     cfg = _cfg(tiny_lm_dir, tiny_rm_dir, ppo=PPOLossConfig(epochs=1, minibatches=2, grad_accum=2))
     roles = build_roles(cfg, torch.device("cpu"))
     rollout = handmade_rollout(tiny_tokenizer, tiny_tokenizer.pad_token_id)
@@ -387,8 +393,9 @@ def test_run_ppo_folder_and_exact_resume(tiny_lm_dir, tiny_rm_dir, tmp_path) -> 
     for key in ("response_length", "no_eos_fraction", "tokens_per_second", "time_generate", "time_train"):
         assert key in step_rows[0], key
     state = torch.load(latest_checkpoint(tmp_path / "a" / "checkpoints") / "state.pt", weights_only=True)
-    assert state["extra"]["reward_norm"] == {"mean": 0.1, "std": 0.5}
-    assert state["extra"]["kl"]["value"] == pytest.approx(summary["beta"])
+    extra = state["extra"]["algorithm"]
+    assert extra["reward_norm"] == {"mean": 0.1, "std": 0.5}
+    assert extra["kl"]["value"] == pytest.approx(summary["beta"])
     # interrupted after step 1: drop the later checkpoint and the export, then resume
     cfg = replace(cfg, plots=False)
     run_ppo(cfg, tmp_path / "b")
@@ -404,18 +411,15 @@ def test_run_ppo_folder_and_exact_resume(tiny_lm_dir, tiny_rm_dir, tmp_path) -> 
 
 def test_rule_based_reward_shared_critic_and_ptx(tiny_lm_dir, tiny_rm_dir, tmp_path) -> None:
     """GRPO's reward-function interface instead of the RM, a value head on the actor, the ptx loss."""
-    from postrl.lm.ppo import PtxConfig
-
     cfg = _cfg(
         tiny_lm_dir,
         tiny_rm_dir,
         reward_model=None,
-        reward_fns=["task:reviews"],
+        rewards=["task:reviews"],
         critic="shared",
         reward=RewardConfig("batch", clip=3.0),
         ptx=PtxConfig(coef=0.5, batch_size=4),
-        steps=1,
-        eval_every=0,
+        run=replace(RUN, steps=1, eval_every=0),
         plots=False,
     )
     summary = run_ppo(cfg, tmp_path / "run")
@@ -426,19 +430,6 @@ def test_rule_based_reward_shared_critic_and_ptx(tiny_lm_dir, tiny_rm_dir, tmp_p
 
 def test_bad_configs_are_refused(tiny_lm_dir, tiny_rm_dir, tmp_path) -> None:
     with pytest.raises(UserError, match="critic=reward_model needs reward_model"):
-        run_ppo(
-            _cfg(tiny_lm_dir, tiny_rm_dir, reward_model=None, reward_fns=["task:reviews"]), tmp_path / "x"
-        )
+        run_ppo(_cfg(tiny_lm_dir, tiny_rm_dir, reward_model=None, rewards=["task:reviews"]), tmp_path / "x")
     with pytest.raises(UserError, match="critic must be one of"):
         run_ppo(_cfg(tiny_lm_dir, tiny_rm_dir, critic="nope"), tmp_path / "y")
-
-
-def test_cli_stage_lists_its_keys(capsys) -> None:
-    from postrl.cli import main
-
-    assert main(["ppo", "--list-keys"]) == 0
-    out = capsys.readouterr().out
-    for key in ("kl.beta", "reward.normalize", "gae.lam", "ppo.vf_clip", "critic", "ptx.coef"):
-        assert key in out
-    assert main(["rm", "--list-keys"]) == 0
-    assert "norm.samples" in capsys.readouterr().out

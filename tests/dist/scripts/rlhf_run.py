@@ -12,17 +12,17 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_model
 
 from postrl.lm.ppo import PPOConfig, PPOLossConfig, optimise, run_ppo
-from postrl.lm.ppo_batch import Roles, make_batch
+from postrl.lm.ppo_batch import KLConfig, Roles, make_batch
 from postrl.lm.ppo_setup import build_roles, trainable_parts
 from postrl.lm.reward_model import NormConfig, RMConfig, run_rm
 from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig
+from postrl.lm.spine import RunConfig
 from postrl.lm.tokenizer import load_tokenizer
 from postrl.lm.trainer import OptimConfig, TrainConfig
 from postrl.runtime import distributed as dist
@@ -35,32 +35,33 @@ def rm_config(model_dir: Path) -> RMConfig:
         model=str(model_dir),
         data="task:reviews",
         task={"n_pairs_train": 24, "n_pairs_test": 8},
-        train=TrainConfig(
-            max_steps=3, batch_size=5, grad_accum=2, max_length=48, eval_every=0, save_every=0, log_every=1
-        ),
+        train=TrainConfig(batch_size=5, grad_accum=2, max_length=48),
+        optim=OptimConfig(),
+        run=RunConfig(steps=3, eval_every=0, save_every=0, log_every=1, device="cpu"),
         norm=NormConfig(samples=4, max_new_tokens=4),
         plots=False,
-        device="cpu",
     )
 
 
-def ppo_config(model_dir: Path, rm_dir: Path) -> PPOConfig:
+def ppo_config(model_dir: Path, rm_dir: Path, **run: object) -> PPOConfig:
+    """A 2-step PPO run on the tiny models; ``run``: other `run:` values (e.g. save_every, parallel)."""
     return PPOConfig(
         model=str(model_dir),
         reward_model=str(rm_dir),
         critic="sft",
         data="task:reviews",
+        max_prompt_length=32,
         sampling=SamplingConfig(max_new_tokens=6, temperature=0.7),
-        steps=2,
         batch_size=8,
         ppo=PPOLossConfig(epochs=2, minibatches=1, grad_accum=2),
-        actor_optim=OptimConfig(lr=1e-3, warmup_steps=0, min_lr_ratio=1.0),
+        kl=KLConfig(beta=0.1),
+        optim=OptimConfig(lr=1e-3, warmup_steps=0, min_lr_ratio=1.0),
         critic_optim=OptimConfig(lr=1e-3, warmup_steps=0, min_lr_ratio=1.0),
-        eval_every=0,
-        eval_samples=4,
-        save_every=0,
+        run=RunConfig(
+            **{"steps": 2, "log_every": 1, "eval_every": 0, "save_every": 0, "device": "cpu", **run}
+        ),
+        eval_size=4,
         plots=False,
-        device="cpu",
     )
 
 
@@ -108,7 +109,7 @@ def main(model_dir: Path, out: Path) -> None:
     if info.is_main:
         for name, module in parts.items():
             save_model(module, str(out / f"ppo_{name}.safetensors"))
-    run_ppo(replace(ppo_config(model_dir, out / "rm" / "model"), save_every=2), out / "ppo")
+    run_ppo(ppo_config(model_dir, out / "rm" / "model", save_every=2), out / "ppo")
     dist.cleanup()
 
 
