@@ -62,14 +62,9 @@ class DemoConfig:
         default_factory=lambda: RMConfig(
             data="task:reviews",
             task={"perturb_fraction": 0.3},
-            train=TrainConfig(
-                max_steps=250,
-                batch_size=32,
-                max_length=48,
-                eval_every=50,
-                save_every=125,
-                optim=OptimConfig(lr=3e-4, warmup_steps=20),
-            ),
+            train=TrainConfig(batch_size=32, max_length=48),
+            optim=OptimConfig(lr=3e-4, warmup_steps=20),
+            run=RunConfig(steps=250, eval_every=50, save_every=125),
         )
     )
     """Stage 3: the Bradley–Terry reward model on the synthetic labeller's preferences."""
@@ -132,9 +127,10 @@ def quick(cfg: DemoConfig) -> DemoConfig:
         ),
         rm=r(
             cfg.rm,
-            eval_pairs=64,
+            eval_size=64,
             norm=r(cfg.rm.norm, samples=32),
-            train=r(cfg.rm.train, max_steps=20, eval_every=10, save_every=10, batch_size=16),
+            train=r(cfg.rm.train, batch_size=16),
+            run=r(cfg.rm.run, steps=20, eval_every=10, save_every=10),
         ),
         ppo=r(cfg.ppo, steps=4, batch_size=16, eval_every=2, eval_samples=32),
         grpo=r(
@@ -164,8 +160,7 @@ def wire(cfg: DemoConfig, out: Path) -> DemoConfig:
         rm=r(
             cfg.rm,
             model=sft_model,
-            threads=cfg.threads,
-            train=r(cfg.rm.train, seed=cfg.seed),
+            run=r(cfg.rm.run, seed=cfg.seed, threads=cfg.threads),
             norm=r(cfg.rm.norm, policy=sft_model),
         ),
         ppo=r(cfg.ppo, model=sft_model, reward_model=rm_model, threads=cfg.threads, seed=cfg.seed),

@@ -102,8 +102,8 @@ class TrainConfig:
     batch_size: int = 64
     """Examples per optimiser step (over all micro-batches and ranks)."""
     grad_accum: int = 1
-    """Micro-batches per optimiser step (the loss is normalised by the step's token count, so this never
-    changes the gradient)."""
+    """Micro-batches per optimiser step (the loss is normalised by the step's whole count of tokens, or of
+    pairs for a reward model, so this never changes the gradient)."""
     max_length: int = 64
     """Longest example in tokens (prompt + completion + EOS); see `overlong`."""
     overlong: Literal["drop", "truncate", "error"] = "drop"
@@ -111,7 +111,8 @@ class TrainConfig:
     packing: bool = False
     """Concatenate whole examples into blocks of max_length tokens."""
     eval_examples: int = 256
-    """Held-out examples for the held-out loss."""
+    """Held-out examples for the held-out loss (pretraining and SFT; the reward model's held-out pairs are
+    its eval_size)."""
 
     CHECKS = {"batch_size": ">= 1", "grad_accum": ">= 1", "max_length": ">= 2", "eval_examples": ">= 0"}
 

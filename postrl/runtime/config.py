@@ -170,10 +170,11 @@ def _check_renamed(cls: type, key: str, value: Any, prefix: str) -> None:
 
 def _from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     types_ = _field_types(cls)
+    for key, value in data.items():  # old names, also under a section that still exists (train.max_steps)
+        _check_renamed(cls, key, value, prefix)
     unknown = [k for k in data if k not in types_]
     if unknown:
         key = unknown[0]
-        _check_renamed(cls, key, data[key], prefix)
         valid = [prefix + name for name in types_]
         raise ConfigError(f"unknown config key '{prefix}{key}'{_suggest(prefix + key, valid)}")
     defaults = {f.name: f for f in dataclasses.fields(cls)}
@@ -425,7 +426,7 @@ def describe(cls: type, prefix: str = "", values: Any = None) -> list[tuple[str,
 
 def format_help(cls: type) -> str:
     """A help paragraph listing every overridable key with its default and docstring."""
-    lines = ["config keys (override on the command line as key=value, e.g. train.max_steps=100):"]
+    lines = ["config keys (override on the command line as key=value, e.g. run.steps=100):"]
     for key, default, doc in describe(cls):
         lines.append(f"  {key} = {default}" + (f"\n      {doc}" if doc else ""))
     return "\n".join(lines)

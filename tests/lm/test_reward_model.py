@@ -194,11 +194,6 @@ def test_micro_batches_give_the_gradient_of_the_whole_batch(tiny_lm, tiny_tokeni
             torch.testing.assert_close(snapshot.grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
 
 
-# an old key under a section that still exists (train.max_steps) is only caught once _from_dict checks RENAMED
-# for every key, not only for unknown ones (postrl/runtime/config.py)
-NESTED_RENAMES = pytest.mark.xfail(strict=True, reason="config.py checks RENAMED only for unknown keys")
-
-
 @pytest.mark.parametrize(
     ("old", "new"),
     [
@@ -206,16 +201,11 @@ NESTED_RENAMES = pytest.mark.xfail(strict=True, reason="config.py checks RENAMED
         ({"device": "cpu"}, "run.device"),
         ({"threads": 1}, "run.threads"),
         ({"tensorboard": True}, "run.tensorboard"),
-        *[
-            pytest.param(old, new, marks=NESTED_RENAMES)
-            for old, new in [
-                ({"train": {"max_steps": 5}}, "run.steps"),
-                ({"train": {"seed": 1}}, "run.seed"),
-                ({"train": {"eval_every": 5}}, "run.eval_every"),
-                ({"train": {"parallel": "fsdp"}}, "run.parallel"),
-                ({"train": {"optim": {"lr": 1e-4}}}, "optim"),
-            ]
-        ],
+        ({"train": {"max_steps": 5}}, "run.steps"),  # an old key under a section that still exists
+        ({"train": {"seed": 1}}, "run.seed"),
+        ({"train": {"eval_every": 5}}, "run.eval_every"),
+        ({"train": {"parallel": "fsdp"}}, "run.parallel"),
+        ({"train": {"optim": {"lr": 1e-4}}}, "optim"),
     ],
 )
 def test_an_old_key_is_an_error_that_names_the_new_one(old: dict, new: str) -> None:
