@@ -301,6 +301,12 @@ def _ids(row: Any) -> list[int]:
     return [int(t) for t in (row.tolist() if hasattr(row, "tolist") else row)]
 
 
+def completion_ids_of(response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[list[int]]:
+    """The ``completion_ids`` a reward function gets: each row's response tokens up to and including EOS,
+    as TRL passes them. ``response_ids``, ``response_mask``: ``[B, T]`` as in a `Rollout`."""
+    return [ids[m.bool()].tolist() for ids, m in zip(response_ids.cpu(), response_mask.cpu(), strict=True)]
+
+
 def reward_kwargs(
     prompts: Sequence[Any],
     completions: Sequence[Any],

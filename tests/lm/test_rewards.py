@@ -14,6 +14,7 @@ from postrl.lm.rewards import (
     RewardFunction,
     RewardModelScorer,
     TrainerState,
+    completion_ids_of,
     compute_rewards,
     load_reward_fn,
     load_reward_fns,
@@ -387,6 +388,12 @@ def test_trl_example_1_token_length_reads_completion_ids(tmp_path):
     assert compute_rewards([fn], prompts, completions, completion_ids=ids).tolist() == [2.0, 4.0]
     with pytest.raises(RewardError, match="raised TypeError.*this caller passed no completion_ids"):
         compute_rewards([fn], prompts, completions)
+
+
+def test_completion_ids_of_a_rollout_keep_eos_and_drop_padding():
+    response_ids = torch.tensor([[5, 6, 2, 0], [7, 0, 0, 0], [8, 9, 10, 11]])  # eos 2, pad 0
+    response_mask = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
+    assert completion_ids_of(response_ids, response_mask) == [[5, 6, 2], [], [8, 9, 10, 11]]
 
 
 def test_trl_example_1_1_character_length(tmp_path):
