@@ -30,13 +30,15 @@ from typing import Any
 
 # benchmarks/grpo.py's `_postrl(*args, log=...)`: run `postrl ARGS` in a fresh process, return its summary
 PostRL = Callable[..., dict]
+# the tiny world's SFT values (postrl sft's defaults are TRL's, for a real model)
+SFT_PRESET = Path(__file__).resolve().parents[1] / "configs" / "sft-arithmetic.yaml"
 
 BASE_PRETRAIN = [
     "model.n_layers=2", "model.hidden_size=128", "model.n_heads=4", "model.intermediate_size=512",
-    "vocab_size=512", "corpus_lines=20000", "arithmetic={digits: 3}", "train.max_steps=800",
-    "train.batch_size=64", "train.max_length=64", "train.packing=false", "train.optim.lr=0.001",
-    "train.optim.min_lr_ratio=0.1", "train.optim.warmup_steps=50", "train.optim.weight_decay=0.0",
-    "train.eval_every=100", "train.save_every=0", "device=cpu",
+    "vocab_size=512", "corpus_lines=20000", "arithmetic={digits: 3}", "run.steps=800",
+    "train.batch_size=64", "train.max_length=64", "train.packing=false", "optim.lr=0.001",
+    "optim.min_lr_ratio=0.1", "optim.warmup_steps=50", "optim.weight_decay=0.0",
+    "run.eval_every=100", "run.save_every=0", "run.device=cpu",
 ]  # fmt: skip
 
 
@@ -51,19 +53,19 @@ def build_checkpoint(args: argparse.Namespace, task_opts: dict, postrl: PostRL) 
     base = Path(args.base) if args.base else work / f"base-{args.seed}" / "model"
     if not base.is_dir():
         postrl(
-            "pretrain", "--out", str(base.parent), "--overwrite", *BASE_PRETRAIN, f"train.seed={args.seed}",
-            f"threads={args.threads}", log=work / f"base-{args.seed}.log",
+            "pretrain", "--out", str(base.parent), "--overwrite", *BASE_PRETRAIN, f"run.seed={args.seed}",
+            f"run.threads={args.threads}", log=work / f"base-{args.seed}.log",
         )  # fmt: skip
     recipe = f"{args.sft_demos}-{args.checkpoint_sft_steps}-{args.checkpoint_sft_min_lr_ratio:g}-{args.seed}"
     model = work / f"sft-{recipe}" / "model"  # a changed recipe builds a new checkpoint
     if not model.is_dir():
         postrl(
-            "sft", "--model", str(base), "--data", "task:arithmetic", "--out", str(model.parent), "--overwrite",
-            f"task={json.dumps(sft_task(args, task_opts))}", f"train.max_steps={args.checkpoint_sft_steps}",
-            "train.batch_size=64", "train.max_length=48", "train.optim.lr=0.001", "train.optim.warmup_steps=20",
-            f"train.optim.min_lr_ratio={args.checkpoint_sft_min_lr_ratio}", "train.eval_every=25",
-            "train.save_every=0", f"train.seed={args.seed}", f"eval_prompts={args.eval_prompts}", "device=cpu",
-            f"threads={args.threads}",
+            "sft", "--config", str(SFT_PRESET), "--model", str(base), "--data", "task:arithmetic",
+            "--out", str(model.parent), "--overwrite", f"task={json.dumps(sft_task(args, task_opts))}",
+            f"run.steps={args.checkpoint_sft_steps}", "train.batch_size=64", "train.max_length=48",
+            "optim.lr=0.001", "optim.warmup_steps=20", f"optim.min_lr_ratio={args.checkpoint_sft_min_lr_ratio}",
+            "run.eval_every=25", "run.save_every=0", f"run.seed={args.seed}", f"eval_size={args.eval_prompts}",
+            "run.device=cpu", f"run.threads={args.threads}",
             log=work / f"sft-{recipe}.log",
         )  # fmt: skip
     return model
@@ -80,7 +82,8 @@ def _sft_settings(model: Path, task_opts: dict) -> tuple[float, int, dict]:
     cfg = yaml.safe_load(config.read_text())
     train, task = cfg.get("train", {}), cfg.get("task") or {}
     task = task.get("arithmetic", task)  # mixed-data SFT runs nest the options per task
-    lr, batch = float(train.get("optim", {}).get("lr", 1e-3)), int(train.get("batch_size", 64))
+    optim = cfg.get("optim") or train.get("optim", {})  # a run written before `optim:` left `train:`
+    lr, batch = float(optim.get("lr", 1e-3)), int(train.get("batch_size", 64))
     return lr, batch, {**task_opts, **task}
 
 
@@ -93,9 +96,10 @@ def continued_sft(model_dir: Path, task_opts: dict, seconds: float, args: argpar
     from postrl.lm.data import tokenize_sft
     from postrl.lm.evaluation import evaluate_task
     from postrl.lm.models import load_causal_lm
+    from postrl.lm.spine import RunConfig
     from postrl.lm.tasks import get_task
     from postrl.lm.tokenizer import load_tokenizer
-    from postrl.lm.trainer import OptimConfig, TrainConfig, run_training
+    from postrl.lm.trainer import OptimConfig, Supervised, TrainConfig, run_training
     from postrl.runtime.logging import RunLogger
 
     torch.set_num_threads(args.threads)
@@ -105,10 +109,9 @@ def continued_sft(model_dir: Path, task_opts: dict, seconds: float, args: argpar
         sft_opts = {**sft_opts, "n_train": get_task("arithmetic", **task_opts).config.n_train}
     task = get_task("arithmetic", **sft_opts)  # held-out problems do not depend on n_train
     examples = tokenize_sft(task.sft_rows("train"), tok, 64)
-    cfg = TrainConfig(
-        max_steps=10**6, batch_size=batch_size, eval_every=args.sft_eval_every, save_every=0, log_every=10,
-        eval_examples=32, seed=args.seed, optim=OptimConfig(lr=lr, warmup_steps=0, min_lr_ratio=1.0),
-    )  # fmt: skip
+    cfg = TrainConfig(batch_size=batch_size, eval_examples=32)
+    optim = OptimConfig(lr=lr, warmup_steps=0, min_lr_ratio=1.0)  # constant
+    run = RunConfig(steps=10**6, eval_every=args.sft_eval_every, save_every=0, log_every=10, seed=args.seed)
     clock = {"start": time.perf_counter(), "eval": 0.0}
 
     def train_seconds() -> float:
@@ -126,8 +129,9 @@ def continued_sft(model_dir: Path, task_opts: dict, seconds: float, args: argpar
     curve: list = [(0.0, accuracy(model))]
     clock["start"] = time.perf_counter()
     out = Path(args.workdir) / "arithmetic" / "sft_continued"
-    run_training(
-        model, tok, examples, examples[:32], cfg, out, RunLogger(out), device=torch.device("cpu"),
+    algo = Supervised(
+        model, tok, examples, examples[:32], cfg, optim, run, device=torch.device("cpu"), name="sft",
         evaluate=evaluate, should_stop=lambda _: train_seconds() >= seconds,
     )  # fmt: skip
+    run_training(algo, out, RunLogger(out))
     return curve

@@ -89,6 +89,11 @@ Measured 2026-12-02 on the shared 2-core machine at a load average of 12-18 (so 
   difference of algorithm. (TRL logs frac_reward_zero_std 0 for most all-equal groups: float32 rounding of
   the mean leaves a std of 1.6e-8 > isclose's 1e-8; 5 of 80 groups were all-equal in a 40-step TRL run, so
   its 0 is not comparable with postrl's zero_std_fraction.)
+
+Measured along the way (the commit that made each change names the command): a decoder build 0.5 ms with
+LayerNorm folded into the next projection vs 0.16 ms reading its weights (three builds per GRPO step);
+`left_pad` 0.4 ms with a slice assignment per row vs 0.09 ms from lists (16 prompts); fused AdamW about 3x
+faster than foreach on the tiny model on CPU.
 """
 
 from __future__ import annotations
@@ -176,10 +181,10 @@ def bench_arithmetic(args: argparse.Namespace) -> dict:
     before = os.getloadavg()[0]
     summary = _postrl(
         "grpo", "--config", str(ROOT / "configs" / "grpo-arithmetic.yaml"), "--model", str(sft),
-        "--out", str(work / "grpo"), "--overwrite", f"task={json.dumps(task_opts)}", f"max_seconds={args.budget}",
-        "max_steps=1000000", f"eval_every={args.eval_every}", f"eval_prompts={args.eval_prompts}",
-        f"sampling.max_new_tokens={args.max_new_tokens}", "save_every=0", f"threads={args.threads}",
-        f"seed={args.seed}", *args.grpo_set,
+        "--out", str(work / "grpo"), "--overwrite", f"task={json.dumps(task_opts)}",
+        f"run.max_seconds={args.budget}", "run.steps=1000000", f"run.eval_every={args.eval_every}",
+        f"eval_size={args.eval_prompts}", f"sampling.max_new_tokens={args.max_new_tokens}", "run.save_every=0",
+        f"run.threads={args.threads}", f"run.seed={args.seed}", *args.grpo_set,
         log=work / "grpo.log",
     )  # fmt: skip
     rows = [json.loads(line) for line in (work / "grpo" / "metrics.jsonl").read_text().splitlines()]
@@ -233,10 +238,10 @@ def _trl_task(work: Path, args: argparse.Namespace) -> tuple[Path, Path, Path]:
     sft_rows = [{"prompt": r["prompt"], "completion": " " + r["answer"]} for r in rows]
     sft_data = _write_jsonl(sft_rows, work / "sft.jsonl")
     _postrl(
-        "sft", "--model", str(work / "init"), "--data", str(sft_data), "--out", str(work / "sft"), "--overwrite",
-        f"train.max_steps={args.sft_steps}", "train.batch_size=32", "train.optim.lr=0.001",
-        "train.optim.warmup_steps=10", "train.eval_every=0", "train.save_every=0", "train.log_every=10",
-        "device=cpu", f"threads={args.threads}",
+        "sft", "--config", str(ROOT / "configs" / "sft-arithmetic.yaml"), "--model", str(work / "init"),
+        "--data", str(sft_data), "--out", str(work / "sft"), "--overwrite", f"run.steps={args.sft_steps}",
+        "train.batch_size=32", "optim.lr=0.001", "optim.warmup_steps=10", "run.eval_every=0", "run.save_every=0",
+        "run.log_every=10", "run.device=cpu", f"run.threads={args.threads}",
         log=work / "sft.log",
     )  # fmt: skip
     return work / "sft" / "model", train, heldout
@@ -251,9 +256,9 @@ def _postrl_on_trl_task(model: Path, train: Path, heldout: Path, out: Path, args
         "grpo.group_size=8", "grpo.prompts_per_step=2", f"grpo.beta={args.beta}", "grpo.loss_type=grpo",
         f"grpo.unbiased_kl={str(bool(args.unbiased_kl)).lower()}",
         f"optim.lr={args.lr}", "optim.warmup_steps=0", "optim.min_lr_ratio=1.0", "optim.betas=[0.9, 0.999]",
-        "optim.weight_decay=0.0", "optim.max_grad_norm=1.0", f"max_steps={args.steps}",
-        f"eval_every={args.eval_every}", "eval_prompts=100", "save_every=0", "device=cpu",
-        f"threads={args.threads}", f"seed={args.seed}",
+        "optim.weight_decay=0.0", "optim.max_grad_norm=1.0", f"run.steps={args.steps}",
+        f"run.eval_every={args.eval_every}", "eval_size=100", "run.save_every=0", "run.log_every=1",
+        "run.device=cpu", f"run.threads={args.threads}", f"run.seed={args.seed}",
         log=out.with_suffix(".log"),
     )  # fmt: skip
     times = _step_times(out)
@@ -487,7 +492,7 @@ def main() -> None:
     parser.add_argument("--beta", type=float, default=0.04, help="KL coefficient of both")
     parser.add_argument(
         "--unbiased-kl", type=int, choices=[0, 1], default=1,
-        help="trl: k3 weighted by the ratio in both (TRL's use_bias_correction_kl, its default; postrl unbiased_kl)",
+        help="trl: k3 weighted by the ratio in both (TRL's use_bias_correction_kl; postrl grpo.unbiased_kl)",
     )  # fmt: skip
     parser.add_argument("--lr", type=float, default=1e-4, help="trl: AdamW lr of both (warm start)")
     parser.add_argument("--scratch-lr", type=float, default=1e-3, help="trl: lr from the random init (TRL's)")

@@ -1,4 +1,11 @@
-"""The configs of `postrl grpo` (`postrl.lm.grpo`): groups, advantages and the loss, and the whole run."""
+"""The configs of `postrl grpo` (`postrl.lm.grpo`): groups, advantages and the loss, and the whole run.
+
+The defaults are TRL's (`trl.GRPOConfig`, the anchor for a real model): lr 1e-6, G = 8 responses of at most 256
+tokens per prompt, prompts of at most 512 tokens, β = 0 (no reference model), ε = 0.2, one pass per batch,
+rewards scaled by the group's std, and the token-level loss (TRL's default ``dapo``: our ``token``, the mean over
+every response token of the step). The values tuned for the built-in tiny world are the preset
+``configs/grpo-arithmetic.yaml``.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from postrl.lm.rollout import SamplingConfig
+from postrl.lm.spine import RUN_KEYS, RunConfig
 from postrl.lm.trainer import OptimConfig
 
 
@@ -14,10 +22,10 @@ class GRPOLossConfig:
     """Groups, advantages, the clipped objective and its aggregation."""
 
     group_size: int = 8
-    """G: responses sampled per prompt."""
+    """G: responses sampled per prompt (TRL's num_generations)."""
     prompts_per_step: int = 32
     """B: prompts per step (over all ranks); a step trains on B·G responses."""
-    mu: int = 1
+    epochs: int = 1
     """μ: optimisation passes over each batch (TRL's num_iterations)."""
     minibatches: int = 1
     """Optimiser steps per pass, each on an equal share of the batch."""
@@ -28,14 +36,14 @@ class GRPOLossConfig:
     """ε: the ratio is clipped to [1 − ε, 1 + ε_high]."""
     clip_eps_high: float | None = None
     """ε_high (DAPO clip-higher, e.g. 0.28); null: ε."""
-    beta: float = 0.04
-    """β: coefficient of the k3 KL to the frozen reference; 0 loads no reference model."""
+    beta: float = 0.0
+    """β: coefficient of the k3 KL to the frozen reference (DeepSeekMath: 0.04); 0 loads no reference model."""
     unbiased_kl: bool = False
     """Weight k3 by the ratio ρ so that its gradient is that of KL(π‖π_ref) (DeepSeek-V3.2; TRL's
-    use_bias_correction_kl, its default); false: plain k3, whose gradient is that of KL(π_ref‖π) (DeepSeekMath)."""
-    loss_type: Literal["grpo", "token", "dr_grpo"] = "grpo"
+    use_bias_correction_kl, off there too); false: plain k3, whose gradient is that of KL(π_ref‖π) (DeepSeekMath)."""
+    loss_type: Literal["grpo", "token", "dr_grpo"] = "token"
     """grpo: mean over each response's tokens, then over responses (DeepSeekMath); token: mean over all
-    tokens (DAPO); dr_grpo: sum / (responses · max_new_tokens) (Dr. GRPO)."""
+    tokens of the step (DAPO, TRL's default "dapo"); dr_grpo: sum / (responses · max_new_tokens) (Dr. GRPO)."""
     scale_rewards: bool = True
     """Divide advantages by the group's reward std (false: Dr. GRPO)."""
     adv_eps: float = 1e-4
@@ -55,7 +63,7 @@ class GRPOLossConfig:
     CHECKS = {  # valid ranges (postrl.runtime.config.validate)
         "group_size": ">= 2",
         "prompts_per_step": ">= 1",
-        "mu": ">= 1",
+        "epochs": ">= 1",
         "minibatches": ">= 1",
         "micro_batch_size": ">= 0",
         "clip_eps": "> 0",
@@ -66,6 +74,7 @@ class GRPOLossConfig:
         "overlong_buffer": ">= 0",
         "overlong_penalty": ">= 0",
     }
+    RENAMED = {"mu": "epochs"}  # old key → new key (postrl.runtime.config)
 
 
 @dataclass(frozen=True)
@@ -96,60 +105,31 @@ class GRPOConfig:
     verifier: str | None = None
     """The reward spec (one of rewards) that checks correctness (0/1): its mean is logged as accuracy.
     Default: the task: reward of a built-in task with answers."""
-    max_prompt_length: int = 256
+    max_prompt_length: int = 512
     """Longest prompt in tokens; see overlong_prompts."""
-    overlong_prompts: str = "drop"
+    overlong_prompts: Literal["drop", "truncate", "error"] = "drop"
     """Longer prompts are dropped, truncated (from the left) or refused (error); always reported."""
-    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=16))
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=256))
     """How responses are sampled (the temperature also defines the optimised policy π_τ)."""
     grpo: GRPOLossConfig = field(default_factory=GRPOLossConfig)
     """Groups, advantages and the loss."""
     optim: OptimConfig = field(
-        default_factory=lambda: OptimConfig(lr=2e-4, warmup_steps=0, min_lr_ratio=1.0, max_grad_norm=1.0)
+        default_factory=lambda: OptimConfig(lr=1e-6, warmup_steps=0, min_lr_ratio=0.0, betas=(0.9, 0.999))
     )
-    """Optimiser and schedule (the default lr suits the built-in tiny models; ~1e-6 for billion-parameter ones)."""
-    max_steps: int = 200
-    """GRPO steps (each: generate, reward, μ passes)."""
-    max_seconds: float | None = None
-    """Also stop after this many seconds of training (evaluation excluded); null: no time limit."""
-    eval_every: int = 20
-    """Steps between held-out evaluations (0: only at the end)."""
-    eval_prompts: int = 200
+    """AdamW and its schedule. TRL's GRPO defaults: lr 1e-6, no warmup, decay to 0 (TRL's is linear, ours the
+    cosine), β₂ 0.999, no weight decay, gradient norm clipped to 1. The built-in tiny models use
+    configs/grpo-arithmetic.yaml."""
+    run: RunConfig = field(default_factory=lambda: RunConfig(steps=1000, eval_every=100, save_every=500))
+    """Steps (each: generate, reward, μ passes), seed, logging, evaluation and checkpoint cadence, device,
+    dtype, threads, parallelism. Under parallel=fsdp the policy, its gradients and optimiser state and the
+    reference are sharded, and every rank gathers the whole policy for sampling and scoring, so it must fit
+    one device then (README, Scaling out)."""
+    eval_size: int = 200
     """Held-out prompts per evaluation (greedy and one sample each: pass@1)."""
     eval_at_start: bool = True
     """Evaluate the starting policy before the first step."""
-    save_every: int = 50
-    """Steps between checkpoints (0: only at the end)."""
-    keep_last: int = 2
-    """Checkpoints kept."""
-    log_every: int = 1
-    """Steps between metrics.jsonl rows."""
-    seed: int = 0
-    """Seed of the prompt order, the sampling and everything random."""
-    device: str = "auto"
-    """cpu, cuda, cuda:1, mps, or auto."""
-    dtype: str = "float32"
-    """Weights dtype: float32, bfloat16 or float16."""
-    threads: int | None = None
-    """torch intra-op threads (null: torch's default; 1–2 is fastest for tiny models on a CPU)."""
-    parallel: str = "ddp"
-    """Under torchrun: ddp (replicate the policy) or fsdp (shard the policy, its gradients and optimiser state,
-    and the reference: FSDP2). Under fsdp every rank gathers the whole policy for sampling and scoring, so it
-    must fit one device then (README, Scaling out)."""
     trust_remote_code: bool = False
     """Run the model repository's own code (only for models you trust)."""
-    tensorboard: bool = False
-    """Also write TensorBoard event files."""
 
-    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
-        "max_prompt_length": ">= 1",
-        "max_steps": ">= 1",
-        "max_seconds": "> 0",
-        "eval_every": ">= 0",
-        "eval_prompts": ">= 0",
-        "save_every": ">= 0",
-        "keep_last": ">= 0",
-        "log_every": ">= 1",
-        "seed": ">= 0",
-        "threads": ">= 1",
-    }
+    CHECKS = {"max_prompt_length": ">= 1", "eval_size": ">= 0"}  # valid ranges (postrl.runtime.config)
+    RENAMED = {"max_steps": "run.steps", "eval_prompts": "eval_size"} | {k: f"run.{k}" for k in RUN_KEYS}

@@ -3,6 +3,7 @@
 `collect` turns B global prompts into this rank's training `Batch`: it samples G responses per prompt from
 π_old, rewards them (plus the DAPO overlong penalty), refills zero-variance groups under dynamic sampling,
 scores log π_old (μ > 1) and log π_ref (β > 0) teacher-forced, and computes the group advantages.
+`evaluate` samples the held-out prompts greedily and at the training temperature and rewards them.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -101,22 +102,6 @@ class Prompts:
     ids: list[list[int]]
 
 
-def _load_prompts(cfg: GRPOConfig, tokenizer: Any) -> tuple[Prompts, Prompts]:
-    """(train, held-out) prompts, rendered with the chat template where conversational, length-limited."""
-    from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_train_heldout, render_rows
-
-    rows, heldout = load_train_heldout(cfg.data, "prompts", cfg.eval_data, cfg.task, empty=cfg.empty_rows)
-    out = []
-    for part in (rows, heldout[: cfg.eval_prompts]):
-        rendered = render_rows(part, "prompts", tokenizer)
-        ids = encode_prompts(tokenizer, [r["prompt"] for r in rendered])
-        ids, keep = apply_length_limit(ids, cfg.max_prompt_length, cfg.overlong_prompts)
-        out.append(Prompts([part[i] for i in keep], ids))
-    if not out[0].rows:
-        raise DataError(f"{cfg.data}: no prompt fits max_prompt_length={cfg.max_prompt_length}")
-    return out[0], out[1]
-
-
 def _columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
     keys = dict.fromkeys(k for r in rows for k in r if k != "prompt")
     return {k: [r.get(k) for r in rows] for k in keys}
@@ -143,7 +128,7 @@ class Run:
 
 
 def _generator(run: Run, *parts: object) -> torch.Generator:
-    seed = stable_hash(":".join(str(p) for p in (run.cfg.seed, *parts))) % 2**63
+    seed = stable_hash(":".join(str(p) for p in (run.cfg.run.seed, *parts))) % 2**63
     return torch.Generator(device=run.device).manual_seed(seed)
 
 
@@ -282,7 +267,7 @@ def collect(run: Run, stream: PromptStream, step: int) -> tuple[Batch, dict[str,
     start = time.perf_counter()
     old_log_probs, ref_log_probs = rollout.log_probs, None
     with torch.no_grad():
-        if g.mu > 1:  # see the module docstring: re-score so that the first pass has ratio exactly 1
+        if g.epochs > 1:  # see the module docstring: re-score so that the first pass has ratio exactly 1
             with dist.gathered(run.policy):  # (FSDP: each rank scores its own rows, whole weights)
                 old_log_probs = score(
                     run.inner, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
@@ -328,4 +313,31 @@ def _rollout_metrics(run: Run, rounds: list[_Round]) -> dict[str, float]:
     accuracy = [_accuracy(run, r.terms) for r in rounds]
     if accuracy[0] is not None:
         out["accuracy"] = float(torch.cat(accuracy).mean())  # type: ignore[arg-type]
+    return out
+
+
+# ---- evaluation ---------------------------------------------------------------------------------------------
+@torch.no_grad()
+def evaluate(run: Run, batch_size: int = 256) -> dict[str, float]:
+    """Held-out greedy and sampled (pass@1, one sample per prompt at the training temperature) reward, and
+    accuracy where a verifier exists. Every rank evaluates the same prompts (only rank 0 logs)."""
+    n = len(run.heldout.rows)
+    out: dict[str, float] = {}
+    if n == 0:
+        return out
+    modes = {"": replace(run.cfg.sampling, greedy=True), "_sampled": replace(run.cfg.sampling, greedy=False)}
+    for suffix, sampling in modes.items():
+        rewards, accuracy = [], []
+        for start in range(0, n, batch_size):
+            indices = list(range(start, min(n, start + batch_size)))
+            gen = _generator(run, "eval", start)
+            _, rows, texts = _sample(run, run.heldout, indices, 1, sampling, gen)
+            terms = _rewards(run, rows, texts)
+            rewards.append(combine(run.fns, terms))
+            acc = _accuracy(run, terms)
+            if acc is not None:
+                accuracy.append(acc)
+        out[f"heldout_reward{suffix}"] = float(torch.cat(rewards).mean())
+        if accuracy:
+            out[f"heldout_accuracy{suffix}"] = float(torch.cat(accuracy).mean())
     return out

@@ -1,34 +1,40 @@
 """GRPO: a step raises the best response's log-probability, zero-variance groups give no gradient, gradient
 accumulation is exact for every loss type, μ = 1 behaves as documented, β = 0 loads no reference, a bad reward
-function stops the run, prompts do not repeat within a step, and resume is exact."""
+function stops the run, prompts do not repeat within a step, resume is exact, the old config keys are errors
+that name the new ones, and the tiny-world preset holds the values the defaults had before they became TRL's."""
 
 from __future__ import annotations
 
 import json
 import logging
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
-import postrl.lm.grpo as grpo
-from postrl.core import group_advantages
+import postrl.lm.grpo_setup as grpo_setup
+from postrl.core import group_advantages, overlong_penalty
 from postrl.lm.data import encode_completions, encode_prompts, join_prompt_response
 from postrl.lm.grpo import (
     MU_ONE_NOTE,
-    Batch,
     GRPOConfig,
     GRPOLossConfig,
-    PromptStream,
     backward_minibatch,
     optimise,
-    overlong_penalty,
     policy_log_probs,
     run_grpo,
 )
+from postrl.lm.grpo_rollouts import Batch, PromptStream
 from postrl.lm.rewards import RewardError
 from postrl.lm.rollout import SamplingConfig
+from postrl.lm.spine import RunConfig
+from postrl.lm.trainer import OptimConfig
+from postrl.runtime.config import load_config
+from postrl.runtime.errors import ConfigError
 from postrl.runtime.logging import read_jsonl
+
+PRESET = Path(__file__).resolve().parents[2] / "configs" / "grpo-arithmetic.yaml"
 
 
 # ---- reward functions used by the runs below (imported by spec) ------------------------------------------------
@@ -145,28 +151,30 @@ def test_prompts_do_not_repeat_within_a_step_and_the_order_is_a_function_of_posi
 
 
 # ---- whole runs on the tiny model ------------------------------------------------------------------------------
-def _config(tiny_lm_dir, **kw) -> GRPOConfig:
-    grpo_kw = kw.pop("grpo", {})
+def _config(tiny_lm_dir, run=None, grpo=None, **kw) -> GRPOConfig:
+    """A tiny run: 2 prompts × G = 4 responses of ≤ 4 tokens, β 0.04, AdamW 2e-4 constant, 4 steps."""
     base = dict(
         model=str(tiny_lm_dir),
         task={"n_train": 40, "n_test": 6},
         max_prompt_length=64,
         rewards=[f"{__name__}:digits_reward", "task:arithmetic"],
         sampling=SamplingConfig(max_new_tokens=4),
-        grpo=GRPOLossConfig(**{"group_size": 4, "prompts_per_step": 2, **grpo_kw}),
-        max_steps=4,
-        eval_every=2,
-        save_every=2,
-        eval_prompts=6,
-        device="cpu",
-        threads=1,
+        grpo=GRPOLossConfig(
+            **{"group_size": 4, "prompts_per_step": 2, "beta": 0.04, "loss_type": "grpo", **(grpo or {})}
+        ),
+        optim=OptimConfig(lr=2e-4, warmup_steps=0, min_lr_ratio=1.0),
+        run=RunConfig(
+            **{"steps": 4, "eval_every": 2, "save_every": 2, "log_every": 1, "device": "cpu", "threads": 1}
+            | (run or {})
+        ),
+        eval_size=6,
     )
     return GRPOConfig(**{**base, **kw})
 
 
 def test_mu_one_has_ratio_one_and_says_so(tiny_lm_dir, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="postrl.lm.grpo"):
-        summary = run_grpo(_config(tiny_lm_dir, max_steps=2), tmp_path / "run")
+        summary = run_grpo(_config(tiny_lm_dir, run={"steps": 2}), tmp_path / "run")
     assert MU_ONE_NOTE in caplog.text
     rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
     assert len(rows) == 2
@@ -184,17 +192,17 @@ def test_mu_one_has_ratio_one_and_says_so(tiny_lm_dir, tmp_path, caplog):
 
 def test_beta_zero_never_builds_a_reference_model(tiny_lm_dir, tmp_path, monkeypatch):
     loaded = []
-    real = grpo.load_causal_lm
+    real = grpo_setup.load_causal_lm
 
     def counting(*args, **kwargs):
         loaded.append(args[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(grpo, "load_causal_lm", counting)
-    summary = run_grpo(_config(tiny_lm_dir, max_steps=1, grpo={"beta": 0.0}), tmp_path / "run")
+    monkeypatch.setattr(grpo_setup, "load_causal_lm", counting)
+    summary = run_grpo(_config(tiny_lm_dir, run={"steps": 1}, grpo={"beta": 0.0}), tmp_path / "run")
     assert loaded == [str(tiny_lm_dir)]  # the policy only
     assert summary["kl_to_ref"] is None
-    run_grpo(_config(tiny_lm_dir, max_steps=1), tmp_path / "run2")
+    run_grpo(_config(tiny_lm_dir, run={"steps": 1}), tmp_path / "run2")
     assert len(loaded) == 3  # β > 0: policy + reference
 
 
@@ -208,7 +216,7 @@ def test_dynamic_sampling_refills_and_counts_zero_std_groups(tiny_lm_dir, tmp_pa
     cfg = _config(
         tiny_lm_dir,
         rewards=[f"{__name__}:constant_reward"],
-        max_steps=1,
+        run={"steps": 1},
         grpo={"dynamic_sampling": True, "max_refills": 2},
     )
     run_grpo(cfg, tmp_path / "run")
@@ -218,7 +226,7 @@ def test_dynamic_sampling_refills_and_counts_zero_std_groups(tiny_lm_dir, tmp_pa
 
 
 def test_resume_is_exact(tiny_lm_dir, tmp_path):
-    cfg = _config(tiny_lm_dir, keep_last=5, grpo={"mu": 2, "minibatches": 2})
+    cfg = _config(tiny_lm_dir, run={"keep_last": 5}, grpo={"epochs": 2, "minibatches": 2})
     run_grpo(cfg, tmp_path / "a")
     run_grpo(cfg, tmp_path / "b")
     # interrupt "b" after its step-2 checkpoint: remove what steps 3-4 wrote, then resume
@@ -258,15 +266,56 @@ def test_cli_stage_lists_keys(capsys):
     assert "grpo.clip_eps_high" in out and "grpo.loss_type" in out and "sampling.temperature" in out
 
 
-def test_the_arithmetic_preset_loads():
-    from pathlib import Path
-
-    from postrl.runtime.config import load_config
-
-    path = Path(__file__).resolve().parents[2] / "configs" / "grpo-arithmetic.yaml"
-    cfg = load_config(GRPOConfig, path, ["max_seconds=60"])
+def test_the_arithmetic_preset_holds_the_tiny_world_values():
+    """configs/grpo-arithmetic.yaml reproduces the run the defaults gave before they became TRL's."""
+    cfg = load_config(GRPOConfig, PRESET, ["run.max_seconds=60"])
     assert cfg.grpo.prompts_per_step == 32 and cfg.grpo.group_size == 8 and cfg.task == {"digits": 3}
-    assert cfg.optim.lr == 2e-4 and cfg.max_seconds == 60
+    assert (cfg.grpo.beta, cfg.grpo.loss_type, cfg.grpo.epochs) == (0.04, "grpo", 1)
+    assert (cfg.max_prompt_length, cfg.sampling.max_new_tokens, cfg.eval_size) == (256, 8, 200)
+    assert cfg.optim == OptimConfig(lr=2e-4, warmup_steps=0, min_lr_ratio=1.0, betas=(0.9, 0.95))
+    assert cfg.run == RunConfig(
+        steps=300, eval_every=10, save_every=50, log_every=1, threads=1, max_seconds=60
+    )
+
+
+def test_defaults_are_trls_for_a_real_model():
+    cfg = GRPOConfig()
+    assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.betas) == (1e-6, 0, (0.9, 0.999))
+    assert (cfg.grpo.group_size, cfg.sampling.max_new_tokens, cfg.max_prompt_length) == (8, 256, 512)
+    assert (cfg.grpo.beta, cfg.grpo.clip_eps, cfg.grpo.epochs) == (0.0, 0.2, 1)
+    assert cfg.grpo.loss_type == "token"  # TRL's "dapo": the mean over every response token of the step
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("max_steps=3", "run.steps"),
+        ("seed=1", "run.seed"),
+        ("eval_every=5", "run.eval_every"),
+        ("save_every=5", "run.save_every"),
+        ("keep_last=1", "run.keep_last"),
+        ("log_every=1", "run.log_every"),
+        ("max_seconds=9", "run.max_seconds"),
+        ("device=cpu", "run.device"),
+        ("dtype=float32", "run.dtype"),
+        ("threads=1", "run.threads"),
+        ("parallel=fsdp", "run.parallel"),
+        ("tensorboard=true", "run.tensorboard"),
+        ("eval_prompts=10", "eval_size"),
+        ("grpo.mu=2", "grpo.epochs"),
+    ],
+)
+def test_an_old_key_is_an_error_that_names_the_new_one(old, new):
+    key = old.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"'{key}' was renamed: use '{new}'"):
+        load_config(GRPOConfig, overrides=[old])
+
+
+def test_an_old_key_in_a_yaml_file_is_named_with_the_file(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("grpo:\n  mu: 2\nmax_steps: 10\n")
+    with pytest.raises(ConfigError, match=r"'(grpo\.mu|max_steps)' was renamed: use .* \(in .*old\.yaml\)"):
+        load_config(GRPOConfig, path)
 
 
 @pytest.mark.slow
@@ -274,12 +323,10 @@ def test_a_short_run_raises_the_reward(tiny_lm_dir, tmp_path):
     cfg = _config(
         tiny_lm_dir,
         rewards=[f"{__name__}:digits_reward"],
-        max_steps=40,
-        eval_every=0,
-        save_every=0,
+        run={"steps": 40, "eval_every": 0, "save_every": 0},
         eval_at_start=False,
         grpo={"group_size": 8, "prompts_per_step": 4, "beta": 0.0},
-        optim=grpo.OptimConfig(lr=1e-2, warmup_steps=0, min_lr_ratio=1.0),
+        optim=OptimConfig(lr=1e-2, warmup_steps=0, min_lr_ratio=1.0),
     )
     run_grpo(cfg, tmp_path / "run")
     rewards = [r["reward_mean"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "reward_mean" in r]

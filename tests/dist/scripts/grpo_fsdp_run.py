@@ -31,9 +31,9 @@ def text_length(prompts: list[str], completions: list[str], **columns) -> list[f
 
 def fsdp_run_config(model_dir: Path, parallel: str) -> GRPOConfig:
     cfg = run_config(model_dir)
-    grpo = replace(cfg.grpo, mu=2, beta=0.04)
-    rewards = ["tests.dist.scripts.grpo_fsdp_run:text_length"]
-    return replace(cfg, parallel=parallel, save_every=1, keep_last=3, grpo=grpo, rewards=rewards)
+    grpo = replace(cfg.grpo, epochs=2, beta=0.04)
+    run = replace(cfg.run, parallel=parallel, save_every=1, keep_last=3)
+    return replace(cfg, run=run, grpo=grpo, rewards=["tests.dist.scripts.grpo_fsdp_run:text_length"])
 
 
 def main(model_dir: Path, out: Path) -> None:

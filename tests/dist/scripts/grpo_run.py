@@ -20,11 +20,14 @@ from safetensors.torch import save_model
 
 from postrl.core import group_advantages
 from postrl.lm.data import encode_prompts
-from postrl.lm.grpo import Batch, GRPOConfig, GRPOLossConfig, optimise, run_grpo
+from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, optimise, run_grpo
+from postrl.lm.grpo_rollouts import Batch
 from postrl.lm.models import load_causal_lm
 from postrl.lm.rollout import SamplingConfig, generate, left_pad, score
+from postrl.lm.spine import RunConfig
 from postrl.lm.tasks import get_task
 from postrl.lm.tokenizer import load_tokenizer
+from postrl.lm.trainer import OptimConfig
 from postrl.runtime import distributed as dist
 
 G, N_PROMPTS, MAX_LEN = 4, 4, 8
@@ -68,7 +71,7 @@ def one_step(model_dir: Path, loss_type: str, info: dist.DistInfo, parallel: str
     cfg = GRPOLossConfig(
         group_size=G,
         prompts_per_step=N_PROMPTS,
-        mu=2,
+        epochs=2,
         minibatches=2,
         micro_batch_size=3,
         loss_type=loss_type,
@@ -83,18 +86,16 @@ def one_step(model_dir: Path, loss_type: str, info: dist.DistInfo, parallel: str
 
 
 def run_config(model_dir: Path) -> GRPOConfig:
+    """2 steps of 2 prompts × G = 4 responses of ≤ 4 tokens, β 0.04, AdamW 2e-4 constant; a checkpoint at the end."""
     return GRPOConfig(
         model=str(model_dir),
         task={"n_train": 40, "n_test": 6},
         max_prompt_length=64,
         sampling=SamplingConfig(max_new_tokens=4),
-        grpo=GRPOLossConfig(group_size=4, prompts_per_step=2),
-        max_steps=2,
-        eval_every=0,
-        save_every=0,
-        eval_prompts=6,
-        device="cpu",
-        threads=1,
+        grpo=GRPOLossConfig(group_size=4, prompts_per_step=2, beta=0.04, loss_type="grpo"),
+        optim=OptimConfig(lr=2e-4, warmup_steps=0, min_lr_ratio=1.0),
+        run=RunConfig(steps=2, eval_every=0, save_every=0, log_every=1, device="cpu", threads=1),
+        eval_size=6,
     )
 
 

@@ -1,0 +1,103 @@
+"""Everything a `postrl grpo` run loads and checks before it writes anything (`postrl.lm.grpo`): the config's
+consistency, the policy (and reference) model, the tokenizer, the train and held-out prompts, and the reward
+functions, signature-checked against the data's columns. The order is the order of the errors a user meets:
+the model before its tokenizer, the prompts before the reward functions, the reference last."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_train_heldout, render_rows
+from postrl.lm.grpo_config import GRPOConfig
+from postrl.lm.grpo_rollouts import Prompts, Run
+from postrl.lm.models import check_context, load_causal_lm, resolve_dtype
+from postrl.lm.rewards import RewardFunction, load_reward_fns
+from postrl.lm.tokenizer import load_tokenizer
+from postrl.runtime import distributed as dist
+from postrl.runtime.errors import UserError
+
+
+def check_config(cfg: GRPOConfig, world: int) -> None:
+    """What the value ranges cannot say: relations between keys, and the number of ranks."""
+    g = cfg.grpo
+    problems = {
+        f"grpo.group_size must be >= 2 (a group of {g.group_size} has no baseline)": g.group_size < 2,
+        f"grpo.prompts_per_step={g.prompts_per_step} must be a positive multiple of the {world} ranks": (
+            g.prompts_per_step < world or g.prompts_per_step % world != 0
+        ),
+        "grpo.epochs and grpo.minibatches must be >= 1": g.epochs < 1 or g.minibatches < 1,
+        "sampling.greedy must be false for training (a group would be G copies)": cfg.sampling.greedy,
+        "grpo.overlong_buffer must be within [0, sampling.max_new_tokens]": not (
+            0 <= g.overlong_buffer <= cfg.sampling.max_new_tokens
+        ),
+        f"run.parallel must be one of {dist.PARALLEL}, got '{cfg.run.parallel}'": (
+            cfg.run.parallel not in dist.PARALLEL
+        ),
+    }
+    bad = [message for message, failed in problems.items() if failed]
+    if bad:
+        raise UserError("; ".join(bad))
+
+
+def load_prompts(cfg: GRPOConfig, tokenizer: Any) -> tuple[Prompts, Prompts]:
+    """(train, held-out) prompts, rendered with the chat template where conversational, length-limited."""
+    rows, heldout = load_train_heldout(cfg.data, "prompts", cfg.eval_data, cfg.task, empty=cfg.empty_rows)
+    out = []
+    for part in (rows, heldout[: cfg.eval_size]):
+        rendered = render_rows(part, "prompts", tokenizer)
+        ids = encode_prompts(tokenizer, [r["prompt"] for r in rendered])
+        ids, keep = apply_length_limit(ids, cfg.max_prompt_length, cfg.overlong_prompts)
+        out.append(Prompts([part[i] for i in keep], ids))
+    if not out[0].rows:
+        raise DataError(f"{cfg.data}: no prompt fits max_prompt_length={cfg.max_prompt_length}")
+    return out[0], out[1]
+
+
+def reward_fns(cfg: GRPOConfig, rows: list[dict[str, Any]], device: torch.device) -> list[RewardFunction]:
+    """The reward functions of ``cfg.rewards`` (default: the built-in task's), signature-checked against the
+    data's columns, with the verifier marked."""
+    specs = list(cfg.rewards)
+    if not specs:
+        if not cfg.data.startswith("task:"):
+            raise UserError(
+                f"no reward function: set rewards (e.g. rewards=[my_module:fn]) for data {cfg.data}"
+            )
+        specs = [cfg.data]
+    columns = sorted({k for r in rows for k in r} - {"prompt"})
+    fns = load_reward_fns(specs, cfg.reward_weights, task_kwargs=cfg.task, device=device, columns=columns)
+    if cfg.verifier is not None:
+        if cfg.verifier not in specs:
+            raise UserError(f"verifier {cfg.verifier!r} is not one of the rewards {specs}")
+        fns = [replace(f, is_verifier=f.name == cfg.verifier) for f in fns]
+    return fns
+
+
+def build_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
+    """Load and check everything a run needs (models, tokenizer, prompts, reward functions)."""
+    load = {
+        "dtype": resolve_dtype(cfg.run.dtype, "run.dtype"),
+        "device": info.device,
+        "trust_remote_code": cfg.trust_remote_code,
+    }
+    policy = load_causal_lm(cfg.model, **load)
+    p, t = cfg.max_prompt_length, cfg.sampling.max_new_tokens
+    check_context(policy, p + t, f"max_prompt_length ({p}) + sampling.max_new_tokens ({t})")
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
+    train, heldout = load_prompts(cfg, tokenizer)
+    if len(train.rows) < cfg.grpo.prompts_per_step and not cfg.grpo.repeat_prompts:
+        raise UserError(
+            f"{cfg.data}: {len(train.rows)} prompts for grpo.prompts_per_step={cfg.grpo.prompts_per_step}; "
+            "lower it or set grpo.repeat_prompts=true"
+        )
+    fns = reward_fns(cfg, train.rows, info.device)
+    ref = None
+    if cfg.grpo.beta != 0:  # β = 0: no reference model is loaded at all
+        what = "ref_model" if cfg.ref_model else "model"
+        ref = load_causal_lm(cfg.ref_model or cfg.model, **load, what=what).eval().requires_grad_(False)
+        if cfg.run.parallel == "fsdp":  # sharded at rest too; scoring gathers it (grpo_rollouts.collect)
+            ref = dist.wrap_model(ref, info, "fsdp")
+    policy = dist.wrap_model(policy, info, cfg.run.parallel)
+    return Run(cfg, policy, ref, tokenizer, fns, train, heldout, info.device)
