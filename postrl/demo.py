@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig
-from postrl.lm.ppo import PPOConfig
+from postrl.lm.ppo_config import PPOConfig, PPOLossConfig
 from postrl.lm.ppo_batch import KLConfig, RewardConfig
 from postrl.lm.pretrain import PretrainConfig
 from postrl.lm.reward_model import RMConfig
@@ -36,7 +36,7 @@ ARITHMETIC = {"digits": 2, "ops": "+"}
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """`postrl demo --out RUN_DIR [--quick]`: every stage's config, nested (override e.g. grpo.max_steps=40)."""
+    """`postrl demo --out RUN_DIR [--quick]`: every stage's config, nested (override e.g. grpo.run.steps=40)."""
 
     pretrain: PretrainConfig = field(
         default_factory=lambda: PretrainConfig(
@@ -71,13 +71,15 @@ class DemoConfig:
     ppo: PPOConfig = field(
         default_factory=lambda: PPOConfig(
             data="task:reviews",
-            steps=40,
-            eval_every=10,
-            eval_samples=128,
+            max_prompt_length=32,
+            sampling=SamplingConfig(max_new_tokens=24, temperature=1.0),
+            ppo=PPOLossConfig(minibatches=4),
             kl=KLConfig(beta=0.1),
             reward=RewardConfig(clip=5.0),
-            actor_optim=OptimConfig(lr=3e-5, warmup_steps=0, min_lr_ratio=1.0),
+            optim=OptimConfig(lr=3e-5, warmup_steps=0, min_lr_ratio=1.0),
             critic_optim=OptimConfig(lr=3e-4, warmup_steps=0, min_lr_ratio=1.0),
+            run=RunConfig(steps=40, eval_every=10, save_every=50, log_every=1),
+            eval_size=128,
         )
     )
     """Stage 4: PPO-RLHF against the reward model with a frozen reference."""
@@ -85,12 +87,12 @@ class DemoConfig:
         default_factory=lambda: GRPOConfig(
             data="task:arithmetic",
             task=ARITHMETIC,
-            max_steps=40,
-            eval_every=10,
-            eval_prompts=200,
+            max_prompt_length=256,
             sampling=SamplingConfig(max_new_tokens=8),
-            grpo=GRPOLossConfig(group_size=8, prompts_per_step=32, beta=0.04),
+            grpo=GRPOLossConfig(group_size=8, prompts_per_step=32, beta=0.04, loss_type="grpo"),
             optim=OptimConfig(lr=2e-4, warmup_steps=0, min_lr_ratio=1.0),
+            run=RunConfig(steps=40, eval_every=10, save_every=50, log_every=1),
+            eval_size=200,
         )
     )
     """Stage 5: GRPO on the arithmetic verifier."""
@@ -132,12 +134,11 @@ def quick(cfg: DemoConfig) -> DemoConfig:
             train=r(cfg.rm.train, batch_size=16),
             run=r(cfg.rm.run, steps=20, eval_every=10, save_every=10),
         ),
-        ppo=r(cfg.ppo, steps=4, batch_size=16, eval_every=2, eval_samples=32),
+        ppo=r(cfg.ppo, batch_size=16, eval_size=32, run=r(cfg.ppo.run, steps=4, eval_every=2)),
         grpo=r(
             cfg.grpo,
-            max_steps=4,
-            eval_every=2,
-            eval_prompts=32,
+            eval_size=32,
+            run=r(cfg.grpo.run, steps=4, eval_every=2),
             grpo=r(cfg.grpo.grpo, prompts_per_step=8, group_size=4),
         ),
         eval_prompts=32,
@@ -163,8 +164,13 @@ def wire(cfg: DemoConfig, out: Path) -> DemoConfig:
             run=r(cfg.rm.run, seed=cfg.seed, threads=cfg.threads),
             norm=r(cfg.rm.norm, policy=sft_model),
         ),
-        ppo=r(cfg.ppo, model=sft_model, reward_model=rm_model, threads=cfg.threads, seed=cfg.seed),
-        grpo=r(cfg.grpo, model=sft_model, threads=cfg.threads, seed=cfg.seed),
+        ppo=r(
+            cfg.ppo,
+            model=sft_model,
+            reward_model=rm_model,
+            run=r(cfg.ppo.run, seed=cfg.seed, threads=cfg.threads),
+        ),
+        grpo=r(cfg.grpo, model=sft_model, run=r(cfg.grpo.run, seed=cfg.seed, threads=cfg.threads)),
     )
 
 
