@@ -28,7 +28,7 @@ or from Python::
     from postrl.control.train import train
     from postrl.runtime.config import load_config
 
-    cfg = load_config(ppo.Config, "configs/ppo-cartpole.yaml", ["run.seed=1"])
+    cfg = load_config(ppo.Config, "ppo-cartpole", ["run.seed=1"])
     summary = train(cfg, "runs/ppo-cartpole-s1")
 
 This package never imports ``postrl.lm``; modules load lazily, so ``import postrl.control`` is cheap.

@@ -1,7 +1,7 @@
 """``postrl control train`` and ``postrl control eval``.
 
 Only argparse is imported at module level: torch and gymnasium load inside the handlers, so ``--help`` is
-instant. Config precedence: the algorithm's defaults, then the preset ``configs/<algo>-<env>.yaml`` (when
+instant. Config precedence: the algorithm's defaults, then the shipped preset ``<algo>-<env>.yaml`` (when
 it exists and no ``--config`` is given) or ``--config FILE``, then ``--env/--total-steps/--seed``, then
 ``key=value`` overrides.
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import re
 import sys
 from pathlib import Path
 
 ALGOS = ("reinforce", "a2c", "trpo", "ppo")
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,7 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     train.add_argument("--seed", type=int, default=None, help="random seed")
     train.add_argument("--out", default=None, help="run folder (default runs/<algo>-<env>-s<seed>)")
     train.add_argument(
-        "--config", default=None, help="YAML config (default: configs/<algo>-<env>.yaml if present)"
+        "--config", default=None, help="YAML config or preset name (default: the preset <algo>-<env> if postrl has one)"
     )
     train.add_argument(
         "--resume",
@@ -76,10 +76,16 @@ def _add_overwrite(parser: argparse.ArgumentParser) -> None:
 
 
 def preset_path(algo: str, env_id: str) -> Path | None:
-    """``configs/<algo>-<env>.yaml`` for e.g. ("ppo", "CartPole-v1") → ppo-cartpole.yaml, if it exists."""
+    """The shipped preset ``<algo>-<env>`` for e.g. ("ppo", "CartPole-v1") → ppo-cartpole.yaml, if postrl has
+    one (`postrl.runtime.presets`); without one the algorithm's defaults run (logged at info level)."""
+    from postrl.runtime.presets import presets_dir
+
     name = re.sub(r"-v\d+$", "", env_id).lower().replace("/", "-")
-    path = CONFIG_DIR / f"{algo}-{name}.yaml"
-    return path if path.is_file() else None
+    path = presets_dir() / f"{algo}-{name}.yaml"
+    if path.is_file():
+        return path
+    logging.getLogger(__name__).info("no preset %s for %s on %s: %s's defaults run", path.name, algo, env_id, algo)
+    return None
 
 
 def resolve_config(args: argparse.Namespace):
@@ -193,7 +199,7 @@ def _add_prefs_parser(sub: argparse._SubParsersAction) -> None:
         help="probability that the labeller flips a label (labeller.flip_prob)",
     )
     prefs.add_argument("--out", default=None, help="run folder (default runs/prefs-<env>-s<seed>)")
-    prefs.add_argument("--config", default=None, help="YAML config (default: configs/prefs-<env>.yaml)")
+    prefs.add_argument("--config", default=None, help="YAML config or preset name (default: the preset prefs-<env>)")
     prefs.add_argument(
         "--resume", default=None, metavar="RUN_DIR", help="continue an interrupted run exactly"
     )
