@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig
-from postrl.lm.ppo_config import PPOConfig, PPOLossConfig
 from postrl.lm.ppo_batch import KLConfig, RewardConfig
+from postrl.lm.ppo_config import PPOConfig, PPOLossConfig
 from postrl.lm.pretrain import PretrainConfig
 from postrl.lm.reward_model import RMConfig
 from postrl.lm.rollout import SamplingConfig
