@@ -41,8 +41,9 @@ from torch import Tensor
 
 from postrl.core import entropy_from_logits, grpo_loss, masked_mean
 from postrl.core import overlong_penalty as overlong_penalty  # re-exported: its name before postrl.core
+from postrl.lm.batch import RolloutBatch
 from postrl.lm.grpo_config import GRPOConfig, GRPOLossConfig
-from postrl.lm.grpo_rollouts import Batch, PromptStream, Run, collect, evaluate
+from postrl.lm.grpo_rollouts import PromptStream, Run, collect, evaluate
 from postrl.lm.grpo_setup import build_run, check_config
 from postrl.lm.rollout import token_log_probs
 from postrl.lm.shared_prefix import response_logits
@@ -78,7 +79,7 @@ def policy_log_probs(
 
 def grpo_batch_loss(
     model: torch.nn.Module,
-    batch: Batch,
+    batch: RolloutBatch,
     cfg: GRPOLossConfig,
     temperature: float,
     max_len: int,
@@ -120,7 +121,7 @@ def loss_normalizer(response_mask: Tensor, loss_type: str, max_len: int) -> floa
 
 
 def backward_minibatch(
-    model: torch.nn.Module, batch: Batch, cfg: GRPOLossConfig, temperature: float, max_len: int
+    model: torch.nn.Module, batch: RolloutBatch, cfg: GRPOLossConfig, temperature: float, max_len: int
 ) -> dict[str, float]:
     """Accumulate the minibatch's gradient over micro-batches (`spine.accumulate`: exactly the full-batch
     gradient); token-weighted mean stats."""
@@ -131,7 +132,7 @@ def backward_minibatch(
     totals: dict[str, float] = {}
     tokens = 0
 
-    def loss(micro: Batch) -> Tensor:
+    def loss(micro: RolloutBatch) -> Tensor:
         nonlocal tokens
         value, stats = grpo_batch_loss(model, micro, cfg, temperature, max_len, normalizer)
         count = int(micro.response_mask.sum())
@@ -148,7 +149,7 @@ def backward_minibatch(
 def optimise(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    batch: Batch,
+    batch: RolloutBatch,
     cfg: GRPOLossConfig,
     temperature: float,
     max_len: int,

@@ -1,6 +1,6 @@
 """GRPO's data: the prompt stream and the sampling and scoring phase of a step (`postrl.lm.grpo`).
 
-`collect` turns B global prompts into this rank's training `Batch`: it samples G responses per prompt from
+`collect` turns B global prompts into this rank's training `postrl.lm.batch.RolloutBatch`: it samples G responses per prompt from
 π_old, rewards them (plus the DAPO overlong penalty), refills zero-variance groups under dynamic sampling,
 scores log π_old (μ > 1) and log π_ref (β > 0) teacher-forced, and computes the group advantages.
 `evaluate` samples the held-out prompts greedily and at the training temperature and rewards them.
@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from postrl.core import group_advantages, overlong_penalty
+from postrl.lm.batch import RolloutBatch
 from postrl.lm.grpo_config import GRPOConfig
 from postrl.lm.rewards import RewardFunction, combine, reward_terms
 from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, left_pad, score
@@ -26,41 +27,6 @@ from postrl.runtime import distributed as dist
 
 
 # ---- the batch ----------------------------------------------------------------------------------------------
-@dataclass
-class Batch:
-    """One step's training data on this rank, G contiguous rows per prompt, in the rollout layout."""
-
-    input_ids: Tensor
-    """[N, P + T] prompt (left-padded) then response (right-padded)"""
-    attention_mask: Tensor
-    """[N, P + T]"""
-    prompt_len: int
-    """P"""
-    response_mask: Tensor
-    """[N, T]"""
-    old_log_probs: Tensor
-    """[N, T] log π_old (sampling policy, temperature applied)"""
-    advantages: Tensor
-    """[N] group-relative advantages"""
-    ref_log_probs: Tensor | None = None
-    """[N, T] log π_ref, or None when β = 0"""
-
-    def rows(self, index: slice | Tensor) -> Batch:
-        """Rows ``index``, right padding trimmed to their longest response (padding adds nothing to the loss)."""
-        width = max(1, int(self.response_mask[index].sum(-1).max()))
-        end = self.prompt_len + width
-        ref = None if self.ref_log_probs is None else self.ref_log_probs[index, :width]
-        return Batch(
-            self.input_ids[index, :end],
-            self.attention_mask[index, :end],
-            self.prompt_len,
-            self.response_mask[index, :width],
-            self.old_log_probs[index, :width],
-            self.advantages[index],
-            ref,
-        )
-
-
 # ---- prompts ------------------------------------------------------------------------------------------------
 class PromptStream:
     """Prompt indices in a (seed, epoch) shuffled order. ``position`` counts indices consumed since the start
@@ -249,7 +215,7 @@ def _gather(run: Run, rounds: list[_Round], chosen: list[tuple[int, int]]) -> tu
     return _merge(parts, run.tokenizer.pad_token_id), torch.cat(rewards)
 
 
-def collect(run: Run, stream: PromptStream, step: int) -> tuple[Batch, dict[str, float]]:
+def collect(run: Run, stream: PromptStream, step: int) -> tuple[RolloutBatch, dict[str, float]]:
     """Sample this rank's groups (with dynamic-sampling refills), reward them, and build the training batch."""
     g = run.cfg.grpo
     local = g.prompts_per_step // dist.world_size()
@@ -281,7 +247,7 @@ def collect(run: Run, stream: PromptStream, step: int) -> tuple[Batch, dict[str,
                 )  # fmt: skip
     timers["time_score"] += time.perf_counter() - start
     advantages = group_advantages(rewards, g.group_size, g.adv_eps, scale=g.scale_rewards)
-    batch = Batch(
+    batch = RolloutBatch(
         rollout.input_ids,
         rollout.attention_mask,
         rollout.prompt_len,

@@ -37,8 +37,9 @@ import torch
 from torch import Tensor
 
 from postrl.core import entropy_from_logits, masked_mean, ppo_clip_loss, value_loss
+from postrl.lm.batch import RolloutBatch
 from postrl.lm.models import position_ids_from_mask
-from postrl.lm.ppo_batch import PPOBatch, Roles, make_batch
+from postrl.lm.ppo_batch import Roles, make_batch
 from postrl.lm.ppo_config import PPOConfig, PPOLossConfig, check_config
 from postrl.lm.ppo_setup import (
     PPORun,
@@ -60,7 +61,7 @@ from postrl.runtime.seeding import seed_everything
 
 # ---- the loss --------------------------------------------------------------------------------------------
 def policy_forward(
-    roles: Roles, mb: PPOBatch, temperature: float, with_entropy_grad: bool
+    roles: Roles, mb: RolloutBatch, temperature: float, with_entropy_grad: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Teacher-forced forward of actor (and critic) on a minibatch → (log π_τ [b, T], entropy of π_τ [b, T],
     values [b, T]); positions from the mask, logits divided by the sampling temperature τ."""
@@ -84,13 +85,13 @@ def policy_forward(
 
 
 def ppo_loss(
-    roles: Roles, mb: PPOBatch, cfg: PPOLossConfig, temperature: float
+    roles: Roles, mb: RolloutBatch, cfg: PPOLossConfig, temperature: float
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """A minibatch → (loss, stats): clipped policy loss + vf_coef · value loss − ent_coef · entropy, each a
     mean over the response tokens."""
     mask = mb.response_mask
     log_probs, entropy, values = policy_forward(roles, mb, temperature, cfg.ent_coef != 0)
-    pg_loss, stats = ppo_clip_loss(log_probs, mb.log_probs, mb.advantages, cfg.clip_eps, mask)
+    pg_loss, stats = ppo_clip_loss(log_probs, mb.old_log_probs, mb.advantages, cfg.clip_eps, mask)
     clipped = {"old_values": mb.values, "clip_eps": cfg.vf_clip} if cfg.vf_clip is not None else {}
     vf_loss = value_loss(values, mb.returns, mask, **clipped)
     entropy_mean = masked_mean(entropy, mask)
@@ -106,7 +107,7 @@ def ppo_loss(
 # ---- the update ------------------------------------------------------------------------------------------
 def backward_minibatch(
     roles: Roles,
-    mb: PPOBatch,
+    mb: RolloutBatch,
     cfg: PPOLossConfig,
     temperature: float,
     ptx_loss: Callable[[], Tensor] | None = None,
@@ -119,7 +120,7 @@ def backward_minibatch(
     tokens = float(dist.all_reduce_sum(mb.response_mask.sum().double()))
     totals: dict[str, float] = {}
 
-    def ppo_part(micro: PPOBatch) -> Tensor:
+    def ppo_part(micro: RolloutBatch) -> Tensor:
         share = float(micro.response_mask.sum()) / max(tokens, 1.0)
         loss, stats = ppo_loss(roles, micro, cfg, temperature)
         for key, value in {"loss": loss.detach(), **stats}.items():
@@ -142,7 +143,7 @@ def backward_minibatch(
 
 def optimise(
     roles: Roles,
-    batch: PPOBatch,
+    batch: RolloutBatch,
     cfg: PPOConfig,
     optimizers: dict[str, torch.optim.Optimizer],
     params: dict[str, list[torch.nn.Parameter]],
@@ -197,7 +198,9 @@ class PPO:
                 print(f"ppo: skipped {len(indices)} prompts (< batch_size; each rank needs a full share)",
                       file=sys.stderr)  # fmt: skip
 
-    def experience(self, step: int, indices: list[int]) -> tuple[PPOBatch, dict[str, float], Rollout, float]:
+    def experience(
+        self, step: int, indices: list[int]
+    ) -> tuple[RolloutBatch, dict[str, float], Rollout, float]:
         """Generate for this rank's share of ``indices``, score, shape rewards, GAE → (batch, metrics, rollout,
         seconds spent generating)."""
         run, cfg, roles = self.run, self.run.cfg, self.run.roles

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from postrl.core import gae, kl_estimate, kl_shaped_rewards, masked_mean, masked_sum, masked_whiten
+from postrl.lm.batch import RolloutBatch
 from postrl.lm.rollout import Rollout, score, score_values
 from postrl.runtime import distributed as dist
 
@@ -66,60 +67,6 @@ class GAEConfig:
     """Normalise advantages to mean 0, std 1 over the batch (all ranks)."""
 
     CHECKS = {"gamma": "[0, 1]", "lam": "[0, 1]"}  # valid ranges
-
-
-@dataclass
-class PPOBatch:
-    """One step's rollout data on this rank, with everything the PPO epochs need."""
-
-    input_ids: Tensor
-    """[B, P + T] prompt (left-padded) then response (right-padded)"""
-    attention_mask: Tensor
-    """[B, P + T]"""
-    prompt_len: int
-    """P"""
-    response_mask: Tensor
-    """[B, T] 1 on response tokens up to and including EOS"""
-    log_probs: Tensor
-    """[B, T] log π_old of the sampling policy (temperature applied)"""
-    values: Tensor
-    """[B, T] V_old of the state before each response token"""
-    advantages: Tensor
-    """[B, T]"""
-    returns: Tensor
-    """[B, T] targets of the critic"""
-
-    def rows(self, index: Tensor | slice) -> PPOBatch:
-        """The rows ``index`` (at least one), right padding trimmed to their longest response."""
-        mask = self.response_mask[index]
-        if mask.shape[0] == 0:
-            raise ValueError("PPOBatch.rows: no rows selected (split a short batch with minibatches())")
-        width = max(1, int(mask.sum(-1).max()))
-        end = self.prompt_len + width
-        return PPOBatch(
-            self.input_ids[index, :end],
-            self.attention_mask[index, :end],
-            self.prompt_len,
-            mask[:, :width],
-            self.log_probs[index, :width],
-            self.values[index, :width],
-            self.advantages[index, :width],
-            self.returns[index, :width],
-        )
-
-    def minibatches(self, order: Tensor, n: int) -> list[PPOBatch]:
-        """The rows in ``order`` [N] cut into min(n, N) non-empty minibatches, sizes within one of each other.
-
-        An epoch's short last batch (one process keeps it) can have fewer rows than ``n``: it makes fewer
-        optimiser steps instead of empty ones, each still the token mean over its own rows. Under torchrun
-        every rank must make the same number of steps (DDP syncs each), so there N < n is refused.
-        """
-        if len(order) < n and dist.world_size() > 1:
-            raise ValueError(f"{len(order)} rows on this rank for {n} minibatches: ranks would disagree")
-        if len(order) == 0:
-            return []
-        parts = torch.tensor_split(order.to(self.input_ids.device), min(n, len(order)))
-        return [self.rows(rows) for rows in parts]
 
 
 @dataclass
@@ -226,7 +173,7 @@ def make_batch(
     advantage: GAEConfig,
     norm_stats: dict[str, float] | None,
     chunk_size: int = 64,
-) -> tuple[PPOBatch, dict[str, float]]:
+) -> tuple[RolloutBatch, dict[str, float]]:
     """Reference log-probs, values, shaped rewards and GAE for ``rollout`` with sequence scores
     ``raw_scores`` [B] → (batch, metrics). Log-probs of actor and reference both use ``temperature``."""
     ids, mask, P = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
@@ -239,7 +186,9 @@ def make_batch(
     scores = normalize_scores(raw_scores.to(ids.device).float(), rollout.finished, reward, norm_stats)
     rewards = kl_shaped_rewards(scores, rollout.log_probs, ref_log_probs, response_mask, beta)
     advantages, returns = advantages_and_returns(rewards, values, response_mask, advantage)
-    batch = PPOBatch(ids, mask, P, response_mask, rollout.log_probs, values, advantages, returns)
+    batch = RolloutBatch(
+        ids, mask, P, response_mask, rollout.log_probs, advantages, values=values, returns=returns
+    )
     m = response_mask.float()
     k1 = masked_sum(kl_estimate(rollout.log_probs, ref_log_probs, "k1"), m, dim=-1)  # (B,) per response
     k3 = masked_sum(kl_estimate(rollout.log_probs, ref_log_probs, "k3"), m, dim=-1)

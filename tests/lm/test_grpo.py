@@ -15,6 +15,7 @@ import torch
 
 import postrl.lm.grpo_setup as grpo_setup
 from postrl.core import group_advantages, overlong_penalty
+from postrl.lm.batch import RolloutBatch
 from postrl.lm.data import encode_completions, encode_prompts, join_prompt_response
 from postrl.lm.grpo import (
     MU_ONE_NOTE,
@@ -25,7 +26,7 @@ from postrl.lm.grpo import (
     policy_log_probs,
     run_grpo,
 )
-from postrl.lm.grpo_rollouts import Batch, PromptStream
+from postrl.lm.grpo_rollouts import PromptStream
 from postrl.lm.rewards import RewardError
 from postrl.lm.rollout import SamplingConfig
 from postrl.lm.spine import RunConfig
@@ -62,7 +63,7 @@ def _fixed_batch(model, tokenizer, rewards, prompts=("What is 1+1?",), responses
     with torch.no_grad():
         old, _ = policy_log_probs(model, joined["input_ids"], joined["attention_mask"], P, 1.0)
     advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), G)
-    return Batch(
+    return RolloutBatch(
         joined["input_ids"], joined["attention_mask"], P, joined["response_mask"], old, advantages, old
     )
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from postrl.core import gae, kl_shaped_rewards
+from postrl.lm.batch import RolloutBatch
 from postrl.lm.models import ScalarHeadModel, assert_dropout_off, load_causal_lm
 from postrl.lm.ppo import (
     PPOConfig,
@@ -30,7 +31,6 @@ from postrl.lm.ppo import (
 from postrl.lm.ppo_batch import (
     GAEConfig,
     KLConfig,
-    PPOBatch,
     RewardConfig,
     advantages_and_returns,
     last_token_mask,
@@ -292,15 +292,18 @@ def test_ppo_update_lowers_the_loss_on_a_fixed_batch(
 
 
 # ---- short batches: an epoch's last batch may have fewer rows than ppo.minibatches ------------------------
-def _hand_batch(n_rows: int) -> PPOBatch:
-    """A PPOBatch of ``n_rows`` rows (P = 2, T = 4) whose responses have 1..4 tokens."""
+def _hand_batch(n_rows: int) -> RolloutBatch:
+    """A RolloutBatch of ``n_rows`` rows (P = 2, T = 4) whose responses have 1..4 tokens."""
     g = torch.Generator().manual_seed(n_rows)
     lengths = torch.tensor([1 + i % 4 for i in range(n_rows)])
     response_mask = (torch.arange(4) < lengths[:, None]).long()  # (B, T)
     mask = torch.cat([torch.ones(n_rows, 2, dtype=torch.long), response_mask], dim=1)  # (B, P + T)
     ids = torch.randint(6, 50, (n_rows, 6), generator=g) * mask
     values = [torch.randn(n_rows, 4, generator=g) * response_mask for _ in range(4)]
-    return PPOBatch(ids, mask, 2, response_mask, *values)
+    log_probs, old_values, advantages, returns = values
+    return RolloutBatch(
+        ids, mask, 2, response_mask, log_probs, advantages, values=old_values, returns=returns
+    )
 
 
 @pytest.mark.parametrize(("n_rows", "sizes"), [(1, [1]), (3, [2, 1]), (4, [2, 2])])
@@ -313,7 +316,7 @@ def test_short_batch_splits_into_non_empty_minibatches(n_rows: int, sizes: list[
     for part, size in zip(parts, sizes, strict=True):
         expected = batch.rows(order[start : start + size])
         start += size
-        for name in ("input_ids", "attention_mask", "response_mask", "log_probs", "advantages", "returns"):
+        for name in ("input_ids", "attention_mask", "response_mask", "old_log_probs", "advantages", "returns"):
             assert torch.equal(getattr(part, name), getattr(expected, name)), name
     with pytest.raises(ValueError, match="no rows selected"):
         batch.rows(order[:0])

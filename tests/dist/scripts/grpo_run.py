@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import save_model
 
 from postrl.core import group_advantages
+from postrl.lm.batch import RolloutBatch
 from postrl.lm.data import encode_prompts
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, optimise, run_grpo
-from postrl.lm.grpo_rollouts import Batch
 from postrl.lm.models import load_causal_lm
 from postrl.lm.rollout import SamplingConfig, generate, left_pad, score
 from postrl.lm.spine import RunConfig
@@ -67,7 +67,9 @@ def one_step(model_dir: Path, loss_type: str, info: dist.DistInfo, parallel: str
     ids, mask, P = rollout.input_ids[rows], rollout.attention_mask[rows], rollout.prompt_len
     with torch.no_grad():
         old, ref_lp = score(model, ids, mask, P), score(ref, ids, mask, P)
-    batch = Batch(ids, mask, P, rollout.response_mask[rows], old, group_advantages(rewards[rows], G), ref_lp)
+    batch = RolloutBatch(
+        ids, mask, P, rollout.response_mask[rows], old, group_advantages(rewards[rows], G), ref_lp
+    )
     cfg = GRPOLossConfig(
         group_size=G,
         prompts_per_step=N_PROMPTS,

@@ -1,0 +1,82 @@
+"""The one batch type of the on-policy trainers, from the rollout to the loss (DESIGN.md, "How a batch flows").
+
+PPO-RLHF and the GRPO family fill the same :class:`RolloutBatch`; they differ in which optional fields they
+set (PPO: ``values`` and ``returns`` from the critic and GAE, advantages per token [N, T]; GRPO: advantages per
+response [N] and, when β > 0, ``ref_log_probs``) and in the loss they take from `postrl.core`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from postrl.runtime import distributed as dist
+
+
+@dataclass
+class RolloutBatch:
+    """One step's rollout data on this rank, in the `postrl.lm.rollout.Rollout` layout."""
+
+    input_ids: Tensor
+    """[N, P + T] prompt (left-padded) then response (right-padded)"""
+    attention_mask: Tensor
+    """[N, P + T]"""
+    prompt_len: int
+    """P"""
+    response_mask: Tensor
+    """[N, T] 1 on response tokens up to and including EOS"""
+    old_log_probs: Tensor
+    """[N, T] log π_old of the sampling policy (temperature applied)"""
+    advantages: Tensor
+    """[N, T] per token (PPO: GAE) or [N] per response (GRPO family: one value for every token)"""
+    ref_log_probs: Tensor | None = None
+    """[N, T] log π_ref, or None (no KL term in the loss)"""
+    values: Tensor | None = None
+    """[N, T] V_old of the state before each response token (PPO's critic), or None"""
+    returns: Tensor | None = None
+    """[N, T] the critic's targets, or None"""
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, index: Tensor | slice) -> RolloutBatch:
+        """The rows ``index`` (at least one), right padding trimmed to their longest response (padding adds
+        nothing to any loss)."""
+        mask = self.response_mask[index]
+        if mask.shape[0] == 0:
+            raise ValueError("RolloutBatch.rows: no rows selected (split a short batch with minibatches())")
+        width = max(1, int(mask.sum(-1).max()))
+
+        def cut(t: Tensor | None) -> Tensor | None:  # [N, T] → [n, width]; [N] → [n]
+            if t is None:
+                return None
+            return t[index, :width] if t.dim() == 2 else t[index]
+
+        end = self.prompt_len + width
+        return RolloutBatch(
+            self.input_ids[index, :end],
+            self.attention_mask[index, :end],
+            self.prompt_len,
+            mask[:, :width],
+            cut(self.old_log_probs),
+            cut(self.advantages),
+            cut(self.ref_log_probs),
+            cut(self.values),
+            cut(self.returns),
+        )
+
+    def minibatches(self, order: Tensor, n: int) -> list[RolloutBatch]:
+        """The rows in ``order`` [N] cut into min(n, N) non-empty minibatches, sizes within one of each other.
+
+        An epoch's short last batch (one process keeps it) can have fewer rows than ``n``: it makes fewer
+        optimiser steps instead of empty ones. Under torchrun every rank must make the same number of steps
+        (DDP syncs each), so there N < n is refused.
+        """
+        if len(order) < n and dist.world_size() > 1:
+            raise ValueError(f"{len(order)} rows on this rank for {n} minibatches: ranks would disagree")
+        if len(order) == 0:
+            return []
+        parts = torch.tensor_split(order.to(self.input_ids.device), min(n, len(order)))
+        return [self.rows(rows) for rows in parts]
