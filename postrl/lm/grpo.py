@@ -65,11 +65,16 @@ MU_ONE_NOTE = (
 
 # ---- the batch's loss -----------------------------------------------------------------------------------
 def policy_log_probs(
-    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_len: int,
+    temperature: float,
+    use_fast: bool | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One teacher-forced forward → (log π_τ of the response tokens [b, T], entropy per token [b, T] detached).
-    A group's shared prompt runs once (`postrl.lm.shared_prefix`)."""
-    logits = response_logits(model, input_ids, attention_mask, prompt_len).float() / temperature  # (b, T, V)
+    A group's shared prompt runs once (`postrl.lm.shared_prefix`); ``use_fast`` is `SamplingConfig.use_fast`."""
+    logits = response_logits(model, input_ids, attention_mask, prompt_len, use_fast).float() / temperature
     mask = attention_mask[:, prompt_len:].to(logits.dtype)
     log_probs = token_log_probs(logits, input_ids[:, prompt_len:]) * mask
     with torch.no_grad():
@@ -84,6 +89,7 @@ def grpo_batch_loss(
     temperature: float,
     max_len: int,
     normalizer: float | Tensor | None = None,
+    use_fast: bool | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The GRPO loss of ``batch`` under ``model`` and its stats (clip fraction, k3 KL, ratio, entropy).
 
@@ -91,7 +97,7 @@ def grpo_batch_loss(
     to the minibatch loss; None normalises by this batch alone.
     """
     log_probs, entropy = policy_log_probs(
-        model, batch.input_ids, batch.attention_mask, batch.prompt_len, temperature
+        model, batch.input_ids, batch.attention_mask, batch.prompt_len, temperature, use_fast
     )
     loss, stats = grpo_loss(
         log_probs,
@@ -121,7 +127,12 @@ def loss_normalizer(response_mask: Tensor, loss_type: str, max_len: int) -> floa
 
 
 def backward_minibatch(
-    model: torch.nn.Module, batch: RolloutBatch, cfg: GRPOLossConfig, temperature: float, max_len: int
+    model: torch.nn.Module,
+    batch: RolloutBatch,
+    cfg: GRPOLossConfig,
+    temperature: float,
+    max_len: int,
+    use_fast: bool | None = None,
 ) -> dict[str, float]:
     """Accumulate the minibatch's gradient over micro-batches (`spine.accumulate`: exactly the full-batch
     gradient); token-weighted mean stats."""
@@ -134,7 +145,7 @@ def backward_minibatch(
 
     def loss(micro: RolloutBatch) -> Tensor:
         nonlocal tokens
-        value, stats = grpo_batch_loss(model, micro, cfg, temperature, max_len, normalizer)
+        value, stats = grpo_batch_loss(model, micro, cfg, temperature, max_len, normalizer, use_fast)
         count = int(micro.response_mask.sum())
         tokens += count
         for key, v in stats.items():
@@ -154,8 +165,10 @@ def optimise(
     temperature: float,
     max_len: int,
     max_grad_norm: float | None,
+    use_fast: bool | None = None,
 ) -> dict[str, float]:
-    """μ epochs over ``batch``, ``minibatches`` optimiser steps each; returns the stats averaged over steps."""
+    """μ epochs over ``batch``, ``minibatches`` optimiser steps each; returns the stats averaged over steps.
+    ``use_fast``: which forward the training pass takes (`postrl.lm.rollout.SamplingConfig.use_fast`)."""
     n = batch.input_ids.shape[0]
     m = min(cfg.minibatches, n)
     history: list[dict[str, float]] = []
@@ -164,7 +177,7 @@ def optimise(
             # minibatch k: every m-th row from row k. Rank r's row i is global row r·n + i, so when m divides
             # n this is the same split of the global batch at any number of ranks (contiguous cuts are not)
             rows = torch.arange(k, n, m, device=batch.input_ids.device)
-            stats = backward_minibatch(model, batch.rows(rows), cfg, temperature, max_len)
+            stats = backward_minibatch(model, batch.rows(rows), cfg, temperature, max_len, use_fast)
             stats["grad_norm"] = clip_grad_norm(model, max_grad_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -187,6 +200,7 @@ def grpo_step(
         run.cfg.sampling.temperature,
         run.cfg.sampling.max_new_tokens,
         run.cfg.optim.max_grad_norm,
+        run.cfg.sampling.use_fast,
     )
     metrics.update(stats)
     metrics["time_train"] = time.perf_counter() - middle

@@ -20,7 +20,7 @@ from torch import Tensor
 from postrl.core import group_advantages, overlong_penalty
 from postrl.lm.batch import RolloutBatch
 from postrl.lm.grpo_config import GRPOConfig
-from postrl.lm.rewards import RewardFunction, combine, reward_terms
+from postrl.lm.rewards import RewardFunction, TrainerState, combine, completion_ids_of, reward_terms
 from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, left_pad, score
 from postrl.lm.tasks.base import stable_hash
 from postrl.runtime import distributed as dist
@@ -112,9 +112,15 @@ def _sample(run: Run, prompts: Prompts, indices: list[int], repeat: int, samplin
     return rollout, rows, texts
 
 
-def _rewards(run: Run, rows: list[dict[str, Any]], texts: list[str]) -> dict[str, Tensor]:
-    """Checked reward terms of each function (name → [N]) for completions ``texts`` of ``rows``."""
-    return reward_terms(run.fns, [r["prompt"] for r in rows], texts, _columns(rows))
+def _rewards(
+    run: Run, rollout: Rollout, rows: list[dict[str, Any]], texts: list[str], step: int | None = None
+) -> dict[str, Tensor]:
+    """Checked reward terms of each function (name → [N]) for completions ``texts`` of ``rows``, called as
+    TRL calls them: prompts, completions, completion_ids, trainer_state (None outside training), columns."""
+    state = None if step is None else TrainerState(global_step=step, max_steps=run.cfg.run.steps)
+    ids = completion_ids_of(rollout.response_ids, rollout.response_mask)
+    prompts = [r["prompt"] for r in rows]
+    return reward_terms(run.fns, prompts, texts, _columns(rows), completion_ids=ids, trainer_state=state)
 
 
 def _accuracy(run: Run, terms: dict[str, Tensor]) -> Tensor | None:
@@ -169,7 +175,7 @@ def _sample_round(run: Run, indices: list[int], step: int, round_: int, timers: 
     gen = _generator(run, "train", step, dist.rank(), round_)
     rollout, rows, texts = _sample(run, run.train, indices, g.group_size, sampling, gen)
     middle = time.perf_counter()
-    terms = _rewards(run, rows, texts)
+    terms = _rewards(run, rollout, rows, texts, step)
     rewards = combine(run.fns, terms) + overlong_penalty(
         rollout.response_lengths, sampling.max_new_tokens, g.overlong_buffer, g.overlong_penalty
     )
@@ -237,13 +243,13 @@ def collect(run: Run, stream: PromptStream, step: int) -> tuple[RolloutBatch, di
             with dist.gathered(run.policy):  # (FSDP: each rank scores its own rows, whole weights)
                 old_log_probs = score(
                     run.inner, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
-                    temperature=run.cfg.sampling.temperature,
+                    temperature=run.cfg.sampling.temperature, use_fast=run.cfg.sampling.use_fast,
                 )  # fmt: skip
         if run.ref is not None:
             with dist.gathered(run.ref):
                 ref_log_probs = score(
                     run.ref, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
-                    temperature=run.cfg.sampling.temperature,
+                    temperature=run.cfg.sampling.temperature, use_fast=run.cfg.sampling.use_fast,
                 )  # fmt: skip
     timers["time_score"] += time.perf_counter() - start
     advantages = group_advantages(rewards, g.group_size, g.adv_eps, scale=g.scale_rewards)
@@ -275,7 +281,7 @@ def _rollout_metrics(run: Run, rounds: list[_Round]) -> dict[str, float]:
         "generated_tokens": float(lengths.sum()),
     }
     for fn in run.fns:
-        out[f"reward/{fn.name}"] = float(torch.cat([r.terms[fn.name] for r in rounds]).mean())
+        out[f"reward/{fn.name}"] = float(torch.cat([r.terms[fn.name] for r in rounds]).nanmean())  # None: NaN
     accuracy = [_accuracy(run, r.terms) for r in rounds]
     if accuracy[0] is not None:
         out["accuracy"] = float(torch.cat(accuracy).mean())  # type: ignore[arg-type]
@@ -297,8 +303,8 @@ def evaluate(run: Run, batch_size: int = 256) -> dict[str, float]:
         for start in range(0, n, batch_size):
             indices = list(range(start, min(n, start + batch_size)))
             gen = _generator(run, "eval", start)
-            _, rows, texts = _sample(run, run.heldout, indices, 1, sampling, gen)
-            terms = _rewards(run, rows, texts)
+            rollout, rows, texts = _sample(run, run.heldout, indices, 1, sampling, gen)
+            terms = _rewards(run, rollout, rows, texts)
             rewards.append(combine(run.fns, terms))
             acc = _accuracy(run, terms)
             if acc is not None:

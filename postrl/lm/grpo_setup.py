@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_train_heldout, render_rows
+from postrl.lm.decoders import check_backend
 from postrl.lm.grpo_config import GRPOConfig
 from postrl.lm.grpo_rollouts import Prompts, Run
 from postrl.lm.models import check_context, load_causal_lm, resolve_dtype
@@ -83,6 +84,7 @@ def build_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
         "trust_remote_code": cfg.trust_remote_code,
     }
     policy = load_causal_lm(cfg.model, **load)
+    check_backend(policy, cfg.sampling.backend)
     p, t = cfg.max_prompt_length, cfg.sampling.max_new_tokens
     check_context(policy, p + t, f"max_prompt_length ({p}) + sampling.max_new_tokens ({t})")
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)

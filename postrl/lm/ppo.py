@@ -214,6 +214,7 @@ class PPO:
             batch, metrics = make_batch(
                 roles, rollout, run.scorer(rollout, rows), temperature=cfg.sampling.temperature,
                 beta=run.kl_ctl.value, reward=cfg.reward, advantage=cfg.gae, norm_stats=run.norm_stats,
+                use_fast=cfg.sampling.use_fast,
             )  # fmt: skip
         if run.task is not None:
             gold = torch.tensor(run.task.gold_reward(rollout.prompts, rollout.texts), dtype=torch.float64)

@@ -173,12 +173,15 @@ def make_batch(
     advantage: GAEConfig,
     norm_stats: dict[str, float] | None,
     chunk_size: int = 64,
+    use_fast: bool | None = None,
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """Reference log-probs, values, shaped rewards and GAE for ``rollout`` with sequence scores
     ``raw_scores`` [B] → (batch, metrics). Log-probs of actor and reference both use ``temperature``."""
     ids, mask, P = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
     response_mask = rollout.response_mask
-    ref_log_probs = score(roles.reference, ids, mask, P, temperature=temperature, chunk_size=chunk_size)
+    ref_log_probs = score(
+        roles.reference, ids, mask, P, temperature=temperature, chunk_size=chunk_size, use_fast=use_fast
+    )
     if roles.critic is None:  # shared trunk: the actor returns (logits, values)
         _, values = score(roles.actor, ids, mask, P, temperature=temperature, chunk_size=chunk_size)
     else:

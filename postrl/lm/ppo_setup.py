@@ -21,6 +21,7 @@ from postrl.lm.data import (
     tokenize_prompts,
     tokenize_sft,
 )
+from postrl.lm.decoders import check_backend
 from postrl.lm.models import (
     PolicyWithValueHead,
     ScalarHeadModel,
@@ -31,7 +32,7 @@ from postrl.lm.models import (
 from postrl.lm.ppo_batch import Roles, reward_model_scores
 from postrl.lm.ppo_config import PPOConfig
 from postrl.lm.reward_model_eval import NORM_FILE, read_reward_norm
-from postrl.lm.rewards import compute_rewards, load_reward_fns
+from postrl.lm.rewards import completion_ids_of, compute_rewards, load_reward_fns
 from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, score
 from postrl.lm.tasks import get_task
 from postrl.lm.tasks.base import stable_hash
@@ -134,7 +135,12 @@ def make_scorer(cfg: PPOConfig, roles: Roles, device: torch.device) -> Scorer:
     if not cfg.rewards:
         return lambda rollout, rows: reward_model_scores(roles.reward_model, rollout)
     fns = load_reward_fns(cfg.rewards, cfg.reward_weights, task_kwargs=cfg.task, device=device)
-    return lambda rollout, rows: compute_rewards(fns, rollout.prompts, rollout.texts, _columns(rows))
+
+    def reward_sum(rollout: Rollout, rows: list[dict[str, Any]]) -> Tensor:  # TRL's call: with completion_ids
+        ids = completion_ids_of(rollout.response_ids, rollout.response_mask)
+        return compute_rewards(fns, rollout.prompts, rollout.texts, _columns(rows), completion_ids=ids)
+
+    return reward_sum
 
 
 def read_norm_stats(cfg: PPOConfig) -> dict[str, float] | None:
@@ -152,11 +158,14 @@ def read_norm_stats(cfg: PPOConfig) -> dict[str, float] | None:
 
 # ---- evaluation ------------------------------------------------------------------------------------------
 @torch.no_grad()
-def sequence_kl(rollout: Rollout, reference: torch.nn.Module, temperature: float) -> tuple[Tensor, Tensor]:
+def sequence_kl(
+    rollout: Rollout, reference: torch.nn.Module, temperature: float, use_fast: bool | None = None
+) -> tuple[Tensor, Tensor]:
     """Per-response KL(π‖π_ref) estimates (k1 and k3 summed over tokens) → ([B], [B])."""
     ref = score(
-        reference, rollout.input_ids, rollout.attention_mask, rollout.prompt_len, temperature=temperature
-    )
+        reference, rollout.input_ids, rollout.attention_mask, rollout.prompt_len, temperature=temperature,
+        use_fast=use_fast,
+    )  # fmt: skip
     m = rollout.response_mask.float()
     k1 = masked_sum(kl_estimate(rollout.log_probs, ref, "k1"), m, dim=-1)
     k3 = masked_sum(kl_estimate(rollout.log_probs, ref, "k3"), m, dim=-1)
@@ -188,7 +197,7 @@ def evaluate_heldout(
     for i in range(0, len(rows), batch_size):
         part = rows[i : i + batch_size]
         rollout = engine.generate([r["prompt"] for r in part], generator=generator)
-        k1, k3 = sequence_kl(rollout, roles.reference, sampling.temperature or 1.0)
+        k1, k3 = sequence_kl(rollout, roles.reference, sampling.temperature or 1.0, sampling.use_fast)
         values = {
             "heldout_rm_score": scorer(rollout, part).float().cpu(),
             "heldout_kl": k1.cpu(),
@@ -255,6 +264,7 @@ def build_run(cfg: PPOConfig, info: dist.DistInfo) -> PPORun:
     """Load and check everything a run needs (models, tokenizer, prompts, reward functions, ptx data) before
     the run folder is touched."""
     roles, tokenizer = build_models(cfg, info)
+    check_backend(roles.policy, cfg.sampling.backend)
     parts = trainable_parts(roles)
     optimizers, schedulers = {}, {}
     for name, optim in (("actor", cfg.optim), ("critic", cfg.critic_optim)):
