@@ -45,10 +45,10 @@ def test_unknown_subcommand_suggests_the_closest(capsys):
 
 
 def test_unknown_config_key_is_a_clear_error(tmp_path, capsys):
-    code = main(["sft", "--out", str(tmp_path / "r"), "train.max_stepz=3"])
+    code = main(["sft", "--out", str(tmp_path / "r"), "run.stepz=3"])
     err = capsys.readouterr().err
     assert code == 2
-    assert "unknown config key 'train.max_stepz'" in err and "did you mean 'train.max_steps'" in err
+    assert "unknown config key 'run.stepz'" in err and "did you mean 'run.steps'" in err
     assert "Traceback" not in err
 
 

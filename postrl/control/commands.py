@@ -43,8 +43,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--resume",
         default=None,
         metavar="RUN_DIR",
-        help="continue an interrupted run exactly, with its saved config (rerunning the same command "
-        "with --out RUN_DIR also resumes a run that has checkpoints but no summary.json)",
+        help="continue a run exactly from its last checkpoint, with its saved config and any key=value "
+        "overrides (rerunning the same command with --out RUN_DIR also resumes a run without summary.json)",
     )
     _add_overwrite(train)
     train.add_argument(
@@ -115,9 +115,11 @@ def resolve_config(args: argparse.Namespace):
 
 
 def _interrupted(run_dir: Path) -> bool:
-    """A run folder with a checkpoint but no summary.json: rerunning the same command resumes it."""
-    ckpts = run_dir / "checkpoints"
-    return ckpts.is_dir() and any(ckpts.glob("step_*/state.pt")) and not (run_dir / "summary.json").exists()
+    """A run folder without summary.json: rerunning the same command resumes it (from its last checkpoint,
+    or from step 0 when it was killed before the first)."""
+    from postrl.runtime.rundir import run_state
+
+    return run_state(run_dir) == "interrupted"
 
 
 def _run_algo(run_dir: str) -> str:
