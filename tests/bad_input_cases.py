@@ -22,20 +22,21 @@ from typing import Any
 D, R = "{ws}/data/", "{ws}/rewards/"  # data files and reward-function files
 
 # ---- the tiny budget of every command (a case's overrides replace these keys) ----------------------------
-LM = {"device": "cpu", "threads": 1}
+LM = {"run.device": "cpu", "run.threads": 1}
 TRAIN = {
-    "train.max_steps": 1,
+    "run.steps": 1,
+    "run.eval_every": 0,
     "train.batch_size": 2,
-    "train.eval_every": 0,
     "train.eval_examples": 2,
-    "train.optim.warmup_steps": 0,
+    "optim.warmup_steps": 0,
 }
+FIT = 64  # train.max_length of SFT and RM: the tiny model has 128 positions, the default is 1024
 BUDGETS: dict[str, dict[str, Any]] = {
     "control train": {
         "env.n_envs": 1,
         "ppo.n_steps": 64,
         "ppo.batch_size": 64,
-        "ppo.n_epochs": 1,
+        "ppo.epochs": 1,
         "run.eval_episodes": 1,
     },
     "control prefs": {"env.n_envs": 1, "run.eval_episodes": 1},
@@ -51,32 +52,33 @@ BUDGETS: dict[str, dict[str, Any]] = {
         **TRAIN,
         **LM,
     },
-    "sft": {**TRAIN, **LM},
-    "rm": {**TRAIN, "eval_pairs": 2, "norm.samples": 0, "plots": False, **LM},
+    "sft": {**TRAIN, "train.max_length": FIT, "eval_size": 2, **LM},
+    "rm": {**TRAIN, "train.max_length": FIT, "eval_size": 2, "norm.samples": 0, "plots": False, **LM},
     "ppo": {
         "data": D + "prompts.jsonl",
-        "steps": 1,
+        "run.steps": 1,
+        "run.eval_every": 0,
         "batch_size": 2,
         "ppo.epochs": 1,
         "ppo.minibatches": 1,
+        "max_prompt_length": 32,
         "sampling.max_new_tokens": 4,
-        "eval_every": 0,
-        "eval_samples": 2,
+        "eval_size": 2,
         "reward.normalize": "none",
-        "actor_optim.warmup_steps": 0,
+        "optim.warmup_steps": 0,
         "critic_optim.warmup_steps": 0,
         "plots": False,
         **LM,
     },
     "grpo": {
         "rewards": "[" + R + "good.py:reward]",
-        "max_steps": 1,
+        "run.steps": 1,
+        "run.eval_every": 0,
         "grpo.group_size": 2,
         "grpo.prompts_per_step": 2,
         "sampling.max_new_tokens": 4,
         "max_prompt_length": 32,
-        "eval_every": 0,
-        "eval_prompts": 2,
+        "eval_size": 2,
         "eval_at_start": False,
         "optim.warmup_steps": 0,
         **LM,
@@ -88,12 +90,12 @@ BUDGETS: dict[str, dict[str, Any]] = {
         "threads": 1,
         "pretrain.corpus_lines": 400,
         "pretrain.vocab_size": 300,
-        "pretrain.train.max_steps": 1,
-        "sft.train.max_steps": 1,
-        "rm.train.max_steps": 1,
+        "pretrain.run.steps": 1,
+        "sft.run.steps": 1,
+        "rm.run.steps": 1,
         "rm.norm.samples": 0,
-        "ppo.steps": 1,
-        "grpo.max_steps": 1,
+        "ppo.run.steps": 1,
+        "grpo.run.steps": 1,
     },
 }
 
@@ -183,9 +185,9 @@ CASES: list[Case] = [
     C("ct-lam-negative", CT, "ppo.lam", overrides={"ppo.lam": -0.1}),
     C("ct-clip-eps-0", CT, "ppo.clip_eps", overrides={"ppo.clip_eps": 0}),
     C("ct-n-envs-0", CT, "env.n_envs", overrides={"env.n_envs": 0}),
-    C("ct-total-steps-0", CT, ("run.total_steps", "--total-steps"), flags={"--total-steps": "0"}),
+    C("ct-total-steps-0", CT, ("run.steps", "--total-steps"), flags={"--total-steps": "0"}),
     C("ct-unknown-key", CT, "ppo.clip_epss", "ppo.clip_eps", overrides={"ppo.clip_epss": 0.1}),
-    C("ct-wrong-type", CT, "ppo.n_epochs", "four", overrides={"ppo.n_epochs": "four"}),
+    C("ct-wrong-type", CT, "ppo.epochs", "four", overrides={"ppo.epochs": "four"}),
     C("ct-unknown-env", CT, "CartPol-v1", "CartPole-v1", flags={"--env": "CartPol-v1"}),
     C("ct-missing-config-file", CT, "no_such.yaml", flags={"--config": "{ws}/configs/no_such.yaml"}),
     C(
@@ -210,9 +212,9 @@ CASES: list[Case] = [
     ),
     # ---- pretrain ---------------------------------------------------------------------------------------
     C("pretrain-batch-size-0", PT, "train.batch_size", overrides={"train.batch_size": 0}),
-    C("pretrain-lr-0", PT, "train.optim.lr", overrides={"train.optim.lr": 0}),
-    C("pretrain-max-steps-negative", PT, "train.max_steps", overrides={"train.max_steps": -5}),
-    C("pretrain-warmup-negative", PT, "train.optim.warmup_steps", overrides={"train.optim.warmup_steps": -1}),
+    C("pretrain-lr-0", PT, "optim.lr", overrides={"optim.lr": 0}),
+    C("pretrain-steps-negative", PT, "run.steps", overrides={"run.steps": -5}),
+    C("pretrain-warmup-negative", PT, "optim.warmup_steps", overrides={"optim.warmup_steps": -1}),
     C(
         "pretrain-max-length-over-context",
         PT,
@@ -242,7 +244,7 @@ CASES: list[Case] = [
         flags={"--model": "postrl-test/no-such-model"},
         env={"HF_HUB_OFFLINE": "1"},
     ),
-    C("sft-unknown-dtype", "sft", "dtype", "float8", "bfloat16", overrides={"dtype": "float8"}),
+    C("sft-unknown-dtype", "sft", "run.dtype", "float8", "bfloat16", overrides={"run.dtype": "float8"}),
     C("sft-data-missing-file", "sft", "no_such.jsonl", flags={"--data": D + "no_such.jsonl"}),
     C("sft-data-malformed-json", "sft", "sft_bad_json.jsonl:3", flags={"--data": D + "sft_bad_json.jsonl"}),
     C(
@@ -282,14 +284,14 @@ CASES: list[Case] = [
         overrides={"eval_data": D + "sft_bad_json.jsonl"},
     ),
     C("sft-batch-size-0", "sft", "train.batch_size", overrides={"train.batch_size": 0}),
-    C("sft-lr-nan", "sft", "train.optim.lr", overrides={"train.optim.lr": "nan"}),
+    C("sft-lr-nan", "sft", "optim.lr", overrides={"optim.lr": "nan"}),
     C("sft-grad-accum-0", "sft", "train.grad_accum", overrides={"train.grad_accum": 0}),
     C("sft-max-length-over-context", "sft", "train.max_length", CONTEXT, overrides={"train.max_length": 200}),
     C("sft-unknown-key", "sft", "train.batchsize", "train.batch_size", overrides={"train.batchsize": 2}),
     C(
         "sft-config-wrong-type",
         "sft",
-        "train.log_every",
+        "run.log_every",
         "sft_wrong_type.yaml",
         flags={"--config": "{ws}/configs/sft_wrong_type.yaml"},
     ),
@@ -328,6 +330,7 @@ CASES: list[Case] = [
     C("rm-model-missing", "rm", "no_such_model", flags={"--model": "{ws}/no_such_model"}),
     C("rm-batch-size-0", "rm", "train.batch_size", overrides={"train.batch_size": 0}),
     C("rm-norm-samples-negative", "rm", "norm.samples", overrides={"norm.samples": -1}),
+    C("rm-unknown-dtype", "rm", "run.dtype", "float8", overrides={"run.dtype": "float8"}),
     C("rm-resume-corrupt-checkpoint", "rm", "step_00000001", out="interrupted", resume=True, overwrite=False),
     # ---- ppo (RLHF) -----------------------------------------------------------------------------------------
     C("ppo-kl-beta-negative", "ppo", "kl.beta", overrides={"kl.beta": -0.1}),
@@ -335,8 +338,8 @@ CASES: list[Case] = [
     C("ppo-lam-negative", "ppo", "gae.lam", overrides={"gae.lam": -0.5}),
     C("ppo-clip-eps-0", "ppo", "ppo.clip_eps", overrides={"ppo.clip_eps": 0}),
     C("ppo-batch-size-0", "ppo", "batch_size", overrides={"batch_size": 0}),
-    C("ppo-steps-0", "ppo", "steps", overrides={"steps": 0}),
-    C("ppo-actor-lr-negative", "ppo", "actor_optim.lr", overrides={"actor_optim.lr": -1e-4}),
+    C("ppo-steps-0", "ppo", "run.steps", overrides={"run.steps": 0}),
+    C("ppo-actor-lr-negative", "ppo", "optim.lr", overrides={"optim.lr": -1e-4}),
     C(
         "ppo-max-new-tokens-over-context",
         "ppo",
@@ -349,14 +352,14 @@ CASES: list[Case] = [
         "ppo-reward-fn-syntax-error",
         "ppo",
         "syntax_error.py",
-        overrides={"reward_fns": "[" + R + "syntax_error.py:reward]", "critic": "sft"},
+        overrides={"rewards": "[" + R + "syntax_error.py:reward]", "critic": "sft"},
     ),
     C(
         "ppo-reward-fn-wrong-signature",
         "ppo",
         "wrong_sig.py",
         "completions",
-        overrides={"reward_fns": "[" + R + "wrong_sig.py:r]", "critic": "sft"},
+        overrides={"rewards": "[" + R + "wrong_sig.py:r]", "critic": "sft"},
     ),
     C(
         "ppo-data-missing-prompt",
@@ -366,12 +369,13 @@ CASES: list[Case] = [
         overrides={"data": D + "prompts_no_prompt.jsonl"},
     ),
     C("ppo-unknown-critic", "ppo", "critic", "reward_model", overrides={"critic": "value_head"}),
+    C("ppo-unknown-dtype", "ppo", "run.dtype", "float8", overrides={"run.dtype": "float8"}),
     # ---- grpo ---------------------------------------------------------------------------------------------
     C("grpo-group-size-1", "grpo", "grpo.group_size", overrides={"grpo.group_size": 1}),
     C("grpo-beta-negative", "grpo", "grpo.beta", overrides={"grpo.beta": -0.04}),
     C("grpo-clip-eps-negative", "grpo", "grpo.clip_eps", overrides={"grpo.clip_eps": -0.2}),
     C("grpo-lr-0", "grpo", "optim.lr", overrides={"optim.lr": 0}),
-    C("grpo-max-steps-0", "grpo", "max_steps", overrides={"max_steps": 0}),
+    C("grpo-steps-0", "grpo", "run.steps", overrides={"run.steps": 0}),
     C("grpo-prompts-per-step-0", "grpo", "grpo.prompts_per_step", overrides={"grpo.prompts_per_step": 0}),
     C("grpo-temperature-negative", "grpo", "sampling.temperature", overrides={"sampling.temperature": -1.0}),
     C("grpo-top-p-above-1", "grpo", "sampling.top_p", overrides={"sampling.top_p": 1.5}),
@@ -382,7 +386,7 @@ CASES: list[Case] = [
         "sampling.max_new_tokens",
         overrides={"max_prompt_length": 100, "sampling.max_new_tokens": 64},
     ),
-    C("grpo-unknown-dtype", "grpo", "dtype", "fp8", overrides={"dtype": "fp8"}),
+    C("grpo-unknown-dtype", "grpo", "run.dtype", "fp8", overrides={"run.dtype": "fp8"}),
     C(
         "grpo-hub-name-offline",
         "grpo",
@@ -462,10 +466,65 @@ CASES: list[Case] = [
     ),
     # ---- demo ---------------------------------------------------------------------------------------------
     C("demo-unknown-key", "demo", "pretrain.train.batchsize", overrides={"pretrain.train.batchsize": 2}),
-    C("demo-sft-lr-negative", "demo", "sft.train.optim.lr", overrides={"sft.train.optim.lr": -1}),
+    C("demo-sft-lr-negative", "demo", "sft.optim.lr", overrides={"sft.optim.lr": -1}),
     C("demo-grpo-group-size-1", "demo", "grpo.grpo.group_size", overrides={"grpo.grpo.group_size": 1}),
     C("demo-ppo-kl-beta-negative", "demo", "ppo.kl.beta", overrides={"ppo.kl.beta": -0.1}),
     C("demo-missing-config-file", "demo", "no_such.yaml", flags={"--config": "{ws}/configs/no_such.yaml"}),
+    # ---- an old key name (the config vocabulary was renamed): the error names the new one ------------------
+    C("ct-old-total-steps", CT, "'run.total_steps'", "'run.steps'", overrides={"run.total_steps": 64}),
+    C("ct-old-n-epochs", CT, "'ppo.n_epochs'", "'ppo.epochs'", overrides={"ppo.n_epochs": 1}),
+    C("ct-old-clip-vf", CT, "'ppo.clip_vf'", "'ppo.vf_clip'", overrides={"ppo.clip_vf": 0.2}),
+    C(
+        "ct-old-key-in-config-file",
+        CT,
+        "'run.keep_checkpoints'",
+        "'run.keep_last'",
+        "ct_old_key.yaml",
+        flags={"--config": "{ws}/configs/ct_old_key.yaml"},
+    ),
+    C(
+        "prefs-old-checkpoint-every",
+        "control prefs",
+        "'run.checkpoint_every'",
+        "'run.save_every'",
+        overrides={"run.checkpoint_every": 1},
+    ),
+    C("pretrain-old-max-steps", PT, "'train.max_steps'", "'run.steps'", overrides={"train.max_steps": 5}),
+    C("sft-old-max-steps", "sft", "'train.max_steps'", "'run.steps'", overrides={"train.max_steps": 5}),
+    C("sft-old-train-optim", "sft", "'train.optim'", "'optim'", overrides={"train.optim.lr": 1e-3}),
+    C("sft-old-eval-prompts", "sft", "'eval_prompts'", "'eval_size'", overrides={"eval_prompts": 2}),
+    C("sft-old-device", "sft", "'device'", "'run.device'", overrides={"device": "cpu"}),
+    C(
+        "sft-old-key-in-config-file",
+        "sft",
+        "'train.save_every'",
+        "'run.save_every'",
+        "sft_old_key.yaml",
+        flags={"--config": "{ws}/configs/sft_old_key.yaml"},
+    ),
+    C("rm-old-eval-pairs", "rm", "'eval_pairs'", "'eval_size'", overrides={"eval_pairs": 2}),
+    C("rm-old-eval-every", "rm", "'train.eval_every'", "'run.eval_every'", overrides={"train.eval_every": 0}),
+    C("ppo-old-actor-optim", "ppo", "'actor_optim'", "'optim'", overrides={"actor_optim.lr": 1e-5}),
+    C(
+        "ppo-old-reward-fns",
+        "ppo",
+        "'reward_fns'",
+        "'rewards'",
+        overrides={"reward_fns": "[" + R + "good.py:reward]", "critic": "sft"},
+    ),
+    C("ppo-old-eval-samples", "ppo", "'eval_samples'", "'eval_size'", overrides={"eval_samples": 2}),
+    C("ppo-old-steps", "ppo", "'steps'", "'run.steps'", overrides={"steps": 1}),
+    C("grpo-old-mu", "grpo", "'grpo.mu'", "'grpo.epochs'", overrides={"grpo.mu": 2}),
+    C("grpo-old-max-steps", "grpo", "'max_steps'", "'run.steps'", overrides={"max_steps": 1}),
+    C("grpo-old-eval-prompts", "grpo", "'eval_prompts'", "'eval_size'", overrides={"eval_prompts": 2}),
+    C(
+        "demo-old-sft-max-steps",
+        "demo",
+        "'sft.train.max_steps'",
+        "'sft.run.steps'",
+        overrides={"sft.train.max_steps": 1},
+    ),
+    C("demo-old-grpo-mu", "demo", "'grpo.grpo.mu'", "'grpo.grpo.epochs'", overrides={"grpo.grpo.mu": 1}),
     # ---- a valid command pointed at a finished run, without --resume or --overwrite -------------------------
     *[C(f"{cmd.replace(' ', '-')}-finished-run", cmd, *FINISHED, overwrite=False) for cmd in COMMANDS],
 ]
@@ -538,5 +597,7 @@ def write_inputs(ws: Path) -> None:
 
     # the keys these set are outside every budget, whose overrides would otherwise mask them
     (configs / "ct_unknown_key.yaml").write_text("ppo:\n  clip_epss: 0.1\n")
-    (configs / "sft_wrong_type.yaml").write_text("train:\n  log_every: ten\n")
+    (configs / "sft_wrong_type.yaml").write_text("run:\n  log_every: ten\n")
     (configs / "grpo_bad_range.yaml").write_text("grpo:\n  clip_eps: 0\n")
+    (configs / "ct_old_key.yaml").write_text("run:\n  keep_checkpoints: 3\n")
+    (configs / "sft_old_key.yaml").write_text("train:\n  save_every: 10\n")

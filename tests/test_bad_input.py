@@ -32,14 +32,9 @@ from tests.bad_input_cases import BUDGETS, CASES, COMMANDS, FLAGS, SUBPROCESS_CA
 REPO = Path(__file__).resolve().parents[1]
 TINY_VOCAB = 400
 LM_STAGES = ("pretrain", "sft", "rm", "ppo", "grpo")
-CONFIG_CLASSES = {  # command → (module, config class, preset YAML giving the base)
+CONFIG_CLASSES = {  # command → (module, config class, preset YAML giving the base); LM stages: the CLI's own
     "control train": ("postrl.control.ppo", "Config", "ppo-cartpole.yaml"),
     "control prefs": ("postrl.control.prefs", "Config", "prefs-cartpole.yaml"),
-    "pretrain": ("postrl.lm.pretrain", "PretrainConfig", None),
-    "sft": ("postrl.lm.sft", "SFTConfig", None),
-    "rm": ("postrl.lm.reward_model", "RMConfig", None),
-    "ppo": ("postrl.lm.ppo", "PPOConfig", None),
-    "grpo": ("postrl.lm.grpo_config", "GRPOConfig", None),
     "demo": ("postrl.demo", "DemoConfig", None),
 }
 FLAG_KEYS = {
@@ -47,7 +42,7 @@ FLAG_KEYS = {
     "--data": "data",
     "--reward-model": "reward_model",
     "--env": "env.id",
-    "--total-steps": "run.total_steps",
+    "--total-steps": "run.steps",
 }
 
 
@@ -92,9 +87,13 @@ def _config_yaml(cmd: str, ws: Path) -> str:
     overrides = {key: FLAGS[cmd][flag] for flag, key in FLAG_KEYS.items() if flag in FLAGS[cmd]}
     overrides.update(BUDGETS[cmd])
     texts = [f"{k}={v}".format(**fill) for k, v in overrides.items() if "{out}" not in str(v)]
-    module, cls_name, preset = CONFIG_CLASSES[cmd]
+    module, cls_name, preset = CONFIG_CLASSES.get(cmd, ("", "", None))
     base = read_yaml(REPO / "configs" / preset) if preset else None
     try:
+        if cmd in LM_STAGES:
+            from postrl.lm.stage_commands import STAGES
+
+            module, cls_name = STAGES[cmd][:2]
         cls = getattr(importlib.import_module(module), cls_name)
         if cmd == "demo":
             from postrl.demo import quick
