@@ -80,7 +80,7 @@ def best_of_n(sft: str, rm_dir: Path, ns: list[int], samples: int, max_new_token
     """Gold reward of the RM's favourite among n SFT samples per held-out prompt (the prompts in turn, as
     PPO's evaluation), and of plain SFT samples (n = 1) with their std."""
     from postrl.lm.models import ScalarHeadModel, load_causal_lm
-    from postrl.lm.ppo_batch import reward_model_scores
+    from postrl.lm.ppo.advantages import reward_model_scores
     from postrl.lm.rollout import RolloutEngine, SamplingConfig
     from postrl.lm.tasks import get_task
     from postrl.lm.tokenizer import load_tokenizer

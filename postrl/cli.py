@@ -1,15 +1,20 @@
 """The ``postrl`` command. Each family of subcommands lives beside its code and registers itself here;
-heavy imports (torch, transformers, gymnasium) happen inside the handlers, so ``--help`` is instant."""
+imports of torch (and transformers, gymnasium) happen inside the handlers, so ``--help`` is instant."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import sys
 from collections.abc import Sequence
 
 from postrl import __version__
+from postrl.control.commands import add_parser as control
+from postrl.lm.commands import add_parser as data
+from postrl.lm.stage_commands import add_parser as lm_stages
+from postrl.runtime.config import format_help, load_config, to_dict
 from postrl.runtime.errors import UserError
 
 
@@ -41,10 +46,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _registrars() -> list:
-    from postrl.control.commands import add_parser as control
-    from postrl.lm.commands import add_parser as data
-    from postrl.lm.stage_commands import add_parser as lm_stages
-
     return [control, data, lm_stages, _add_demo]
 
 
@@ -74,10 +75,11 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    import json
-
-    from postrl.demo import DemoConfig, quick, run_demo
-    from postrl.runtime.config import format_help, load_config, to_dict
+    from postrl.demo import (  # deferred: torch, which `postrl --help` must not import
+        DemoConfig,
+        quick,
+        run_demo,
+    )
 
     if args.list_keys:
         print(format_help(DemoConfig))

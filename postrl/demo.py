@@ -17,17 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from postrl.lm.grpo import GRPOConfig, GRPOLossConfig
-from postrl.lm.ppo_batch import KLConfig, RewardConfig
-from postrl.lm.ppo_config import PPOConfig, PPOLossConfig
-from postrl.lm.pretrain import PretrainConfig
-from postrl.lm.reward_model import RMConfig
+from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, run_grpo
+from postrl.lm.ppo import KLConfig, PPOConfig, PPOLossConfig, RewardConfig, run_ppo
+from postrl.lm.pretrain import PretrainConfig, run_pretrain
+from postrl.lm.reward_model import RMConfig, run_rm
 from postrl.lm.rollout import SamplingConfig
-from postrl.lm.sft import SFTConfig
+from postrl.lm.sft import SFTConfig, run_sft
 from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig, TrainConfig
+from postrl.report import evaluate_checkpoints, write_report
 from postrl.runtime.checkpoint import atomic_write_text
-from postrl.runtime.config import validate
+from postrl.runtime.config import save_config, validate
 from postrl.runtime.logging import peak_rss_mb
 from postrl.runtime.rundir import check_run_dir, remove_run, run_state
 
@@ -222,13 +222,6 @@ def run_demo(
 
     An interrupted demo is resumed by running it again; a finished one (``summary.json``) is only redone
     with ``resume`` (finished stages skipped, evaluation and report written again) or ``overwrite``."""
-    from postrl.lm.grpo import run_grpo
-    from postrl.lm.ppo import run_ppo
-    from postrl.lm.pretrain import run_pretrain
-    from postrl.lm.reward_model import run_rm
-    from postrl.lm.sft import run_sft
-    from postrl.report import evaluate_checkpoints, write_report
-
     out = Path(out)
     validate(cfg)
     state = run_state(out)
@@ -240,8 +233,6 @@ def run_demo(
         print(f"[demo] --overwrite: removed the previous demo in {out}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     cfg = wire(cfg, out)
-    from postrl.runtime.config import save_config
-
     save_config(cfg, out / "config.yaml")
     stages: dict[str, dict[str, Any]] = {}
     stages["pretrain"] = run_stage("pretrain", out, run_pretrain, cfg.pretrain)

@@ -5,9 +5,20 @@ from __future__ import annotations
 import base64
 import html
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from postrl.lm.data import tokenize_sft
+from postrl.lm.models import load_causal_lm
+from postrl.lm.rewards import load_reward_fn
+from postrl.lm.rollout.evaluation import evaluate_preference_policy, evaluate_task
+from postrl.lm.tasks import get_task
+from postrl.lm.tokenizer import load_tokenizer
+from postrl.lm.trainer import heldout_loss, make_batches
+from postrl.runtime.checkpoint import atomic_write_text
 from postrl.runtime.logging import read_jsonl
 from postrl.runtime.plots import plot_curves
 
@@ -15,68 +26,85 @@ CHECKPOINTS = ("pretrain", "sft", "ppo", "grpo", "sft-vs-ppo", "sft-vs-grpo")
 COLUMNS = ("heldout_loss", "heldout_accuracy", "gold_reward", "rm_score", "kl_to_ref", "kl_to_ref_arithmetic")
 
 
+@dataclass
+class HeldOut:
+    """What every checkpoint is evaluated against: the tasks, the SFT tokenizer, the reference (the SFT
+    policy), the reward model's scores and the held-out demonstrations as batches."""
+
+    arithmetic: Any
+    reviews: Any
+    tokenizer: Any
+    reference: torch.nn.Module
+    rm: Any
+    batches: list[dict[str, torch.Tensor]]
+
+    @classmethod
+    def load(cls, cfg: Any, out: Path) -> HeldOut:
+        """The held-out world of the demo in ``out`` (its SFT model and reward model), from config ``cfg``."""
+        arithmetic = get_task("arithmetic", **cfg.grpo.task)
+        reviews = get_task("reviews", **cfg.ppo.task)
+        tokenizer = load_tokenizer(out / "sft" / "model")
+        reference = load_causal_lm(out / "sft" / "model").eval()
+        rm = load_reward_fn(f"rm:{out / 'rm' / 'model'}").fn
+        demos = arithmetic.sft_rows("test")[:256] + reviews.sft_rows("test")[:256]
+        examples = tokenize_sft(demos, tokenizer, 64, "truncate")
+        batches = [
+            make_batches(examples[i : i + 64], tokenizer.pad_token_id) for i in range(0, len(examples), 64)
+        ]
+        return cls(arithmetic, reviews, tokenizer, reference, rm, batches)
+
+
+def evaluate_checkpoint(model: torch.nn.Module, held: HeldOut, cfg: Any) -> dict[str, Any]:
+    """One checkpoint's row of `COLUMNS`, plus a few samples of each task."""
+    arith = evaluate_task(
+        model,
+        held.tokenizer,
+        held.arithmetic,
+        n=cfg.eval_prompts,
+        max_new_tokens=cfg.grpo.sampling.max_new_tokens,
+    )
+    prefs = evaluate_preference_policy(
+        model,
+        held.tokenizer,
+        held.reviews,
+        reference=held.reference,
+        reward_model=held.rm,
+        n=cfg.eval_samples,
+        max_new_tokens=cfg.ppo.sampling.max_new_tokens,
+        seed=cfg.seed,
+    )
+    arith_kl = evaluate_preference_policy(
+        model,
+        held.tokenizer,
+        held.arithmetic,
+        reference=held.reference,
+        n=min(cfg.eval_samples, cfg.eval_prompts),
+        max_new_tokens=cfg.grpo.sampling.max_new_tokens,
+        seed=cfg.seed,
+    )
+    return {
+        "heldout_loss": heldout_loss(model, held.batches),
+        "heldout_accuracy": arith["reward"],
+        "gold_reward": prefs["gold_reward"],
+        "rm_score": prefs["rm_score"],
+        "kl_to_ref": prefs["kl_to_ref"],
+        "kl_to_ref_arithmetic": arith_kl["kl_to_ref"],
+        "samples": {"arithmetic": arith["samples"], "reviews": prefs["samples"]},
+    }
+
+
 def evaluate_checkpoints(cfg: Any, out: Path) -> dict[str, dict[str, Any]]:
     """Held-out loss, arithmetic exact match (greedy), and on review prompts the gold reward, RM score and
     KL to the SFT policy (sampled), for every checkpoint the demo wrote; the same prompts for all."""
-    import torch
-
-    from postrl.lm.data import tokenize_sft
-    from postrl.lm.evaluation import evaluate_preference_policy, evaluate_task
-    from postrl.lm.models import load_causal_lm
-    from postrl.lm.rewards import load_reward_fn
-    from postrl.lm.tasks import get_task
-    from postrl.lm.tokenizer import load_tokenizer
-    from postrl.lm.trainer import heldout_loss, make_batches
-
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    arithmetic = get_task("arithmetic", **cfg.grpo.task)
-    reviews = get_task("reviews", **cfg.ppo.task)
-    tokenizer = load_tokenizer(out / "sft" / "model")
-    reference = load_causal_lm(out / "sft" / "model").eval()
-    rm = load_reward_fn(f"rm:{out / 'rm' / 'model'}").fn
-    demos = arithmetic.sft_rows("test")[:256] + reviews.sft_rows("test")[:256]
-    examples = tokenize_sft(demos, tokenizer, 64, "truncate")
-    batches = [
-        make_batches(examples[i : i + 64], tokenizer.pad_token_id) for i in range(0, len(examples), 64)
-    ]
+    held = HeldOut.load(cfg, out)
     results: dict[str, dict[str, Any]] = {}
     for name in CHECKPOINTS:
         path = out / name / "model"
         if not path.is_dir():
             continue
-        model = load_causal_lm(path).eval()
-        arith = evaluate_task(
-            model, tokenizer, arithmetic, n=cfg.eval_prompts, max_new_tokens=cfg.grpo.sampling.max_new_tokens
-        )
-        prefs = evaluate_preference_policy(
-            model,
-            tokenizer,
-            reviews,
-            reference=reference,
-            reward_model=rm,
-            n=cfg.eval_samples,
-            max_new_tokens=cfg.ppo.sampling.max_new_tokens,
-            seed=cfg.seed,
-        )
-        arith_kl = evaluate_preference_policy(
-            model,
-            tokenizer,
-            arithmetic,
-            reference=reference,
-            n=min(cfg.eval_samples, cfg.eval_prompts),
-            max_new_tokens=cfg.grpo.sampling.max_new_tokens,
-            seed=cfg.seed,
-        )
-        results[name] = {
-            "heldout_loss": heldout_loss(model, batches),
-            "heldout_accuracy": arith["reward"],
-            "gold_reward": prefs["gold_reward"],
-            "rm_score": prefs["rm_score"],
-            "kl_to_ref": prefs["kl_to_ref"],
-            "kl_to_ref_arithmetic": arith_kl["kl_to_ref"],
-            "samples": {"arithmetic": arith["samples"], "reviews": prefs["samples"]},
-        }
+        results[name] = evaluate_checkpoint(load_causal_lm(path).eval(), held, cfg)
     return results
 
 
@@ -148,8 +176,6 @@ def write_report(
     out: Path, cfg: Any, stages: dict[str, dict], evaluation: dict[str, dict], summary: dict[str, Any]
 ) -> None:
     """report.md (images beside it) and report.html (images inline)."""
-    from postrl.runtime.checkpoint import atomic_write_text
-
     plots = make_plots(out)
     table = metrics_table(evaluation, stages)
     md = [

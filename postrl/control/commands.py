@@ -37,7 +37,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     train.add_argument("--seed", type=int, default=None, help="random seed")
     train.add_argument("--out", default=None, help="run folder (default runs/<algo>-<env>-s<seed>)")
     train.add_argument(
-        "--config", default=None, help="YAML config or preset name (default: the preset <algo>-<env> if postrl has one)"
+        "--config",
+        default=None,
+        help="YAML config or preset name (default: the preset <algo>-<env> if postrl has one)",
     )
     train.add_argument(
         "--resume",
@@ -84,7 +86,9 @@ def preset_path(algo: str, env_id: str) -> Path | None:
     path = presets_dir() / f"{algo}-{name}.yaml"
     if path.is_file():
         return path
-    logging.getLogger(__name__).info("no preset %s for %s on %s: %s's defaults run", path.name, algo, env_id, algo)
+    logging.getLogger(__name__).info(
+        "no preset %s for %s on %s: %s's defaults run", path.name, algo, env_id, algo
+    )
     return None
 
 
@@ -201,7 +205,9 @@ def _add_prefs_parser(sub: argparse._SubParsersAction) -> None:
         help="probability that the labeller flips a label (labeller.flip_prob)",
     )
     prefs.add_argument("--out", default=None, help="run folder (default runs/prefs-<env>-s<seed>)")
-    prefs.add_argument("--config", default=None, help="YAML config or preset name (default: the preset prefs-<env>)")
+    prefs.add_argument(
+        "--config", default=None, help="YAML config or preset name (default: the preset prefs-<env>)"
+    )
     prefs.add_argument(
         "--resume", default=None, metavar="RUN_DIR", help="continue an interrupted run exactly"
     )

@@ -3,21 +3,24 @@
     postrl data export --task arithmetic --kind sft --split train --out sft.jsonl [--option digits=3]
     postrl data check --kind prefs FILE.jsonl
 
-Heavy imports happen inside the handlers, so ``postrl --help`` stays instant.
+Imports of torch happen inside the handlers, so ``postrl --help`` stays instant.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
+import yaml
+
+from postrl.lm.tasks import get_task
+from postrl.lm.tasks.base import KINDS, SPLITS
 from postrl.runtime.errors import UserError
 
 
 def _parse_option(text: str) -> tuple[str, Any]:
     """ "key=value" → (key, value), the value read as YAML ("3" → 3, "true" → True, "+-" → "+-")."""
-    import yaml
-
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     key, value = text.split("=", 1)
@@ -30,8 +33,7 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 def run_data_export(args: argparse.Namespace) -> int:
     """Write one task's rows (``--kind``, ``--split``) as JSONL with TRL's columns."""
-    from postrl.lm.data import write_jsonl
-    from postrl.lm.tasks import get_task
+    from postrl.lm.data import write_jsonl  # deferred: data imports torch, which `postrl --help` must not
 
     task = get_task(args.task, **dict(args.option))
     rows = task.rows(args.kind, args.split)
@@ -46,9 +48,7 @@ def run_data_export(args: argparse.Namespace) -> int:
 
 def run_data_check(args: argparse.Namespace) -> int:
     """Validate a data file (or ``task:NAME``) as ``--kind`` rows; a bad record is reported with its line."""
-    import json
-
-    from postrl.lm.data import load_rows
+    from postrl.lm.data import load_rows  # deferred: torch
 
     rows = load_rows(args.source, args.kind, args.split)
     columns = sorted({key for row in rows for key in row})
@@ -58,8 +58,6 @@ def run_data_check(args: argparse.Namespace) -> int:
 
 
 def _add_check_parser(commands: Any) -> None:
-    from postrl.lm.tasks.base import KINDS
-
     check = commands.add_parser(
         "check",
         help="validate a JSONL/Parquet file (or task:NAME) as sft, prefs or prompts rows",
@@ -72,8 +70,6 @@ def _add_check_parser(commands: Any) -> None:
 
 
 def _add_data_parser(subparsers: Any) -> None:
-    from postrl.lm.tasks.base import KINDS, SPLITS
-
     data = subparsers.add_parser("data", help="export the built-in tasks' data, check a data file")
     commands = data.add_subparsers(dest="data_command", metavar="ACTION")
     commands.required = True

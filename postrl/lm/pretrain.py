@@ -11,8 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from postrl.lm.data import tokenize_sft
 from postrl.lm.models import TinyLMConfig, build_tiny_lm
 from postrl.lm.spine import RunConfig
+from postrl.lm.tasks import build_corpus, get_task
+from postrl.lm.tokenizer import build_tokenizer
 from postrl.lm.trainer import (
     TRAIN_RENAMED,
     OptimConfig,
@@ -61,8 +64,6 @@ class PretrainConfig:
 
 def corpus_and_heldout(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
     """Train text (the corpus) and held-out text (the tasks' test-split demonstrations)."""
-    from postrl.lm.tasks import build_corpus, get_task
-
     arith, reviews = get_task("arithmetic", **cfg.arithmetic), get_task("reviews", **cfg.reviews)
     corpus = build_corpus(cfg.corpus_lines, cfg.run.seed, arithmetic=arith.config, reviews=reviews.config)
     heldout = [r["prompt"] + r["completion"] for t in (arith, reviews) for r in t.sft_rows("test")]
@@ -74,9 +75,6 @@ def run_pretrain(
 ) -> dict[str, Any]:
     """Train and export ``RUN_DIR/model``; writes the run folder and returns the summary. The corpus,
     tokenizer and model are built and checked before the run folder is touched."""
-    from postrl.lm.data import tokenize_sft
-    from postrl.lm.tokenizer import build_tokenizer
-
     run_dir = Path(run_dir)
     validate(cfg)
     run = cfg.run

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from postrl.lm.data import load_rows, render_rows, tokenize_sft
 from postrl.lm.spine import RunConfig
+from postrl.lm.tasks import get_task, list_tasks
 from postrl.lm.trainer import (
     TRAIN_RENAMED,
     OptimConfig,
@@ -69,8 +71,6 @@ class SFTConfig:
 
 def task_options(cfg_task: dict[str, Any], name: str, n_tasks: int) -> dict[str, Any]:
     """The options of built-in task ``name``: ``cfg_task[name]`` when keyed by task, else all of it."""
-    from postrl.lm.tasks import list_tasks
-
     if any(k in list_tasks() for k in cfg_task):
         return dict(cfg_task.get(name) or {})
     return dict(cfg_task) if n_tasks == 1 else {}
@@ -78,9 +78,6 @@ def task_options(cfg_task: dict[str, Any], name: str, n_tasks: int) -> dict[str,
 
 def load_sft_rows(cfg: SFTConfig, tokenizer: Any) -> tuple[list[dict], list[dict], list[Any]]:
     """(train rows, held-out rows, the built-in tasks), rendered to plain prompt/completion text."""
-    from postrl.lm.data import load_rows, render_rows
-    from postrl.lm.tasks import get_task
-
     sources = [s.strip() for s in cfg.data.split(",") if s.strip()]
     names = [s[len("task:") :] for s in sources if s.startswith("task:")]
     tasks = [get_task(n, **task_options(cfg.task, n, len(names))) for n in names]
@@ -107,7 +104,7 @@ def accuracy_callback(tasks: list[Any], tokenizer: Any, cfg: SFTConfig):
     if not verified:
         return None
     task = verified[0]
-    from postrl.lm.evaluation import evaluate_task
+    from postrl.lm.rollout.evaluation import evaluate_task  # deferred: transformers (see run_sft)
 
     def evaluate(model: Any) -> dict[str, float]:
         result = evaluate_task(
@@ -124,7 +121,7 @@ def run_sft(
     """Fine-tune, export ``RUN_DIR/model`` (HF format), write the run folder, return the summary.
 
     Everything is loaded and checked before the run folder is touched (`postrl.runtime.rundir`)."""
-    from postrl.lm.data import tokenize_sft
+    # deferred: transformers takes seconds to import; SFTConfig (--list-keys, config errors) needs none of it
     from postrl.lm.models import load_causal_lm, resolve_dtype
     from postrl.lm.tokenizer import load_tokenizer
 

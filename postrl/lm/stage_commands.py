@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from postrl.runtime.config import format_help, load_config
 from postrl.runtime.errors import UserError
 
 # stage name → (module, config class, run function, help, {flag: config key})
@@ -58,8 +59,6 @@ STAGES: dict[str, tuple[str, str, str, str, dict[str, str]]] = {
 
 def stage_config(name: str, args: argparse.Namespace) -> Any:
     """The resolved config of stage ``name`` from its command line (or the run folder on --resume)."""
-    from postrl.runtime.config import load_config
-
     module, cls_name, _, _, flags = STAGES[name]
     cls = getattr(importlib.import_module(module), cls_name)
     path = args.config
@@ -82,13 +81,11 @@ def _run_stage(name: str):
         module, cls_name, run_name, _, _ = STAGES[name]
         mod = importlib.import_module(module)
         if args.list_keys:
-            from postrl.runtime.config import format_help
-
             print(format_help(getattr(mod, cls_name)))
             return 0
         if args.out is None:
             raise UserError(f"postrl {name}: --out RUN_DIR is required (a new folder, or a run to --resume)")
-        from postrl.runtime import distributed as dist
+        from postrl.runtime import distributed as dist  # deferred, as every torch import here
 
         run = getattr(mod, run_name)
         summary = run(stage_config(name, args), args.out, resume=args.resume, overwrite=args.overwrite)
@@ -151,8 +148,8 @@ def _chat_prompts(tokenizer: Any, prompts: Sequence[str], system: str | None, fl
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from postrl.lm.evaluation import complete
     from postrl.lm.models import load_causal_lm
+    from postrl.lm.rollout.evaluation import complete
     from postrl.lm.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer or args.model, trust_remote_code=args.trust_remote_code)

@@ -22,6 +22,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from postrl.lm.models import ModelError, hub_reachable, load_error, looks_like_path
+from postrl.lm.tasks import build_corpus
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +104,6 @@ def build_default_tokenizer(
     n_lines: int = 20000, seed: int = 0, vocab_size: int = 512
 ) -> PreTrainedTokenizerFast:
     """The tokenizer of the built-in world: trained on `postrl.lm.tasks.build_corpus(n_lines, seed)`."""
-    from postrl.lm.tasks import build_corpus
-
     return build_tokenizer(build_corpus(n_lines, seed), vocab_size=vocab_size)
 
 

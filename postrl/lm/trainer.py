@@ -371,6 +371,7 @@ def export_on_main(model: torch.nn.Module, tokenizer: Any, path: Path) -> None:
 
 def check_train_length(model: Any, cfg: TrainConfig) -> None:
     """``train.max_length`` must fit the model's context: positions past it have no embedding."""
+    # deferred: postrl.lm.models imports transformers (seconds), which the trainers' configs do not need
     from postrl.lm.models import check_context
 
     check_context(model, cfg.max_length, f"train.max_length ({cfg.max_length})")
@@ -380,13 +381,3 @@ def set_threads(threads: int | None) -> None:
     """Use ``threads`` intra-op threads (None: torch's default)."""
     if threads:
         torch.set_num_threads(threads)
-
-
-# Transitional names for the trainers not yet on the spine (GRPO, the reward model); removed once they are.
-_clip = clip_grad_norm
-
-
-def _nullcontext():  # noqa: ANN202
-    import contextlib
-
-    return contextlib.nullcontext()

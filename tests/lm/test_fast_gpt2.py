@@ -1,4 +1,4 @@
-"""The GPT-2 fast decode path (`postrl.lm.fast_gpt2`) equals the Hugging Face forward: logits, greedy tokens
+"""The GPT-2 fast decode path (`postrl.lm.fast.gpt2`) equals the Hugging Face forward: logits, greedy tokens
 and log-probs on left-padded prompts of different lengths; sampling with a fixed seed is reproducible."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from postrl.lm.decoders import HFDecoder, make_decoder
-from postrl.lm.fast_gpt2 import FastGPT2, unsupported_reason
+from postrl.lm.fast.gpt2 import FastGPT2, unsupported_reason
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.rollout import generate, left_pad, score
+from postrl.lm.rollout.decoders import HFDecoder, make_decoder
 
 PAD, EOS = 0, 1
 TOL = 1e-5

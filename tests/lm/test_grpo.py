@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import postrl.lm.grpo_setup as grpo_setup
+import postrl.lm.grpo.build as grpo_setup
 from postrl.core import group_advantages, overlong_penalty
-from postrl.lm.batch import RolloutBatch
 from postrl.lm.data import encode_completions, encode_prompts, join_prompt_response
 from postrl.lm.grpo import (
     MU_ONE_NOTE,
@@ -26,9 +25,10 @@ from postrl.lm.grpo import (
     policy_log_probs,
     run_grpo,
 )
-from postrl.lm.grpo_rollouts import PromptStream
+from postrl.lm.grpo.rollouts import PromptStream
 from postrl.lm.rewards import RewardError
 from postrl.lm.rollout import SamplingConfig
+from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig
 from postrl.runtime.config import load_config

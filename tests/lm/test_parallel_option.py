@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from postrl.lm.grpo import GRPOConfig
-from postrl.lm.grpo_setup import check_config as check_grpo_config
+from postrl.lm.grpo.build import check_config as check_grpo_config
 from postrl.lm.ppo import PPOConfig, check_config
 from postrl.lm.spine import RunConfig
 from postrl.runtime.errors import UserError

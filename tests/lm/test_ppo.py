@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from postrl.core import gae, kl_shaped_rewards
-from postrl.lm.batch import RolloutBatch
 from postrl.lm.models import ScalarHeadModel, assert_dropout_off, load_causal_lm
 from postrl.lm.ppo import (
     PPOConfig,
@@ -28,7 +27,7 @@ from postrl.lm.ppo import (
     ppo_loss,
     run_ppo,
 )
-from postrl.lm.ppo_batch import (
+from postrl.lm.ppo.advantages import (
     GAEConfig,
     KLConfig,
     RewardConfig,
@@ -38,10 +37,11 @@ from postrl.lm.ppo_batch import (
     normalize_scores,
     reward_model_scores,
 )
-from postrl.lm.ppo_config import PtxConfig
-from postrl.lm.ppo_setup import build_roles, sequence_kl, trainable_parts
-from postrl.lm.reward_model_eval import NORM_FILE
+from postrl.lm.ppo.build import build_roles, sequence_kl, trainable_parts
+from postrl.lm.ppo.config import PtxConfig
+from postrl.lm.reward_model.evaluation import NORM_FILE
 from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig
+from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig, make_optimizer
 from postrl.runtime.checkpoint import latest_checkpoint
@@ -316,7 +316,14 @@ def test_short_batch_splits_into_non_empty_minibatches(n_rows: int, sizes: list[
     for part, size in zip(parts, sizes, strict=True):
         expected = batch.rows(order[start : start + size])
         start += size
-        for name in ("input_ids", "attention_mask", "response_mask", "old_log_probs", "advantages", "returns"):
+        for name in (
+            "input_ids",
+            "attention_mask",
+            "response_mask",
+            "old_log_probs",
+            "advantages",
+            "returns",
+        ):
             assert torch.equal(getattr(part, name), getattr(expected, name)), name
     with pytest.raises(ValueError, match="no rows selected"):
         batch.rows(order[:0])

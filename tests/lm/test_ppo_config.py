@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from postrl.lm.ppo import PPOConfig
-from postrl.lm.ppo_batch import KLConfig, RewardConfig
-from postrl.lm.ppo_config import PPOLossConfig
+from postrl.lm.ppo.advantages import KLConfig, RewardConfig
+from postrl.lm.ppo.config import PPOLossConfig
 from postrl.lm.rollout import SamplingConfig
 from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig

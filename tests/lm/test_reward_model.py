@@ -15,14 +15,14 @@ import torch
 
 from postrl.lm.models import ScalarHeadModel, load_causal_lm
 from postrl.lm.reward_model import RMConfig, rm_train_step, run_rm
-from postrl.lm.reward_model_eval import (
+from postrl.lm.reward_model.evaluation import (
     NORM_FILE,
     NormConfig,
     evaluate_pairs,
     expected_calibration_error,
     read_reward_norm,
 )
-from postrl.lm.rm_pairs import choose_loss, collate, pair_scores, rm_loss, tokenize_pairs
+from postrl.lm.reward_model.pairs import choose_loss, collate, pair_scores, rm_loss, tokenize_pairs
 from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig, TrainConfig, make_optimizer
 from postrl.runtime.config import ConfigError, from_dict, load_config

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from postrl.lm.fast_llama import FastLlama, unsupported_reason
+from postrl.lm.fast.llama import FastLlama, unsupported_reason
 from postrl.lm.models import (
     PolicyWithValueHead,
     ScalarHeadModel,
@@ -18,7 +18,6 @@ from postrl.lm.models import (
 from postrl.lm.rollout import (
     RolloutEngine,
     SamplingConfig,
-    _top_p_keep,
     generate,
     left_pad,
     mask_after_eos,
@@ -26,6 +25,7 @@ from postrl.lm.rollout import (
     score,
     score_values,
 )
+from postrl.lm.rollout.sampling import _top_p_keep
 
 PAD, EOS = 0, 1
 TOL = 1e-4
@@ -347,13 +347,13 @@ def test_sampling_backend_switch_picks_the_path_and_says_so(caplog):
     taken is logged at info level."""
     import logging
 
-    from postrl.lm.decoders import HFDecoder, check_backend, make_decoder
     from postrl.lm.rollout import SamplingConfig
+    from postrl.lm.rollout.decoders import HFDecoder, check_backend, make_decoder
     from postrl.runtime.errors import ConfigError
 
     model = tiny_llama()
     assert SamplingConfig(backend="auto").use_fast is None and SamplingConfig(backend="hf").use_fast is False
-    with caplog.at_level(logging.INFO, logger="postrl.lm.decoders"):
+    with caplog.at_level(logging.INFO, logger="postrl.lm.rollout.decoders"):
         assert not isinstance(make_decoder(model, SamplingConfig().use_fast), HFDecoder)
         assert isinstance(make_decoder(model, SamplingConfig(backend="hf").use_fast), HFDecoder)
     assert "FastLlama" in caplog.text and "sampling.backend hf" in caplog.text

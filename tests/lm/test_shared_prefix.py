@@ -1,4 +1,4 @@
-"""Running each distinct prompt once (`postrl.lm.shared_prefix`, and the prefill of `generate`) changes no
+"""Running each distinct prompt once (`postrl.lm.rollout.shared_prefix`, and the prefill of `generate`) changes no
 logit, gradient, token or log-probability beyond float32 rounding."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.rollout import generate, left_pad, score
-from postrl.lm.shared_prefix import distinct_prompts, response_logits
+from postrl.lm.rollout.shared_prefix import distinct_prompts, response_logits
 from tests.lm.test_fast_gpt2 import tiny_gpt2
 from tests.lm.test_rollout import tiny_llama
 
@@ -100,7 +100,7 @@ def test_generate_prefills_a_shared_prompt_once_with_the_same_tokens_and_log_pro
 
 def test_gradient_checkpointing_keeps_the_hugging_face_forward(monkeypatch):
     """The fast decoders do not checkpoint: a model asked to must take its own forward (and drop no cache)."""
-    from postrl.lm import shared_prefix
+    from postrl.lm.rollout import shared_prefix
 
     model = tiny_llama(vocab=48)
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
@@ -129,7 +129,7 @@ class _Scaled(torch.nn.Module):
 def test_a_wrapped_projection_takes_the_hugging_face_forward(name):
     """The fast decoders read the stock projections' weights only: a wrapped one (a LoRA adapter, say) must
     send every forward to the model's own, and its parameters must get gradients."""
-    from postrl.lm.decoders import fast_decoder
+    from postrl.lm.rollout.decoders import fast_decoder
 
     model = MODELS[name]()
     mlp = model.transformer.h[0].mlp if name == "gpt2" else model.model.layers[0].mlp

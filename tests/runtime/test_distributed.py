@@ -34,7 +34,7 @@ def test_shards_cover_everything_once():
 def test_micro_batches_keep_ranks_in_step(monkeypatch):
     """Every rank runs the same number of micro-batches (FSDP/DDP collectives stay matched); an empty
     share is one example with weight 0; the real shares cover the step's examples once."""
-    from postrl.lm.trainer import TrainConfig, _micro_batches
+    from postrl.lm.trainer import micro_batches
     from postrl.runtime import distributed as dist
 
     for n, world, accum in [(5, 2, 2), (1, 2, 1), (7, 3, 4), (8, 2, 1)]:
@@ -43,7 +43,7 @@ def test_micro_batches_keep_ranks_in_step(monkeypatch):
         for r in range(world):
             monkeypatch.setattr(dist, "rank", lambda r=r: r)
             monkeypatch.setattr(dist, "world_size", lambda w=world: w)
-            per_rank.append(_micro_batches(indices, TrainConfig(grad_accum=accum)))
+            per_rank.append(micro_batches(indices, accum))
         assert len({len(m) for m in per_rank}) == 1
         real = [i for m in per_rank for chunk, w in m if w == 1.0 for i in chunk]
         assert real == indices

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from postrl.lm.tasks import review_language as lang
+import postrl.lm.tasks.review_language as lang
 from postrl.lm.tasks.base import (
     Split,
     Task,

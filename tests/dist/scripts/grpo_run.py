@@ -19,11 +19,11 @@ import torch
 from safetensors.torch import save_model
 
 from postrl.core import group_advantages
-from postrl.lm.batch import RolloutBatch
 from postrl.lm.data import encode_prompts
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, optimise, run_grpo
 from postrl.lm.models import load_causal_lm
 from postrl.lm.rollout import SamplingConfig, generate, left_pad, score
+from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.spine import RunConfig
 from postrl.lm.tasks import get_task
 from postrl.lm.tokenizer import load_tokenizer

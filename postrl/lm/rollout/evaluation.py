@@ -7,7 +7,9 @@ from typing import Any
 
 import torch
 
-from postrl.lm.rollout import RolloutEngine, SamplingConfig
+from postrl.core import kl_estimate, masked_sum
+from postrl.lm.rollout.engine import RolloutEngine, SamplingConfig
+from postrl.lm.rollout.scoring import score
 
 
 @torch.no_grad()
@@ -94,9 +96,6 @@ def evaluate_preference_policy(
     """Sample responses to ``n`` held-out prompts (cycling through them) at ``temperature``; report the mean
     gold reward, the reward model's score (``reward_model(prompts, completions)``) and the KL to
     ``reference`` (k1 summed over each response's tokens, averaged: an unbiased estimate of KL(π‖π_ref))."""
-    from postrl.core import kl_estimate, masked_sum
-    from postrl.lm.rollout import score
-
     prompts_all = task.prompts(split)
     prompts = [prompts_all[i % len(prompts_all)] for i in range(n)]
     was_training = model.training

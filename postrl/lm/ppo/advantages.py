@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from postrl.core import gae, kl_estimate, kl_shaped_rewards, masked_mean, masked_sum, masked_whiten
-from postrl.lm.batch import RolloutBatch
 from postrl.lm.rollout import Rollout, score, score_values
+from postrl.lm.rollout.batch import RolloutBatch
 from postrl.runtime import distributed as dist
 
 REWARD_NORMS = ("none", "rm_stats", "batch")

@@ -1,6 +1,6 @@
 """A decode-only forward for GPT-2 causal LMs: the second fast path of `postrl.lm.rollout`.
 
-The same idea as `postrl.lm.fast_llama` (read that docstring first): sampling short responses from a small model
+The same idea as `postrl.lm.fast.llama` (read that docstring first): sampling short responses from a small model
 on a CPU is dominated by per-operation overhead, and the stock Hugging Face forward spends most of a decode step
 building masks, growing a dynamic cache and walking module wrappers. `FastGPT2` owns the decode forward:
 
@@ -14,7 +14,7 @@ building masks, growing a dynamic cache and walking module wrappers. `FastGPT2` 
 
 It reads the LIVE parameters (references, no copies), and still is built anew for every `generate` call as
 `FastLlama` is. Like it, it runs under the caller's grad mode (teacher-forced training forwards take it,
-`postrl.lm.shared_prefix.response_logits`). `unsupported_reason` says why a model must take the Hugging Face
+`postrl.lm.rollout.shared_prefix.response_logits`). `unsupported_reason` says why a model must take the Hugging Face
 fallback instead.
 """
 
@@ -29,7 +29,7 @@ from torch import Tensor
 from transformers import GPT2LMHeadModel
 from transformers.pytorch_utils import Conv1D
 
-from postrl.lm.fast_llama import KVCache, extend_mask, prefill_masks
+from postrl.lm.fast.llama import KVCache, extend_mask, prefill_masks
 
 # activations computed here as one kernel; any other is the model's own module (correct, a little slower)
 TANH_GELUS = frozenset({"gelu_new", "gelu_pytorch_tanh", "gelu_fast"})
@@ -101,7 +101,7 @@ def _block(block: torch.nn.Module) -> _Block:
 
 class FastGPT2:
     """Prefill + incremental decode for a `GPT2LMHeadModel`: the layout and use of
-    `postrl.lm.fast_llama.FastLlama` (``prefill`` once, then ``step`` per token), positions from ``wpe``."""
+    `postrl.lm.fast.llama.FastLlama` (``prefill`` once, then ``step`` per token), positions from ``wpe``."""
 
     def __init__(self, model: torch.nn.Module, checked: bool = False) -> None:
         """``checked``: the caller has just seen `unsupported_reason` return None (it is not run again)."""
@@ -170,7 +170,7 @@ class FastGPT2:
         """Run the left-padded prompts [B, P] and fill the cache (sized ``max_len`` ≥ P columns).
 
         Returns the next-token logits [B, V], or with ``all_logits`` every position's logits [B, P, V]
-        (masks: `postrl.lm.fast_llama.prefill_masks`).
+        (masks: `postrl.lm.fast.llama.prefill_masks`).
         """
         B, P = input_ids.shape
         # `generate` feeds at most max_len − P − 1 tokens through `step`: the largest position it can reach

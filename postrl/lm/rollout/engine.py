@@ -1,4 +1,4 @@
-"""The rollout engine: batched sampling with a KV cache, and teacher-forced scoring of responses.
+"""The rollout engine: batched sampling with a KV cache, in the one layout every LM trainer uses.
 
 Layout (DESIGN.md, "How a batch flows through the LM trainers"): prompts are LEFT-padded to width P,
 responses RIGHT-padded to width T, so ``input_ids`` is ``[B, P + T]`` and column ``P + t`` holds every row's
@@ -9,30 +9,26 @@ Which log-probabilities are recorded. With sampling temperature τ the policy be
 temperature-scaled distribution π_τ(a|s) = softmax(logits / τ). ``log_probs`` are log π_τ of the sampled
 token, taken BEFORE top-k / top-p filtering: the filters only choose which tokens may be drawn, they do not
 change the policy whose ratio PPO and GRPO take (TRL and OpenRLHF record the same raw temperature-scaled
-log-probs). `score` with the same temperature reproduces them teacher-forced.
+log-probs). `postrl.lm.rollout.scoring.score` with the same temperature reproduces them teacher-forced.
 
-The logits come from a fast decoder where one supports the model (`postrl.lm.fast_llama.FastLlama`,
-`postrl.lm.fast_gpt2.FastGPT2`), else from its own Hugging Face forward and KV cache; all agree to fp32 rounding.
+The logits come from a fast decoder where one supports the model (`postrl.lm.fast.llama.FastLlama`,
+`postrl.lm.fast.gpt2.FastGPT2`), else from its own Hugging Face forward and KV cache; all agree to fp32 rounding.
 """
 
 from __future__ import annotations
 
-import inspect
-import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel
 
 from postrl.lm.data import encode_prompts
-from postrl.lm.decoders import make_decoder
 from postrl.lm.models import position_ids_from_mask
-from postrl.lm.shared_prefix import distinct_prompts, response_logits
-
-log = logging.getLogger(__name__)
+from postrl.lm.rollout.decoders import make_decoder
+from postrl.lm.rollout.sampling import mask_after_eos, sample_tokens
+from postrl.lm.rollout.shared_prefix import distinct_prompts
 
 
 @dataclass
@@ -62,59 +58,6 @@ class Rollout:
     def response_lengths(self) -> Tensor:
         """[B] number of response tokens, EOS included."""
         return self.response_mask.sum(-1)
-
-
-# ---- sampling ---------------------------------------------------------------------------------------------
-def _inverse_cdf(probs: Tensor, generator: torch.Generator | None) -> Tensor:
-    """One draw per row from unnormalised probs [B, K] → indices [B, 1].
-
-    One uniform per row against the cumulative sum: ``torch.multinomial`` on CPU costs ~20× more at B = 256.
-    ``right=True`` never lands on a zero-probability index (its cumsum equals its predecessor's).
-    """
-    cdf = probs.cumsum(-1)  # (B, K)
-    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=probs.dtype)
-    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
-    return idx.clamp_(max=probs.shape[-1] - 1)
-
-
-def _top_p_keep(sorted_probs: Tensor, top_p: float) -> Tensor:
-    """Zero the tail of descending probs [B, K] outside the nucleus: keep a token while the mass before it
-    is < top_p (the first token always stays; Holtzman et al. 2020, as HF ``TopPLogitsWarper``)."""
-    mass_before = sorted_probs.cumsum(-1) - sorted_probs
-    return sorted_probs.masked_fill(mass_before >= top_p * sorted_probs.sum(-1, keepdim=True), 0.0)
-
-
-def sample_tokens(
-    log_probs: Tensor, top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None
-) -> Tensor:
-    """Draw one token per row from log π_τ [B, V] restricted to the top-k, then the top-p nucleus → [B, 1].
-
-    k = 0 and p = 1 disable the filters. Filtering works in sorted space, so no scatter back is needed.
-    """
-    probs = log_probs.exp()  # (B, V)
-    if top_k <= 0 and top_p >= 1.0:
-        return _inverse_cdf(probs, generator)
-    if top_k > 0:
-        probs, order = probs.topk(min(top_k, probs.shape[-1]), dim=-1)  # (B, k), descending
-    else:
-        probs, order = probs.sort(dim=-1, descending=True)
-    if top_p < 1.0:
-        probs = _top_p_keep(probs, top_p)
-    return order.gather(-1, _inverse_cdf(probs, generator))
-
-
-def token_log_probs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
-    """log softmax(logits / τ) at the given tokens: logits [..., V], tokens [...] → [...] float32."""
-    log_pi = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return log_pi.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-
-
-def mask_after_eos(response_ids: Tensor, eos_token_id: int | None) -> Tensor:
-    """[B, T] → long mask: 1 up to and including each row's first EOS, 0 after (all 1 without EOS)."""
-    if eos_token_id is None:
-        return torch.ones_like(response_ids)
-    is_eos = (response_ids == eos_token_id).long()
-    return ((is_eos.cumsum(-1) - is_eos) == 0).long()
 
 
 # ---- generate -----------------------------------------------------------------------------------------------
@@ -209,94 +152,6 @@ def _assemble(
         log_probs=log_probs,
         finished=finished,
     )
-
-
-# ---- score --------------------------------------------------------------------------------------------------
-ValueFn = Callable[[Tensor], Tensor]
-
-
-def _forward_full(
-    model: torch.nn.Module, ids: Tensor, mask: Tensor, keep: int, value_fn: ValueFn | None
-) -> tuple[Tensor, Tensor | None]:
-    """Teacher-forced forward of one chunk → (logits of the last ``keep`` positions [b, keep, V],
-    values [b, L] or None). A model returning ``(logits, values)`` (e.g. `postrl.lm.models.
-    PolicyWithValueHead`) gives its own values; otherwise ``value_fn`` maps final hidden states to values."""
-    params = inspect.signature(model.forward).parameters
-    kwargs: dict[str, Any] = {"position_ids": position_ids_from_mask(mask)}
-    if "logits_to_keep" in params:
-        kwargs["logits_to_keep"] = keep
-    if "use_cache" in params:
-        kwargs["use_cache"] = False
-    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    if value_fn is not None and ("output_hidden_states" in params or takes_kwargs):
-        kwargs["output_hidden_states"] = True
-    out = model(input_ids=ids, attention_mask=mask, **kwargs)
-    if isinstance(out, tuple):
-        return out[0][:, -keep:], out[1]
-    if isinstance(out, Tensor) or not hasattr(out, "logits"):
-        raise TypeError(
-            f"score needs a model with logits; {type(model).__name__} returned {type(out).__name__}"
-        )
-    values = None if value_fn is None else value_fn(out.hidden_states[-1])  # (b, L) or (b, L, 1)
-    return out.logits[:, -keep:], values
-
-
-def score(
-    model: torch.nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    response_start: int,
-    *,
-    temperature: float = 1.0,
-    chunk_size: int = 64,
-    value_fn: ValueFn | None = None,
-    use_fast: bool | None = None,
-) -> Tensor | tuple[Tensor, Tensor]:
-    """Teacher-forced log π_τ of the response tokens ``input_ids[:, response_start:]`` → [B, T] float32.
-
-    input_ids, attention_mask: [B, P + T] in the `Rollout` layout; rows run ``chunk_size`` at a time. Masked
-    response positions get 0. Runs under the caller's grad mode (wrap in ``torch.no_grad()`` for reference or
-    old log-probs). With ``value_fn`` (final hidden states [b, L, d] → values [b, L] or [b, L, 1]), or for a
-    model that returns ``(logits, values)``, returns ``(log_probs, values)``, values [B, T] float32 being
-    V of the state before each response token: positions ``P − 1 … P + T − 2``. ``use_fast`` as for
-    `generate` (`SamplingConfig.use_fast`).
-    """
-    P = response_start
-    T = input_ids.shape[1] - P
-    chunks_lp, chunks_v = [], []
-    for rows in torch.split(torch.arange(input_ids.shape[0], device=input_ids.device), chunk_size):
-        ids, mask = input_ids[rows], attention_mask[rows]
-        if value_fn is None and isinstance(model, PreTrainedModel):  # a plain causal LM: prompts run once
-            logits, values = response_logits(model, ids, mask, P, use_fast), None  # (b, T, V)
-        else:
-            logits, values = _forward_full(model, ids, mask, T + 1, value_fn)  # (b, T + 1, V)
-            logits = logits[:, :-1]
-        chunks_lp.append(token_log_probs(logits, ids[:, P:], temperature))  # (b, T)
-        if values is not None:
-            chunks_v.append(values.reshape(*values.shape[:2]).float()[:, P - 1 : -1])  # (b, T)
-    response_mask = attention_mask[:, P:].to(torch.float32)
-    log_probs = torch.cat(chunks_lp) * response_mask
-    if not chunks_v:
-        return log_probs
-    return log_probs, torch.cat(chunks_v) * response_mask
-
-
-def score_values(
-    critic: torch.nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    response_start: int,
-    chunk_size: int = 64,
-) -> Tensor:
-    """Values [B, T] from a critic whose forward maps (input_ids, attention_mask) to values [b, L]
-    (e.g. `postrl.lm.models.ScalarHeadModel`): V of the state before each response token, 0 where masked."""
-    P = response_start
-    chunks = []
-    for rows in torch.split(torch.arange(input_ids.shape[0], device=input_ids.device), chunk_size):
-        mask = attention_mask[rows]
-        values = critic(input_ids[rows], mask, position_ids_from_mask(mask))  # (b, L)
-        chunks.append(values.float()[:, P - 1 : -1])  # (b, T)
-    return torch.cat(chunks) * attention_mask[:, P:].to(torch.float32)
 
 
 # ---- prompts as text ----------------------------------------------------------------------------------------

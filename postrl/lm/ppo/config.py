@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from postrl.lm.ppo_batch import GAEConfig, KLConfig, RewardConfig
+from postrl.lm.ppo.advantages import GAEConfig, KLConfig, RewardConfig
 from postrl.lm.rollout import SamplingConfig
 from postrl.lm.spine import RUN_KEYS, RunConfig
 from postrl.lm.trainer import OptimConfig

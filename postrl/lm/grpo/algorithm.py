@@ -24,8 +24,8 @@ Options from DAPO (Yu et al. 2025, arXiv:2503.14476): clip-higher (``clip_eps_hi
 (``loss_type: token``), dynamic sampling and the soft overlong penalty.
 
 This file: the batch → loss, the optimisation, and :class:`GRPO`, the algorithm the LM trainers' shared loop
-runs (`postrl.lm.spine`). The configs are in `grpo_config.py`; loading and checking a run's input in
-`grpo_setup.py`; the prompt stream, sampling, rewards, the batch (`collect`) and evaluation in `grpo_rollouts.py`.
+runs (`postrl.lm.spine`). The configs are in `config.py`; loading and checking a run's input in `build.py`;
+the prompt stream, sampling, rewards, the batch (`collect`) and evaluation in `rollouts.py`.
 """
 
 from __future__ import annotations
@@ -40,13 +40,12 @@ import torch
 from torch import Tensor
 
 from postrl.core import entropy_from_logits, grpo_loss, masked_mean
-from postrl.core import overlong_penalty as overlong_penalty  # re-exported: its name before postrl.core
-from postrl.lm.batch import RolloutBatch
-from postrl.lm.grpo_config import GRPOConfig, GRPOLossConfig
-from postrl.lm.grpo_rollouts import PromptStream, Run, collect, evaluate
-from postrl.lm.grpo_setup import build_run, check_config
+from postrl.lm.grpo.build import build_run, check_config
+from postrl.lm.grpo.config import GRPOConfig, GRPOLossConfig
+from postrl.lm.grpo.rollouts import PromptStream, Run, collect, evaluate
 from postrl.lm.rollout import token_log_probs
-from postrl.lm.shared_prefix import response_logits
+from postrl.lm.rollout.batch import RolloutBatch
+from postrl.lm.rollout.shared_prefix import response_logits
 from postrl.lm.spine import LoopState, Parts, accumulate, train_loop
 from postrl.lm.trainer import clip_grad_norm, export_on_main, make_optimizer, set_threads
 from postrl.runtime import distributed as dist
@@ -73,7 +72,7 @@ def policy_log_probs(
     use_fast: bool | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One teacher-forced forward → (log π_τ of the response tokens [b, T], entropy per token [b, T] detached).
-    A group's shared prompt runs once (`postrl.lm.shared_prefix`); ``use_fast`` is `SamplingConfig.use_fast`."""
+    A group's shared prompt runs once (`postrl.lm.rollout.shared_prefix`); ``use_fast`` is `SamplingConfig.use_fast`."""
     logits = response_logits(model, input_ids, attention_mask, prompt_len, use_fast).float() / temperature
     mask = attention_mask[:, prompt_len:].to(logits.dtype)
     log_probs = token_log_probs(logits, input_ids[:, prompt_len:]) * mask

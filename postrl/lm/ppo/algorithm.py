@@ -9,12 +9,12 @@
     reference  a frozen copy of the SFT policy: the KL penalty −β(log π − log π_ref) on every token
 
 One step: (1) generate with the rollout engine and keep the sampling log-probs; (2) score, shape rewards
-with the KL penalty, compute values and GAE (`postrl.lm.ppo_batch`); (3) several epochs over minibatches of
+with the KL penalty, compute values and GAE (`postrl.lm.ppo.advantages`); (3) several epochs over minibatches of
 the clipped policy loss, the (clipped) value loss, an entropy bonus and an optional pretraining (ptx)
 loss. All four models run with dropout off and positions from the attention mask; log-probs of actor
 and reference both use the sampling temperature. :class:`PPO` is this step as an algorithm of the loop every
 LM trainer shares (`postrl.lm.spine`: logging, evaluation, checkpoints, exact resume); the configs are in
-`postrl.lm.ppo_config`, the set-up, held-out evaluation and export in `postrl.lm.ppo_setup`.
+`postrl.lm.ppo.config`, the set-up, held-out evaluation and export in `postrl.lm.ppo.build`.
 
 Under torchrun each rank samples its share of a step's prompts with its own generator; scores and advantages
 are whitened and losses normalised over all ranks, so an update equals one process's on the same global batch
@@ -37,11 +37,9 @@ import torch
 from torch import Tensor
 
 from postrl.core import entropy_from_logits, masked_mean, ppo_clip_loss, value_loss
-from postrl.lm.batch import RolloutBatch
 from postrl.lm.models import position_ids_from_mask
-from postrl.lm.ppo_batch import Roles, make_batch
-from postrl.lm.ppo_config import PPOConfig, PPOLossConfig, check_config
-from postrl.lm.ppo_setup import (
+from postrl.lm.ppo.advantages import Roles, make_batch
+from postrl.lm.ppo.build import (
     PPORun,
     build_run,
     evaluate_heldout,
@@ -50,7 +48,9 @@ from postrl.lm.ppo_setup import (
     seeded_generator,
     summarize,
 )
+from postrl.lm.ppo.config import PPOConfig, PPOLossConfig, check_config
 from postrl.lm.rollout import Rollout, RolloutEngine, token_log_probs
+from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.spine import Parts, accumulate, train_loop
 from postrl.lm.trainer import iterate_batches, make_batches, set_threads, sft_step_loss, to_device
 from postrl.runtime import distributed as dist

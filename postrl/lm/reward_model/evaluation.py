@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from postrl.lm.rm_pairs import LOSSES, collate, pair_scores
+from postrl.lm.reward_model.pairs import LOSSES, collate, pair_scores
 from postrl.lm.trainer import to_device
 from postrl.runtime.checkpoint import write_dir_atomically
 

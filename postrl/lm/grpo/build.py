@@ -11,11 +11,11 @@ from typing import Any
 import torch
 
 from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_train_heldout, render_rows
-from postrl.lm.decoders import check_backend
-from postrl.lm.grpo_config import GRPOConfig
-from postrl.lm.grpo_rollouts import Prompts, Run
+from postrl.lm.grpo.config import GRPOConfig
+from postrl.lm.grpo.rollouts import Prompts, Run
 from postrl.lm.models import check_context, load_causal_lm, resolve_dtype
 from postrl.lm.rewards import RewardFunction, load_reward_fns
+from postrl.lm.rollout.decoders import check_backend
 from postrl.lm.tokenizer import load_tokenizer
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
@@ -99,7 +99,7 @@ def build_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
     if cfg.grpo.beta != 0:  # β = 0: no reference model is loaded at all
         what = "ref_model" if cfg.ref_model else "model"
         ref = load_causal_lm(cfg.ref_model or cfg.model, **load, what=what).eval().requires_grad_(False)
-        if cfg.run.parallel == "fsdp":  # sharded at rest too; scoring gathers it (grpo_rollouts.collect)
+        if cfg.run.parallel == "fsdp":  # sharded at rest too; scoring gathers it (rollouts.collect)
             ref = dist.wrap_model(ref, info, "fsdp")
     policy = dist.wrap_model(policy, info, cfg.run.parallel)
     return Run(cfg, policy, ref, tokenizer, fns, train, heldout, info.device)

@@ -3,7 +3,7 @@
 Model: a causal LM's trunk plus a scalar head (`postrl.lm.models.ScalarHeadModel`, head ~ N(0, 1/(d+1)),
 bias 0), scored on the last real token of prompt + response. The pairs, their scores and the two losses
 (``soft``: σ(r_1 − r_2) against the label, ties at 0.5; ``pairwise``: −log σ(r_w − r_l − m)) are in
-`rm_pairs.py`.
+`pairs.py`.
 
 Training runs on the loop every LM trainer shares (`postrl.lm.spine`): :class:`RewardModelling` is this
 file's algorithm for it. The loss of a step is the mean over its pairs, whatever the micro-batches and ranks
@@ -12,7 +12,7 @@ number of processes never change the gradient.
 
 After training, the model scores samples of the SFT policy; their mean and std go next to the exported
 model (``reward_norm.json``) so PPO can normalise rewards to mean 0, std 1 on SFT samples. The held-out
-metrics, those statistics and the export are in `reward_model_eval.py`.
+metrics, those statistics and the export are in `evaluation.py`.
 """
 
 from __future__ import annotations
@@ -24,12 +24,21 @@ from typing import Any, Literal
 
 import torch
 
-from postrl.lm.reward_model_eval import NORM_FILE as NORM_FILE
-from postrl.lm.reward_model_eval import NormConfig, evaluate_pairs, export_reward_model, score_policy_samples
-from postrl.lm.reward_model_eval import expected_calibration_error as expected_calibration_error
-from postrl.lm.reward_model_eval import read_reward_norm as read_reward_norm
-from postrl.lm.rm_pairs import choose_loss, collate, drop_ties, gold_pairs, load_pair_rows, rm_loss
-from postrl.lm.rm_pairs import tokenize_pairs as tokenize_pairs
+from postrl.lm.reward_model.evaluation import (
+    NormConfig,
+    evaluate_pairs,
+    export_reward_model,
+    score_policy_samples,
+)
+from postrl.lm.reward_model.pairs import (
+    choose_loss,
+    collate,
+    drop_ties,
+    gold_pairs,
+    load_pair_rows,
+    rm_loss,
+    tokenize_pairs,
+)
 from postrl.lm.spine import Parts, RunConfig, accumulate, train_loop
 from postrl.lm.trainer import (
     TRAIN_RENAMED,
@@ -293,7 +302,7 @@ def export_on_main(
 ) -> None:
     """Called by every rank: rank 0 writes the RM (gathered into an unsharded copy when FSDP shards it), the
     tokenizer and the normalisation statistics to ``path``; all wait for it."""
-    from postrl.lm.models import ScalarHeadModel, resolve_dtype
+    from postrl.lm.models import ScalarHeadModel, resolve_dtype  # deferred, as in run_rm
 
     rm = dist.unwrap(model)
     if dist.is_sharded(model):

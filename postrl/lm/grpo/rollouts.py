@@ -1,6 +1,6 @@
 """GRPO's data: the prompt stream and the sampling and scoring phase of a step (`postrl.lm.grpo`).
 
-`collect` turns B global prompts into this rank's training `postrl.lm.batch.RolloutBatch`: it samples G responses per prompt from
+`collect` turns B global prompts into this rank's training `postrl.lm.rollout.batch.RolloutBatch`: it samples G responses per prompt from
 π_old, rewards them (plus the DAPO overlong penalty), refills zero-variance groups under dynamic sampling,
 scores log π_old (μ > 1) and log π_ref (β > 0) teacher-forced, and computes the group advantages.
 `evaluate` samples the held-out prompts greedily and at the training temperature and rewards them.
@@ -18,10 +18,10 @@ import torch
 from torch import Tensor
 
 from postrl.core import group_advantages, overlong_penalty
-from postrl.lm.batch import RolloutBatch
-from postrl.lm.grpo_config import GRPOConfig
+from postrl.lm.grpo.config import GRPOConfig
 from postrl.lm.rewards import RewardFunction, TrainerState, combine, completion_ids_of, reward_terms
 from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, left_pad, score
+from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.tasks.base import stable_hash
 from postrl.runtime import distributed as dist
 
@@ -239,7 +239,7 @@ def collect(run: Run, stream: PromptStream, step: int) -> tuple[RolloutBatch, di
     start = time.perf_counter()
     old_log_probs, ref_log_probs = rollout.log_probs, None
     with torch.no_grad():
-        if g.epochs > 1:  # see the module docstring: re-score so that the first pass has ratio exactly 1
+        if g.epochs > 1:  # re-score: the first pass has ratio exactly 1 ("Old log-probs", algorithm.py)
             with dist.gathered(run.policy):  # (FSDP: each rank scores its own rows, whole weights)
                 old_log_probs = score(
                     run.inner, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,

@@ -21,7 +21,6 @@ from postrl.lm.data import (
     tokenize_prompts,
     tokenize_sft,
 )
-from postrl.lm.decoders import check_backend
 from postrl.lm.models import (
     PolicyWithValueHead,
     ScalarHeadModel,
@@ -29,11 +28,12 @@ from postrl.lm.models import (
     load_causal_lm,
     resolve_dtype,
 )
-from postrl.lm.ppo_batch import Roles, reward_model_scores
-from postrl.lm.ppo_config import PPOConfig
-from postrl.lm.reward_model_eval import NORM_FILE, read_reward_norm
+from postrl.lm.ppo.advantages import Roles, reward_model_scores
+from postrl.lm.ppo.config import PPOConfig
+from postrl.lm.reward_model.evaluation import NORM_FILE, read_reward_norm
 from postrl.lm.rewards import completion_ids_of, compute_rewards, load_reward_fns
 from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, score
+from postrl.lm.rollout.decoders import check_backend
 from postrl.lm.tasks import get_task
 from postrl.lm.tasks.base import stable_hash
 from postrl.lm.tokenizer import load_tokenizer

@@ -1,8 +1,8 @@
-"""Decoders for the rollout engine (`postrl.lm.rollout.generate`): ``prefill`` the prompts, then ``step`` one
+"""Decoders for the rollout engine (`postrl.lm.rollout.engine.generate`): ``prefill`` the prompts, then ``step`` one
 token at a time, each returning next-token logits [B, V].
 
-`make_decoder` picks a fast decoder that supports the model (`postrl.lm.fast_llama.FastLlama`,
-`postrl.lm.fast_gpt2.FastGPT2`), else `HFDecoder`, the model's own Hugging Face forward and KV cache, which runs
+`make_decoder` picks a fast decoder that supports the model (`postrl.lm.fast.llama.FastLlama`,
+`postrl.lm.fast.gpt2.FastGPT2`), else `HFDecoder`, the model's own Hugging Face forward and KV cache, which runs
 any causal LM. All agree to float32 rounding (tests/lm).
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from postrl.lm import fast_gpt2, fast_llama
+from postrl.lm.fast import gpt2, llama
 from postrl.runtime.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -72,8 +72,8 @@ class HFDecoder:
 
 
 FAST_DECODERS = {
-    fast_llama.FastLlama: fast_llama.unsupported_reason,
-    fast_gpt2.FastGPT2: fast_gpt2.unsupported_reason,
+    llama.FastLlama: llama.unsupported_reason,
+    gpt2.FastGPT2: gpt2.unsupported_reason,
 }
 
 

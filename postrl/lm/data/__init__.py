@@ -1,0 +1,33 @@
+"""Data for the LM trainers: reading and validating rows, then rendering and tokenising them.
+
+    sources.py   JSONL / JSON / Parquet files, built-in tasks, ``datasets`` names → validated rows of a kind
+                 (sft, prefs, prompts), empty rows refused or skipped; `DataError`; `write_jsonl`
+    tokens.py    rows → tokens: chat rendering, length limits, `encode_prompts`, SFT examples, packing,
+                 padding and the rollout layout
+
+Every name the trainers use is importable from `postrl.lm.data`.
+"""
+
+from postrl.lm.data.sources import EMPTY_POLICIES as EMPTY_POLICIES
+from postrl.lm.data.sources import TEXT_FIELDS as TEXT_FIELDS
+from postrl.lm.data.sources import DataError as DataError
+from postrl.lm.data.sources import load_rows as load_rows
+from postrl.lm.data.sources import load_train_heldout as load_train_heldout
+from postrl.lm.data.sources import read_records as read_records
+from postrl.lm.data.sources import validate_record as validate_record
+from postrl.lm.data.sources import write_jsonl as write_jsonl
+from postrl.lm.data.tokens import IGNORE_INDEX as IGNORE_INDEX
+from postrl.lm.data.tokens import OVERLONG_POLICIES as OVERLONG_POLICIES
+from postrl.lm.data.tokens import apply_length_limit as apply_length_limit
+from postrl.lm.data.tokens import collate_preferences as collate_preferences
+from postrl.lm.data.tokens import encode as encode
+from postrl.lm.data.tokens import encode_completions as encode_completions
+from postrl.lm.data.tokens import encode_prompts as encode_prompts
+from postrl.lm.data.tokens import join_prompt_response as join_prompt_response
+from postrl.lm.data.tokens import pack_examples as pack_examples
+from postrl.lm.data.tokens import pad as pad
+from postrl.lm.data.tokens import render_rows as render_rows
+from postrl.lm.data.tokens import special_prefix as special_prefix
+from postrl.lm.data.tokens import tokenize_preferences as tokenize_preferences
+from postrl.lm.data.tokens import tokenize_prompts as tokenize_prompts
+from postrl.lm.data.tokens import tokenize_sft as tokenize_sft

@@ -1,0 +1,72 @@
+"""A model's context length, read from its config, and the check that refuses lengths beyond it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from postrl.lm.models.loading import ModelError
+
+log = logging.getLogger(__name__)
+
+CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "max_sequence_length",
+    "seq_length",
+    "n_ctx",
+)
+"""Config fields that hold a model's context length, in the order they are looked up."""
+
+
+def _context_entry(model_or_config: Any) -> tuple[int, str, str] | None:
+    """(positions, the config field, where the config lives) of a model, its config or its folder."""
+    if isinstance(model_or_config, (str, Path)):
+        file = Path(model_or_config).expanduser() / "config.json"
+        config: Any = json.loads(file.read_text()) if file.is_file() else {}
+        where = str(file)
+    else:  # a (DDP-wrapped) model, or a config
+        model = getattr(model_or_config, "module", model_or_config)
+        config = getattr(model, "config", model)
+        name = getattr(config, "_name_or_path", "")
+        where = f"{name}/config.json" if name else "the model's config"
+    if hasattr(config, "to_dict"):  # the fields as config.json names them (GPT-2: n_positions)
+        config = config.to_dict()
+    if not isinstance(config, dict):
+        return None
+    for c in (config, config.get("text_config") or {}):  # multimodal configs nest the LM's fields
+        for key in CONTEXT_KEYS:
+            value = c.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value, key, where
+    return None
+
+
+def context_length(model_or_config: Any) -> int | None:
+    """The most positions the model takes (``max_position_embeddings``, ``n_positions``, ...), read from a
+    model, its HF config or its folder's config.json; None when the config does not say."""
+    entry = _context_entry(model_or_config)
+    return None if entry is None else entry[0]
+
+
+def check_context(model_or_config: Any, needed: int, what: str) -> None:
+    """Raise `ModelError` when ``needed`` positions exceed the model's context.
+
+    ``what`` says where ``needed`` comes from in the user's keys, e.g. "sampling.max_new_tokens (64) +
+    longest prompt (480 tokens)"; the error adds the limit and the config field it was read from. A model
+    whose config gives no context length is not checked (logged).
+    """
+    entry = _context_entry(model_or_config)
+    if entry is None:
+        log.info(
+            "the model's config has no context length (%s); not checked: %s", "/".join(CONTEXT_KEYS), what
+        )
+        return
+    limit, key, where = entry
+    if needed > limit:
+        raise ModelError(
+            f"{what} = {needed} exceeds the model's context ({limit} positions, {key} in {where})"
+        )

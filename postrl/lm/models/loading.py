@@ -1,0 +1,200 @@
+"""Loading any Hugging Face causal LM: its source checked first, transformers' errors turned into ones a user
+can act on, and dropout off.
+
+Every loader checks its source first (`model_source`: a folder with a config.json, or a hub name) and turns
+what transformers raises into a `ModelError` (a `UserError`) that names the config key, the path and what
+would work: offline hub names, custom code without ``trust_remote_code``, missing weights, unknown dtypes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import socket
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+from huggingface_hub import constants as hf_constants
+from huggingface_hub.errors import HFValidationError
+from torch import nn
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from postrl.runtime.errors import UserError
+
+log = logging.getLogger(__name__)
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+class ModelError(UserError, ValueError):
+    """A model path, hub name or setting that cannot be loaded; the message names it and what would work."""
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, key: str = "dtype") -> torch.dtype | str:
+    """A torch dtype from "float32"/"bf16"/... or a dtype; "auto"/None keep the checkpoint's dtype.
+    An unknown name raises `ModelError` naming ``key`` and the valid names."""
+    if dtype is None or dtype == "auto":
+        return "auto"
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ModelError(
+            f"{key}: unknown dtype {dtype!r}; valid: float32, bfloat16, float16 (or fp32, bf16, fp16), "
+            "or auto (the checkpoint's own dtype)"
+        )
+    return DTYPES[dtype]
+
+
+def looks_like_path(path_or_name: str | Path) -> bool:
+    """A filesystem path rather than a hub name ("org/model" has exactly one slash and no leading ./ or /)."""
+    text = str(path_or_name)
+    return isinstance(path_or_name, Path) or text.startswith(("/", ".", "~")) or text.count("/") > 1
+
+
+def model_source(path_or_name: str | Path, what: str = "model") -> tuple[str, bool]:
+    """(what to pass to ``from_pretrained``, whether it is a local folder), checked before any loading.
+
+    A folder must hold a ``config.json``; a path that does not exist is an error unless it can be a hub
+    name ("org/model"). Errors are `ModelError`s that name ``what`` (the config key) and the path.
+    """
+    path = Path(path_or_name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(
+                f"{what} '{path_or_name}': the folder has no config.json, so it is not a Hugging Face model "
+                "(expected a folder written by save_pretrained)"
+            )
+        return str(path), True
+    if path.exists():
+        raise ModelError(f"{what} '{path_or_name}': a file, not a model folder")
+    if looks_like_path(path_or_name):
+        raise ModelError(f"{what} '{path_or_name}': no such folder")
+    return str(path_or_name), False
+
+
+@functools.cache
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub's host resolves (asked once per process). When it does not, hub names are
+    loaded from the local cache only: the hub client would otherwise retry for ~30 s, printing each retry,
+    before saying the same thing."""
+    if hf_constants.is_offline_mode():
+        return False
+    host = urlparse(hf_constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        log.info("%s does not resolve: hub names are loaded from the local cache only", host)
+        return False
+    return True
+
+
+def _first_line(err: BaseException) -> str:
+    return next((line for line in str(err).splitlines() if line.strip()), type(err).__name__).strip()
+
+
+def _caused_by(err: BaseException | None, kind: type[BaseException]) -> bool:
+    while err is not None and not isinstance(err, kind):
+        err = err.__cause__ or err.__context__
+    return err is not None
+
+
+def load_error(what: str, path_or_name: str | Path, local: bool, err: Exception) -> ModelError:
+    """The `ModelError` for a ``from_pretrained`` failure: transformers' OSError / ValueError / hub errors
+    turned into what the user can do about them."""
+    text, name = str(err), f"{what} '{path_or_name}'"
+    if "trust_remote_code" in text:
+        return ModelError(
+            f"{name} ships its own Python code; pass trust_remote_code=true only if you trust that "
+            "repository (its code runs on this machine)"
+        )
+    if "does not recognize this architecture" in text or "Unrecognized model" in text:
+        return ModelError(f"{name}: this transformers version cannot build it: {_first_line(err)}")
+    if not local and _caused_by(err, HFValidationError):  # transformers re-raises it as an OSError
+        return ModelError(f"{name}: no such folder, and not a valid hub name: {_first_line(err)}")
+    if not local and isinstance(err, OSError):
+        offline = (
+            " (HF_HUB_OFFLINE is set)" if hf_constants.is_offline_mode() else " (this machine is offline?)"
+        )
+        return ModelError(
+            f"{name}: no such folder; a hub name needs network access{offline}: {_first_line(err)}"
+        )
+    return ModelError(f"{name}: cannot load it: {_first_line(err)}")
+
+
+def load_pretrained(
+    auto_cls: Any, path_or_name: str | Path, what: str, dtype: Any, trust_remote_code: bool
+) -> PreTrainedModel:
+    """``auto_cls.from_pretrained`` (e.g. ``AutoModelForCausalLM``) on a checked source, local files only when
+    the hub is unreachable; a failure is the `ModelError` of `load_error`, naming ``what``."""
+    dtype = resolve_dtype(dtype)
+    source, local = model_source(path_or_name, what)
+    kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+    kwargs["local_files_only"] = local or not hub_reachable()
+    try:
+        return auto_cls.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as err:  # transformers' and the hub's errors for a bad path, name or file
+        raise load_error(what, path_or_name, local, err) from err
+
+
+def load_causal_lm(
+    path_or_name: str | Path,
+    dtype: str | torch.dtype | None = "float32",
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+    disable_dropout: bool = True,
+    *,
+    what: str = "model",
+) -> PreTrainedModel:
+    """Any Hugging Face causal LM, from a local directory or (online) a hub name.
+
+    ``trust_remote_code`` runs the repository's own Python and is therefore off unless the user asks.
+    ``disable_dropout`` (default) zeroes every dropout, as RL needs log-probs that do not change between
+    sampling and training (Ziegler et al., 2019). ``what`` is the config key, named in every error.
+    """
+    model = load_pretrained(AutoModelForCausalLM, path_or_name, what, dtype, trust_remote_code).to(device)
+    if disable_dropout:
+        set_dropout_off(model)
+    return model
+
+
+def _is_dropout_attr(name: str, value: Any) -> bool:
+    return isinstance(value, float) and ("dropout" in name or "pdrop" in name)
+
+
+def set_dropout_off(model: nn.Module) -> nn.Module:
+    """Zero every dropout of ``model`` in place: ``nn.Dropout`` modules, float ``*dropout*`` attributes
+    (e.g. Llama's functional attention dropout) and the config's fields (so a saved model keeps it off)."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if _is_dropout_attr(name, value):
+                setattr(module, name, 0.0)
+    config = getattr(model, "config", None)
+    if config is not None:
+        for name, value in list(config.to_dict().items()):
+            if _is_dropout_attr(name, value):
+                setattr(config, name, 0.0)
+    return model
+
+
+def assert_dropout_off(model: nn.Module) -> None:
+    """Raise ``ValueError`` naming every module of ``model`` with a non-zero dropout."""
+    bad = []
+    for path, module in model.named_modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+            bad.append(f"{path or '<root>'}.p={module.p}")
+        bad += [
+            f"{path or '<root>'}.{n}={v}" for n, v in vars(module).items() if _is_dropout_attr(n, v) and v > 0
+        ]
+    if bad:
+        raise ValueError(f"dropout is on in: {', '.join(bad)}; call set_dropout_off(model)")

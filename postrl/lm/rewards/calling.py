@@ -1,0 +1,244 @@
+"""Calling reward functions as TRL's `GRPOTrainer` does and checking what they return: each function's
+terms (NaN where it returned None), their weighted sum, and a `RewardError` that names the function and shows
+the offending prompt and completion for an exception, a wrong length, a non-number, NaN or inf.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+from collections.abc import Awaitable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from postrl.lm.rewards.contract import CALL_KEYWORDS, RewardError, RewardFunction
+from postrl.lm.tasks.base import completion_text
+
+log = logging.getLogger(__name__)
+
+
+def is_conversational(prompt: Any) -> bool:
+    """Whether ``prompt`` is a list of ``{"role", "content"}`` messages (TRL's conversational format)."""
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+    )
+
+
+def _ids(row: Any) -> list[int]:
+    return [int(t) for t in (row.tolist() if hasattr(row, "tolist") else row)]
+
+
+def completion_ids_of(response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[list[int]]:
+    """The ``completion_ids`` a reward function gets: each row's response tokens up to and including EOS,
+    as TRL passes them. ``response_ids``, ``response_mask``: ``[B, T]`` as in a `Rollout`."""
+    return [ids[m.bool()].tolist() for ids, m in zip(response_ids.cpu(), response_mask.cpu(), strict=True)]
+
+
+def reward_kwargs(
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    columns: dict[str, Sequence[Any]] | None = None,
+    *,
+    completion_ids: Sequence[Sequence[int]] | None = None,
+    trainer_state: Any = None,
+) -> dict[str, Any]:
+    """The keyword arguments of one reward call over a batch (TRL's contract, see `postrl.lm.rewards`).
+
+    A text completion of a conversational prompt becomes ``[{"role": "assistant", "content": text}]``, as
+    TRL decodes it; a completion already in that form is passed as it is.
+    """
+    columns = {key: list(value) for key, value in (columns or {}).items()}
+    clash = [key for key in columns if key in CALL_KEYWORDS]
+    if clash:
+        raise RewardError(
+            f"the data has a column named {clash[0]!r}, but reward functions get postrl's own "
+            f"{clash[0]!r} under that name; rename the column"
+        )
+    given = {
+        "prompts": prompts,
+        **columns,
+        **({} if completion_ids is None else {"completion_ids": completion_ids}),
+    }
+    for key, value in given.items():
+        if len(value) != len(completions):
+            raise ValueError(f"{key!r} has {len(value)} values for {len(completions)} completions")
+    return {
+        "prompts": list(prompts),
+        "completions": [
+            [{"role": "assistant", "content": c}] if isinstance(c, str) and is_conversational(p) else c
+            for p, c in zip(prompts, completions, strict=True)
+        ],
+        "completion_ids": None if completion_ids is None else [_ids(row) for row in completion_ids],
+        "trainer_state": trainer_state,
+        **columns,
+    }
+
+
+def _run_async(awaitables: list[Awaitable[Any]]) -> list[Any]:
+    """Await ``awaitables`` concurrently (as TRL's ``asyncio.gather``); an exception is returned in place."""
+
+    async def gather() -> list[Any]:
+        return await asyncio.gather(*awaitables, return_exceptions=True)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(gather())
+    # called from inside a running event loop (a notebook): asyncio.run needs a thread of its own
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, gather()).result()
+
+
+def _invoke(fns: Sequence[RewardFunction], kwargs: dict[str, Any]) -> list[Any]:
+    """Each function's result on the batch, or the exception it raised; async functions awaited together."""
+    results: list[Any] = []
+    for fn in fns:
+        try:
+            results.append(fn.fn(**kwargs))
+        except Exception as err:  # the user's code: the caller reports it with the function and sample
+            results.append(err)
+    pending = [k for k, result in enumerate(results) if inspect.isawaitable(result)]
+    if pending:
+        for k, result in zip(pending, _run_async([results[k] for k in pending]), strict=True):
+            results[k] = result
+    return results
+
+
+def _sample(prompts: Sequence[Any], completions: Sequence[str], i: int) -> str:
+    return f"sample {i}: prompt={str(prompts[i])[:200]!r}, completion={str(completions[i])[:200]!r}"
+
+
+def _find_failing_sample(fn: RewardFunction, kwargs: dict[str, Any], n: int) -> int | None:
+    """The first sample on which ``fn`` raises when called alone (only used to report an error)."""
+    for i in range(n):
+        one = {k: v if k == "trainer_state" or v is None else v[i : i + 1] for k, v in kwargs.items()}
+        if isinstance(_invoke([fn], one)[0], BaseException):
+            return i
+    return None
+
+
+def _failure(
+    fn: RewardFunction, err: BaseException, kwargs: dict[str, Any], prompts: Sequence[Any], texts: list[str]
+) -> RewardError:
+    failing = _find_failing_sample(fn, kwargs, len(texts))
+    where = _sample(prompts, texts, failing if failing is not None else 0)
+    which = "on" if failing is not None else "on a batch that starts with"
+    no_ids = kwargs["completion_ids"] is None and isinstance(err, TypeError)
+    hint = "; note: this caller passed no completion_ids (None)" if no_ids else ""
+    return RewardError(
+        f"reward function {fn.name} raised {type(err).__name__}: {err} ({which} {where}){hint}"
+    )
+
+
+def _check_values(
+    fn: RewardFunction, values: Any, prompts: Sequence[Any], completions: Sequence[str]
+) -> torch.Tensor:
+    """The values as float64 [N], NaN for None; a wrong length, a non-number, NaN or inf raises `RewardError`."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().reshape(-1).tolist()
+    try:
+        values = list(values)
+    except TypeError:
+        raise RewardError(
+            f"reward function {fn.name} returned {type(values).__name__}; expected a list of floats"
+        ) from None
+    if len(values) != len(completions):
+        raise RewardError(
+            f"reward function {fn.name} returned {len(values)} values for {len(completions)} completions "
+            f"(first {_sample(prompts, completions, 0)})"
+        )
+    out = []
+    for i, value in enumerate(values):
+        if value is None:  # TRL: "no reward from this function for this sample", NaN in its term
+            out.append(math.nan)
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise RewardError(
+                f"reward function {fn.name} returned {value!r}, not a number, for {_sample(prompts, completions, i)}"
+            ) from None
+        if not math.isfinite(number):
+            raise RewardError(
+                f"reward function {fn.name} returned {number} for {_sample(prompts, completions, i)} (return "
+                "None for 'no reward for this sample')"
+            )
+        out.append(number)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def unscored(terms: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[N] bool: the samples for which every function returned None. `combine` gives them 0; TRL (since 1.6)
+    also leaves them out of their group's mean and std and sets their advantage to 0."""
+    return torch.stack(list(terms.values())).isnan().all(0)
+
+
+def _warn_unscored(terms: dict[str, torch.Tensor], prompts: Sequence[Any], texts: list[str]) -> None:
+    mask = unscored(terms)
+    if mask.any():
+        first = int(mask.nonzero()[0, 0])
+        log.warning(
+            "every reward function returned None for %d of %d samples (first: %s); their reward is 0: make "
+            "sure at least one function scores every sample",
+            int(mask.sum()),
+            len(texts),
+            _sample(prompts, texts, first),
+        )
+
+
+def reward_terms(
+    fns: Sequence[RewardFunction],
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    columns: dict[str, Sequence[Any]] | None = None,
+    *,
+    completion_ids: Sequence[Sequence[int]] | None = None,
+    trainer_state: Any = None,
+) -> dict[str, torch.Tensor]:
+    """Each function's checked, unweighted rewards: name → float32 [N], NaN where it returned None.
+
+    ``prompts`` as the data holds them (text or messages), ``completions`` the decoded texts, ``columns`` the
+    data's other columns, ``completion_ids`` the completions' token ids (a function that reads them gets None
+    when the caller gives none), ``trainer_state`` e.g. a `TrainerState`. See `reward_kwargs` for the call.
+    """
+    kwargs = reward_kwargs(
+        prompts, completions, columns, completion_ids=completion_ids, trainer_state=trainer_state
+    )
+    texts = [completion_text(c) for c in completions]
+    terms = {}
+    for fn, result in zip(fns, _invoke(fns, kwargs), strict=True):
+        if isinstance(result, BaseException):
+            raise _failure(fn, result, kwargs, prompts, texts) from result
+        terms[fn.name] = _check_values(fn, result, prompts, texts).float()
+    if terms:
+        _warn_unscored(terms, prompts, texts)
+    return terms
+
+
+def combine(fns: Sequence[RewardFunction], terms: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Σ_k w_k · r_k over the functions' terms → float32 [N], skipping the NaN (None) values as TRL's
+    ``nansum`` does: a sample no function scored gets 0 (see `unscored`)."""
+    weighted = torch.stack([fn.weight * terms[fn.name].double() for fn in fns])  # (K, N)
+    return weighted.nansum(0).float()
+
+
+def compute_rewards(
+    fns: Sequence[RewardFunction],
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    columns: dict[str, Sequence[Any]] | None = None,
+    *,
+    completion_ids: Sequence[Sequence[int]] | None = None,
+    trainer_state: Any = None,
+) -> torch.Tensor:
+    """The weighted sum of the checked rewards → float32 [N] (see `reward_terms` and `combine`)."""
+    terms = reward_terms(
+        fns, prompts, completions, columns, completion_ids=completion_ids, trainer_state=trainer_state
+    )
+    return combine(fns, terms)
