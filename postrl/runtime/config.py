@@ -342,11 +342,11 @@ def load_config(
     data: dict[str, Any] = _deepcopy_dict(base or {})
     if path is not None:
         data = _deep_merge(data, read_yaml(path))
-    where = f" (in {path})" if path is not None else ""
-    try:
-        return from_dict(cls, merge_overrides(data, overrides))
-    except ConfigError as err:
-        raise ConfigError(f"{err}{where}") from None
+        try:  # the file alone first, so that an error is blamed on the file only when it is the file's
+            from_dict(cls, data)
+        except ConfigError as err:
+            raise ConfigError(f"{err} (in {path})") from None
+    return from_dict(cls, merge_overrides(data, overrides))
 
 
 def _deep_merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
