@@ -5,6 +5,34 @@ group-normalised reward as every token's advantage; Dr. GRPO (Liu et al. 2025, a
 std scaling and the per-response length normalisation; DAPO (Yu et al. 2025, arXiv:2503.14476) adds
 clip-higher (ε_high > ε) and token-level averaging; GSPO (Zheng et al. 2025, arXiv:2507.18071) replaces the
 per-token importance ratio by one length-normalised ratio per response.
+
+The loss (`grpo_loss`), for response i and its token t:
+
+    ρ_{i,t} = exp(log π − log π_old),  k3_{i,t} = kl_estimate(log π, log π_ref, "k3")
+    ℓ_{i,t} = −[ min(ρ A_i, clip(ρ, 1−ε, 1+ε_high) A_i) − β k3_{i,t} ]       (ρ k3 with ``unbiased_kl``)
+
+GSPO. ``importance_level="sequence"`` (Zheng et al. 2025, arXiv:2507.18071) replaces ρ_{i,t} on every
+response token by the response's length-normalised ratio
+
+    s_i = exp( Σ_t m_{i,t} (log π_{i,t} − log π_old,{i,t}) / Σ_t m_{i,t} )
+    ℓ_{i,t} = −[ min(s_i A_i, clip(s_i, 1−ε, 1+ε_high) A_i) − β k3_{i,t} ]
+
+s_i is not detached, so the gradient reaches every token of the response through it; with
+``loss_type="grpo"`` the loss is GSPO's −(1/B) Σ_i min(s_i A_i, clip(s_i) A_i) (+ the KL term). GSPO's
+ε are those of its paper (e.g. 3e-4 and 4e-4), far below token-level ones, since s_i is a geometric mean.
+``unbiased_kl`` still weights k3 by the token ratio ρ_{i,t}, which is what makes each token's KL
+gradient unbiased.
+
+KL gradient. The tokens are samples of π_old, so (at ρ = 1) E[∇k3] = −Σ_y π_ref(y) ∇log π(y) =
+∇KL(π_ref‖π), the forward KL, although k3's value estimates the reverse KL(π‖π_ref). ``unbiased_kl``
+weights k3 by the differentiable ratio ρ (value 1 on-policy): E[∇(ρ k3)] = ∇KL(π‖π_ref) (DeepSeek-V3.2,
+arXiv:2512.02556; TRL's ``use_bias_correction_kl``, on by default in TRL 1.16). The loss value at ρ = 1
+is the same either way.
+
+Aggregation. ``loss_type`` (see ``GRPO_LOSS_TYPES``):
+    ``"grpo"``:    mean over each response's tokens, then over responses (Shao et al. 2024, eq. 3);
+    ``"token"``:   sum over all tokens / number of tokens (DAPO, Yu et al. 2025);
+    ``"dr_grpo"``: sum over all tokens / (B · max_len) (Liu et al. 2025).
 """
 
 from __future__ import annotations
@@ -15,7 +43,7 @@ import torch
 
 from postrl.core.kl import kl_estimate
 from postrl.core.policy_gradient import clipped_surrogate
-from postrl.core.stats import _fill, masked_mean
+from postrl.core.stats import fill_outside_mask, masked_mean
 
 __all__ = ["GRPO_LOSS_TYPES", "IMPORTANCE_LEVELS", "group_advantages", "grpo_loss"]
 
@@ -125,33 +153,8 @@ def grpo_loss(
     unbiased_kl: bool = False,
     importance_level: str = "token",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """GRPO clipped surrogate with a k3 KL penalty, aggregated per ``loss_type``.
-
-        ρ_{i,t} = exp(log π − log π_old),  k3_{i,t} = kl_estimate(log π, log π_ref, "k3")
-        ℓ_{i,t} = −[ min(ρ A_i, clip(ρ, 1−ε, 1+ε_high) A_i) − β k3_{i,t} ]       (ρ k3 with ``unbiased_kl``)
-
-    ``importance_level="sequence"`` is GSPO (Zheng et al. 2025, arXiv:2507.18071): ρ_{i,t} is
-    replaced on every response token by the response's length-normalised ratio
-
-        s_i = exp( Σ_t m_{i,t} (log π_{i,t} − log π_old,{i,t}) / Σ_t m_{i,t} )
-        ℓ_{i,t} = −[ min(s_i A_i, clip(s_i, 1−ε, 1+ε_high) A_i) − β k3_{i,t} ]
-
-    s_i is not detached, so the gradient reaches every token of the response through it; with
-    ``loss_type="grpo"`` the loss is GSPO's −(1/B) Σ_i min(s_i A_i, clip(s_i) A_i) (+ the KL term). GSPO's
-    ε are those of its paper (e.g. 3e-4 and 4e-4), far below token-level ones, since s_i is a geometric mean.
-    ``unbiased_kl`` still weights k3 by the token ratio ρ_{i,t}, which is what makes each token's KL
-    gradient unbiased.
-
-    KL gradient. The tokens are samples of π_old, so (at ρ = 1) E[∇k3] = −Σ_y π_ref(y) ∇log π(y) =
-    ∇KL(π_ref‖π), the forward KL, although k3's value estimates the reverse KL(π‖π_ref). ``unbiased_kl``
-    weights k3 by the differentiable ratio ρ (value 1 on-policy): E[∇(ρ k3)] = ∇KL(π‖π_ref) (DeepSeek-V3.2,
-    arXiv:2512.02556; TRL's ``use_bias_correction_kl``, on by default in TRL 1.16). The loss value at ρ = 1
-    is the same either way.
-
-    ``loss_type`` (see ``GRPO_LOSS_TYPES``):
-        ``"grpo"``:    mean over each response's tokens, then over responses (Shao et al. 2024, eq. 3);
-        ``"token"``:   sum over all tokens / number of tokens (DAPO, Yu et al. 2025);
-        ``"dr_grpo"``: sum over all tokens / (B · max_len) (Liu et al. 2025).
+    """GRPO clipped surrogate with a k3 KL penalty, aggregated per ``loss_type`` (the module docstring gives
+    the per-token loss ℓ_{i,t}, GSPO's ratio, the KL gradient and the aggregations).
 
     Args:
         log_probs: ``[B, T]`` log π of the response tokens, differentiable.
@@ -166,22 +169,33 @@ def grpo_loss(
         max_len: the L of Dr. GRPO; defaults to the mask's width T.
         normalizer: global denominator for gradient accumulation / data parallelism: the global number of
             responses (grpo), of response tokens (token), or of responses × max_len (dr_grpo). Give every
-            micro-batch the same value and the sum of their losses equals the full-batch loss. For
-            ``dr_grpo`` it replaces ``B · max_len``.
-        unbiased_kl: weight k3 by ρ (see "KL gradient" above); the logged ``kl`` stays the plain k3 mean.
+            micro-batch the same value and the sum of their losses equals the full-batch loss.
+        unbiased_kl: weight k3 by ρ ("KL gradient"); the logged ``kl`` stays the plain k3 mean.
         importance_level: ``"token"`` (GRPO, PPO's per-token ρ) or ``"sequence"`` (GSPO's s_i); see
             ``IMPORTANCE_LEVELS``.
 
     Returns:
         ``(loss, stats)``: 0-dim loss and detached 0-dim local stats: ``clip_fraction`` (as
-        :func:`ppo_clip_loss`), ``kl`` (masked mean k3; 0 when ``ref_log_probs`` is None), ``ratio_mean``.
-        For ``"token"`` the fractions and means are over response tokens; for ``"sequence"`` over responses
-        (those with at least one token): the fraction of responses whose s_i is clipped and the mean s_i
-        (with per-token ``advantages``, a response counts by the fraction of its tokens that are clipped).
+        :func:`ppo_clip_loss`), ``kl`` (masked mean k3; 0 when ``ref_log_probs`` is None), ``ratio_mean``;
+        over response tokens for ``"token"``, over responses for ``"sequence"`` (see `_ratio_stats`).
 
     Raises:
         ValueError: unknown ``loss_type`` or ``importance_level``, or ``beta != 0`` without ``ref_log_probs``.
     """
+    _check_options(loss_type, importance_level, ref_log_probs, beta)
+    real = mask != 0
+    per_token, ratio, clipped, kl = _per_token_losses(
+        log_probs, old_log_probs, ref_log_probs, advantages, real, clip_eps, beta,
+        clip_eps_high=clip_eps_high, unbiased_kl=unbiased_kl, importance_level=importance_level,
+    )  # fmt: skip
+    loss = GRPO_LOSS_TYPES[loss_type](per_token, real.to(per_token.dtype), max_len, normalizer)
+    return loss, _stats(ratio, clipped, kl, real, importance_level)
+
+
+def _check_options(
+    loss_type: str, importance_level: str, ref_log_probs: torch.Tensor | None, beta: float
+) -> None:
+    """Raise the `ValueError`s of `grpo_loss` for its options."""
     if loss_type not in GRPO_LOSS_TYPES:
         raise ValueError(f"grpo_loss: unknown loss_type {loss_type!r}; valid: {sorted(GRPO_LOSS_TYPES)}")
     if importance_level not in IMPORTANCE_LEVELS:
@@ -190,35 +204,66 @@ def grpo_loss(
         )
     if ref_log_probs is None and beta != 0:
         raise ValueError("grpo_loss: ref_log_probs is required when beta != 0")
-    real = mask != 0
+
+
+def _per_token_losses(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor | None,
+    advantages: torch.Tensor,
+    real: torch.Tensor,
+    clip_eps: float,
+    beta: float,
+    *,
+    clip_eps_high: float | None = None,
+    unbiased_kl: bool = False,
+    importance_level: str = "token",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """ℓ_{i,t} of `grpo_loss` before aggregation, with what its statistics need.
+
+    Inputs as in `grpo_loss`, ``real`` the bool mask ``[B, T]``. Returns (ℓ ``[B, T]``, 0 on padding; the
+    ratio: ρ ``[B, T]``, or GSPO's s ``[B, 1]``; the clip indicator of `clipped_surrogate` ``[B, T]``; k3
+    ``[B, T]``, or None without ``ref_log_probs``).
+    """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)  # [B, 1]
-    log_probs = _fill(log_probs, real)
-    old_log_probs = _fill(old_log_probs.detach(), real)
-    advantages = _fill(advantages.detach(), real)  # [B, T]
+    log_probs = fill_outside_mask(log_probs, real)
+    old_log_probs = fill_outside_mask(old_log_probs.detach(), real)
+    advantages = fill_outside_mask(advantages.detach(), real)  # [B, T]
     log_ratio = log_probs - old_log_probs  # [B, T], 0 on padding
     ratio = IMPORTANCE_LEVELS[importance_level](log_ratio, real)  # [B, T] or [B, 1] (GSPO)
     surrogate, clipped = clipped_surrogate(ratio, advantages, clip_eps, clip_eps_high)  # [B, T]
     per_token = -surrogate  # 0 on padding: every input is 0 there, so ρ = 1, A = 0 and k3 = 0
     kl = None
     if ref_log_probs is not None:
-        kl = kl_estimate(log_probs, _fill(ref_log_probs.detach(), real), "k3")
+        kl = kl_estimate(log_probs, fill_outside_mask(ref_log_probs.detach(), real), "k3")
         per_token = per_token + beta * (kl * torch.exp(log_ratio) if unbiased_kl else kl)
-    loss = GRPO_LOSS_TYPES[loss_type](per_token, real.to(per_token.dtype), max_len, normalizer)
-    with torch.no_grad():
-        clip_fraction, ratio_mean = _ratio_stats(ratio, clipped, real, importance_level)
-        stats = {
-            "clip_fraction": clip_fraction,
-            "kl": torch.zeros((), dtype=ratio.dtype) if kl is None else masked_mean(kl, real),
-            "ratio_mean": ratio_mean,
-        }
-    return loss, stats
+    return per_token, ratio, clipped, kl
+
+
+@torch.no_grad()
+def _stats(
+    ratio: torch.Tensor,
+    clipped: torch.Tensor,
+    kl: torch.Tensor | None,
+    real: torch.Tensor,
+    importance_level: str,
+) -> dict[str, torch.Tensor]:
+    """The detached statistics of `grpo_loss`."""
+    clip_fraction, ratio_mean = _ratio_stats(ratio, clipped, real, importance_level)
+    return {
+        "clip_fraction": clip_fraction,
+        "kl": torch.zeros((), dtype=ratio.dtype) if kl is None else masked_mean(kl, real),
+        "ratio_mean": ratio_mean,
+    }
 
 
 def _ratio_stats(
     ratio: torch.Tensor, clipped: torch.Tensor, real: torch.Tensor, importance_level: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(clip fraction, mean ratio) over response tokens (token level) or over responses (sequence level)."""
+    """(clip fraction, mean ratio) over response tokens (token level) or over responses with at least one token
+    (sequence level: the fraction of responses whose s_i is clipped and the mean s_i; with per-token advantages
+    a response counts by the fraction of its tokens that are clipped)."""
     clipped = clipped.to(ratio.dtype)
     if importance_level == "token":
         return masked_mean(clipped, real), masked_mean(ratio, real)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from postrl.core.stats import _fill
+from postrl.core.stats import fill_outside_mask
 
 __all__ = [
     "AdaptiveKLController",
@@ -101,8 +101,8 @@ def kl_shaped_rewards(
     """
     with torch.no_grad():
         real = mask != 0
-        kl = kl_estimate(_fill(log_probs, real), _fill(ref_log_probs, real), kind)
-        rewards = _fill(-beta * kl, real)
+        kl = kl_estimate(fill_outside_mask(log_probs, real), fill_outside_mask(ref_log_probs, real), kind)
+        rewards = fill_outside_mask(-beta * kl, real)
         width = real.shape[-1]
         # index of the last 1 in each row: flip, take the first 1, map back
         last = width - 1 - torch.argmax(torch.flip(real, dims=[-1]).to(torch.int8), dim=-1)  # [B]

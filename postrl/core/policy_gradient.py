@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from postrl.core.stats import _fill, masked_mean
+from postrl.core.stats import fill_outside_mask, masked_mean
 
 __all__ = [
     "clipped_surrogate",
@@ -51,7 +51,7 @@ def reinforce_loss(
     weights = weights.detach()
     if mask is None:
         return -(log_probs * weights).mean()
-    return -masked_mean(_fill(log_probs, mask) * _fill(weights, mask), mask)
+    return -masked_mean(fill_outside_mask(log_probs, mask) * fill_outside_mask(weights, mask), mask)
 
 
 def clipped_surrogate(
@@ -112,8 +112,8 @@ def ppo_clip_loss(
     advantages = _align_advantages(advantages.detach(), log_probs)
     old_log_probs = old_log_probs.detach()
     if mask is not None:
-        log_probs, old_log_probs = _fill(log_probs, mask), _fill(old_log_probs, mask)
-        advantages = _fill(advantages, mask)
+        log_probs, old_log_probs = fill_outside_mask(log_probs, mask), fill_outside_mask(old_log_probs, mask)
+        advantages = fill_outside_mask(advantages, mask)
     log_ratio = log_probs - old_log_probs
     ratio = torch.exp(log_ratio)
     surrogate, clipped = clipped_surrogate(ratio, advantages, clip_eps, clip_eps_high)
@@ -159,10 +159,10 @@ def value_loss(
         raise ValueError("value_loss: the clipped form needs both old_values and clip_eps (or neither)")
     returns = returns.detach()
     if mask is not None:
-        values, returns = _fill(values, mask), _fill(returns, mask)
+        values, returns = fill_outside_mask(values, mask), fill_outside_mask(returns, mask)
     sq_err = (values - returns) ** 2
     if old_values is not None:
-        old_values = old_values.detach() if mask is None else _fill(old_values.detach(), mask)
+        old_values = old_values.detach() if mask is None else fill_outside_mask(old_values.detach(), mask)
         clipped_values = old_values + torch.clamp(values - old_values, -clip_eps, clip_eps)
         sq_err = torch.maximum(sq_err, (clipped_values - returns) ** 2)
     return 0.5 * _mean(sq_err, mask)

@@ -13,8 +13,13 @@ import torch
 __all__ = ["masked_mean", "masked_sum", "masked_whiten"]
 
 
-def _fill(x: torch.Tensor, mask: torch.Tensor, value: float = 0.0) -> torch.Tensor:
-    """``x`` with ``value`` at positions where ``mask`` is 0 (NaN-safe, gradient-safe)."""
+def fill_outside_mask(x: torch.Tensor, mask: torch.Tensor, value: float = 0.0) -> torch.Tensor:
+    """``x`` with ``value`` at positions where ``mask`` is 0: ``where(mask ≠ 0, x, value)``.
+
+    x: ``[...]``, mask: ``[...]`` broadcastable to ``x`` (bool or float) → ``[...]`` like ``x``. Unlike
+    ``x * mask`` it is NaN-safe (a NaN or inf in padding does not become NaN, as inf · 0 does) and
+    gradient-safe (no NaN gradient flows back from padded positions), so padding may hold anything.
+    """
     return torch.where(mask != 0, x, torch.full_like(x, value))
 
 
@@ -27,7 +32,7 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | tuple[int, ...] |
         dim: dimension(s) to reduce; ``None`` reduces everything to a 0-dim tensor.
     """
     x, mask = torch.broadcast_tensors(x, mask)
-    weighted = _fill(x, mask) * mask.to(x.dtype)
+    weighted = fill_outside_mask(x, mask) * mask.to(x.dtype)
     return weighted.sum() if dim is None else weighted.sum(dim=dim)
 
 
@@ -73,10 +78,10 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) 
     """
     x, mask = torch.broadcast_tensors(x, mask)
     mean = masked_mean(x, mask)
-    centered = _fill(x - mean, mask)
+    centered = fill_outside_mask(x - mean, mask)
     count = mask.to(x.dtype).sum()
     var = masked_sum(centered**2, mask) / torch.clamp(count - 1, min=1.0)
     whitened = centered * torch.rsqrt(var + 1e-8)
     if not shift_mean:
         whitened = whitened + mean
-    return _fill(whitened, mask)
+    return fill_outside_mask(whitened, mask)
