@@ -12,7 +12,8 @@ A kill (SIGKILL, power loss) at any moment leaves every ``step_`` folder whole:
 - deleting: the folder is first renamed to ``.del-{name}-…``, then removed (:func:`delete_folder`).
 Those dot-names are never listed; :func:`clean_leftovers` removes them at the next start. A checkpoint damaged
 some other way (a cut-short copy, a full disk) is caught by :func:`latest_checkpoint`, which falls back to the
-previous intact one.
+previous intact one: finding and checking the checkpoint to resume from is `postrl.runtime.checkpoint_recovery`
+(its names are importable from here too).
 
 Files and folders are created with modes 0o666 / 0o777, so the kernel applies the user's umask (and a
 folder's default ACL) as for any file the user writes: ``tempfile.mkstemp``/``mkdtemp`` would force
@@ -22,30 +23,27 @@ folder's default ACL) as for any file the user writes: ``tempfile.mkstemp``/``mk
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import re
 import secrets
 import shutil
 import stat
 import sys
-import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from postrl.runtime.errors import UserError
+from postrl.runtime.checkpoint_recovery import PREFIX as PREFIX
+from postrl.runtime.checkpoint_recovery import STATE_FILE as STATE_FILE
+from postrl.runtime.checkpoint_recovery import STEP, list_checkpoints, step_dir
+from postrl.runtime.checkpoint_recovery import checkpoint_problem as checkpoint_problem
+from postrl.runtime.checkpoint_recovery import latest_checkpoint as latest_checkpoint
 from postrl.runtime.seeding import get_rng_state, set_rng_state
 
-STATE_FILE = "state.pt"
-PREFIX = "step_"
-_STEP = re.compile(rf"{PREFIX}(\d+)")
 # Temp files of atomic_write_bytes: ".{name}.{8 random characters}.tmp" (the same shape mkstemp gave).
 _TEMP_FILE = re.compile(r"\..+\.[A-Za-z0-9_]{8}\.tmp")
 
@@ -196,109 +194,6 @@ def write_dir_atomically(path: str | Path, write: Callable[[Path], None]) -> Pat
     return path
 
 
-def step_dir(root: str | Path, step: int) -> Path:
-    return Path(root) / f"{PREFIX}{step:08d}"
-
-
-def list_checkpoints(root: str | Path) -> list[Path]:
-    """Complete checkpoints under ``root`` (``step_N`` folders holding ``state.pt``), oldest first.
-
-    Nothing is read, so this stays cheap; :func:`latest_checkpoint` verifies the one it returns."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if _STEP.fullmatch(p.name) and (p / STATE_FILE).is_file()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
-
-
-def _first_sentence(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0].split(". ")[0] if text else type(err).__name__
-
-
-def _read_state(file: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """``(state, None)`` with ``state.pt`` memory-mapped (its tensors are not read), or ``(None, why not)``."""
-    if not file.is_file():
-        return None, f"{file} is missing"
-    if not zipfile.is_zipfile(file):  # torch.save writes a zip archive, whose directory is at its very end
-        return None, f"{file} is truncated or not written by torch.save (no zip directory at its end)"
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as err:
-        return None, f"{file} cannot be loaded ({_first_sentence(err)})"
-    if not isinstance(state, dict) or "step" not in state:
-        return None, f"{file} holds no checkpoint state (no 'step')"
-    return state, None
-
-
-def _safetensors_size(file: Path, size: int) -> int | None:
-    """The byte length ``file``'s header promises (8 + header + tensor data); None if the header is unreadable."""
-    try:
-        with open(file, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            if n > size - 8:  # also keeps a garbage length from allocating gigabytes
-                return None
-            header = json.loads(f.read(n))
-        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-        return 8 + n + max(ends, default=0)
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return None
-
-
-def _safetensors_problem(file: Path) -> str | None:
-    size = file.stat().st_size
-    expected = _safetensors_size(file, size)
-    if expected is not None and size < expected:
-        return f"{file} is truncated ({size:,} of the {expected:,} bytes its header promises)"
-    try:  # checks the header against the file (offsets, dtypes, length) without reading the tensors
-        with safe_open(str(file), framework="pt"):
-            return None
-    except (SafetensorError, OSError) as err:
-        return f"{file} cannot be opened ({_first_sentence(err)})"
-
-
-def checkpoint_problem(path: str | Path) -> str | None:
-    """Why checkpoint folder ``path`` cannot be resumed from, naming the file at fault; None when intact.
-
-    ``state.pt`` must load with ``weights_only=True`` (memory-mapped: its tensors are not read), every
-    ``*.safetensors`` must open and be as long as its header promises (only the header is read), and every
-    module that ``state.pt`` lists must have its file. A flipped bit inside tensor data goes unnoticed.
-    """
-    path = Path(path)
-    state, problem = _read_state(path / STATE_FILE)
-    if state is None:
-        return problem
-    for name in state.get("modules", []):  # checkpoints written before this list was kept have none
-        if not (path / f"{name}.safetensors").is_file():
-            return f"{path / name}.safetensors is missing"
-    for file in sorted(path.glob("*.safetensors")):
-        if problem := _safetensors_problem(file):
-            return problem
-    return None
-
-
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The newest intact checkpoint under ``root`` (:func:`checkpoint_problem`), or None when there is none.
-
-    A corrupt newer one is skipped with one stderr line naming its bad file and why. When checkpoints exist
-    but none is intact the run cannot be resumed: a :class:`UserError` names the newest one's bad file.
-    """
-    problems = []
-    for path in reversed(list_checkpoints(root)):
-        problem = checkpoint_problem(path)
-        if problem is None:
-            for skipped in problems:  # said only when there is a checkpoint to fall back to
-                print(f"postrl: {skipped}; skipping that checkpoint", file=sys.stderr)
-            return path
-        problems.append(problem)
-    if problems:
-        raise UserError(
-            f"{problems[0]}, and no older checkpoint in {root} is intact: the run cannot be resumed "
-            "(--overwrite starts it over)"
-        )
-    return None
-
-
 def _put_back(folder: Path) -> None:
     """Rename each ``.old-{name}-{pid}`` whose ``name`` is missing back to ``name``: the kill came between moving
     the old copy aside and renaming the new one into place, so the old copy is the only complete one."""
@@ -325,7 +220,7 @@ def _leftover_reason(entry: Path, checkpoints: bool) -> str | None:
         return "left by an interrupted delete"
     if name.startswith(".old-"):
         return "the previous copy of a folder, left by an interrupted write"
-    if checkpoints and _STEP.fullmatch(name) and entry.is_dir() and not (entry / STATE_FILE).exists():
+    if checkpoints and STEP.fullmatch(name) and entry.is_dir() and not (entry / STATE_FILE).exists():
         # only a delete by an older postrl (rmtree in place) leaves a step folder without its state file;
         # one whose state file is damaged is kept for latest_checkpoint to report, never deleted
         return f"an incomplete checkpoint: no {STATE_FILE}"
@@ -341,7 +236,7 @@ def _clean(folder: Path, checkpoints: bool) -> list[Path]:
         reason = _leftover_reason(entry, checkpoints)
         if reason is None:
             continue
-        if _STEP.fullmatch(entry.name):
+        if STEP.fullmatch(entry.name):
             delete_folder(entry)
         else:
             _remove(entry)

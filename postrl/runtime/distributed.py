@@ -14,7 +14,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import load_file
 
+from postrl.runtime.checkpoint import STATE_FILE
 from postrl.runtime.seeding import resolve_device
 
 
@@ -308,10 +310,6 @@ def load_sharded(
     """Restore a sharded ``module`` and its ``optimizer`` from checkpoint ``folder`` (written from
     :func:`saved_state`): weights ``name.safetensors``, optimiser ``opt``; each rank keeps its shard (same
     world size as the run that saved it)."""
-    from safetensors.torch import load_file
-
-    from postrl.runtime.checkpoint import STATE_FILE
-
     folder = os.fspath(folder)
     load_model_state_dict(module, load_file(os.path.join(folder, f"{name}.safetensors")))
     state = torch.load(os.path.join(folder, STATE_FILE), map_location="cpu", weights_only=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from postrl.runtime.checkpoint import atomic_write_text
+from postrl.runtime.config import save_config
 
 
 def peak_rss_mb() -> float:
@@ -92,8 +93,6 @@ class RunLogger:
         elif self.metrics_path.exists():
             self.metrics_path.unlink()
         if config is not None:
-            from postrl.runtime.config import save_config
-
             save_config(config, self.run_dir / "config.yaml")
         if tensorboard:
             self._tb = _open_tensorboard(self.run_dir / "tb")

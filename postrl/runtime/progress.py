@@ -7,6 +7,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from postrl.runtime.distributed import is_main
+
 
 class Progress:
     """``with Progress(total, "ppo") as bar: bar.update(n, loss=0.3)``.
@@ -40,8 +42,6 @@ class Progress:
 
     def write(self, text: str) -> None:
         """Print a line without breaking the bar (on rank 0 only, under torchrun)."""
-        from postrl.runtime.distributed import is_main
-
         if is_main():
             tqdm.write(text, file=sys.stderr)
 
