@@ -75,11 +75,7 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from postrl.demo import (  # deferred: torch, which `postrl --help` must not import
-        DemoConfig,
-        quick,
-        run_demo,
-    )
+    from postrl.demo import DemoConfig, quick, run_demo  # deferred: torch (`postrl --help` has none)
 
     if args.list_keys:
         print(format_help(DemoConfig))

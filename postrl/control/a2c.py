@@ -26,6 +26,7 @@ from postrl.control.numpy_actor import use_numpy_actor
 from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.control.train import Agent, RunConfig
 from postrl.core import gae, masked_whiten, reinforce_loss, td_errors, value_loss
+from postrl.runtime.config import ConfigError
 
 __all__ = ["A2CConfig", "Config", "TARGETS", "a2c_loss", "build"]
 
@@ -121,8 +122,6 @@ def a2c_loss(
 
 class A2C(Agent):
     def __init__(self, cfg: Config, env: VecEnv):
-        from postrl.runtime.config import ConfigError
-
         self.cfg = cfg.a2c
         for key, table in (("target", TARGETS), ("optimizer", OPTIMIZERS)):
             if getattr(self.cfg, key) not in table:

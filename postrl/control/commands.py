@@ -1,7 +1,7 @@
 """``postrl control train`` and ``postrl control eval``.
 
-Only argparse is imported at module level: torch and gymnasium load inside the handlers, so ``--help`` is
-instant. Config precedence: the algorithm's defaults, then the shipped preset ``<algo>-<env>.yaml`` (when
+torch, numpy and gymnasium load inside the handlers (only argparse and the config reader at module level), so
+``--help`` is instant. Config precedence: the algorithm's defaults, then the shipped preset ``<algo>-<env>.yaml`` (when
 it exists and no ``--config`` is given) or ``--config FILE``, then ``--env/--total-steps/--seed``, then
 ``key=value`` overrides.
 """
@@ -14,6 +14,9 @@ import logging
 import re
 import sys
 from pathlib import Path
+
+from postrl.runtime.config import ConfigError, format_help, load_config, read_yaml
+from postrl.runtime.presets import presets_dir
 
 ALGOS = ("reinforce", "a2c", "trpo", "ppo")
 
@@ -80,8 +83,6 @@ def _add_overwrite(parser: argparse.ArgumentParser) -> None:
 def preset_path(algo: str, env_id: str) -> Path | None:
     """The shipped preset ``<algo>-<env>`` for e.g. ("ppo", "CartPole-v1") → ppo-cartpole.yaml, if postrl has
     one (`postrl.runtime.presets`); without one the algorithm's defaults run (logged at info level)."""
-    from postrl.runtime.presets import presets_dir
-
     name = re.sub(r"-v\d+$", "", env_id).lower().replace("/", "-")
     path = presets_dir() / f"{algo}-{name}.yaml"
     if path.is_file():
@@ -94,8 +95,7 @@ def preset_path(algo: str, env_id: str) -> Path | None:
 
 def resolve_config(args: argparse.Namespace):
     """The config of a ``train`` command line (see the module docstring for the precedence)."""
-    from postrl.control.train import algorithm
-    from postrl.runtime.config import load_config, read_yaml
+    from postrl.control.train import algorithm  # deferred: torch, which `postrl --help` must not import
 
     if args.resume:
         return load_config(
@@ -107,8 +107,6 @@ def resolve_config(args: argparse.Namespace):
         env_id = args.env or module.Config().env.id
         path = preset_path(args.algo, env_id)
     if path is not None and (algo := read_yaml(path).get("algo", args.algo)) != args.algo:
-        from postrl.runtime.config import ConfigError
-
         raise ConfigError(f"{path} is a config for algo '{algo}', not '{args.algo}'")
     flags = [f"env.id={args.env}"] if args.env else []
     if args.total_steps is not None:
@@ -121,14 +119,12 @@ def resolve_config(args: argparse.Namespace):
 def _interrupted(run_dir: Path) -> bool:
     """A run folder without summary.json: rerunning the same command resumes it (from its last checkpoint,
     or from step 0 when it was killed before the first)."""
-    from postrl.runtime.rundir import run_state
+    from postrl.runtime.rundir import run_state  # deferred: torch (rundir imports runtime.distributed)
 
     return run_state(run_dir) == "interrupted"
 
 
 def _run_algo(run_dir: str) -> str:
-    from postrl.runtime.config import ConfigError, read_yaml
-
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"--resume {run_dir}: not a run folder (no config.yaml)")
@@ -137,12 +133,11 @@ def _run_algo(run_dir: str) -> str:
 
 def _train(args: argparse.Namespace) -> int:
     if args.list_keys:
-        from postrl.control.train import algorithm
-        from postrl.runtime.config import format_help
+        from postrl.control.train import algorithm  # deferred: torch
 
         print(format_help(algorithm(args.algo).Config))
         return 0
-    from postrl.control.train import train
+    from postrl.control.train import train  # deferred: torch
 
     cfg = resolve_config(args)
     return _run(cfg, args, train)
@@ -163,7 +158,7 @@ def _run(cfg, args: argparse.Namespace, train_fn) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import numpy as np
+    import numpy as np  # deferred, as torch: `postrl --help` stays instant
 
     from postrl.control.train import evaluate, load_agent, record_gif
 
@@ -221,8 +216,7 @@ def _add_prefs_parser(sub: argparse._SubParsersAction) -> None:
 
 def _prefs(args: argparse.Namespace) -> int:
     """Run ``postrl.control.prefs`` and print its summary (preference metrics included)."""
-    from postrl.control.prefs import Config, run
-    from postrl.runtime.config import format_help
+    from postrl.control.prefs import Config, run  # deferred: torch
 
     if args.list_keys:
         print(format_help(Config))

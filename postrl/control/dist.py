@@ -32,6 +32,8 @@ import torch.distributed as tdist
 
 from postrl.core import masked_whiten
 from postrl.runtime import distributed as dist
+from postrl.runtime.errors import UserError
+from postrl.runtime.seeding import get_rng_state, set_rng_state
 
 __all__ = ["SUPPORTED", "broadcast_modules", "env_seed", "gather_episodes", "local_batch_size", "setup"]
 
@@ -41,8 +43,6 @@ SUPPORTED = ("ppo",)
 
 def setup(algo: str) -> dist.DistInfo:
     """Join the process group that torchrun describes (gloo: the control networks run on CPU)."""
-    from postrl.runtime.errors import UserError
-
     if dist.is_distributed():  # a group made by the caller (e.g. a test with world size 1)
         return dist.DistInfo(dist.rank(), dist.world_size(), 0, torch.device("cpu"))
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and algo not in SUPPORTED:
@@ -61,8 +61,6 @@ def env_seed(seed: int, n_envs: int) -> int:
 
 def local_batch_size(batch_size: int) -> int:
     """This rank's share of a global minibatch of ``batch_size`` rows."""
-    from postrl.runtime.errors import UserError
-
     world = dist.world_size()
     if batch_size % world:
         raise UserError(f"ppo.batch_size={batch_size} must be divisible by the number of processes ({world})")
@@ -158,8 +156,6 @@ def _snapshot_name(rank: int) -> str:
 
 def gather_rank_states(env: Any) -> tuple[list[dict[str, Any]], list[bytes | None]]:
     """Every rank's env state and RNG state, and its env snapshot (a collective; in one process: this one's)."""
-    from postrl.runtime.seeding import get_rng_state
-
     gathered = dist.all_gather_object(({"env": env.state_dict(), "rng": get_rng_state()}, env.snapshot()))
     return [state for state, _ in gathered], [snapshot for _, snapshot in gathered]
 
@@ -182,9 +178,6 @@ def restore_rank(ckpt: Path, extra: dict[str, Any], env: Any) -> bool:
     checkpoint written by another number of processes, and a snapshot file that is not one; an old pickled
     snapshot (``.pkl``) is never loaded: the envs are then reset as when there is none.
     """
-    from postrl.runtime.errors import UserError
-    from postrl.runtime.seeding import set_rng_state
-
     saved, world = int(extra.get("world_size", 1)), dist.world_size()
     if saved != world:
         raise UserError(

@@ -31,12 +31,16 @@ help (configs/prefs-pendulum.yaml), so it is off by default.
 
 Observations handed to the reward model are raw (un-normalised with the env's running statistics), so the
 labelled segments do not drift with the observation normaliser.
+
+The configs are in ``prefs_config.py``, the reward-model ensemble, segments and pair selection in
+``prefs_reward.py``.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -45,13 +49,13 @@ import torch
 
 from postrl.control import ppo
 from postrl.control.buffer import RolloutBuffer
-from postrl.control.envs import EnvConfig, RunningMeanStd, VecEnv
-from postrl.control.policies import PolicyConfig
+from postrl.control.envs import RunningMeanStd, VecEnv
+from postrl.control.prefs_config import Config as Config
+from postrl.control.prefs_config import PrefsConfig as PrefsConfig
+from postrl.control.prefs_config import validate_prefs
 from postrl.control.prefs_reward import (
-    LabellerConfig,
     Pairs,
     RewardEnsemble,
-    RewardModelConfig,
     Segments,
     accuracy,
     extract_segments,
@@ -61,76 +65,12 @@ from postrl.control.prefs_reward import (
     synthetic_labels,
     train_reward_model,
 )
-from postrl.control.train import Agent, RunConfig
+from postrl.control.train import Agent, train
+from postrl.runtime.checkpoint import atomic_write_text
+from postrl.runtime.config import ConfigError
+from postrl.runtime.logging import read_jsonl
 
 __all__ = ["Config", "PrefsConfig", "RewardTap", "build", "extract_segments", "run", "select_pairs"]
-
-
-@dataclass(frozen=True)
-class PrefsConfig:
-    segment_length: int = 25
-    """Steps L per segment (must not exceed ppo.n_steps: segments are cut from one rollout)."""
-    label_budget: int = 500
-    """Total number of labelled pairs over the run."""
-    initial_labels: int = 100
-    """Pairs labelled from the first rollout (the untrained policy), before PPO first uses r̂."""
-    label_until: float = 1.0
-    """Fraction of the run by which the whole budget is labelled. Labelling to the end keeps the reward
-    model online: one frozen halfway lets the policy drift where r̂ was never checked (Christiano et al. §3.3)."""
-    label_decay: float = 0.1
-    """τ of the label rate ∝ τ / (τ + fraction of the run) after the initial labels (Christiano et al.: ∝
-    2·10⁶ / (T + 2·10⁶)); 0: a constant rate."""
-    pair_selection: str = "disagreement"
-    """How pairs are chosen: random, or disagreement (highest variance of P(σ¹≻σ²) over the ensemble)."""
-    candidates_per_label: int = 10
-    """disagreement: random candidate pairs scored per pair labelled."""
-    segments_per_rollout: int = 64
-    """Random segments cut from each rollout into the pool."""
-    pool_size: int = 512
-    """The pool keeps this many of the most recent segments."""
-    val_fraction: float = 0.2
-    """Share of the labelled pairs held out to measure the reward model's accuracy."""
-    center: str = "absorbing"
-    """Centring of the normalised r̂: absorbing (r̂_∅ = 0, for tasks that terminate) or mean (zero mean)."""
-    normalize_returns: bool = False
-    """Also scale the centred r̂ by the running std of its discounted return (γ = env.reward_gamma, clipped to
-    ±env.clip_reward), as env.normalize_reward does for a true reward (which prefs never sees)."""
-
-    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
-        "segment_length": ">= 1",
-        "label_budget": ">= 1",
-        "initial_labels": ">= 0",
-        "label_until": "(0, 1]",
-        "label_decay": ">= 0",
-        "candidates_per_label": ">= 1",
-        "segments_per_rollout": ">= 1",
-        "pool_size": ">= 1",
-        "val_fraction": "[0, 1)",
-    }
-
-
-@dataclass(frozen=True)
-class Config:
-    algo: str = "prefs"
-    """Algorithm name (fixed for this config class)."""
-    env: EnvConfig = field(default_factory=EnvConfig)
-    """Environment settings (sync envs, no reward normalisation: the reward is the learned one)."""
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    """Actor and critic networks."""
-    run: RunConfig = field(default_factory=RunConfig)
-    """Budget, seed, logging, evaluation and checkpoints."""
-    ppo: ppo.PPOConfig = field(default_factory=ppo.PPOConfig)
-    """PPO hyperparameters (the policy learner)."""
-    prefs: PrefsConfig = field(default_factory=PrefsConfig)
-    """Segments, label schedule, pair selection, normalisation of r̂."""
-    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
-    """The reward-model ensemble and its optimiser."""
-    labeller: LabellerConfig = field(default_factory=LabellerConfig)
-    """The synthetic labeller standing in for the human."""
-
-
-CENTERS = ("absorbing", "mean")
-SELECTIONS = ("random", "disagreement")
 
 
 class RewardTap(gym.Wrapper):
@@ -150,8 +90,6 @@ class RewardTap(gym.Wrapper):
 
 
 def _tap_envs(env: VecEnv) -> list[RewardTap]:
-    from postrl.runtime.config import ConfigError
-
     envs = getattr(env.env, "envs", None)
     if envs is None:
         raise ConfigError("prefs needs in-process envs (env.async_=false): the true reward is tapped per env")
@@ -163,7 +101,7 @@ class Prefs(Agent):
     """PPO whose reward is an ensemble learned from labelled segment pairs, trained as the policy trains."""
 
     def __init__(self, cfg: Config, env: VecEnv):
-        _validate(cfg)
+        validate_prefs(cfg)
         self.cfg, self.env = cfg, env
         _tap_envs(env)
         self.ppo = ppo.PPO(cfg, env, rollout_hook=self._on_rollout)
@@ -344,33 +282,6 @@ def _mean(xs: list[float]) -> float | None:
     return float(np.mean(xs)) if xs else None
 
 
-def _validate(cfg: Config) -> None:
-    from postrl.runtime.config import ConfigError
-
-    p = cfg.prefs
-    if p.center not in CENTERS:
-        raise ConfigError(f"'prefs.center': {p.center!r} is not one of {', '.join(CENTERS)}")
-    if p.pair_selection not in SELECTIONS:
-        raise ConfigError(
-            f"'prefs.pair_selection': {p.pair_selection!r} is not one of {', '.join(SELECTIONS)}"
-        )
-    if not 1 <= p.segment_length <= cfg.ppo.n_steps:
-        raise ConfigError(f"'prefs.segment_length' must be in [1, ppo.n_steps={cfg.ppo.n_steps}]")
-    if p.label_decay < 0:
-        raise ConfigError("'prefs.label_decay' must be ≥ 0")
-    if not 0 <= p.initial_labels <= p.label_budget:
-        raise ConfigError("'prefs.initial_labels' must be between 0 and prefs.label_budget")
-    if cfg.env.normalize_reward:
-        raise ConfigError(
-            "'env.normalize_reward' must be false for prefs: the env reward is never used "
-            "(prefs.normalize_returns scales the learned reward instead)"
-        )
-    if not 0 <= cfg.reward_model.random_response < 1:
-        raise ConfigError("'reward_model.random_response' must be in [0, 1)")
-    if not 0 <= cfg.labeller.flip_prob <= 1:
-        raise ConfigError("'labeller.flip_prob' must be in [0, 1]")
-
-
 def build(cfg: Config, env: VecEnv) -> Prefs:
     return Prefs(cfg, env)
 
@@ -378,13 +289,6 @@ def build(cfg: Config, env: VecEnv) -> Prefs:
 def run(cfg: Config, run_dir, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Train (``postrl.control.train``), then add the preference metrics to summary.json and plot the
     true return against the labels used (``true_return_vs_labels.png``)."""
-    import json
-    from pathlib import Path
-
-    from postrl.control.train import train
-    from postrl.runtime.checkpoint import atomic_write_text
-    from postrl.runtime.logging import read_jsonl
-
     run_dir = Path(run_dir)
     summary = train(cfg, run_dir, resume=resume, overwrite=overwrite)
     rows = read_jsonl(run_dir / "metrics.jsonl")

@@ -27,6 +27,7 @@ from postrl.control.envs import EnvConfig, VecEnv
 from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.control.train import Agent, RunConfig
 from postrl.core import discounted_returns, reinforce_loss, value_loss
+from postrl.runtime.config import ConfigError
 
 __all__ = ["Config", "Episodes", "ReinforceConfig", "build", "collect_episodes", "policy_gradient_weights"]
 
@@ -87,8 +88,6 @@ def collect_episodes(env: VecEnv, actor: nn.Module, seed: int) -> Episodes:
     """One complete episode per sub-env of ``env`` (sync), stepping only the envs still running."""
     envs = getattr(env.env, "envs", None)
     if envs is None:
-        from postrl.runtime.config import ConfigError
-
         raise ConfigError(
             "reinforce needs env.async_=false (it steps each sub-env to the end of its episode)"
         )
@@ -196,7 +195,5 @@ class Reinforce(Agent):
 
 def build(cfg: Config, env: VecEnv) -> Reinforce:
     if cfg.env.normalize_obs or cfg.env.normalize_reward:
-        from postrl.runtime.config import ConfigError
-
         raise ConfigError("reinforce does not support env.normalize_obs / env.normalize_reward")
     return Reinforce(cfg, env)

@@ -2,7 +2,7 @@
 
 An algorithm file (``ppo.py``, ``a2c.py``, …) provides a ``Config`` dataclass and ``build(cfg, env)``
 returning an :class:`Agent` whose ``iteration`` collects experience and updates the networks once. This
-file runs the iterations and does everything around them.
+file runs the iterations and does everything around them; the evaluation episodes are ``evaluation.py``.
 
 Exact resume. Checkpoints are taken at iteration boundaries and hold the networks, optimizers, every RNG
 state, the step counters, the normaliser statistics and a data-only snapshot of the sub-environments (their
@@ -31,7 +31,17 @@ import numpy as np
 import torch
 from torch import nn
 
+from postrl.control import dist
 from postrl.control.envs import VecEnv
+from postrl.control.evaluation import evaluate, record_gif
+from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from postrl.runtime.config import ConfigError, load_config, read_yaml, validate
+from postrl.runtime.distributed import broadcast_object, is_main, reduce_metrics, world_size
+from postrl.runtime.logging import read_jsonl
+from postrl.runtime.plots import plot_curves
+from postrl.runtime.progress import Progress
+from postrl.runtime.rundir import open_run
+from postrl.runtime.seeding import seed_everything
 
 __all__ = ["ALGORITHMS", "Agent", "RunConfig", "evaluate", "load_agent", "train"]
 
@@ -113,8 +123,6 @@ class Agent(abc.ABC):
 
 def algorithm(name: str):
     """The module of algorithm ``name`` (imported lazily)."""
-    from postrl.runtime.config import ConfigError
-
     if name not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
     return importlib.import_module(ALGORITHMS[name])
@@ -157,11 +165,6 @@ class _Progress:
 def train(cfg: Any, run_dir: str | Path, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Train ``cfg.algo`` on ``cfg.env``; write the run folder; return the summary. The config, the env
     and the agent are built and checked before the run folder is touched (`postrl.runtime.rundir`)."""
-    from postrl.control import dist
-    from postrl.runtime.config import validate
-    from postrl.runtime.rundir import open_run
-    from postrl.runtime.seeding import seed_everything
-
     validate(cfg)
     info = dist.setup(cfg.algo)
     run_dir = Path(run_dir)
@@ -185,10 +188,6 @@ def train(cfg: Any, run_dir: str | Path, resume: bool = False, overwrite: bool =
 
 def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, logger, threshold) -> None:
     """Iterate until ``run.steps`` env steps (or ``run.max_seconds``): learn, log, evaluate, checkpoint."""
-    from postrl.control import dist
-    from postrl.runtime.distributed import is_main, reduce_metrics
-    from postrl.runtime.progress import Progress
-
     total, run, main = cfg.run.steps, cfg.run, is_main()
     bar_off = None if main else True
     done = progress.env_steps >= total or _out_of_time(run, progress.train_seconds)
@@ -223,10 +222,6 @@ def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, lo
 def _finish(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, logger, threshold) -> dict:
     """Final evaluation (excluded from steps_per_second), optional GIF, summary.json and the curve PNG (rank
     0; the other ranks return its summary)."""
-    from postrl.runtime.distributed import broadcast_object, is_main
-    from postrl.runtime.logging import read_jsonl
-    from postrl.runtime.plots import plot_curves
-
     if not is_main():
         env.close()
         return broadcast_object(None)
@@ -258,8 +253,6 @@ def _finish(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, 
 def _out_of_time(run: RunConfig, train_seconds: float) -> bool:
     """Whether ``train_seconds`` reach ``run.max_seconds`` (rank 0's clock decides, so every rank stops at
     the same iteration)."""
-    from postrl.runtime.distributed import broadcast_object
-
     return run.max_seconds is not None and bool(broadcast_object(train_seconds >= run.max_seconds))
 
 
@@ -279,10 +272,6 @@ def _row(metrics: dict[str, Any], progress: _Progress) -> dict[str, Any]:
 def _save(
     run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, cfg: Any, metrics_rows: int
 ) -> Path | None:
-    from postrl.control import dist
-    from postrl.runtime.checkpoint import save_checkpoint
-    from postrl.runtime.distributed import is_main, world_size
-
     ranks, snapshots = dist.gather_rank_states(env)  # a collective: every rank takes part, rank 0 writes
     if not is_main():
         return None
@@ -312,9 +301,6 @@ def agent_state(agent: Agent) -> dict[str, Any]:
 def _restore(ckpt: Path, agent: Agent, env: VecEnv, progress: _Progress, seed: int) -> int | None:
     """Load checkpoint ``ckpt`` into the agent, env and counters; returns the count of metrics rows it
     recorded (None for a checkpoint written before postrl recorded it)."""
-    from postrl.control import dist
-    from postrl.runtime.checkpoint import load_checkpoint
-
     state = load_checkpoint(ckpt, modules=agent.modules, optimizers=agent.optimizers)
     extra = state["extra"]
     progress.load_state_dict(extra["progress"])
@@ -332,70 +318,8 @@ def _restore(ckpt: Path, agent: Agent, env: VecEnv, progress: _Progress, seed: i
     return extra.get("metrics_rows")
 
 
-@torch.no_grad()
-def evaluate(
-    actor: nn.Module,
-    env: VecEnv,
-    cfg: Any,
-    episodes: int,
-    deterministic: bool = True,
-    seed: int | None = None,
-) -> list[float]:
-    """Returns of ``episodes`` evaluation episodes, run in parallel, one per env seeded 10000 + 100·seed + i.
-
-    Observations are normalised with the training env's statistics (frozen); returns are raw rewards.
-    Stochastic evaluation samples from its own torch generator, so it does not disturb training's RNG.
-    """
-    seed = cfg.run.seed if seed is None else seed
-    eval_cfg = dataclasses.replace(cfg.env, n_envs=episodes, async_=False, normalize_reward=False)
-    eval_env = VecEnv(eval_cfg, seed, training=False)
-    if env.obs_rms is not None:
-        eval_env.obs_rms.load_state_dict(env.obs_rms.state_dict())
-    generator = torch.Generator().manual_seed(10_000 + seed)
-    obs = eval_env.reset(seed=10_000 + 100 * seed)
-    returns: list[float | None] = [None] * episodes
-    while any(r is None for r in returns):
-        actions, _ = actor.act(torch.from_numpy(obs), deterministic=deterministic, generator=generator)
-        step = eval_env.step(actions.numpy())
-        for i, ret, _length in step.episodes:
-            if returns[i] is None:
-                returns[i] = ret
-        obs = step.obs
-    eval_env.close()
-    return [float(r) for r in returns]
-
-
-@torch.no_grad()
-def record_gif(actor: nn.Module, env: VecEnv, cfg: Any, path: Path, max_frames: int = 500) -> Path | None:
-    """One deterministic episode rendered to an animated GIF; None (with a message) if it cannot render."""
-    from postrl.control.envs import make_env
-
-    try:
-        from PIL import Image
-
-        single = make_env(cfg.env.id, **{**cfg.env.kwargs, "render_mode": "rgb_array"})
-    except Exception as err:  # noqa: BLE001 - rendering is optional; say why and go on
-        print(f"postrl: no GIF ({err})", file=sys.stderr)
-        return None
-    obs, _ = single.reset(seed=10_000 + 100 * cfg.run.seed)
-    frames = [Image.fromarray(single.render())]
-    for _ in range(max_frames):
-        x = env.normalize(np.asarray(obs)[None])
-        action, _ = actor.act(torch.from_numpy(x), deterministic=True)
-        obs, _, terminated, truncated, _ = single.step(env.to_env_actions(action.numpy())[0])
-        frames.append(Image.fromarray(single.render()))
-        if terminated or truncated:
-            break
-    single.close()
-    frames[0].save(path, save_all=True, append_images=frames[1:], duration=20, loop=0)
-    return path
-
-
 def load_agent(run_dir: str | Path) -> tuple[Any, Agent, VecEnv]:
     """Config, agent (latest checkpoint's weights) and a training env with its normaliser state, for eval."""
-    from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint
-    from postrl.runtime.config import ConfigError, load_config, read_yaml
-
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} is not a run folder (no config.yaml)")
