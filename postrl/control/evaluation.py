@@ -1,5 +1,5 @@
-"""Evaluating a control policy: deterministic (or sampled) episodes on fresh envs with the training env's frozen
-observation statistics, and a GIF of one episode."""
+"""Evaluating a control policy: deterministic (or sampled) episodes on fresh envs with the training env's
+frozen observation statistics, and a GIF of one episode."""
 
 from __future__ import annotations
 

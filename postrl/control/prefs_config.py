@@ -1,5 +1,5 @@
-"""The configs of `postrl control prefs` (`postrl.control.prefs`): segments, the label schedule, pair selection,
-the normalisation of r̂, and the whole run; `validate_prefs` checks what the ranges cannot.
+"""The configs of `postrl control prefs` (`postrl.control.prefs`): segments, the label schedule, pair
+selection, the normalisation of r̂, and the whole run; `validate_prefs` checks what the ranges cannot.
 """
 
 from __future__ import annotations

@@ -261,9 +261,9 @@ def _stats(
 def _ratio_stats(
     ratio: torch.Tensor, clipped: torch.Tensor, real: torch.Tensor, importance_level: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(clip fraction, mean ratio) over response tokens (token level) or over responses with at least one token
-    (sequence level: the fraction of responses whose s_i is clipped and the mean s_i; with per-token advantages
-    a response counts by the fraction of its tokens that are clipped)."""
+    """(clip fraction, mean ratio) over response tokens (token level) or over responses with at least one
+    token (sequence level: the fraction of responses whose s_i is clipped and the mean s_i; with per-token
+    advantages a response counts by the fraction of its tokens that are clipped)."""
     clipped = clipped.to(ratio.dtype)
     if importance_level == "token":
         return masked_mean(clipped, real), masked_mean(ratio, real)

@@ -3,7 +3,7 @@ RLHF and GRPO, on one training loop and one rollout layout.
 
 Bottom to top (a module imports only from the lines above it and from `postrl.core` / `postrl.runtime`):
 
-    tasks/           built-in generated worlds: prompts, demonstrations, preference pairs, verifiers, gold rewards
+    tasks/           built-in generated worlds: prompts, demonstrations, preference pairs, gold rewards
     models/          loading any HF causal LM, the tiny built-in Llama, scalar heads, positions from the mask
     tokenizer.py     the postrl byte-level BPE tokenizer, and loading any HF tokenizer
     data/            reading and validating rows (sources.py), rendering and tokenising them (tokens.py)
@@ -18,8 +18,8 @@ Bottom to top (a module imports only from the lines above it and from `postrl.co
     reward_model/    `postrl rm`: Bradley–Terry on preference pairs (algorithm.py, pairs.py, evaluation.py)
     ppo/             `postrl ppo`: RLHF with actor, critic, reward model and reference (algorithm.py,
                      advantages.py, config.py, build.py)
-    grpo/            `postrl grpo`: group-relative advantages, no critic (algorithm.py, rollouts.py, config.py,
-                     build.py)
+    grpo/            `postrl grpo`: group-relative advantages, no critic (algorithm.py, rollouts.py,
+                     config.py, build.py)
     commands.py      `postrl data export|check`
     stage_commands.py  `postrl pretrain|sft|rm|ppo|grpo|generate`: configs from YAML and flags, then the run
 

@@ -12,8 +12,8 @@ A kill (SIGKILL, power loss) at any moment leaves every ``step_`` folder whole:
 - deleting: the folder is first renamed to ``.del-{name}-…``, then removed (:func:`delete_folder`).
 Those dot-names are never listed; :func:`clean_leftovers` removes them at the next start. A checkpoint damaged
 some other way (a cut-short copy, a full disk) is caught by :func:`latest_checkpoint`, which falls back to the
-previous intact one: finding and checking the checkpoint to resume from is `postrl.runtime.checkpoint_recovery`
-(its names are importable from here too).
+previous intact one. Finding and checking the checkpoint to resume from is `checkpoint_recovery.py` (its
+names are importable from here too).
 
 Files and folders are created with modes 0o666 / 0o777, so the kernel applies the user's umask (and a
 folder's default ACL) as for any file the user writes: ``tempfile.mkstemp``/``mkdtemp`` would force

@@ -152,9 +152,9 @@ def _check_renamed(cls: type, key: str, value: Any, prefix: str) -> None:
 
 
 def from_mapping(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
-    """Config ``cls`` from ``data``: every key known (old names refused naming the new ones), every value of its
-    field's type; ``prefix`` (e.g. ``"ppo."``) is the dotted path named in errors. Ranges are not checked here
-    (:func:`validate`)."""
+    """Config ``cls`` from ``data``: every key known (old names refused, naming the new ones), every value of
+    its field's type; ``prefix`` (e.g. ``"ppo."``) is the dotted path named in errors. Ranges are not checked
+    here (:func:`validate`)."""
     types_ = field_types(cls)
     for key, value in data.items():  # old names, also under a section that still exists (train.max_steps)
         _check_renamed(cls, key, value, prefix)

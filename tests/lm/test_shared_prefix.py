@@ -1,5 +1,5 @@
-"""Running each distinct prompt once (`postrl.lm.rollout.shared_prefix`, and the prefill of `generate`) changes no
-logit, gradient, token or log-probability beyond float32 rounding."""
+"""Running each distinct prompt once (`postrl.lm.rollout.shared_prefix`, and the prefill of `generate`) changes
+no logit, gradient, token or log-probability beyond float32 rounding."""
 
 from __future__ import annotations
 

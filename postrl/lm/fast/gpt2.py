@@ -1,8 +1,9 @@
 """A decode-only forward for GPT-2 causal LMs: the second fast path of `postrl.lm.rollout`.
 
-The same idea as `postrl.lm.fast.llama` (read that docstring first): sampling short responses from a small model
-on a CPU is dominated by per-operation overhead, and the stock Hugging Face forward spends most of a decode step
-building masks, growing a dynamic cache and walking module wrappers. `FastGPT2` owns the decode forward:
+The same idea as `postrl.lm.fast.llama` (read that docstring first): sampling short responses from a small
+model on a CPU is dominated by per-operation overhead, and the stock Hugging Face forward spends most of a
+decode step building masks, growing a dynamic cache and walking module wrappers. `FastGPT2` owns the decode
+forward:
 
 - LayerNorm with its affine part in the one kernel, reading the module's own weight and bias: nothing is copied
   or folded when a decoder is built (a decoder is built three times per GRPO step; folding the affine into
@@ -14,8 +15,8 @@ building masks, growing a dynamic cache and walking module wrappers. `FastGPT2` 
 
 It reads the LIVE parameters (references, no copies), and still is built anew for every `generate` call as
 `FastLlama` is. Like it, it runs under the caller's grad mode (teacher-forced training forwards take it,
-`postrl.lm.rollout.shared_prefix.response_logits`). `unsupported_reason` says why a model must take the Hugging Face
-fallback instead.
+`postrl.lm.rollout.shared_prefix.response_logits`). `unsupported_reason` says why a model must take the
+Hugging Face fallback instead.
 """
 
 from __future__ import annotations

@@ -72,7 +72,8 @@ def policy_log_probs(
     use_fast: bool | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One teacher-forced forward → (log π_τ of the response tokens [b, T], entropy per token [b, T] detached).
-    A group's shared prompt runs once (`postrl.lm.rollout.shared_prefix`); ``use_fast`` is `SamplingConfig.use_fast`."""
+    A group's shared prompt runs once (`postrl.lm.rollout.shared_prefix`); ``use_fast`` is
+    `SamplingConfig.use_fast`."""
     logits = response_logits(model, input_ids, attention_mask, prompt_len, use_fast).float() / temperature
     mask = attention_mask[:, prompt_len:].to(logits.dtype)
     log_probs = token_log_probs(logits, input_ids[:, prompt_len:]) * mask

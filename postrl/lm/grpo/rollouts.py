@@ -1,8 +1,9 @@
 """GRPO's data: the prompt stream and the sampling and scoring phase of a step (`postrl.lm.grpo`).
 
-`collect` turns B global prompts into this rank's training `postrl.lm.rollout.batch.RolloutBatch`: it samples G responses per prompt from
-π_old, rewards them (plus the DAPO overlong penalty), refills zero-variance groups under dynamic sampling,
-scores log π_old (μ > 1) and log π_ref (β > 0) teacher-forced, and computes the group advantages.
+`collect` turns B global prompts into this rank's training `postrl.lm.rollout.RolloutBatch`: it samples G
+responses per prompt from π_old, rewards them (plus the DAPO overlong penalty), refills zero-variance groups
+under dynamic sampling, scores log π_old (μ > 1) and log π_ref (β > 0) teacher-forced, and computes the group
+advantages.
 `evaluate` samples the held-out prompts greedily and at the training temperature and rewards them.
 """
 

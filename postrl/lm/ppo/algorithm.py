@@ -9,12 +9,12 @@
     reference  a frozen copy of the SFT policy: the KL penalty −β(log π − log π_ref) on every token
 
 One step: (1) generate with the rollout engine and keep the sampling log-probs; (2) score, shape rewards
-with the KL penalty, compute values and GAE (`postrl.lm.ppo.advantages`); (3) several epochs over minibatches of
+with the KL penalty, compute values and GAE (`advantages.py`); (3) several epochs over minibatches of
 the clipped policy loss, the (clipped) value loss, an entropy bonus and an optional pretraining (ptx)
 loss. All four models run with dropout off and positions from the attention mask; log-probs of actor
 and reference both use the sampling temperature. :class:`PPO` is this step as an algorithm of the loop every
 LM trainer shares (`postrl.lm.spine`: logging, evaluation, checkpoints, exact resume); the configs are in
-`postrl.lm.ppo.config`, the set-up, held-out evaluation and export in `postrl.lm.ppo.build`.
+`config.py`, the set-up, held-out evaluation and export in `build.py`.
 
 Under torchrun each rank samples its share of a step's prompts with its own generator; scores and advantages
 are whitened and losses normalised over all ranks, so an update equals one process's on the same global batch

@@ -27,7 +27,7 @@ exception, a wrong length, a value that is neither a number nor None, NaN or inf
     contract.py   the call's keywords, `RewardFunction`, `TrainerState`, `RewardError`, `check_signature`
     loading.py    specs → `RewardFunction`s (`load_reward_fn`, `load_reward_fns`)
     scorer.py     `RewardModelScorer`: a trained reward model as a reward function
-    calling.py    `reward_terms`, `combine`, `compute_rewards`: calling the functions and checking their values
+    calling.py    `reward_terms`, `combine`, `compute_rewards`: calling the functions, checking their values
 """
 
 from postrl.lm.rewards.calling import combine as combine

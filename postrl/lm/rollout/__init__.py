@@ -4,7 +4,7 @@
                       `RolloutEngine` (text prompts in, decoded responses out)
     sampling.py       log π_τ at given tokens, top-k / top-p draws, the mask after EOS
     scoring.py        `score`: teacher-forced log π_τ of response tokens (and a critic's values)
-    decoders.py       prefill-then-step decoders: the model's own HF forward, or a fused one from `postrl.lm.fast`
+    decoders.py       prefill-then-step decoders: the model's own HF forward, or one of `postrl.lm.fast`
     shared_prefix.py  teacher-forced forwards that run each distinct prompt of a group once
     batch.py          `RolloutBatch`: the one batch of PPO and GRPO, from the rollout to the loss
     evaluation.py     held-out evaluation of a policy: exact-match accuracy, gold reward, KL to a reference

@@ -1,9 +1,9 @@
-"""Decoders for the rollout engine (`postrl.lm.rollout.engine.generate`): ``prefill`` the prompts, then ``step`` one
+"""Decoders for the rollout engine (`postrl.lm.rollout.generate`): ``prefill`` the prompts, then ``step`` one
 token at a time, each returning next-token logits [B, V].
 
 `make_decoder` picks a fast decoder that supports the model (`postrl.lm.fast.llama.FastLlama`,
-`postrl.lm.fast.gpt2.FastGPT2`), else `HFDecoder`, the model's own Hugging Face forward and KV cache, which runs
-any causal LM. All agree to float32 rounding (tests/lm).
+`postrl.lm.fast.gpt2.FastGPT2`), else `HFDecoder`, the model's own Hugging Face forward and KV cache, which
+runs any causal LM. All agree to float32 rounding (tests/lm).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ change the policy whose ratio PPO and GRPO take (TRL and OpenRLHF record the sam
 log-probs). `postrl.lm.rollout.scoring.score` with the same temperature reproduces them teacher-forced.
 
 The logits come from a fast decoder where one supports the model (`postrl.lm.fast.llama.FastLlama`,
-`postrl.lm.fast.gpt2.FastGPT2`), else from its own Hugging Face forward and KV cache; all agree to fp32 rounding.
+`postrl.lm.fast.gpt2.FastGPT2`), else from its own Hugging Face forward and KV cache; all agree to fp32
+rounding.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ through it, so the backward sums a group's gradients into the shared prompt), an
 tokens that are inputs on top. The logits equal the full forward's to float32 rounding (tests/lm). vLLM's
 prefix caching does the same for generation; `postrl.lm.rollout.generate` prefills distinct prompts once too.
 
-Where a fast decoder runs the model (`postrl.lm.rollout.decoders.fast_decoder`: GPT-2 and Llama in float32) the same
+Where a fast decoder runs the model (`decoders.fast_decoder`: GPT-2 and Llama in float32) the same
 two passes go through it instead of the Hugging Face forward, with or without gradients: on short sequences the
 HF forward is mostly per-call overhead (mask building, cache objects, module wrappers), and a GRPO training
 step on the TRL benchmark task spends a third less time in its forward and backward. Its parameters must be
