@@ -73,15 +73,15 @@ def worker(args: argparse.Namespace) -> None:
     examples = tokenize_sft(
         render_rows(rows, "sft", tokenizer), tokenizer, max_length=64, overlong="truncate"
     )
-    cfg = TrainConfig(batch_size=args.batch_size, parallel=args.parallel, optim=OptimConfig(warmup_steps=0))
-    optimizer, _ = make_optimizer(dist.unwrap(model), cfg.optim, 10**6)
+    cfg, optim = TrainConfig(batch_size=args.batch_size), OptimConfig(warmup_steps=0)
+    optimizer, _ = make_optimizer(dist.unwrap(model), optim, 10**6)
     batches = [list(range(i * cfg.batch_size, (i + 1) * cfg.batch_size)) for i in range(args.steps + 2)]
     tokens = 0
     for k, indices in enumerate(batches):
         if k == 2:  # warm-up done (allocator, gloo buffers, DDP buckets)
             dist.barrier()
             start, tokens = time.perf_counter(), 0
-        out = train_step(model, optimizer, examples, indices, cfg, tokenizer.pad_token_id, info.device)
+        out = train_step(model, optimizer, examples, indices, cfg, optim, tokenizer.pad_token_id, info.device)
         tokens += int(sum(len(examples[i]["input_ids"]) for i in indices)) if k >= 2 else 0
         del out
     dist.barrier()

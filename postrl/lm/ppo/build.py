@@ -56,7 +56,7 @@ def build_roles(cfg: PPOConfig, device: torch.device) -> Roles:
     """Actor (SFT), critic (per ``cfg.critic``), frozen reward model, frozen reference; dropout off in all
     (`load_causal_lm` and `ScalarHeadModel.from_pretrained` zero it)."""
     load = {
-        "dtype": resolve_dtype(cfg.run.dtype),
+        "dtype": resolve_dtype(cfg.run.dtype, "run.dtype"),
         "device": device,
         "trust_remote_code": cfg.trust_remote_code,
     }
@@ -306,7 +306,7 @@ def export_models(run: PPORun, run_dir: Path) -> None:
         weights = dist.model_state_dict(critic)  # a collective: the full tensors on rank 0, {} elsewhere
         if dist.is_main():
             source = cfg.reward_model if cfg.critic == "reward_model" else cfg.model
-            dtype = resolve_dtype(cfg.run.dtype)
+            dtype = resolve_dtype(cfg.run.dtype, "run.dtype")
             critic = ScalarHeadModel.from_pretrained(source, dtype=dtype, new_head=True, seed=cfg.run.seed)
             critic.load_state_dict(weights)
     if dist.is_main():  # atomically, like every export: a kill leaves the old folder or the new one

@@ -228,7 +228,7 @@ def run_rm(
     seed_everything(run.seed, info.rank)
     rm = ScalarHeadModel.from_pretrained(
         cfg.model,
-        dtype=resolve_dtype(run.dtype),
+        dtype=resolve_dtype(run.dtype, "run.dtype"),
         device=info.device,
         trust_remote_code=cfg.trust_remote_code,
         new_head=True,
@@ -309,7 +309,7 @@ def export_on_main(
         weights = dist.model_state_dict(model)  # a collective: the full tensors on rank 0, {} elsewhere
         if dist.is_main():
             rm = ScalarHeadModel.from_pretrained(
-                cfg.model, dtype=resolve_dtype(cfg.run.dtype), trust_remote_code=cfg.trust_remote_code,
+                cfg.model, dtype=resolve_dtype(cfg.run.dtype, "run.dtype"), trust_remote_code=cfg.trust_remote_code,
                 new_head=True,
             )  # fmt: skip
             rm.load_state_dict(weights)
