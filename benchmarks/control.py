@@ -1,4 +1,5 @@
 #!/usr/bin/env python
+
 """Benchmarks of ``postrl.control`` against the goals of issue 3, optionally beside Stable-Baselines3.
 
 Each task trains the preset ``configs/<algo>-<env>.yaml`` for a fixed budget and several seeds and reports
@@ -79,6 +80,15 @@ Measured 2026-12-02 evening on the idle 2-core machine (load < 1.6; ceiling 34,9
   reinforce-cartpole 5e5 → 500 with the baseline (400) and 330 ± 51 without it.
 - REINFORCE gradient variance (trace of the covariance over 30 batches of 8 episodes, policy trained 5e4
   steps): 2.96 without the baseline, 0.26 with it: 11.4× lower with the learned baseline.
+
+Measured along the way (moved here from the code's comments; re-measure with this script): PPO's
+`ppo_loss` + `backward` through autograd 2.6 ms per 256-row minibatch vs 1.1 ms for the hand-written gradient
+(`postrl/control/ppo_grad.py`); a small torch op 3–8 µs of dispatch, a 256×64 GEMM ≈ 60 µs, torch's float32
+tanh ≈ 4 ns per element and sigmoid half that; `torch.optim.Adam.step` ≈ 0.3 ms of Python per call, the update
+as single-tensor ops ≈ 0.1 ms, the fused kernel ≈ 0.03 ms, the optimizer hook wrapper ≈ 60 µs; with 64×64 MLPs
+a torch op ≈ 8 µs vs a numpy op ≈ 1 µs (the numpy actor), one blocked draw of the rollout's uniforms saves
+≈ 20 µs per step; Gymnasium's info merging ≈ 40 µs of a ≈ 260 µs CartPole vector step; a numpy row write into
+the buffer ≈ 1 µs vs ≈ 5 µs through torch.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def collect_rollout(
     Returns the episodes that ended, as ``(env steps into this rollout, return, length)``.
     """
     episodes: list[tuple[int, float, int]] = []
-    # numpy views of the buffer's tensors (shared memory): a numpy row write costs ~1 µs, a torch one ~5 µs
+    # numpy views of the buffer's tensors (shared memory): a numpy row write is cheaper than a torch one
     views = [t.numpy() for t in (buf.obs, buf.actions, buf.log_probs, buf.rewards)]
     np_obs, np_actions, np_log_probs, np_rewards = views
     np_terminated, np_truncated = buf.terminated.numpy(), buf.truncated.numpy()

@@ -64,10 +64,9 @@ class FlatAdam(torch.optim.Adam):
     """``torch.optim.Adam`` (same hyperparameters, state and checkpoint format) for the ONE flat parameter of
     :class:`FlatParameters`, stepped by torch's fused Adam kernel without the optimizer's Python bookkeeping.
 
-    ``torch.optim.Adam.step`` spends ~0.3 ms in Python per call, several times the cost of the update itself
-    on a 10k-element tensor, and the update written out as single-tensor ops is ~8 kernels (~0.1 ms on the
-    benchmark machine); the fused kernel is one (~0.03 ms). PPO on CartPole takes 20 such steps per 256 env
-    steps. The kernel is torch's own (``torch.optim.Adam(fused=True)``; Kingma & Ba 2015, Algorithm 1), so
+    ``torch.optim.Adam.step`` spends several times the cost of the update itself in Python per call on a
+    10k-element tensor, and the update written out as single-tensor ops is ~8 kernels; the fused kernel is one
+    (benchmarks/control.py). PPO on CartPole takes 20 such steps per 256 env steps. The kernel is torch's own (``torch.optim.Adam(fused=True)``; Kingma & Ba 2015, Algorithm 1), so
     results match it exactly (tested), and ``torch.optim.Adam(foreach=False)`` to float32 rounding.
     """
 
@@ -81,7 +80,7 @@ class FlatAdam(torch.optim.Adam):
 
     @torch.no_grad()
     def update(self) -> None:
-        """``step`` without ``torch.optim.Optimizer``'s per-call hook wrapper (~60 µs: optimizer hooks and a
+        """``step`` without ``torch.optim.Optimizer``'s per-call hook wrapper (optimizer hooks and a
         profiler range), for the training loops in this package."""
         group = self.param_groups[0]
         (param,) = group["params"]

@@ -1,7 +1,7 @@
 """A fast path of the rollout loop: postrl's MLP actors sampling in numpy instead of torch.
 
-With 8 observations and 64×64 MLPs a torch op costs ~8 µs of dispatch and a numpy op ~1 µs, so the actor's
-part of a vector step is about 3× cheaper here (``benchmarks/control.py`` measures the whole effect). The
+With 8 observations and 64×64 MLPs a torch op's dispatch costs several times a numpy op's, so the actor's
+part of a vector step is cheaper here (``benchmarks/control.py`` measures the whole effect). The
 reference is ``actor.act`` (`postrl.control.policies`): random numbers still come from torch (the same calls,
 in the same order), so both draw the same actions and log-probs up to float rounding
 (tests/control/test_policies.py).
@@ -80,7 +80,7 @@ class NumpyActor:
 
     def draws(self, n_steps: int, n_obs: int) -> np.ndarray | None:
         """The uniforms ``[n_steps, n_obs, 1]`` that ``n_steps`` calls of `act` on ``n_obs`` observations would
-        draw, in one torch call (~20 µs saved per step): torch's CPU generator fills a block with the same
+        draw, in one torch call instead of one per step: torch's CPU generator fills a block with the same
         numbers, in the same order, as a call per step, and ends in the same state (tests/control/
         test_policies.py). None for a Gaussian policy, whose normal draws are not blocked that way."""
         return torch.rand((n_steps, n_obs, 1)).numpy() if isinstance(self.actor, CategoricalActor) else None

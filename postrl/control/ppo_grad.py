@@ -8,11 +8,10 @@ own MLP actor and critic and says why not otherwise (e.g. a custom actor subclas
 fused Adam kernel, whatever the networks), so checkpoints move between backends.
 
 For the 64×64 MLPs of classic control on a 256-row minibatch, autograd's bookkeeping (a node per op, its
-saved tensors, the engine's walk of the graph) costs about as much as the arithmetic: `ppo_loss` + `backward`
-took 2.6 ms per minibatch on the 2-core benchmark machine, this 1.1 ms, for the same gradients to float32
-rounding (tests/control/test_ppo_grad.py checks every variant against autograd through
+saved tensors, the engine's walk of the graph) costs about as much as the arithmetic; written out by hand
+the same gradients (to float32 rounding) take well under half the time (benchmarks/control.py) (tests/control/test_ppo_grad.py checks every variant against autograd through
 `postrl.control.ppo.ppo_loss`). PPO on CartPole takes 20 minibatch steps per 256 env steps, so this is most
-of a run, and every op counts: a small op costs 3–8 µs of dispatch here, a 256×64 GEMM ≈ 60 µs.
+of a run, and every op counts: a small op's dispatch costs a sizeable fraction of a 256×64 GEMM.
 
 The derivation (N rows; ρ = exp(log π − log π_old); A the whitened advantages; ε the clip range):
 
@@ -31,8 +30,8 @@ The derivation (N rows; ρ = exp(log π − log π_old); A the whitened advantag
   ∂L/∂b_k = Σ_rows δ_k, δ_{k−1} = (δ_k W_k) ⊙ act'(h_{k−1}), with act' read off the output y:
   tanh 1 − y², relu 1[y > 0], elu (α = 1) 1 where y > 0 else y + 1.
 
-tanh is computed as 2σ(2u) − 1 (the same function, to 2e-7): torch's float32 tanh kernel costs ≈ 4 ns per
-element on the benchmark machine, its sigmoid half that, and the ×2 rides in the GEMM (addmm's α, β).
+tanh is computed as 2σ(2u) − 1 (the same function, to 2e-7): torch's float32 sigmoid kernel is cheaper than its
+tanh on the CPUs measured (benchmarks/control.py), and the ×2 rides in the GEMM (addmm's α, β).
 
 Everything is kept ``[N, 1]``-shaped (a column per row of the minibatch) so that nothing is reshaped, and the
 statistics are columns concatenated and averaged in two ops (`STATS`). Gradients are written into each

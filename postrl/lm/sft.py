@@ -132,7 +132,10 @@ def run_sft(
     set_threads(run.threads)
     seed_everything(run.seed, info.rank)
     model = load_causal_lm(
-        cfg.model, dtype=resolve_dtype(run.dtype, "run.dtype"), device=info.device, trust_remote_code=cfg.trust_remote_code
+        cfg.model,
+        dtype=resolve_dtype(run.dtype, "run.dtype"),
+        device=info.device,
+        trust_remote_code=cfg.trust_remote_code,
     )
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     check_train_length(model, cfg.train)
