@@ -5,7 +5,7 @@ A_i = (r_i − mean_g r) / (std_g r + ε) (or without the std: Dr. GRPO, Liu et 
 One step:
 
     B prompts ──generate(π_old) × G──▶ Rollout [B·G, P+T] + log π_old ──reward fns──▶ r [B·G]
-      ──core.group_advantages──▶ A [B·G]   (+ log π_ref from the frozen reference when β > 0)
+      ──core advantages (grpo.advantage)──▶ A [B·G]   (+ log π_ref from the frozen reference when β > 0)
       ──μ epochs × minibatches × micro-batches: core.grpo_loss (clip ε / ε_high, β·k3)──▶ AdamW steps
 
 Old log-probs. π_old is the policy that sampled, so the sampling log-probs recorded by the rollout engine are
@@ -112,6 +112,7 @@ def grpo_batch_loss(
         max_len=max_len,
         normalizer=normalizer,
         unbiased_kl=cfg.unbiased_kl,
+        importance_level=cfg.importance_level,
     )
     return loss, {**stats, "entropy": masked_mean(entropy, batch.response_mask)}
 

@@ -44,8 +44,19 @@ class GRPOLossConfig:
     loss_type: Literal["grpo", "token", "dr_grpo"] = "token"
     """grpo: mean over each response's tokens, then over responses (DeepSeekMath); token: mean over all
     tokens of the step (DAPO, TRL's default "dapo"); dr_grpo: sum / (responses · max_new_tokens) (Dr. GRPO)."""
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"
+    """The advantage estimator (`postrl.lm.grpo.rollouts.ADVANTAGES`), each from the rewards of a group:
+    grpo: A_i = (r_i − mean_g r) / (std_g r + adv_eps), the std only with scale_rewards (DeepSeekMath, Shao et
+    al. 2024); dr_grpo: A_i = r_i − mean_g r, no std (Dr. GRPO, Liu et al. 2025; as grpo with
+    scale_rewards false); rloo: A_i = r_i − Σ_{j≠i} r_j / (G − 1), the leave-one-out baseline (RLOO, Ahmadian
+    et al. 2024); reinforce_pp: a_i = r_i − mean_g r, whitened over this rank's batch (REINFORCE++-baseline,
+    Hu 2025)."""
+    importance_level: Literal["token", "sequence"] = "token"
+    """The importance ratio: token: ρ_it = π_it / π_old,it per token (GRPO, PPO); sequence: s_i =
+    exp(mean_t(log π_it − log π_old,it)), one length-normalised ratio per response, clipped and applied to
+    every token (GSPO, Zheng et al. 2025)."""
     scale_rewards: bool = True
-    """Divide advantages by the group's reward std (false: Dr. GRPO)."""
+    """Divide advantages by the group's reward std (advantage grpo only; false: Dr. GRPO)."""
     adv_eps: float = 1e-4
     """ε added to the group std."""
     dynamic_sampling: bool = False

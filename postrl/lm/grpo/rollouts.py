@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from postrl.core import group_advantages, overlong_penalty
-from postrl.lm.grpo.config import GRPOConfig
+from postrl.core import group_advantages, overlong_penalty, reinforce_pp_advantages, rloo_advantages
+from postrl.lm.grpo.config import GRPOConfig, GRPOLossConfig
 from postrl.lm.rewards import RewardFunction, TrainerState, combine, completion_ids_of, reward_terms
 from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, left_pad, score
 from postrl.lm.rollout.batch import RolloutBatch
@@ -222,6 +222,36 @@ def _gather(run: Run, rounds: list[_Round], chosen: list[tuple[int, int]]) -> tu
     return _merge(parts, run.tokenizer.pad_token_id), torch.cat(rewards)
 
 
+# ---- advantages (grpo.advantage): each maps rewards [n·G], the G responses of a prompt contiguous, to [n·G] --
+def _grpo(rewards: Tensor, g: GRPOLossConfig) -> Tensor:
+    """(r − mean_g) / (std_g + adv_eps), the std only with scale_rewards (DeepSeekMath, Shao et al. 2024)."""
+    return group_advantages(rewards, g.group_size, g.adv_eps, scale=g.scale_rewards)
+
+
+def _dr_grpo(rewards: Tensor, g: GRPOLossConfig) -> Tensor:
+    """r − mean_g, never divided by the std (Dr. GRPO, Liu et al. 2025)."""
+    return group_advantages(rewards, g.group_size, g.adv_eps, scale=False)
+
+
+def _rloo(rewards: Tensor, g: GRPOLossConfig) -> Tensor:
+    """r_i − mean of the other G − 1 rewards of the group (RLOO, Ahmadian et al. 2024)."""
+    return rloo_advantages(rewards, g.group_size)
+
+
+def _reinforce_pp(rewards: Tensor, g: GRPOLossConfig) -> Tensor:
+    """r − mean_g, whitened over the batch (REINFORCE++-baseline, Hu 2025). The batch is this rank's rows:
+    with several ranks each whitens its own share (one process: the whole step)."""
+    return reinforce_pp_advantages(rewards, g.group_size)
+
+
+ADVANTAGES = {"grpo": _grpo, "dr_grpo": _dr_grpo, "rloo": _rloo, "reinforce_pp": _reinforce_pp}
+
+
+def compute_advantages(rewards: Tensor, g: GRPOLossConfig) -> Tensor:
+    """[n·G] advantages of [n·G] rewards by the estimator ``g.advantage`` (`ADVANTAGES`); detached."""
+    return ADVANTAGES[g.advantage](rewards, g)
+
+
 def collect(run: Run, stream: PromptStream, step: int) -> tuple[RolloutBatch, dict[str, float]]:
     """Sample this rank's groups (with dynamic-sampling refills), reward them, and build the training batch."""
     g = run.cfg.grpo
@@ -253,7 +283,7 @@ def collect(run: Run, stream: PromptStream, step: int) -> tuple[RolloutBatch, di
                     temperature=run.cfg.sampling.temperature, use_fast=run.cfg.sampling.use_fast,
                 )  # fmt: skip
     timers["time_score"] += time.perf_counter() - start
-    advantages = group_advantages(rewards, g.group_size, g.adv_eps, scale=g.scale_rewards)
+    advantages = compute_advantages(rewards, g)
     batch = RolloutBatch(
         rollout.input_ids,
         rollout.attention_mask,
