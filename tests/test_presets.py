@@ -1,6 +1,7 @@
 """Presets ship with the package: a wheel holds them, an installed (non-editable) postrl finds them, and
 `--config NAME` loads one by name; a name that is neither a file nor a preset is an error listing them."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -21,7 +22,14 @@ def test_every_preset_loads_by_name():
     from postrl.lm.reward_model import RMConfig
     from postrl.lm.sft import SFTConfig
 
-    lm = {"grpo": GRPOConfig, "rm": RMConfig, "sft": SFTConfig}
+    lm = {
+        "grpo": GRPOConfig,
+        "rloo": GRPOConfig,
+        "gspo": GRPOConfig,
+        "dapo": GRPOConfig,
+        "rm": RMConfig,
+        "sft": SFTConfig,
+    }
     assert {"ppo-cartpole", "grpo-arithmetic", "sft-arithmetic", "rm-reviews", "ppo-reviews"} <= set(
         preset_names()
     )
@@ -43,13 +51,17 @@ def test_an_unknown_config_name_lists_the_close_presets():
 def test_a_wheel_installs_the_presets_and_the_control_command_finds_them(tmp_path):
     """A non-editable install used to run CartPole silently with n_steps 128 / 4 epochs: the rl-zoo preset
     (32 / 20) was not in the package."""
+    source = tmp_path / "source"  # a copy: setuptools would reuse a stale build/ folder of the checkout
+    shutil.copytree(ROOT / "postrl", source / "postrl", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     subprocess.run(
         [
             sys.executable,
             "-m",
             "pip",
             "wheel",
-            str(ROOT),
+            str(source),
             "--no-deps",
             "--no-build-isolation",
             "-q",

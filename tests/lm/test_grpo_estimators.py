@@ -109,10 +109,10 @@ def test_sequence_importance_reaches_the_loss(tiny_lm_dir, tmp_path, monkeypatch
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        ("grpo-rloo-arithmetic", {"advantage": "rloo", "importance_level": "token", "beta": 0.04}),
-        ("grpo-gspo-arithmetic", {"advantage": "grpo", "importance_level": "sequence", "beta": 0.04}),
+        ("rloo-arithmetic", {"advantage": "rloo", "importance_level": "token", "beta": 0.04}),
+        ("gspo-arithmetic", {"advantage": "grpo", "importance_level": "sequence", "beta": 0.04}),
         (
-            "grpo-dapo-arithmetic",
+            "dapo-arithmetic",
             {"loss_type": "token", "clip_eps_high": 0.28, "dynamic_sampling": True, "beta": 0.0},
         ),
     ],
@@ -120,7 +120,7 @@ def test_sequence_importance_reaches_the_loss(tiny_lm_dir, tmp_path, monkeypatch
 def test_the_family_presets_load(name, expected):
     cfg = load_config(GRPOConfig, name)
     assert {k: getattr(cfg.grpo, k) for k in expected} == expected
-    if name == "grpo-dapo-arithmetic":
+    if name == "dapo-arithmetic":
         assert 0 < cfg.grpo.overlong_buffer <= cfg.sampling.max_new_tokens
 
 
