@@ -21,7 +21,7 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from postrl.lm.models import ModelError, hub_reachable, load_error, looks_like_path
+from postrl.lm.models import ModelError, folder_or_hub_name, hub_reachable, load_error
 from postrl.lm.tasks import build_corpus
 
 log = logging.getLogger(__name__)
@@ -115,21 +115,17 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path
 
 
 def _tokenizer_source(path_or_name: str | Path, what: str) -> tuple[str, bool]:
-    """(what to pass to ``from_pretrained``, whether it is a local folder); a folder without tokenizer
-    files or a path that does not exist raises `ModelError`."""
-    path = Path(path_or_name).expanduser()
-    if path.is_dir():
-        if not any((path / name).is_file() for name in TOKENIZER_FILES):
-            raise ModelError(
-                f"{what} '{path_or_name}': the folder has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
-                "set the `tokenizer` key to the folder or hub name of the model's tokenizer"
-            )
-        return str(path), True
-    if path.exists():
-        raise ModelError(f"{what} '{path_or_name}': a file, not a tokenizer folder")
-    if looks_like_path(path_or_name):
-        raise ModelError(f"{what} '{path_or_name}': no such folder")
-    return str(path_or_name), False
+    """`postrl.lm.models.folder_or_hub_name` for a tokenizer: a folder must hold a tokenizer file."""
+
+    def problem(path: Path) -> str | None:
+        if any((path / name).is_file() for name in TOKENIZER_FILES):
+            return None
+        return (
+            f"the folder has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+            "set the `tokenizer` key to the folder or hub name of the model's tokenizer"
+        )
+
+    return folder_or_hub_name(path_or_name, what, "tokenizer", problem)
 
 
 def load_tokenizer(

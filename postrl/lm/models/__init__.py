@@ -28,6 +28,7 @@ from postrl.lm.models.layout import position_ids_from_mask as position_ids_from_
 from postrl.lm.models.loading import DTYPES as DTYPES
 from postrl.lm.models.loading import ModelError as ModelError
 from postrl.lm.models.loading import assert_dropout_off as assert_dropout_off
+from postrl.lm.models.loading import folder_or_hub_name as folder_or_hub_name
 from postrl.lm.models.loading import hub_reachable as hub_reachable
 from postrl.lm.models.loading import load_causal_lm as load_causal_lm
 from postrl.lm.models.loading import load_error as load_error

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -60,25 +61,33 @@ def looks_like_path(path_or_name: str | Path) -> bool:
     return isinstance(path_or_name, Path) or text.startswith(("/", ".", "~")) or text.count("/") > 1
 
 
-def model_source(path_or_name: str | Path, what: str = "model") -> tuple[str, bool]:
-    """(what to pass to ``from_pretrained``, whether it is a local folder), checked before any loading.
-
-    A folder must hold a ``config.json``; a path that does not exist is an error unless it can be a hub
-    name ("org/model"). Errors are `ModelError`s that name ``what`` (the config key) and the path.
-    """
+def folder_or_hub_name(
+    path_or_name: str | Path, what: str, kind: str, problem: Callable[[Path], str | None]
+) -> tuple[str, bool]:
+    """(what to pass to ``from_pretrained``, whether it is a local folder), checked before any loading: a
+    folder must pass ``problem`` (None: fine, else why not); a path that does not exist is an error unless it
+    can be a hub name ("org/model"). Errors are `ModelError`s naming ``what`` (the config key) and the path."""
     path = Path(path_or_name).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelError(
-                f"{what} '{path_or_name}': the folder has no config.json, so it is not a Hugging Face model "
-                "(expected a folder written by save_pretrained)"
-            )
+        if (why := problem(path)) is not None:
+            raise ModelError(f"{what} '{path_or_name}': {why}")
         return str(path), True
     if path.exists():
-        raise ModelError(f"{what} '{path_or_name}': a file, not a model folder")
+        raise ModelError(f"{what} '{path_or_name}': a file, not a {kind} folder")
     if looks_like_path(path_or_name):
         raise ModelError(f"{what} '{path_or_name}': no such folder")
     return str(path_or_name), False
+
+
+def model_source(path_or_name: str | Path, what: str = "model") -> tuple[str, bool]:
+    """`folder_or_hub_name` for a model: a folder must hold a ``config.json``."""
+
+    def problem(path: Path) -> str | None:
+        if (path / "config.json").is_file():
+            return None
+        return "the folder has no config.json, so it is not a Hugging Face model (expected a folder written by save_pretrained)"
+
+    return folder_or_hub_name(path_or_name, what, "model", problem)
 
 
 @functools.cache
