@@ -131,7 +131,7 @@ PEERS = Path(os.environ.get("POSTRL_PEERS", "/work/shared/peers"))
 
 def run_postrl(task: str, seed: int, steps: int, out_root: Path, ppo_backend: str = "auto") -> dict:
     from postrl.control.commands import preset_path
-    from postrl.control.train import algorithm, train
+    from postrl.control.loop import algorithm, train
     from postrl.runtime.config import load_config
 
     algo, env_id, _, goal, _ = TASKS[task]
@@ -219,7 +219,7 @@ def reinforce_gradient_variance(train_steps: int, batches: int, out_root: Path) 
     from postrl.control import reinforce
     from postrl.control.commands import preset_path
     from postrl.control.envs import VecEnv
-    from postrl.control.train import train
+    from postrl.control.loop import train
     from postrl.core import flat_grad, reinforce_loss
     from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint
     from postrl.runtime.config import load_config

@@ -81,7 +81,7 @@ def run_one(env: str, seed: int, noise: float | None, steps: int, labels: int | 
 
     torch.set_num_threads(1)
     from postrl.control import ppo, prefs
-    from postrl.control.train import train
+    from postrl.control.loop import train
     from postrl.runtime.config import load_config
 
     common = [

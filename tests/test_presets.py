@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_preset_loads_by_name():
-    from postrl.control.train import algorithm
+    from postrl.control.loop import algorithm
     from postrl.lm.grpo import GRPOConfig
     from postrl.lm.ppo import PPOConfig
     from postrl.lm.reward_model import RMConfig

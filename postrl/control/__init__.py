@@ -12,7 +12,7 @@ Layout (each algorithm is one file you can read top to bottom; all the math come
 - ``ppo_grad``, ``numpy_actor``, ``flat``: PPO's fast path (the gradient written out by hand, the rollout's
   actor in numpy, Adam on one flat tensor), chosen by ``ppo.backend`` and pinned by tests to the reference
   path; nothing in the algorithm files needs them to be read.
-- ``train``: the loop they share — run folder, metrics.jsonl, summary.json, checkpoints, exact resume,
+- ``loop``: the loop they share — run folder, metrics.jsonl, summary.json, checkpoints, exact resume,
   evaluation, learning-curve PNG, GIF.
 - ``tabular``: value iteration, SARSA and Q-learning on FrozenLake / CliffWalking.
 - ``commands``: ``postrl control train`` / ``postrl control eval``.
@@ -25,7 +25,7 @@ Quick start::
 or from Python::
 
     from postrl.control import ppo
-    from postrl.control.train import train
+    from postrl.control.loop import train
     from postrl.runtime.config import load_config
 
     cfg = load_config(ppo.Config, "ppo-cartpole", ["run.seed=1"])

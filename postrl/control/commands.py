@@ -95,7 +95,7 @@ def preset_path(algo: str, env_id: str) -> Path | None:
 
 def resolve_config(args: argparse.Namespace):
     """The config of a ``train`` command line (see the module docstring for the precedence)."""
-    from postrl.control.train import algorithm  # deferred: torch, which `postrl --help` must not import
+    from postrl.control.loop import algorithm  # deferred: torch, which `postrl --help` must not import
 
     if args.resume:
         return load_config(
@@ -133,11 +133,11 @@ def _run_algo(run_dir: str) -> str:
 
 def _train(args: argparse.Namespace) -> int:
     if args.list_keys:
-        from postrl.control.train import algorithm  # deferred: torch
+        from postrl.control.loop import algorithm  # deferred: torch
 
         print(format_help(algorithm(args.algo).Config))
         return 0
-    from postrl.control.train import train  # deferred: torch
+    from postrl.control.loop import train  # deferred: torch
 
     cfg = resolve_config(args)
     return _run(cfg, args, train)
@@ -160,7 +160,7 @@ def _run(cfg, args: argparse.Namespace, train_fn) -> int:
 def _eval(args: argparse.Namespace) -> int:
     import numpy as np  # deferred, as torch: `postrl --help` stays instant
 
-    from postrl.control.train import evaluate, load_agent, record_gif
+    from postrl.control.loop import evaluate, load_agent, record_gif
 
     cfg, agent, env = load_agent(args.run_dir)
     seed = cfg.run.seed if args.seed is None else args.seed

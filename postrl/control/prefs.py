@@ -65,7 +65,7 @@ from postrl.control.prefs_reward import (
     synthetic_labels,
     train_reward_model,
 )
-from postrl.control.train import Agent, train
+from postrl.control.loop import Agent, train
 from postrl.runtime.checkpoint import atomic_write_text
 from postrl.runtime.config import ConfigError
 from postrl.runtime.logging import read_jsonl
@@ -287,7 +287,7 @@ def build(cfg: Config, env: VecEnv) -> Prefs:
 
 
 def run(cfg: Config, run_dir, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
-    """Train (``postrl.control.train``), then add the preference metrics to summary.json and plot the
+    """Train (``postrl.control.loop.train``), then add the preference metrics to summary.json and plot the
     true return against the labels used (``true_return_vs_labels.png``)."""
     run_dir = Path(run_dir)
     summary = train(cfg, run_dir, resume=resume, overwrite=overwrite)

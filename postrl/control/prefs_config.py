@@ -10,7 +10,7 @@ from postrl.control import ppo
 from postrl.control.envs import EnvConfig
 from postrl.control.policies import PolicyConfig
 from postrl.control.prefs_reward import LabellerConfig, RewardModelConfig
-from postrl.control.train import RunConfig
+from postrl.control.loop import RunConfig
 from postrl.runtime.config import ConfigError
 
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from postrl.control.envs import EnvConfig, VecEnv
 from postrl.control.policies import Critic, PolicyConfig, make_actor
-from postrl.control.train import Agent, RunConfig
+from postrl.control.loop import Agent, RunConfig
 from postrl.core import discounted_returns, reinforce_loss, value_loss
 from postrl.runtime.config import ConfigError
 

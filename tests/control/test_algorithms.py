@@ -7,7 +7,7 @@ import torch
 from postrl.control import a2c, ppo, reinforce, trpo
 from postrl.control.buffer import collect_rollout
 from postrl.control.envs import VecEnv
-from postrl.control.train import train
+from postrl.control.loop import train
 from postrl.runtime.config import load_config
 
 RANDOM_CARTPOLE = 22.0  # mean return of the uniform random policy on CartPole-v1

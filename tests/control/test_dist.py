@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from postrl.control import dist
 from postrl.control.envs import EnvConfig
 from postrl.control.ppo import Config, PPOConfig
-from postrl.control.train import RunConfig, train
+from postrl.control.loop import RunConfig, train
 from postrl.core import masked_whiten
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import read_jsonl
@@ -64,7 +64,7 @@ def test_training_in_a_group_of_one_equals_no_group(tmp_path):
 
 @pytest.mark.parametrize("algo", ["reinforce", "a2c", "trpo", "prefs"])
 def test_other_algorithms_refuse_torchrun(monkeypatch, tmp_path, algo):
-    from postrl.control.train import algorithm
+    from postrl.control.loop import algorithm
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(UserError, match="only ppo runs under torchrun"):

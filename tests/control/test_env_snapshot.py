@@ -16,7 +16,7 @@ import pytest
 
 from postrl.control import ppo
 from postrl.control.envs import EnvConfig, VecEnv
-from postrl.control.train import train
+from postrl.control.loop import train
 from postrl.runtime.config import load_config
 from postrl.runtime.errors import UserError
 

@@ -11,7 +11,7 @@ import torch
 
 from postrl.control import a2c, ppo, prefs, reinforce, trpo
 from postrl.control.commands import add_parser, preset_path, resolve_config
-from postrl.control.train import evaluate, train
+from postrl.control.loop import evaluate, train
 from postrl.runtime.config import ConfigError, load_config
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from postrl.control.train import evaluate, load_agent
+from postrl.control.loop import evaluate, load_agent
 from postrl.runtime.logging import read_jsonl
 from tests.dist.launch import assert_same_weights, load_script, torchrun
 

@@ -177,7 +177,7 @@ def test_every_shipped_config_default_is_valid():
     """The ranges agree with every default and preset postrl ships."""
     from pathlib import Path
 
-    from postrl.control.train import algorithm
+    from postrl.control.loop import algorithm
     from postrl.demo import DemoConfig
     from postrl.lm.grpo import GRPOConfig
     from postrl.lm.ppo import PPOConfig

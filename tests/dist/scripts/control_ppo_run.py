@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from postrl.control.buffer import collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
 from postrl.control.ppo import PPO, Config, PPOConfig
-from postrl.control.train import RunConfig, train
+from postrl.control.loop import RunConfig, train
 from postrl.core import gae
 from postrl.runtime import distributed as dist
 from postrl.runtime.seeding import seed_everything
