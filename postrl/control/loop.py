@@ -34,6 +34,7 @@ from torch import nn
 from postrl.control import dist
 from postrl.control.envs import VecEnv
 from postrl.control.evaluation import evaluate, record_gif
+from postrl.runtime import callbacks
 from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from postrl.runtime.config import ConfigError, load_config, read_yaml, validate
 from postrl.runtime.distributed import broadcast_object, is_main, reduce_metrics, world_size
@@ -205,6 +206,14 @@ def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, lo
             elapsed = progress.train_seconds + time.perf_counter() - start
             done = progress.env_steps >= total or _out_of_time(run, elapsed)
             row = _row(reduce_metrics(metrics), progress)
+            if callbacks.active():  # the Python API's on_iteration; rank 0's answer stops every rank
+                info = {
+                    "step": progress.env_steps,
+                    "iteration": it + 1,
+                    "metrics": row,
+                    "run_dir": str(run_dir),
+                }
+                done = bool(broadcast_object(done or main and callbacks.stop_requested(info)))
             if main and run.eval_every and _crossed(progress.env_steps, n_steps, run.eval_every):
                 eval_start = time.perf_counter()
                 row["eval_return"] = float(np.mean(evaluate(agent.actor, env, cfg, run.eval_episodes)))

@@ -9,6 +9,9 @@ An algorithm (pretraining and SFT, the reward model, PPO-RLHF, GRPO) is an objec
 - ``load_extra(extra)``: its own state back from a checkpoint (the weights are loaded by the loop);
 - optionally ``bar(metrics) -> dict`` (the progress bar's fields) and ``should_stop(evals) -> bool``.
 
+A Python API caller's ``on_iteration(info)`` (`postrl.runtime.callbacks`) is called after every step; returning
+``False`` ends the run there as a finished one (evaluated, checkpointed).
+
 :func:`train_loop` runs it for ``run.steps`` steps (or ``run.max_seconds`` of step time, rank 0's clock), logs
 every ``run.log_every`` steps, evaluates every ``run.eval_every`` steps and at the end, and checkpoints every
 ``run.save_every`` steps and at the end. A checkpoint holds the full (gathered) weights as safetensors, the
@@ -28,6 +31,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from postrl.runtime import callbacks
 from postrl.runtime import distributed as dist
 from postrl.runtime.checkpoint import STATE_FILE, load_checkpoint, save_checkpoint
 from postrl.runtime.logging import RunLogger
@@ -242,6 +246,14 @@ def train_loop(
             done = state.step == run.steps
             if run.max_seconds is not None:  # rank 0's clock decides, so every rank stops at the same step
                 done = dist.broadcast_object(done or state.train_seconds >= run.max_seconds)
+            if callbacks.active():  # the Python API's on_iteration; rank 0's answer stops every rank
+                info = {
+                    "step": state.step,
+                    "iteration": state.step,
+                    "metrics": metrics,
+                    "run_dir": str(run_dir),
+                }
+                done = bool(dist.broadcast_object(done or dist.is_main() and callbacks.stop_requested(info)))
             if done or (run.eval_every and state.step % run.eval_every == 0):
                 state.last_eval = _log_eval(algo, state, logger, bar)
                 done = done or bool(dist.broadcast_object(should_stop(state.last_eval)))
