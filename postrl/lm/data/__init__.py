@@ -1,7 +1,9 @@
 """Data for the LM trainers: reading and validating rows, then rendering and tokenising them.
 
-    sources.py   JSONL / JSON / Parquet files, built-in tasks, ``datasets`` names → validated rows of a kind
-                 (sft, prefs, prompts), empty rows refused or skipped; `DataError`; `write_jsonl`
+    sources.py   JSONL / JSON / Parquet files, built-in tasks, ``datasets`` names, rows in memory (a list of
+                 dicts, a ``datasets.Dataset``: `register_records`) → validated rows of a kind (sft, prefs,
+                 prompts) in TRL's formats (implicit preference prompts made explicit: `explicit_prompt`),
+                 empty rows refused or skipped; `DataError`; `write_jsonl`
     tokens.py    rows → tokens: chat rendering, length limits, `encode_prompts`, SFT examples, packing,
                  padding and the rollout layout
 
@@ -9,11 +11,14 @@ Every name the trainers use is importable from `postrl.lm.data`.
 """
 
 from postrl.lm.data.sources import EMPTY_POLICIES as EMPTY_POLICIES
+from postrl.lm.data.sources import MEMORY_PREFIX as MEMORY_PREFIX
 from postrl.lm.data.sources import TEXT_FIELDS as TEXT_FIELDS
 from postrl.lm.data.sources import DataError as DataError
+from postrl.lm.data.sources import explicit_prompt as explicit_prompt
 from postrl.lm.data.sources import load_rows as load_rows
 from postrl.lm.data.sources import load_train_heldout as load_train_heldout
 from postrl.lm.data.sources import read_records as read_records
+from postrl.lm.data.sources import register_records as register_records
 from postrl.lm.data.sources import validate_record as validate_record
 from postrl.lm.data.sources import write_jsonl as write_jsonl
 from postrl.lm.data.tokens import IGNORE_INDEX as IGNORE_INDEX

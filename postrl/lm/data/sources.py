@@ -1,21 +1,28 @@
 """Data for the LM trainers, reading and validating: a source's records become checked rows of one kind.
 
 Sources: a JSONL file (one object per line), a JSON list, a Parquet file (``pip install 'postrl[parquet]'``),
-a built-in task (``task:arithmetic``) or a Hugging Face ``datasets`` name (optional extra). Rows use TRL's
-columns; each kind accepts plain text or conversational messages (``[{"role", "content"}, ...]``):
+a built-in task (``task:arithmetic``), a Hugging Face ``datasets`` name (``pip install 'postrl[datasets]'``),
+or rows held in memory (a list of dicts or a ``datasets.Dataset``, given to the Python API: `register_records`
+names them ``memory:<hash>``). Rows use TRL's columns and formats (https://huggingface.co/docs/trl/dataset_formats);
+each kind accepts standard text or conversational messages (``[{"role", "content"}, ...]``):
 
-    sft      {"prompt", "completion"} | {"messages"} (the last message, an assistant's, is the completion)
-             | {"text"} (language modelling: every token is a target)
-    prefs    {"prompt", "chosen", "rejected"} (+ optional "target" in [0, 1]; 1 = chosen preferred, 0.5 = tie)
+    sft      {"prompt", "completion"} | {"messages"} (the last message, an assistant's, is the completion; a
+             system turn first is kept in the prompt) | {"text"} (language modelling: every token is a target)
+    prefs    {"prompt", "chosen", "rejected"} (+ optional "target" in [0, 1]; 1 = chosen preferred, 0.5 = tie),
+             or {"chosen", "rejected"} with an implicit prompt: the shared start becomes the prompt, as TRL's
+             ``extract_prompt`` does (the leading messages both conversations share; for text, the longest
+             common prefix, a space before the split going to the answers)
     prompts  {"prompt"} (+ any columns, passed on to reward functions, e.g. "answer")
 
-A bad record raises `DataError` naming the file, the line (row for Parquet) and the field. Rows whose
+A bad record raises `DataError` naming the file, the line (row for Parquet, index for rows in memory) and the
+field. Rows whose
 prompt or answer is empty or whitespace-only are refused (the first named, all counted) or skipped with a
 warning that counts them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -128,8 +135,58 @@ def _read_hub(name: str, split: str) -> list[tuple[str, dict[str, Any]]]:
     return [(f"{name}[{split}]: row {i}", dict(r)) for i, r in enumerate(rows)]
 
 
+# ---- rows in memory (the Python API) -------------------------------------------------------------------
+MEMORY_PREFIX = "memory:"
+_IN_MEMORY: dict[str, tuple[str, list[Any]]] = {}
+
+
+def _as_records(rows: Any, label: str) -> list[Any]:
+    """A list of rows from a list/tuple of dicts or a ``datasets.Dataset``; anything else is a `DataError`."""
+    if type(rows).__name__ in ("DatasetDict", "IterableDatasetDict"):
+        raise DataError(f"{label}: a DatasetDict of splits {sorted(rows)}; pass one split, e.g. ds['train']")
+    if hasattr(rows, "to_list") and hasattr(rows, "column_names"):  # a datasets.Dataset
+        return list(rows.to_list())
+    if isinstance(rows, (list, tuple)):
+        return list(rows)
+    raise DataError(
+        f"{label}: expected a file path, task:NAME, a list of dicts or a datasets.Dataset, "
+        f"got {type(rows).__name__}"
+    )
+
+
+def register_records(rows: Any, label: str = "data") -> str:
+    """The source name (``memory:<hash of the rows>``) under which `load_rows` finds ``rows`` in this process.
+
+    ``rows``: a list of dicts or a ``datasets.Dataset``. ``label`` names them in errors (``data[3]: field
+    'chosen': ...``). The name depends on the content only, so passing the same rows again (to resume a run
+    whose config.yaml names them) gives the same name. Rows in memory are not saved with a run.
+    """
+    records = _as_records(rows, label)
+    text = json.dumps(records, sort_keys=True, default=repr, ensure_ascii=False)
+    name = MEMORY_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:16]
+    _IN_MEMORY[name] = (label, records)
+    return name
+
+
+def _read_memory(name: str) -> list[tuple[str, dict[str, Any]]]:
+    if name not in _IN_MEMORY:
+        raise DataError(
+            f"{name}: rows that were given in memory (a list of dicts or a datasets.Dataset) to postrl's Python "
+            "API; they are not saved with a run: pass the same data= again (e.g. to resume)"
+        )
+    label, records = _IN_MEMORY[name]
+    out = []
+    for i, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise DataError(f"{label}[{i}]: expected a dict (one row), got {type(record).__name__}")
+        out.append((f"{label}[{i}]", dict(record)))
+    return out
+
+
 def read_records(source: str | Path, split: str = "train") -> list[tuple[str, dict[str, Any]]]:
-    """Raw ``(location, record)`` pairs from a file or a ``datasets`` name (no schema check)."""
+    """Raw ``(location, record)`` pairs from a file, rows in memory or a ``datasets`` name (no schema check)."""
+    if str(source).startswith(MEMORY_PREFIX):
+        return _read_memory(str(source))
     path = Path(source).expanduser()
     suffix = path.suffix.lower()
     if path.is_file():
@@ -185,13 +242,54 @@ def validate_record(record: dict[str, Any], kind: str, where: str) -> None:
         if not isinstance(record["text"], str):
             raise DataError(f"{where}: field 'text': expected a string, got {type(record['text']).__name__}")
         return
-    for field in TEXT_FIELDS[kind]:
+    fields = TEXT_FIELDS[kind]
+    if kind == "prefs" and "prompt" not in record and "chosen" in record and "rejected" in record:
+        fields = fields[1:]  # an implicit prompt (`explicit_prompt`)
+    for field in fields:
         _check_text_or_messages(record, field, where)
+    if fields is not TEXT_FIELDS[kind] and type(record["chosen"]) is not type(record["rejected"]):
+        raise DataError(
+            f"{where}: fields 'chosen' and 'rejected': one is text and the other messages; without a 'prompt' "
+            "column both must be the same kind (the shared start is the prompt)"
+        )
     target = record.get("target", 1.0)
     if kind == "prefs" and (
         isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 <= target <= 1
     ):
         raise DataError(f"{where}: field 'target': expected a number in [0, 1], got {target!r}")
+
+
+def _common_start(a: str | list[Any], b: str | list[Any]) -> int:
+    """How many leading characters (or messages) ``a`` and ``b`` share; for text, a space just before the
+    split is left to the answers (TRL's ``extract_prompt``)."""
+    k = 0
+    while k < min(len(a), len(b)) and a[k] == b[k]:
+        k += 1
+    if isinstance(a, str) and 0 < k and a[k - 1] == " ":
+        k -= 1
+    return k
+
+
+def explicit_prompt(record: dict[str, Any], where: str) -> dict[str, Any]:
+    """A preference row with its prompt as a column: a row without one (TRL's implicit prompt) is split at the
+    end of what chosen and rejected share (leading messages, or the common text prefix)."""
+    if "prompt" in record:
+        return record
+    chosen, rejected = record["chosen"], record["rejected"]
+    k = _common_start(chosen, rejected)
+    if k == 0:
+        raise DataError(
+            f"{where}: no 'prompt' field, and 'chosen' and 'rejected' share no leading "
+            f"{'messages' if isinstance(chosen, list) else 'text'} to take as the implicit prompt; add a prompt "
+            "column"
+        )
+    if k >= len(chosen) or k >= len(rejected):
+        which = "chosen" if k >= len(chosen) else "rejected"
+        raise DataError(
+            f"{where}: no 'prompt' field, and '{which}' is all shared start (the implicit prompt) with nothing "
+            "after it to be the answer"
+        )
+    return {**record, "prompt": chosen[:k], "chosen": chosen[k:], "rejected": rejected[k:]}
 
 
 def _is_blank(value: str | list[dict[str, str]], last_only: bool) -> bool:
@@ -254,6 +352,8 @@ def load_rows(
         raise DataError(f"{source}: no records (the file is empty)")
     for where, record in records:
         validate_record(record, kind, where)
+    if kind == "prefs":
+        records = [(where, explicit_prompt(record, where)) for where, record in records]
     kept = _drop_blank(records, kind, empty)
     if not kept:
         raise DataError(f"{source}: no records left: every row has an empty text field")
