@@ -112,7 +112,7 @@ def test_arithmetic_bad_options() -> None:
         get_task("arithmetic", digit=2)
     with pytest.raises(TaskError, match="available: arithmetic, reviews"):
         get_task("arithmetc")
-    assert list_tasks() == ["arithmetic", "reviews"]
+    assert list_tasks() == ["arithmetic", "reviews", "shapes"]
 
 
 # ---- reviews: gold reward --------------------------------------------------------------------------------

@@ -13,10 +13,12 @@ from postrl.lm.tasks.base import KINDS, SPLITS, Task, TaskError, build_config
 from postrl.lm.tasks.corpus import build_corpus
 from postrl.lm.tasks.labeller import LabellerConfig, SyntheticLabeller
 from postrl.lm.tasks.reviews import ReviewsConfig, ReviewsTask
+from postrl.lm.tasks.shapes import ShapesConfig, ShapesTask
 
 TASKS: dict[str, tuple[type[Task], type]] = {
     "arithmetic": (ArithmeticTask, ArithmeticConfig),
     "reviews": (ReviewsTask, ReviewsConfig),
+    "shapes": (ShapesTask, ShapesConfig),
 }
 
 
@@ -42,6 +44,8 @@ __all__ = [
     "LabellerConfig",
     "ReviewsConfig",
     "ReviewsTask",
+    "ShapesConfig",
+    "ShapesTask",
     "SyntheticLabeller",
     "Task",
     "TaskError",
