@@ -1,5 +1,7 @@
 """Loading reward functions from specs: ``task:NAME``, ``module:function`` (or ``file.py:function``) and
 ``rm:PATH``; a user's function is imported by attribute name (never ``eval``-ed) and checked against the call.
+``callable:NAME`` is a Python function given to the Python API (``postrl.grpo(rewards=[fn])``), found in
+`CALLABLES` while that call runs: a config records its qualified name, and a resume needs it passed again.
 """
 
 from __future__ import annotations
@@ -22,6 +24,21 @@ from postrl.lm.rewards.contract import RewardCallable, RewardError, RewardFuncti
 from postrl.lm.rewards.scorer import RewardModelScorer
 from postrl.lm.tasks import get_task
 from postrl.runtime.errors import UserError
+
+CALLABLES: dict[str, RewardCallable] = {}
+"""``callable:NAME`` specs → the Python functions the API was given (filled and emptied by `postrl.api`)."""
+
+
+def _callable_reward(spec: str, columns: Sequence[str] | None) -> RewardCallable:
+    fn = CALLABLES.get(spec)
+    if fn is None:
+        raise RewardError(
+            f"reward spec {spec!r}: a Python function given to postrl's Python API (rewards=[fn]); functions "
+            "are not saved with a run, so pass it again (e.g. postrl.grpo(out=RUN_DIR, resume=True, "
+            "rewards=[fn]))"
+        )
+    check_signature(fn, spec, columns)
+    return fn
 
 
 def _task_reward(name: str, task_kwargs: dict[str, Any] | None) -> tuple[RewardCallable, bool]:
@@ -132,6 +149,8 @@ def load_reward_fn(
         return RewardFunction(spec, fn, weight, verifier)
     if spec.startswith("rm:"):
         return RewardFunction(spec, _reward_model(spec[len("rm:") :], device), weight)
+    if spec.startswith("callable:"):
+        return RewardFunction(spec, _callable_reward(spec, columns), weight)
     return RewardFunction(spec, _function_reward(spec, columns), weight)
 
 
