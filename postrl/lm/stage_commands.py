@@ -54,6 +54,13 @@ STAGES: dict[str, tuple[str, str, str, str, dict[str, str]]] = {
         "GRPO: G sampled responses per prompt, the group's rewards as the baseline, no critic",
         {"--model": "model", "--data": "data"},
     ),
+    "dpo": (
+        "postrl.lm.dpo",
+        "DPOConfig",
+        "run_dpo",
+        "DPO/IPO on preference pairs: the policy's log-ratio to a frozen reference as the implicit reward",
+        {"--model": "model", "--data": "data"},
+    ),
 }
 
 
