@@ -168,6 +168,11 @@ def register_records(rows: Any, label: str = "data") -> str:
     return name
 
 
+def release_records(name: str) -> None:
+    """Forget the rows registered under ``name`` (the Python API does once its run returns)."""
+    _IN_MEMORY.pop(name, None)
+
+
 def _read_memory(name: str) -> list[tuple[str, dict[str, Any]]]:
     if name not in _IN_MEMORY:
         raise DataError(

@@ -1,0 +1,257 @@
+"""postrl from Python: one function per training stage, the twin of its command.
+
+    import postrl
+
+    result = postrl.sft("sft-arithmetic", model="runs/pretrain/model", out="runs/sft", run={"steps": 50})
+    result.run_dir, result.summary["final_loss"], result.model_path
+
+Each function takes what its command takes, in Python:
+
+- ``config``: a preset name (``"grpo-arithmetic"``), a YAML file, a config object (``GRPOConfig(...)``) or a
+  dict: the command's ``--config``;
+- keyword overrides, nested (``optim={"lr": 1e-5}``) or dotted (``**{"optim.lr": 1e-5}``): the command's
+  ``key=value`` arguments, applied after the config;
+- ``data=`` (and ``eval_data=``): a file, ``task:NAME``, a ``datasets`` name, or rows in memory (a list of dicts,
+  a ``datasets.Dataset``) in TRL's formats; ``rewards=``: specs (``"file.py:fn"``, ``"task:arithmetic"``) or
+  Python functions on TRL's reward contract (``def reward_len(completions, **kwargs)``);
+- ``out=`` (the run folder), ``resume=``, ``overwrite=`` as the flags; ``on_iteration=`` a callback
+  ``fn(info) -> bool`` called after every step (`postrl.runtime.callbacks`: returning ``False`` stops early).
+
+The config is resolved by the command's loader and the stage's own ``run_*`` function runs it, so every check
+and message is the command's; a bad input raises `postrl.UserError` (the CLI prints the same message as
+``postrl: error: ...``). Rows in memory and Python functions are recorded in ``config.yaml`` by name
+(``memory:<hash>``, ``callable:module.qualname``) with a note: a resume needs them passed again.
+
+The stages are `postrl.lm.stage_commands.STAGES` (the command's table): a stage registered there is also
+``postrl.<name>`` here, with no further code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from postrl.lm.stage_commands import STAGES
+from postrl.runtime.config import from_dict, load_config, to_dict
+from postrl.runtime.config_values import deep_merge
+from postrl.runtime.errors import UserError
+
+__all__ = ["Result", "UserError", "grpo", "ppo", "pretrain", "rm", "run_stage", "sft", "stages"]
+
+DATA_KEYS = ("data", "eval_data")
+NOTE = "# postrl: {what} given in memory to the Python API: pass {arg} again to resume this run\n"
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a training function returns: where the run is, its summary and its exported model."""
+
+    run_dir: Path
+    """The run folder (config.yaml, metrics.jsonl, summary.json, checkpoints/, curves.png, model/)."""
+    summary: dict[str, Any]
+    """summary.json's metrics (the command prints the same dict)."""
+    model_path: Path | None
+    """The exported Hugging Face folder (``run_dir/model``), loadable by ``from_pretrained``; None if none."""
+    config: Any
+    """The resolved config object the run used."""
+
+
+def stages() -> list[str]:
+    """The training stages the API offers (``postrl.<name>``)."""
+    return list(STAGES)
+
+
+# ---- overrides -------------------------------------------------------------------------------------------
+def _plain(value: Any) -> Any:
+    """Paths as strings, tuples as lists, mappings as dicts (recursively): what YAML and the config take."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def nested_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"optim.lr": 1e-5, "run": {"steps": 3}}`` → ``{"optim": {"lr": 1e-5}, "run": {"steps": 3}}``."""
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        *parents, last = key.split(".")
+        node: dict[str, Any] = {last: _plain(value)}
+        for part in reversed(parents):
+            node = {part: node}
+        out = deep_merge(out, node)
+    return out
+
+
+def _reward_specs(rewards: Any) -> tuple[list[str], dict[str, Callable[..., Any]]]:
+    """Reward specs for the config, and the ``callable:`` ones' functions (named by their qualified names)."""
+    items = list(rewards) if isinstance(rewards, (list, tuple)) else [rewards]
+    specs, functions = [], {}
+    for item in items:
+        if isinstance(item, (str, os.PathLike)):
+            specs.append(os.fspath(item))
+            continue
+        if not callable(item):
+            raise UserError(f"rewards: expected spec strings or functions, got {type(item).__name__}")
+        name = f"{getattr(item, '__module__', None) or 'builtins'}.{getattr(item, '__qualname__', None) or type(item).__qualname__}"
+        spec = f"callable:{name}"
+        if spec in functions:  # two functions of the same name (e.g. two lambdas): numbered in order
+            spec = f"{spec}#{len(specs)}"
+        functions[spec] = item
+        specs.append(spec)
+    return specs, functions
+
+
+@contextmanager
+def _in_memory(overrides: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The overrides with rows in memory and Python reward functions replaced by their names, registered
+    for the length of the ``with`` block."""
+    from postrl.lm.data import sources  # deferred with everything that needs torch
+    from postrl.lm.rewards.loading import CALLABLES
+
+    values, names, functions = dict(overrides), [], {}
+    for key in DATA_KEYS:
+        value = values.get(key)
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            values[key] = sources.register_records(value, label=key)
+            names.append(values[key])
+    if values.get("rewards") is not None:
+        values["rewards"], functions = _reward_specs(values["rewards"])
+    CALLABLES.update(functions)
+    try:
+        yield values
+    finally:
+        for spec in functions:
+            CALLABLES.pop(spec, None)
+        for name in names:
+            sources.release_records(name)
+
+
+# ---- config ----------------------------------------------------------------------------------------------
+def resolve_config(stage: str, config: Any, overrides: Mapping[str, Any], run_dir: Path, resume: bool) -> Any:
+    """The stage's config, as the command resolves it: the config (or, on resume without one, the run's
+    config.yaml), then the overrides; every key and value checked."""
+    module, cls_name, _, _, _ = STAGES[stage]
+    cls = getattr(importlib.import_module(module), cls_name)
+    path, base = None, None
+    if config is None and resume and (run_dir / "config.yaml").is_file():
+        path = run_dir / "config.yaml"
+    elif isinstance(config, (str, os.PathLike)):
+        path = config
+    elif dataclasses.is_dataclass(config) and not isinstance(config, type):
+        if not isinstance(config, cls):
+            raise UserError(f"postrl.{stage}: config is a {type(config).__name__}, not a {cls.__name__}")
+        base = to_dict(config)
+    elif isinstance(config, Mapping):
+        base = _plain(config)
+    elif config is not None:
+        raise UserError(
+            f"postrl.{stage}: config must be a preset name, a YAML path, a {cls.__name__} or a dict; "
+            f"got {type(config).__name__}"
+        )
+    resolved = load_config(cls, path, base=base)
+    return (
+        from_dict(cls, deep_merge(to_dict(resolved), nested_overrides(overrides))) if overrides else resolved
+    )
+
+
+def _note_in_memory(run_dir: Path, cfg: Any) -> None:
+    """Say at the top of config.yaml which of its values were Python objects (not saved with the run)."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return
+    text, notes = path.read_text(encoding="utf-8"), ""
+    values = to_dict(cfg)
+    if yaml.safe_load(text) != values:  # another run's config (this one was refused before it started)
+        return
+    if any(str(values.get(k) or "").startswith("memory:") for k in DATA_KEYS):
+        notes += NOTE.format(what="rows (data: memory:...) were", arg="data=")
+    if any(str(spec).startswith("callable:") for spec in values.get("rewards") or []):
+        notes += NOTE.format(what="reward functions (callable:...) were", arg="rewards=")
+    if notes and not text.startswith(notes):
+        from postrl.runtime.checkpoint import atomic_write_text  # deferred: torch
+
+        atomic_write_text(path, notes + text)
+
+
+# ---- running ---------------------------------------------------------------------------------------------
+def run_stage(
+    stage: str,
+    config: Any = None,
+    *,
+    out: str | os.PathLike[str] | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    on_iteration: Callable[[dict[str, Any]], Any] | None = None,
+    **overrides: Any,
+) -> Result:
+    """Run training stage ``stage`` (``postrl <stage>`` on the command line); see the module docstring."""
+    if stage not in STAGES:
+        raise UserError(f"unknown stage {stage!r}; the stages: {', '.join(STAGES)}")
+    if out is None:
+        raise UserError(f"postrl.{stage}: out= is required (the run folder: a new one, or a run to resume)")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # as the command does
+    from postrl.runtime import callbacks
+    from postrl.runtime import distributed as dist  # deferred: torch
+
+    module, _, run_name, _, _ = STAGES[stage]
+    run_dir = Path(out)
+    with _in_memory(overrides) as values:
+        cfg = resolve_config(stage, config, values, run_dir, resume)
+        run = getattr(importlib.import_module(module), run_name)
+        try:
+            with callbacks.on_iteration(on_iteration):
+                summary = run(cfg, run_dir, resume=resume, overwrite=overwrite)
+        finally:
+            if dist.is_main():
+                _note_in_memory(run_dir, cfg)
+    model = run_dir / "model"
+    return Result(run_dir, summary, model if model.is_dir() else None, cfg)
+
+
+def pretrain(config: Any = None, /, **kwargs: Any) -> Result:
+    """Pretrain the built-in tiny LM and its tokenizer from scratch (``postrl pretrain``)."""
+    return run_stage("pretrain", config, **kwargs)
+
+
+def sft(config: Any = None, /, **kwargs: Any) -> Result:
+    """Supervised fine-tuning on prompt/completion, messages or text rows (``postrl sft``)."""
+    return run_stage("sft", config, **kwargs)
+
+
+def rm(config: Any = None, /, **kwargs: Any) -> Result:
+    """Train a Bradley-Terry reward model on preference pairs (``postrl rm``)."""
+    return run_stage("rm", config, **kwargs)
+
+
+def ppo(config: Any = None, /, **kwargs: Any) -> Result:
+    """PPO-based RLHF against a reward model or reward functions (``postrl ppo``)."""
+    return run_stage("ppo", config, **kwargs)
+
+
+def grpo(config: Any = None, /, **kwargs: Any) -> Result:
+    """GRPO with reward functions, the group's rewards as the baseline (``postrl grpo``)."""
+    return run_stage("grpo", config, **kwargs)
+
+
+def __getattr__(name: str) -> Callable[..., Result]:
+    """Any other stage of the command's table (e.g. one a later issue adds) as ``postrl.api.<name>``."""
+    if name in STAGES:
+
+        def stage(config: Any = None, /, **kwargs: Any) -> Result:
+            return run_stage(name, config, **kwargs)
+
+        stage.__name__ = stage.__qualname__ = name
+        stage.__doc__ = f"{STAGES[name][3][0].upper()}{STAGES[name][3][1:]} (``postrl {name}``)."
+        return stage
+    raise AttributeError(f"module 'postrl.api' has no attribute {name!r}")
