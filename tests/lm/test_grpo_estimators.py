@@ -4,6 +4,10 @@ and DAPO presets load, and a bad estimator name is a one-line error that names t
 
 from __future__ import annotations
 
+import json
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -130,3 +134,102 @@ def test_an_unknown_estimator_is_a_one_line_error_naming_the_key():
     assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match=r"grpo\.importance_level"):
         load_config(GRPOConfig, None, ["grpo.importance_level=word"])
+
+
+def test_reinforce_pp_whitens_over_every_ranks_rows(monkeypatch):
+    """Two ranks, simulated: each passes its own groups' rewards, the all-reduce sums both ranks' vectors;
+    the concatenated advantages are one process's (the whitening's mean and variance are global)."""
+    g = GRPOLossConfig(group_size=G, advantage="reinforce_pp")
+    rewards = torch.cat([REWARDS, torch.tensor([0.5, 1.5, 0.0, 2.0], dtype=torch.float64)])  # 2 groups a rank
+    half = rewards.numel() // 2
+    shares = [rewards[:half], rewards[half:]]
+    sent: list[torch.Tensor] = []
+
+    def all_reduce_sum(t):  # rank 0's call records its vector; the "sum" adds rank 1's, placed alike
+        sent.append(t.clone())
+        other = torch.zeros_like(t)
+        r = 1 - grpo_rollouts.dist.rank()
+        other[r * half : (r + 1) * half] = shares[r]
+        return t + other
+
+    monkeypatch.setattr(grpo_rollouts.dist, "world_size", lambda: 2)
+    parts = []
+    for rank in (0, 1):
+        monkeypatch.setattr(grpo_rollouts.dist, "rank", lambda rank=rank: rank)
+        monkeypatch.setattr(grpo_rollouts.dist, "all_reduce_sum", all_reduce_sum)
+        parts.append(grpo_rollouts.compute_advantages(shares[rank], g))
+    torch.testing.assert_close(torch.cat(parts), CORE["reinforce_pp"](rewards), rtol=0, atol=0)
+    # each rank alone would whiten differently: the test can fail
+    assert not torch.allclose(
+        torch.cat([CORE["reinforce_pp"](s) for s in shares]), CORE["reinforce_pp"](rewards)
+    )
+
+
+def test_the_trl_defaults_preset_is_trls_grpo_config():
+    """grpo-trl-arithmetic against TRL 1.16's GRPOConfig defaults (written down here; the slow test below
+    reads them from TRL itself when its venv exists)."""
+    cfg = load_config(GRPOConfig, "grpo-trl-arithmetic")
+    g, o = cfg.grpo, cfg.optim
+    assert (g.group_size * g.prompts_per_step, g.group_size) == (
+        8,
+        8,
+    )  # per_device_train_batch_size, num_generations
+    assert (g.beta, g.epochs, g.clip_eps, g.clip_eps_high, g.loss_type) == (0.0, 1, 0.2, None, "token")
+    assert (g.advantage, g.scale_rewards, g.adv_eps, g.importance_level) == ("grpo", True, 1e-4, "token")
+    assert (o.lr, o.warmup_steps, o.min_lr_ratio, o.betas, o.weight_decay, o.max_grad_norm) == (
+        1e-6, 0, 0.0, (0.9, 0.999), 0.0, 1.0
+    )  # fmt: skip
+    assert (cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p) == (1.0, 0, 1.0)
+    assert (cfg.run.seed, cfg.run.log_every, cfg.run.save_every) == (42, 10, 500)
+
+
+TRL_PYTHON = Path(__file__).resolve().parents[2] / ".peers-trl" / "bin" / "python"
+TRL_FIELDS = """
+import json, sys
+from trl import GRPOConfig
+c = GRPOConfig(output_dir=sys.argv[1], use_cpu=True)
+keys = ["num_generations", "per_device_train_batch_size", "beta", "num_iterations", "epsilon", "epsilon_high",
+        "loss_type", "scale_rewards", "importance_sampling_level", "learning_rate", "warmup_steps",
+        "adam_beta1", "adam_beta2", "weight_decay", "max_grad_norm", "temperature", "top_k", "top_p", "seed",
+        "logging_steps", "save_steps", "mask_truncated_completions", "use_bias_correction_kl",
+        "steps_per_generation", "lr_scheduler_type"]
+print(json.dumps({k: str(getattr(c, k)) for k in keys}))
+"""
+
+
+@pytest.mark.slow  # imports TRL in its own venv (~10 s)
+def test_the_trl_defaults_preset_matches_trl_itself(tmp_path):
+    if not TRL_PYTHON.is_file():
+        pytest.skip("no TRL venv at .peers-trl")
+    out = subprocess.run([str(TRL_PYTHON), "-c", TRL_FIELDS, str(tmp_path)], capture_output=True, text=True)
+    trl = json.loads(out.stdout.strip().splitlines()[-1])
+    cfg = load_config(GRPOConfig, "grpo-trl-arithmetic")
+    g, o = cfg.grpo, cfg.optim
+    ours = {
+        "num_generations": g.group_size,
+        "per_device_train_batch_size": g.group_size * g.prompts_per_step,
+        "beta": g.beta,
+        "num_iterations": g.epochs,
+        "epsilon": g.clip_eps,
+        "epsilon_high": g.clip_eps_high,
+        "loss_type": {"token": "dapo"}[g.loss_type],
+        "scale_rewards": "group" if g.scale_rewards else "none",
+        "importance_sampling_level": g.importance_level,
+        "learning_rate": o.lr,
+        "warmup_steps": o.warmup_steps,
+        "adam_beta1": o.betas[0],
+        "adam_beta2": o.betas[1],
+        "weight_decay": o.weight_decay,
+        "max_grad_norm": o.max_grad_norm,
+        "temperature": cfg.sampling.temperature,
+        "top_k": cfg.sampling.top_k,
+        "top_p": cfg.sampling.top_p,
+        "seed": cfg.run.seed,
+        "logging_steps": cfg.run.log_every,
+        "save_steps": cfg.run.save_every,
+        "mask_truncated_completions": g.overlong_buffer != 0,
+        "use_bias_correction_kl": g.unbiased_kl,
+        "steps_per_generation": g.minibatches,
+        "lr_scheduler_type": "SchedulerType.LINEAR",  # postrl's is the cosine to 0 (the preset says so)
+    }
+    assert {k: str(v) for k, v in ours.items()} == trl

@@ -49,8 +49,8 @@ class GRPOLossConfig:
     grpo: A_i = (r_i − mean_g r) / (std_g r + adv_eps), the std only with scale_rewards (DeepSeekMath, Shao et
     al. 2024); dr_grpo: A_i = r_i − mean_g r, no std (Dr. GRPO, Liu et al. 2025; as grpo with
     scale_rewards false); rloo: A_i = r_i − Σ_{j≠i} r_j / (G − 1), the leave-one-out baseline (RLOO, Ahmadian
-    et al. 2024); reinforce_pp: a_i = r_i − mean_g r, whitened over this rank's batch (REINFORCE++-baseline,
-    Hu 2025)."""
+    et al. 2024); reinforce_pp: a_i = r_i − mean_g r, whitened over the step's whole batch, all ranks
+    (REINFORCE++-baseline, Hu 2025)."""
     importance_level: Literal["token", "sequence"] = "token"
     """The importance ratio: token: ρ_it = π_it / π_old,it per token (GRPO, PPO); sequence: s_i =
     exp(mean_t(log π_it − log π_old,it)), one length-normalised ratio per response, clipped and applied to
