@@ -1,0 +1,180 @@
+"""Sampling and teacher-forced scoring for vision-language models, in the text engine's `Rollout` layout.
+
+`generate` prefills each distinct prompt once with its pictures (the vision encoder runs once per prompt,
+never per generated token: a GRPO group's G rows share the prefilled KV cache), then decodes token ids only
+through the language model's cache. `score` runs the full forward teacher-forced. Both take log π_τ from
+the same masked logits: the image placeholder token (and any other ``banned`` id) gets −∞ before the softmax,
+so it is never drawn and the sampled log-probs equal the teacher-forced ones (tests/lm/test_vlm.py). Image
+placeholders are therefore only ever prompt tokens, outside every response mask and loss.
+
+Layout and log-probs as `postrl.lm.rollout.engine`: prompts left-padded to P, responses right-padded to T,
+positions ``cumsum(mask) − 1`` from the mask; log-probs of the temperature-scaled policy before top-k/top-p.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from postrl.lm.models import position_ids_from_mask
+from postrl.lm.rollout import Rollout, mask_after_eos, sample_tokens
+from postrl.lm.rollout.decoders import cache_argument
+
+
+def masked_logits(logits: Tensor, banned: Sequence[int]) -> Tensor:
+    """``logits`` [..., V] in float32 with the ``banned`` ids at −∞ (the image placeholder)."""
+    logits = logits.float()
+    if banned:
+        logits = logits.index_fill(-1, torch.tensor(list(banned), device=logits.device), float("-inf"))
+    return logits
+
+
+class VLMDecoder:
+    """Prefill with pictures, then one token at a time through the model's own KV cache."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.cache_kw = cache_argument(model) or "past_key_values"
+        self.cache: Any = None
+
+    def _forward(self, positions: Tensor, **inputs: Any) -> Tensor:
+        out = self.model(
+            attention_mask=self.mask[:, : self.length],
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self.cache_kw: self.cache},
+            **inputs,
+        )
+        self.cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        return out.logits[:, -1]
+
+    def prefill(self, ids: Tensor, mask: Tensor, max_len: int, images: dict[str, Tensor]) -> Tensor:
+        """Prompts [U, P] with their pictures (``pixel_values`` and what else the processor gave) → next-token
+        logits [U, V]; the vision encoder runs here, once."""
+        self.mask = mask.new_ones(ids.shape[0], max_len)  # (U, P + T), sliced per step
+        self.mask[:, : ids.shape[1]] = mask
+        self.length, self.cache = ids.shape[1], None
+        positions = position_ids_from_mask(mask)
+        self.next_pos = positions[:, -1:] + 1  # (U, 1)
+        return self._forward(positions, input_ids=ids, **images)
+
+    def select_rows(self, index: Tensor) -> None:
+        """Row b continues prefilled row ``index[b]`` (a group's rows share their prompt's cache)."""
+        self.cache.batch_select_indices(index)
+        self.mask, self.next_pos = self.mask[index], self.next_pos[index]
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """One token per row [B] → logits [B, V] (no pictures: their features are in the cache)."""
+        self.length += 1
+        positions, self.next_pos = self.next_pos, self.next_pos + 1
+        return self._forward(positions, input_ids=tokens[:, None])
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    images: dict[str, Tensor],
+    *,
+    max_new_tokens: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    banned: Sequence[int] = (),
+    repeat: int = 1,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+) -> Rollout:
+    """Sample ``repeat`` responses to each of U left-padded prompts [U, P] (rows ``u·repeat … u·repeat +
+    repeat − 1`` answer prompt u) → a `Rollout` of U·repeat rows. ``images``: the processor's picture tensors
+    for the U prompts (``pixel_values`` [n_images, C, H, W], ...). ``greedy`` or τ = 0 takes the argmax (its
+    log-probs at τ = 1). ``banned`` ids are never drawn."""
+    if max_new_tokens < 1 or prompt_ids.dim() != 2 or bool((prompt_mask[:, -1] == 0).any()):
+        raise ValueError("need left-padded prompts [U, P] and max_new_tokens ≥ 1")
+    greedy = greedy or temperature == 0
+    tau = 1.0 if temperature == 0 else temperature
+    U, P = prompt_ids.shape
+    decoder = VLMDecoder(model)
+    logits = decoder.prefill(prompt_ids, prompt_mask, P + max_new_tokens, images)
+    if repeat > 1:
+        index = torch.arange(U, device=prompt_ids.device).repeat_interleave(repeat)  # (U·G,)
+        logits = logits[index]
+        decoder.select_rows(index)
+    finished = torch.zeros(U * repeat, 1, dtype=torch.bool, device=prompt_ids.device)
+    tokens, log_probs = [], []
+    for t in range(max_new_tokens):
+        log_pi = torch.log_softmax(masked_logits(logits, banned) / tau, dim=-1)  # (B, V): log π_τ
+        token = log_pi.argmax(-1, keepdim=True) if greedy else sample_tokens(log_pi, top_k, top_p, generator)
+        tokens.append(token)
+        log_probs.append(log_pi.gather(-1, token))
+        finished |= token == eos_token_id
+        if t + 1 == max_new_tokens or bool(finished.all()):
+            break
+        logits = decoder.step(token[:, 0])
+    response, log_probs_t = torch.cat(tokens, 1), torch.cat(log_probs, 1)  # (B, T)
+    response_mask = mask_after_eos(response, eos_token_id)
+    response = response.masked_fill(response_mask == 0, pad_token_id)
+    ids = prompt_ids.repeat_interleave(repeat, 0)
+    mask = prompt_mask.long().repeat_interleave(repeat, 0)
+    return Rollout(
+        input_ids=torch.cat((ids, response), 1),
+        attention_mask=torch.cat((mask, response_mask), 1),
+        prompt_len=P,
+        response_ids=response,
+        response_mask=response_mask,
+        log_probs=log_probs_t * response_mask,
+        finished=(response == eos_token_id).any(-1),
+    )
+
+
+def response_logits(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_len: int,
+    images: dict[str, Tensor],
+) -> Tensor:
+    """Teacher-forced logits predicting each response token: [B, P + T] with the rows' pictures → [B, T, V]."""
+    T = input_ids.shape[1] - prompt_len
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+        logits_to_keep=T + 1,
+        **images,
+    )
+    return out.logits[:, :-1]  # (B, T, V): position P − 1 + t predicts response token t
+
+
+def score(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_len: int,
+    images: dict[str, Tensor],
+    *,
+    temperature: float = 1.0,
+    banned: Sequence[int] = (),
+    with_entropy: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Teacher-forced log π_τ of the response tokens → [B, T] float32, 0 where masked (and, ``with_entropy``,
+    the per-token entropy, detached). Runs under the caller's grad mode; ``images`` hold the pictures of the B
+    rows in row order."""
+    logits = masked_logits(response_logits(model, input_ids, attention_mask, prompt_len, images), banned)
+    log_pi = torch.log_softmax(logits / temperature, dim=-1)  # (B, T, V)
+    mask = attention_mask[:, prompt_len:].float()
+    log_probs = log_pi.gather(-1, input_ids[:, prompt_len:, None]).squeeze(-1) * mask
+    if not with_entropy:
+        return log_probs
+    with torch.no_grad():
+        p = log_pi.exp()
+        entropy = -(p * log_pi.masked_fill(p == 0, 0.0)).sum(-1) * mask
+    return log_probs, entropy

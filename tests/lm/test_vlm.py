@@ -1,0 +1,160 @@
+"""Vision-language models: the built-in tiny LLaVA round-trips through the Auto classes; sampling runs the
+vision encoder once per prompt, never draws an image placeholder, and records the teacher-forced log-probs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from postrl.lm.data import DataError
+from postrl.lm.tasks import get_task
+from postrl.lm.vlm import (
+    TinyVLMConfig,
+    build_tiny_vlm,
+    build_vlm_tokenizer,
+    encode_rows,
+    generate,
+    image_token_id,
+    is_vlm,
+    load_vlm,
+    load_vlm_rows,
+    prompt_batch,
+    save_vlm,
+    score,
+    sft_batch,
+)
+
+TINY = TinyVLMConfig(vision_hidden_size=32, hidden_size=64, intermediate_size=128, vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return get_task("shapes", n_train=200, n_test=40)
+
+
+@pytest.fixture(scope="module")
+def vlm(task):
+    tokenizer = build_vlm_tokenizer(task.corpus_lines(500), vocab_size=TINY.vocab_size)
+    model, processor = build_tiny_vlm(tokenizer, TINY, seed=0)
+    return model.eval(), processor
+
+
+@pytest.fixture(scope="module")
+def saved(vlm, tmp_path_factory):
+    return save_vlm(*vlm, tmp_path_factory.mktemp("vlm") / "model")
+
+
+def test_saved_model_loads_with_the_auto_classes(vlm, saved, task) -> None:
+    model, processor = vlm
+    assert is_vlm(saved) and not is_vlm(saved / "nothing")
+    loaded = AutoModelForImageTextToText.from_pretrained(saved)
+    auto_processor = AutoProcessor.from_pretrained(saved)
+    rows = task.prompt_rows("test")[:3]
+    texts = [auto_processor.apply_chat_template(r["prompt"], add_generation_prompt=True) for r in rows]
+    assert texts[0].startswith("<|user|><image>") and texts[0].endswith("<|assistant|>")
+    inputs = auto_processor(
+        text=texts, images=[r["images"][0] for r in rows], return_tensors="pt", padding=True
+    )
+    n_image = int((inputs["input_ids"] == image_token_id(loaded, auto_processor)).sum(-1)[0])
+    assert n_image == (TINY.image_size // TINY.patch_size) ** 2 + 1
+    with torch.no_grad():
+        assert torch.equal(loaded(**inputs).logits, model(**inputs).logits)
+    again, _ = load_vlm(saved)  # postrl's loader: the same weights, dropout off
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(again.state_dict().values(), model.state_dict().values(), strict=True)
+    )
+
+
+def _prompts(vlm, task, n):
+    model, processor = vlm
+    examples = encode_rows(processor, task.prompt_rows("test")[:n], "prompts", 256)
+    ids, mask, pixels = prompt_batch(examples, processor.tokenizer.pad_token_id)
+    return ids, mask, {"pixel_values": pixels}
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_log_probs_equal_teacher_forced(vlm, task, temperature) -> None:
+    model, processor = vlm
+    tok = processor.tokenizer
+    ids, mask, images = _prompts(vlm, task, 6)
+    banned = [image_token_id(model, processor)]
+    gen = torch.Generator().manual_seed(0)
+    rollout = generate(
+        model, ids, mask, images, max_new_tokens=6, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        banned=banned, repeat=3, temperature=temperature, generator=gen,
+    )  # fmt: skip
+    assert rollout.input_ids.shape[0] == 18 and rollout.response_mask.sum() > 18
+    pixels = images["pixel_values"].repeat_interleave(3, 0)
+    with torch.no_grad():
+        forced = score(
+            model, rollout.input_ids, rollout.attention_mask, rollout.prompt_len, {"pixel_values": pixels},
+            temperature=temperature, banned=banned,
+        )  # fmt: skip
+    torch.testing.assert_close(forced, rollout.log_probs, atol=1e-5, rtol=1e-5)
+    # a random model puts mass on the placeholder: it is banned, so never sampled
+    assert not bool((rollout.response_ids == banned[0]).any())
+
+
+def test_vision_encoder_runs_once_per_prompt(vlm, task) -> None:
+    model, processor = vlm
+    tok = processor.tokenizer
+    calls = []
+    handle = model.model.vision_tower.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+    try:
+        ids, mask, images = _prompts(vlm, task, 4)
+        rollout = generate(
+            model, ids, mask, images, max_new_tokens=5, eos_token_id=-1, pad_token_id=tok.pad_token_id,
+            repeat=4, generator=torch.Generator().manual_seed(1),
+        )  # fmt: skip
+    finally:
+        handle.remove()
+    # eos -1: never stops, so 5 decode steps follow the prefill; one vision pass over the 4 distinct pictures
+    assert rollout.response_ids.shape == (16, 5) and calls == [4]
+
+
+def test_greedy_depends_on_the_picture(vlm, task) -> None:
+    # the same question with two pictures: different logits (the picture reaches the language model)
+    model, processor = vlm
+    rows = [r for r in task.prompt_rows("test") if r["kind"] == "count"][:2]
+    examples = encode_rows(processor, rows, "prompts", 256)
+    assert examples[0].prompt_ids == examples[1].prompt_ids
+    ids, mask, pixels = prompt_batch(examples, processor.tokenizer.pad_token_id)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, pixel_values=pixels).logits[:, -1]
+    assert not torch.allclose(logits[0], logits[1])
+
+
+def test_sft_batch_keeps_placeholders_out_of_the_completion(vlm, task) -> None:
+    model, processor = vlm
+    examples = encode_rows(processor, task.sft_rows("train")[:5], "sft", 256)
+    batch = sft_batch(examples, processor.tokenizer.pad_token_id)
+    P = batch["prompt_len"]
+    image = image_token_id(model, processor)
+    assert bool((batch["input_ids"][:, :P] == image).any()) and not bool(
+        (batch["input_ids"][:, P:] == image).any()
+    )
+    assert batch["attention_mask"][:, P:].sum(-1).tolist() == [len(e.completion_ids) for e in examples]
+    bad = {**task.sft_rows("train")[0], "completion": "<image>"}
+    with pytest.raises(DataError, match="image token"):
+        encode_rows(processor, [bad], "sft", 256)
+
+
+def test_trl_jsonl_with_image_paths(vlm, task, tmp_path) -> None:
+    _, processor = vlm
+    path = task.export(tmp_path, "sft", "test", limit=4)
+    rows = load_vlm_rows(str(path))
+    from_file = encode_rows(processor, rows, "sft", 256)
+    in_memory = encode_rows(processor, task.sft_rows("test")[:4], "sft", 256)
+    assert [e.prompt_ids for e in from_file] == [e.prompt_ids for e in in_memory]
+    assert torch.equal(from_file[0].pixel_values, in_memory[0].pixel_values)
+    record = json.loads(path.read_text().splitlines()[0])
+    (tmp_path / "bad.jsonl").write_text(json.dumps({**record, "images": ["missing.png"]}) + "\n")
+    with pytest.raises(DataError, match=r"bad.jsonl:1: field 'images': no such file"):
+        encode_rows(processor, load_vlm_rows(str(tmp_path / "bad.jsonl")), "sft", 256)
+    (tmp_path / "none.jsonl").write_text(json.dumps({"prompt": "hi", "completion": "3"}) + "\n")
+    with pytest.raises(DataError, match=r"none.jsonl:1: no 'images'"):
+        encode_rows(processor, load_vlm_rows(str(tmp_path / "none.jsonl")), "sft", 256)
