@@ -40,9 +40,9 @@ from typing import Any
 import yaml
 
 from postrl.lm.stage_commands import STAGES
-from postrl.runtime.config import from_dict, load_config, to_dict
-from postrl.runtime.config_values import deep_merge
+from postrl.runtime.config import load_config, to_dict
 from postrl.runtime.errors import UserError
+from postrl.runtime.overrides import apply_overrides, plain
 
 __all__ = ["Result", "UserError", "grpo", "ppo", "pretrain", "rm", "run_stage", "sft", "stages"]
 
@@ -69,30 +69,7 @@ def stages() -> list[str]:
     return list(STAGES)
 
 
-# ---- overrides -------------------------------------------------------------------------------------------
-def _plain(value: Any) -> Any:
-    """Paths as strings, tuples as lists, mappings as dicts (recursively): what YAML and the config take."""
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
-def nested_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"optim.lr": 1e-5, "run": {"steps": 3}}`` → ``{"optim": {"lr": 1e-5}, "run": {"steps": 3}}``."""
-    out: dict[str, Any] = {}
-    for key, value in overrides.items():
-        *parents, last = key.split(".")
-        node: dict[str, Any] = {last: _plain(value)}
-        for part in reversed(parents):
-            node = {part: node}
-        out = deep_merge(out, node)
-    return out
-
-
+# ---- Python values -------------------------------------------------------------------------------------------
 def _reward_specs(rewards: Any) -> tuple[list[str], dict[str, Callable[..., Any]]]:
     """Reward specs for the config, and the ``callable:`` ones' functions (named by their qualified names)."""
     items = list(rewards) if isinstance(rewards, (list, tuple)) else [rewards]
@@ -153,16 +130,13 @@ def resolve_config(stage: str, config: Any, overrides: Mapping[str, Any], run_di
             raise UserError(f"postrl.{stage}: config is a {type(config).__name__}, not a {cls.__name__}")
         base = to_dict(config)
     elif isinstance(config, Mapping):
-        base = _plain(config)
+        base = plain(config)
     elif config is not None:
         raise UserError(
             f"postrl.{stage}: config must be a preset name, a YAML path, a {cls.__name__} or a dict; "
             f"got {type(config).__name__}"
         )
-    resolved = load_config(cls, path, base=base)
-    return (
-        from_dict(cls, deep_merge(to_dict(resolved), nested_overrides(overrides))) if overrides else resolved
-    )
+    return apply_overrides(cls, load_config(cls, path, base=base), overrides)
 
 
 def _note_in_memory(run_dir: Path, cfg: Any) -> None:
