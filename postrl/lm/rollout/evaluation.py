@@ -94,7 +94,7 @@ def evaluate_preference_policy(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Sample responses to ``n`` held-out prompts (cycling through them) at ``temperature``; report the mean
-    gold reward, the reward model's score (``reward_model(prompts, completions)``) and the KL to
+    gold reward (and its per-response sd, ``gold_reward_sd``), the reward model's score (``reward_model(prompts, completions)``) and the KL to
     ``reference`` (k1 summed over each response's tokens, averaged: an unbiased estimate of KL(π‖π_ref))."""
     prompts_all = task.prompts(split)
     prompts = [prompts_all[i % len(prompts_all)] for i in range(n)]
@@ -129,8 +129,12 @@ def evaluate_preference_policy(
     def mean(xs: list[float]) -> float | None:
         return sum(xs) / len(xs) if xs else None
 
+    def sd(xs: list[float]) -> float | None:  # per-response spread, for the standard error of the mean
+        return (sum((x - mean(xs)) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else None
+
     return {
         "gold_reward": mean(gold),
+        "gold_reward_sd": sd(gold),
         "rm_score": mean(rm),
         "kl_to_ref": mean(kl),
         "samples": list(zip(prompts[:5], texts[:5], strict=True)),
