@@ -95,7 +95,8 @@ def evaluate_preference_policy(
 ) -> dict[str, Any]:
     """Sample responses to ``n`` held-out prompts (cycling through them) at ``temperature``; report the mean
     gold reward (and its per-response sd, ``gold_reward_sd``), the reward model's score
-    (``reward_model(prompts, completions)``) and the KL to ``reference`` (k1 summed over each response's tokens, averaged: an unbiased estimate of KL(π‖π_ref))."""
+    (``reward_model(prompts, completions)``) and the KL to ``reference`` (k1 summed over each response's
+    tokens, averaged: an unbiased estimate of KL(π‖π_ref))."""
     prompts_all = task.prompts(split)
     prompts = [prompts_all[i % len(prompts_all)] for i in range(n)]
     was_training = model.training
