@@ -22,14 +22,29 @@ Quick start::
     postrl control train --algo ppo --env CartPole-v1 --seed 0 --out runs/ppo-cartpole
     postrl control eval runs/ppo-cartpole --episodes 20 --gif runs/ppo-cartpole/eval.gif
 
-or from Python::
+or from Python, the Stable-Baselines3 way (`postrl.control.api`)::
 
-    from postrl.control import ppo
-    from postrl.control.loop import train
-    from postrl.runtime.config import load_config
+    import postrl.control
 
-    cfg = load_config(ppo.Config, "ppo-cartpole", ["run.seed=1"])
-    summary = train(cfg, "runs/ppo-cartpole-s1")
+    agent = postrl.control.train("ppo", "CartPole-v1", total_steps=20_000, seed=0, out="runs/ppo-cartpole")
+    action, _ = agent.predict(obs, deterministic=True)
+    mean, std = postrl.control.evaluate(agent, n_episodes=10)
+    agent = postrl.control.load("runs/ppo-cartpole")
 
-This package never imports ``postrl.lm``; modules load lazily, so ``import postrl.control`` is cheap.
+This package never imports ``postrl.lm``; modules load lazily (``train``, ``load``, ``evaluate`` and ``Agent``
+on first use), so ``import postrl.control`` is cheap.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_API = ("Agent", "evaluate", "load", "train")
+
+
+def __getattr__(name: str) -> Any:
+    """``train``, ``load``, ``evaluate``, ``Agent`` from `postrl.control.api`, imported on first use."""
+    if name in _API:
+        return getattr(importlib.import_module("postrl.control.api"), name)
+    raise AttributeError(f"module 'postrl.control' has no attribute {name!r}")
