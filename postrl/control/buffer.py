@@ -99,7 +99,8 @@ def collect_rollout(
 
     Only the actor runs inside the loop: ``actor.act``, or with ``numpy_actor`` its copy in numpy, which
     draws the same actions (the fast path of `postrl.control.numpy_actor`; the caller checks that the actor
-    allows it). The critic is evaluated once, after it, on all ``n_envs · n_steps``
+    allows it). A gSDE actor (``policy.use_sde``) draws new exploration weights at the first step and every
+    ``sde_sample_freq`` steps. The critic is evaluated once, after it, on all ``n_envs · n_steps``
     observations (and the final observations of truncated steps) in one batch: the same values as a call
     per step, at a fraction of the cost for small networks.
 
@@ -114,7 +115,10 @@ def collect_rollout(
     obs = env.obs
     policy = NumpyActor(actor) if numpy_actor else None
     uniforms = None if policy is None else policy.draws(buf.n_steps, buf.n_envs)  # the rollout's in one call
+    sde_freq = getattr(actor, "sde_sample_freq", 0) if getattr(actor, "use_sde", False) else None
     for t in range(buf.n_steps):
+        if sde_freq is not None and (t == 0 or sde_freq > 0 and t % sde_freq == 0):
+            actor.reset_noise(buf.n_envs)  # gSDE: new exploration weights (policies.GSDEActor)
         if policy is not None:  # numpy: a third of the cost of torch ops on 8 observations
             actions, log_probs = policy.act(obs, None if uniforms is None else uniforms[t])
         else:

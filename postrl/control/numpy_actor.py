@@ -36,6 +36,8 @@ _NUMPY_ACTIVATIONS = {
 def refusal(actor: nn.Module) -> str | None:
     """Why `NumpyActor` cannot stand in for ``actor`` (None: it can). Exact types only: a subclass may change
     the forward that the numpy copy writes out."""
+    if getattr(actor, "use_sde", False):
+        return "the actor uses gSDE (policy.use_sde), which has no numpy copy"
     if type(actor) not in (CategoricalActor, GaussianActor):
         return f"the actor is a {type(actor).__qualname__}, not postrl's CategoricalActor or GaussianActor"
     if type(actor.net) is not MLP:

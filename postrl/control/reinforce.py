@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from postrl.control.envs import EnvConfig, VecEnv
-from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.control.loop import Agent, RunConfig
+from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.core import discounted_returns, reinforce_loss, value_loss
 from postrl.runtime.config import ConfigError
 
@@ -196,4 +196,6 @@ class Reinforce(Agent):
 def build(cfg: Config, env: VecEnv) -> Reinforce:
     if cfg.env.normalize_obs or cfg.env.normalize_reward:
         raise ConfigError("reinforce does not support env.normalize_obs / env.normalize_reward")
+    if cfg.policy.use_sde:  # its episodes run on a shrinking set of envs: no per-env exploration weights
+        raise ConfigError("'policy.use_sde': reinforce does not support gSDE (ppo, a2c and trpo do)")
     return Reinforce(cfg, env)
