@@ -83,6 +83,15 @@ BUDGETS: dict[str, dict[str, Any]] = {
         "optim.warmup_steps": 0,
         **LM,
     },
+    "dpo": {
+        **TRAIN,
+        "train.max_length": FIT,
+        "eval_size": 2,
+        "eval_samples": 2,
+        "sampling.max_new_tokens": 4,
+        "plots": False,
+        **LM,
+    },
     "demo": {
         "compare_sft": False,
         "eval_prompts": 2,
@@ -109,6 +118,7 @@ FLAGS: dict[str, dict[str, Any]] = {
     "rm": {"--model": "{model}", "--data": D + "prefs.jsonl", "--out": "{out}"},
     "ppo": {"--model": "{model}", "--reward-model": "{rm}", "--out": "{out}"},
     "grpo": {"--model": "{model}", "--data": D + "prompts.jsonl", "--out": "{out}"},
+    "dpo": {"--model": "{model}", "--data": D + "prefs.jsonl", "--out": "{out}"},
     "demo": {"--quick": True, "--out": "{out}"},
 }
 COMMANDS = tuple(c for c in FLAGS if c != "control eval")
@@ -459,6 +469,30 @@ CASES: list[Case] = [
     C(
         "grpo-resume-corrupt-checkpoint",
         "grpo",
+        "step_00000001",
+        out="interrupted",
+        resume=True,
+        overwrite=False,
+    ),
+    # ---- dpo ----------------------------------------------------------------------------------------------
+    C("dpo-beta-0", "dpo", "dpo.beta", overrides={"dpo.beta": 0}),
+    C("dpo-unknown-loss-type", "dpo", "dpo.loss_type", "hinge", overrides={"dpo.loss_type": "hinge"}),
+    C("dpo-old-beta", "dpo", "'beta'", "'dpo.beta'", overrides={"beta": 0.1}),
+    C("dpo-data-sft-rows", "dpo", "sft.jsonl:1", "chosen", flags={"--data": D + "sft.jsonl"}),
+    C(
+        "dpo-data-target-above-1",
+        "dpo",
+        "prefs_bad_target.jsonl:3",
+        "target",
+        flags={"--data": D + "prefs_bad_target.jsonl"},
+    ),
+    C("dpo-model-missing", "dpo", "no_such_model", flags={"--model": "{ws}/no_such_model"}),
+    C("dpo-ref-model-missing", "dpo", "no_such_ref", overrides={"ref_model": "{ws}/no_such_ref"}),
+    C("dpo-reward-model-missing", "dpo", "no_such_rm", overrides={"reward_model": "{ws}/no_such_rm"}),
+    C("dpo-max-length-over-context", "dpo", "train.max_length", CONTEXT, overrides={"train.max_length": 200}),
+    C(
+        "dpo-resume-corrupt-checkpoint",
+        "dpo",
         "step_00000001",
         out="interrupted",
         resume=True,
