@@ -13,7 +13,7 @@ Layout (each algorithm is one file you can read top to bottom; all the math come
   actor in numpy, Adam on one flat tensor), chosen by ``ppo.backend`` and pinned by tests to the reference
   path; nothing in the algorithm files needs them to be read.
 - ``loop``: the loop they share — run folder, metrics.jsonl, summary.json, checkpoints, exact resume,
-  evaluation, learning-curve PNG, GIF.
+  evaluation, curves.png, GIF.
 - ``tabular``: value iteration, SARSA and Q-learning on FrozenLake / CliffWalking.
 - ``commands``: ``postrl control train`` / ``postrl control eval``.
 

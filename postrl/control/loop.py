@@ -38,8 +38,7 @@ from postrl.runtime import callbacks
 from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from postrl.runtime.config import ConfigError, load_config, read_yaml, validate
 from postrl.runtime.distributed import broadcast_object, is_main, reduce_metrics, world_size
-from postrl.runtime.logging import read_jsonl
-from postrl.runtime.plots import plot_curves
+from postrl.runtime.plots import write_curves
 from postrl.runtime.progress import Progress
 from postrl.runtime.rundir import open_run
 from postrl.runtime.seeding import seed_everything
@@ -229,7 +228,7 @@ def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, lo
 
 
 def _finish(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, logger, threshold) -> dict:
-    """Final evaluation (excluded from steps_per_second), optional GIF, summary.json and the curve PNG (rank
+    """Final evaluation (excluded from steps_per_second), optional GIF, summary.json and curves.png (rank
     0; the other ranks return its summary)."""
     if not is_main():
         env.close()
@@ -254,8 +253,7 @@ def _finish(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, 
     }
     summary = logger.finish(summary)
     title = f"{cfg.algo} on {cfg.env.id} (seed {cfg.run.seed})"
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    plot_curves(rows, ["train_return_ma20", "eval_return"], run_dir / "learning_curve.png", title=title)
+    write_curves(run_dir, ["train_return_ma20", "eval_return"], title=title)
     return broadcast_object(summary)
 
 

@@ -50,6 +50,7 @@ import torch
 from postrl.control import ppo
 from postrl.control.buffer import RolloutBuffer
 from postrl.control.envs import RunningMeanStd, VecEnv
+from postrl.control.loop import Agent, train
 from postrl.control.prefs_config import Config as Config
 from postrl.control.prefs_config import PrefsConfig as PrefsConfig
 from postrl.control.prefs_config import validate_prefs
@@ -65,10 +66,10 @@ from postrl.control.prefs_reward import (
     synthetic_labels,
     train_reward_model,
 )
-from postrl.control.loop import Agent, train
 from postrl.runtime.checkpoint import atomic_write_text
 from postrl.runtime.config import ConfigError
 from postrl.runtime.logging import read_jsonl
+from postrl.runtime.plots import write_curves
 
 __all__ = ["Config", "PrefsConfig", "RewardTap", "build", "extract_segments", "run", "select_pairs"]
 
@@ -287,8 +288,8 @@ def build(cfg: Config, env: VecEnv) -> Prefs:
 
 
 def run(cfg: Config, run_dir, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
-    """Train (``postrl.control.loop.train``), then add the preference metrics to summary.json and plot the
-    true return against the labels used (``true_return_vs_labels.png``)."""
+    """Train (``postrl.control.loop.train``), then add the preference metrics to summary.json and curves.png,
+    and plot the true return against the labels used (``true_return_vs_labels.png``)."""
     run_dir = Path(run_dir)
     summary = train(cfg, run_dir, resume=resume, overwrite=overwrite)
     rows = read_jsonl(run_dir / "metrics.jsonl")
@@ -303,9 +304,10 @@ def run(cfg: Config, run_dir, resume: bool = False, overwrite: bool = False) -> 
         "label_noise": cfg.labeller.flip_prob,
     }
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-    _plot(
-        rows, summary, run_dir / "true_return_vs_labels.png", f"prefs on {cfg.env.id} (seed {cfg.run.seed})"
-    )
+    title = f"prefs on {cfg.env.id} (seed {cfg.run.seed})"
+    _plot(rows, summary, run_dir / "true_return_vs_labels.png", title)
+    keys = ["train_return_ma20", "eval_return", "labels_used", "rm_accuracy", "reward_correlation"]
+    write_curves(run_dir, keys, title=title)  # curves.png, with the preference metrics
     return summary
 
 

@@ -1,4 +1,9 @@
-"""Learning-curve PNGs (matplotlib, Agg backend: no display needed)."""
+"""Learning-curve PNGs (matplotlib, Agg backend: no display needed).
+
+Every training command writes its learning curves to ``RUN_DIR/curves.png`` (`write_curves`), one panel per
+metric against the step; a stage may add charts of its own under other names (PPO's ``heldout.png``, the
+preference run's ``true_return_vs_labels.png``).
+"""
 
 from __future__ import annotations
 
@@ -38,3 +43,18 @@ def plot_curves(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+CURVES = "curves.png"
+"""The file name of every training command's learning curves."""
+
+
+def write_curves(run_dir: str | Path, keys: Sequence[str], title: str | None = None) -> Path | None:
+    """``RUN_DIR/curves.png``: each metric of ``keys`` that ``RUN_DIR/metrics.jsonl`` holds, against the step
+    (rows without a metric are skipped in its panel); None when the log has none of them."""
+    from postrl.runtime.logging import read_jsonl  # deferred: torch, which `postrl --help` must not import
+
+    run_dir = Path(run_dir)
+    log = run_dir / "metrics.jsonl"
+    rows = read_jsonl(log) if log.is_file() else []
+    return plot_curves(rows, keys, run_dir / CURVES, title=title)

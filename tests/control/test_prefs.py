@@ -209,7 +209,7 @@ def test_run_folder_and_exact_resume(tmp_path):
         "peak_rss_mb",
     ):
         assert key in summary
-    assert (straight / "true_return_vs_labels.png").is_file()
+    assert (straight / "true_return_vs_labels.png").is_file() and (straight / "curves.png").is_file()
     assert json.loads((straight / "summary.json").read_text())["labels_used"] == 40
     interrupted = tmp_path / "interrupted"
     shutil.copytree(straight, interrupted)

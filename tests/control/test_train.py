@@ -46,7 +46,7 @@ def test_ppo_learns_cartpole_in_seconds(tmp_path):
         assert key in summary
     assert summary["env_steps"] == 12032  # whole iterations of 8 × 32
     written = {p.name for p in (tmp_path / "run").iterdir()}
-    assert {"metrics.jsonl", "summary.json", "config.yaml", "learning_curve.png", "checkpoints"} <= written
+    assert {"metrics.jsonl", "summary.json", "config.yaml", "curves.png", "checkpoints"} <= written
 
 
 SMALL = [
