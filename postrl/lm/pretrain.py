@@ -29,6 +29,7 @@ from postrl.lm.trainer import (
 )
 from postrl.runtime import distributed as dist
 from postrl.runtime.config import validate
+from postrl.runtime.errors import UserError
 from postrl.runtime.rundir import open_run
 from postrl.runtime.seeding import seed_everything
 
@@ -78,6 +79,8 @@ def run_pretrain(
     run_dir = Path(run_dir)
     validate(cfg)
     run = cfg.run
+    if run.lora.enabled:
+        raise UserError("run.lora.enabled: pretraining builds a new model; LoRA adapts an existing one")
     info = dist.init_distributed(run.device)
     set_threads(run.threads)
     seed_everything(run.seed, info.rank)

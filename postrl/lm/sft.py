@@ -122,7 +122,7 @@ def run_sft(
 
     Everything is loaded and checked before the run folder is touched (`postrl.runtime.rundir`)."""
     # deferred: transformers takes seconds to import; SFTConfig (--list-keys, config errors) needs none of it
-    from postrl.lm.models import load_causal_lm, resolve_dtype
+    from postrl.lm.models import apply_lora, load_causal_lm, resolve_dtype
     from postrl.lm.tokenizer import load_tokenizer
 
     run_dir = Path(run_dir)
@@ -137,6 +137,7 @@ def run_sft(
         device=info.device,
         trust_remote_code=cfg.trust_remote_code,
     )
+    model = apply_lora(model, run)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     check_train_length(model, cfg.train)
     rows, heldout, tasks = load_sft_rows(cfg, tokenizer)

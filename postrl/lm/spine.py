@@ -40,6 +40,36 @@ from postrl.runtime.seeding import get_rng_state, set_rng_state
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters (LoRA, Hu et al. 2021) through peft: train ΔW = (alpha/rank)·B·A beside each frozen
+    target weight W instead of W itself (`postrl.lm.models.lora`). TRL's names: use_peft, lora_r, lora_alpha,
+    lora_dropout, lora_target_modules; peft's: r, lora_alpha, lora_dropout, target_modules."""
+
+    enabled: bool = False
+    """Train adapters instead of every weight (needs peft: pip install 'postrl[lora]'); the reference model of
+    PPO and GRPO is then the policy with its adapters disabled (no second copy in memory)."""
+    rank: int = 16
+    """r: the adapters' rank (TRL's default 16)."""
+    alpha: float = 32.0
+    """lora_alpha: ΔW is scaled by alpha / rank (TRL's default 32)."""
+    dropout: float = 0.0
+    """lora_dropout on the adapters' input (TRL: 0.05). PPO and GRPO need 0: their log-probs must not change
+    between sampling and training."""
+    target_modules: str | list[str] = "all-linear"
+    """Modules that get adapters: all-linear (every Linear of the transformer blocks, not the output layer:
+    QLoRA, Dettmers et al. 2023), a list of module names (e.g. [q_proj, v_proj], TRL's default through
+    peft's per-architecture table) or one regular expression."""
+    merge_on_export: bool = False
+    """The exported RUN_DIR/model holds merged weights (W + ΔW: a plain model that transformers loads without
+    peft) and the adapter goes to RUN_DIR/adapter; false: RUN_DIR/model is the adapter (a peft folder that
+    names its base model). A reward model or critic is always exported merged."""
+
+    CHECKS = {"rank": ">= 1", "alpha": "> 0", "dropout": "[0, 1)"}
+    RENAMED = {"r": "rank", "lora_r": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout"}
+    RENAMED |= {"lora_target_modules": "target_modules", "use_peft": "enabled"}
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """How long a run lasts, how often it logs, evaluates and checkpoints, and where it runs."""
 
@@ -69,6 +99,8 @@ class RunConfig:
     with FSDP2, for models one device cannot hold). No effect in one process."""
     tensorboard: bool = False
     """Also write TensorBoard event files."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Low-rank adapters instead of full fine-tuning (off by default)."""
 
     CHECKS = {  # valid ranges (postrl.runtime.config.validate)
         "steps": ">= 1",
@@ -84,7 +116,7 @@ class RunConfig:
 
 # The keys every LM stage's run section took over (their old names, for RENAMED tables).
 RUN_KEYS = ("seed", "save_every", "keep_last", "log_every", "eval_every", "max_seconds", "device", "dtype")
-RUN_KEYS += ("threads", "parallel", "tensorboard")
+RUN_KEYS += ("threads", "parallel", "tensorboard", "lora")
 
 
 @dataclass
@@ -144,16 +176,46 @@ def accumulate(
     return total
 
 
+def frozen_base(module: torch.nn.Module) -> bool:
+    """Whether part of ``module`` is frozen (LoRA: the base weights, `postrl.lm.models.lora`): its checkpoint
+    then holds only the trained tensors (adapters, heads); the frozen ones are read again from the model the
+    run starts from, which a resume loads the same way."""
+    return any(not p.requires_grad for p in dist.unwrap(module).parameters())
+
+
+def trained_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The trained tensors of ``module`` by their state-dict names (all of them unless `frozen_base`)."""
+    inner = dist.unwrap(module)
+    if not frozen_base(inner):  # gathered when sharded (a collective); tied copies under their first name
+        return dist.without_tied_copies(module, dist.model_state_dict(module))
+    names = {n for n, p in inner.named_parameters() if p.requires_grad}
+    return {k: v.detach() for k, v in inner.state_dict(keep_vars=True).items() if k in names}
+
+
+def load_trained(module: torch.nn.Module, file: Path) -> None:
+    """Load the trained tensors `trained_state_dict` wrote into ``file`` back into a `frozen_base` module;
+    every trained tensor must be there and nothing else."""
+    from safetensors.torch import load_file
+
+    inner = dist.unwrap(module)
+    tensors = load_file(str(file), device=str(next(inner.parameters()).device))
+    want = {n for n, p in inner.named_parameters() if p.requires_grad}
+    if set(tensors) != want:
+        odd = sorted(set(tensors) ^ want)[:3]
+        raise ValueError(
+            f"{file}: its tensors are not this model's trained ones (e.g. {odd}); same run.lora?"
+        )
+    inner.load_state_dict(tensors, strict=False)
+
+
 def save(run_dir: Path, algo: Algorithm, state: LoopState, keep_last: int, metrics_rows: int) -> None:
     """Checkpoint ``run_dir/checkpoints/step_N`` (a collective: every rank calls it, rank 0 writes)."""
     parts = algo.parts()
     # full weights (gathered when sharded: a collective), tied copies under their first name only, as
-    # save_pretrained writes them: a checkpoint folder is also a model folder from_pretrained loads
+    # save_pretrained writes them: a checkpoint folder is also a model folder from_pretrained loads (with
+    # LoRA: the adapters and heads only, see trained_state_dict)
     saved = {
-        k: (
-            dist.without_tied_copies(m, dist.model_state_dict(m)),
-            dist.optimizer_state_dict(m, parts.optimizers[k]),
-        )
+        k: (trained_state_dict(m), dist.optimizer_state_dict(m, parts.optimizers[k]))
         for k, m in parts.modules.items()
     }
     rng_ranks = dist.all_gather_object(get_rng_state())
@@ -184,7 +246,10 @@ def restore(path: Path, algo: Algorithm) -> tuple[LoopState, int | None]:
     parts = algo.parts()
     sharded = any(dist.is_sharded(m) for m in parts.modules.values())
     modules = {} if sharded else {k: dist.unwrap(m) for k, m in parts.modules.items()}
+    adapted = {k: modules.pop(k) for k in list(modules) if frozen_base(modules[k])}
     loaded = load_checkpoint(path, modules=modules, schedulers=parts.schedulers, restore_rng=False)
+    for k, module in adapted.items():
+        load_trained(module, path / f"{k}.safetensors")
     if sharded:
         for k, module in parts.modules.items():
             dist.load_sharded(path, module, parts.optimizers[k], k, k)

@@ -29,6 +29,7 @@ from postrl.lm.spine import Parts, RunConfig, accumulate, train_loop
 from postrl.runtime import distributed as dist
 from postrl.runtime.checkpoint import latest_checkpoint, write_dir_atomically
 from postrl.runtime.logging import RunLogger
+from postrl.runtime.plots import write_curves
 
 
 @dataclass(frozen=True)
@@ -321,10 +322,12 @@ def run_training(
     algo: Supervised, run_dir: Path, logger: RunLogger, resume: bool | Path | None = None
 ) -> dict:
     """Train ``algo`` with the spine (`postrl.lm.spine.train_loop`), from checkpoint ``resume`` (a folder, or
-    True for the newest under ``run_dir/checkpoints``); returns the last evaluation, the steps and the
-    training tokens per second."""
+    True for the newest under ``run_dir/checkpoints``), and plot ``run_dir/curves.png``; returns the last
+    evaluation, the steps and the training tokens per second."""
     ckpt = latest_checkpoint(run_dir / "checkpoints") if resume is True else (resume or None)
     state = train_loop(algo, algo.run, run_dir, logger, ckpt)
+    if dist.is_main():
+        write_curves(run_dir, ["loss", "heldout_loss", "heldout_accuracy", "lr"], title=algo.name)
     rate = algo.tokens / max(algo.seconds, 1e-9)
     return {**state.last_eval, "steps": state.step, "train_tokens_per_second": rate}
 
@@ -352,7 +355,12 @@ def export_model(
     """``save_pretrained`` the model (safetensors) and tokenizer into ``path`` atomically
     (`postrl.runtime.checkpoint.write_dir_atomically`).
 
-    ``state_dict``: the full weights when the model is sharded (see :func:`export_on_main`)."""
+    ``state_dict``: the full weights when the model is sharded (see :func:`export_on_main`). A model with LoRA
+    adapters exports its adapter, or merged weights (`postrl.lm.models.lora.export_adapted`)."""
+    from postrl.lm.models import export_adapted, has_lora  # deferred: transformers (see check_train_length)
+
+    if has_lora(dist.unwrap(model)):
+        return export_adapted(dist.unwrap(model), tokenizer, path)
 
     def write(tmp: Path) -> None:
         dist.unwrap(model).save_pretrained(str(tmp), safe_serialization=True, state_dict=state_dict)

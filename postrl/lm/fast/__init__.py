@@ -4,4 +4,5 @@ model (``sampling.backend``, ``auto`` by default, logged), else the model's own 
 
     llama.py   `FastLlama`: Llama-family models (fused projections, folded RMSNorm, preallocated KV cache)
     gpt2.py    `FastGPT2`: GPT-2 models, on the same KV cache and masks
+    adapters.py  projections as the decoders read them: plain, or LoRA-wrapped with the adapters merged
 """

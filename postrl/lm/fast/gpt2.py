@@ -30,6 +30,7 @@ from torch import Tensor
 from transformers import GPT2LMHeadModel
 from transformers.pytorch_utils import Conv1D
 
+from postrl.lm.fast.adapters import any_lora
 from postrl.lm.fast.llama import KVCache, extend_mask, prefill_masks
 
 # activations computed here as one kernel; any other is the model's own module (correct, a little slower)
@@ -49,7 +50,10 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         "add_cross_attention is set": cfg.add_cross_attention,
         f"dtype {model.dtype} is not float32": model.dtype != torch.float32,
         "dropout is active": model.training and dropout > 0,
-        # e.g. a LoRA adapter wrapped around a projection: the fast path reads only the base weights
+        # the fast GPT-2 path reads Conv1D weights only; merging adapters is FastLlama's (adapters.py)
+        "LoRA adapters wrap its projections (fast GPT-2 reads plain Conv1D weights only)": any_lora(
+            [*projections, model.lm_head]
+        ),
         "a projection is not a plain Conv1D": any(type(m) is not Conv1D for m in projections),
         "lm_head is not a plain Linear without bias": (
             type(model.lm_head) is not torch.nn.Linear or model.lm_head.bias is not None

@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import LlamaForCausalLM
 
+from postrl.lm.fast.adapters import linear_weight, unsupported_projection
+
 # RoPE variants whose inverse frequencies do not depend on the sequence length ("dynamic" and "longrope" do).
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 
@@ -49,12 +51,11 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         "pretraining_tp > 1": getattr(cfg, "pretraining_tp", 1) != 1,
         f"dtype {model.dtype} is not float32": model.dtype != torch.float32,
         "attention dropout is active": model.training and cfg.attention_dropout > 0,
-        # e.g. a LoRA adapter wrapped around a projection: the fast path reads only the base weights
-        "a projection is not a plain Linear": any(
-            type(m) is not torch.nn.Linear for m in (model.lm_head, *_projections(model))
-        ),
     }
-    return next((reason for reason, failed in checks.items() if failed), None)
+    reason = next((reason for reason, failed in checks.items() if failed), None)
+    # a LoRA layer around a projection is read with its adapters merged (postrl.lm.fast.adapters)
+    projections = (unsupported_projection(m) for m in (model.lm_head, *_projections(model)))
+    return reason or next((why for why in projections if why is not None), None)
 
 
 def prefill_masks(attention_mask: Tensor, max_len: int, like: Tensor) -> tuple[Tensor, Tensor]:
@@ -140,19 +141,24 @@ class _Layer:
 
 
 def _fuse_layer(layer: torch.nn.Module, norm_scale: float) -> _Layer:
-    """Fused weights of one ``LlamaDecoderLayer`` from its current parameters (see `FastLlama._norm`)."""
+    """Fused weights of one ``LlamaDecoderLayer`` from its current parameters (see `FastLlama._norm`; LoRA
+    adapters merged, `postrl.lm.fast.adapters.linear_weight`)."""
     att, mlp = layer.self_attn, layer.mlp
     n1 = layer.input_layernorm.weight * norm_scale
     n2 = layer.post_attention_layernorm.weight * norm_scale
+    (wq, bq), (wk, bk), (wv, bv), (wo, bo) = (
+        linear_weight(p) for p in (att.q_proj, att.k_proj, att.v_proj, att.o_proj)
+    )
+    (wg, bg), (wu, bu), (wd, bd) = (linear_weight(p) for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
     return _Layer(
-        w_qkv=(torch.cat((att.q_proj.weight, att.k_proj.weight, att.v_proj.weight)) * n1).t().contiguous(),
-        b_qkv=_cat_bias(att.q_proj.bias, att.k_proj.bias, att.v_proj.bias),
-        w_o=att.o_proj.weight.t().contiguous(),
-        b_o=att.o_proj.bias,
-        w_gate_up=(torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)) * n2).t().contiguous(),
-        b_gate_up=_cat_bias(mlp.gate_proj.bias, mlp.up_proj.bias),
-        w_down=mlp.down_proj.weight.t().contiguous(),
-        b_down=mlp.down_proj.bias,
+        w_qkv=(torch.cat((wq, wk, wv)) * n1).t().contiguous(),
+        b_qkv=_cat_bias(bq, bk, bv),
+        w_o=wo.t().contiguous(),
+        b_o=bo,
+        w_gate_up=(torch.cat((wg, wu)) * n2).t().contiguous(),
+        b_gate_up=_cat_bias(bg, bu),
+        w_down=wd.t().contiguous(),
+        b_down=bd,
     )
 
 
@@ -182,7 +188,8 @@ class FastLlama:
         # under the caller's grad mode (see the module docstring)
         self.embed = model.model.embed_tokens.weight
         self.layers = [_fuse_layer(layer, d**0.5) for layer in model.model.layers]
-        self.w_lm = (model.lm_head.weight * (model.model.norm.weight * d**0.5)).t().contiguous()  # (d, V)
+        w_lm, _ = linear_weight(model.lm_head)
+        self.w_lm = (w_lm * (model.model.norm.weight * d**0.5)).t().contiguous()  # (d, V)
         self._ones = self.embed.new_ones(d, 1)
         self._d_eps = self.embed.new_full((1,), d * cfg.rms_norm_eps)
         self.length = 0  # cache columns filled so far

@@ -13,7 +13,7 @@ import torch
 from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_train_heldout, render_rows
 from postrl.lm.grpo.config import GRPOConfig
 from postrl.lm.grpo.rollouts import Prompts, Run
-from postrl.lm.models import check_context, load_causal_lm, resolve_dtype
+from postrl.lm.models import adapter_free_reference, apply_lora, check_context, load_causal_lm, resolve_dtype
 from postrl.lm.rewards import RewardFunction, load_reward_fns
 from postrl.lm.rollout.decoders import check_backend
 from postrl.lm.tokenizer import load_tokenizer
@@ -83,7 +83,7 @@ def build_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
         "device": info.device,
         "trust_remote_code": cfg.trust_remote_code,
     }
-    policy = load_causal_lm(cfg.model, **load)
+    policy = apply_lora(load_causal_lm(cfg.model, **load), cfg.run, rl=True)
     check_backend(policy, cfg.sampling.backend)
     p, t = cfg.max_prompt_length, cfg.sampling.max_new_tokens
     check_context(policy, p + t, f"max_prompt_length ({p}) + sampling.max_new_tokens ({t})")
@@ -96,7 +96,9 @@ def build_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
         )
     fns = reward_fns(cfg, train.rows, info.device)
     ref = None
-    if cfg.grpo.beta != 0:  # β = 0: no reference model is loaded at all
+    if cfg.grpo.beta != 0 and cfg.run.lora.enabled and not cfg.ref_model:
+        ref = adapter_free_reference(policy)  # the base model: the policy with its adapters disabled
+    elif cfg.grpo.beta != 0:  # β = 0: no reference model is loaded at all
         what = "ref_model" if cfg.ref_model else "model"
         ref = load_causal_lm(cfg.ref_model or cfg.model, **load, what=what).eval().requires_grad_(False)
         if cfg.run.parallel == "fsdp":  # sharded at rest too; scoring gathers it (rollouts.collect)

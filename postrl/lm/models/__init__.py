@@ -5,6 +5,7 @@
     context.py   a model's context length and `check_context`
     tiny.py      `TinyLMConfig` and `build_tiny_lm`: the built-in Llama, fixed by a seed
     heads.py     scalar heads: `ScalarHeadModel` (reward model, separate critic), `PolicyWithValueHead`
+    lora.py      LoRA adapters through peft (`apply_lora`), the adapter-free reference, merged and adapter exports
 
 The fused decode-only forwards of GPT-2 and Llama are in `postrl.lm.fast`; the tokenizer in
 `postrl.lm.tokenizer`.
@@ -36,5 +37,15 @@ from postrl.lm.models.loading import looks_like_path as looks_like_path
 from postrl.lm.models.loading import model_source as model_source
 from postrl.lm.models.loading import resolve_dtype as resolve_dtype
 from postrl.lm.models.loading import set_dropout_off as set_dropout_off
+from postrl.lm.models.lora import AdapterFreeReference as AdapterFreeReference
+from postrl.lm.models.lora import adapter_free_reference as adapter_free_reference
+from postrl.lm.models.lora import adapters_disabled as adapters_disabled
+from postrl.lm.models.lora import apply_lora as apply_lora
+from postrl.lm.models.lora import export_adapted as export_adapted
+from postrl.lm.models.lora import has_lora as has_lora
+from postrl.lm.models.lora import merged_state_dict as merged_state_dict
+from postrl.lm.models.lora import save_adapter as save_adapter
+from postrl.lm.models.lora import save_merged as save_merged
+from postrl.lm.models.lora import trainable_share as trainable_share
 from postrl.lm.models.tiny import TinyLMConfig as TinyLMConfig
 from postrl.lm.models.tiny import build_tiny_lm as build_tiny_lm

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, PreTrainedModel
 
+from postrl.lm.models import lora
 from postrl.lm.models.layout import gather_last, position_ids_from_mask
 from postrl.lm.models.loading import ModelError, load_causal_lm, load_pretrained, set_dropout_off
 
@@ -90,6 +91,15 @@ def _head_values(head: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
     return head(hidden.to(head.weight.dtype)).squeeze(-1)
 
 
+def _save_hf(model: PreTrainedModel, path: str | Path) -> None:
+    """``save_pretrained``, or for a model with LoRA adapters its merged weights (`lora.save_merged`): a trunk
+    and its head load as one model, without peft."""
+    if lora.has_lora(model):
+        lora.save_merged(model, path)
+    else:
+        model.save_pretrained(str(path))
+
+
 class ScalarHeadModel(nn.Module):
     """A transformer trunk plus a scalar head: the reward model, or a critic that is a separate model.
 
@@ -131,8 +141,8 @@ class ScalarHeadModel(nn.Module):
         return gather_last(self.forward(input_ids, attention_mask, position_ids), attention_mask)
 
     def save_pretrained(self, path: str | Path, kind: str = "reward") -> None:
-        """Backbone in HF format (safetensors) plus the head files into directory ``path``."""
-        self.backbone.save_pretrained(str(path))
+        """Backbone in HF format (safetensors; LoRA adapters merged in) plus the head files into ``path``."""
+        _save_hf(self.backbone, path)
         save_head(self.head, path, kind)
 
     @classmethod
@@ -193,8 +203,9 @@ class PolicyWithValueHead(nn.Module):
         return out.logits, _head_values(self.head, out.hidden_states[-1])  # final (normed) hidden states
 
     def save_pretrained(self, path: str | Path) -> None:
-        """The LM in HF format (loadable by ``AutoModelForCausalLM``) plus the value-head files."""
-        self.lm.save_pretrained(str(path))
+        """The LM in HF format (loadable by ``AutoModelForCausalLM``; LoRA adapters merged in) plus the
+        value-head files."""
+        _save_hf(self.lm, path)
         save_head(self.head, path, "value")
 
     @classmethod

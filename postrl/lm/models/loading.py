@@ -22,6 +22,7 @@ from huggingface_hub.errors import HFValidationError
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from postrl.lm.models import lora  # (lora imports this module: names read at call time)
 from postrl.runtime.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -165,11 +166,20 @@ def load_causal_lm(
 ) -> PreTrainedModel:
     """Any Hugging Face causal LM, from a local directory or (online) a hub name.
 
+    A LoRA adapter folder (``adapter_config.json``, e.g. the ``RUN_DIR/model`` of a run with ``run.lora``)
+    loads as its base model with the adapter merged in (`postrl.lm.models.lora.load_adapter_folder`).
     ``trust_remote_code`` runs the repository's own Python and is therefore off unless the user asks.
     ``disable_dropout`` (default) zeroes every dropout, as RL needs log-probs that do not change between
     sampling and training (Ziegler et al., 2019). ``what`` is the config key, named in every error.
     """
-    model = load_pretrained(AutoModelForCausalLM, path_or_name, what, dtype, trust_remote_code).to(device)
+
+    def load_base(source: str | Path, key: str) -> PreTrainedModel:
+        return load_pretrained(AutoModelForCausalLM, source, key, dtype, trust_remote_code)
+
+    if lora.is_adapter_folder(path_or_name):  # a LoRA run's export: its base model, the adapter merged in
+        model = lora.load_adapter_folder(path_or_name, what, load_base).to(device)
+    else:
+        model = load_base(path_or_name, what).to(device)
     if disable_dropout:
         set_dropout_off(model)
     return model

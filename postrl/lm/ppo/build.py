@@ -24,6 +24,8 @@ from postrl.lm.data import (
 from postrl.lm.models import (
     PolicyWithValueHead,
     ScalarHeadModel,
+    adapter_free_reference,
+    apply_lora,
     check_context,
     load_causal_lm,
     resolve_dtype,
@@ -42,7 +44,7 @@ from postrl.runtime import distributed as dist
 from postrl.runtime.checkpoint import write_dir_atomically
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import read_jsonl
-from postrl.runtime.plots import plot_curves
+from postrl.runtime.plots import CURVES, plot_curves
 
 Scorer = Callable[[Rollout, Sequence[dict[str, Any]]], Tensor]
 
@@ -60,16 +62,20 @@ def build_roles(cfg: PPOConfig, device: torch.device) -> Roles:
         "device": device,
         "trust_remote_code": cfg.trust_remote_code,
     }
-    actor = load_causal_lm(cfg.model, **load)
-    reference = _frozen(load_causal_lm(cfg.ref_model or cfg.model, **load))
+    actor = apply_lora(load_causal_lm(cfg.model, **load), cfg.run, rl=True)
+    if cfg.run.lora.enabled and not cfg.ref_model:  # the base model: the actor with its adapters disabled
+        reference = adapter_free_reference(actor)
+    else:
+        reference = _frozen(load_causal_lm(cfg.ref_model or cfg.model, **load))
     reward_model = None
     if cfg.reward_model is not None and not cfg.rewards:
         reward_model = _frozen(ScalarHeadModel.from_pretrained(cfg.reward_model, **load))
     critic: torch.nn.Module | None
     if cfg.critic == "reward_model":  # N+ details: the value model starts as the reward model
-        critic = ScalarHeadModel.from_pretrained(cfg.reward_model, **load)
+        critic = apply_lora(ScalarHeadModel.from_pretrained(cfg.reward_model, **load), cfg.run, rl=True)
     elif cfg.critic == "sft":
         critic = ScalarHeadModel.from_pretrained(cfg.model, new_head=True, seed=cfg.run.seed, **load)
+        critic = apply_lora(critic, cfg.run, rl=True)
     else:
         actor, critic = PolicyWithValueHead(actor, seed=cfg.run.seed), None
     return Roles(actor=actor, critic=critic, reference=reference, reward_model=reward_model)
@@ -335,8 +341,8 @@ def summarize(history: list[dict[str, float]], totals: dict[str, float], steps: 
 
 
 def plot_run(run_dir: Path) -> None:
-    """``heldout.png`` (RM score, gold reward, KL over training: over-optimisation shows as the RM score
-    rising while the gold reward falls) and ``train.png`` (per-step training metrics)."""
+    """``curves.png`` (per-step training metrics) and ``heldout.png`` (RM score, gold reward, KL over training:
+    over-optimisation shows as the RM score rising while the gold reward falls)."""
     rows = read_jsonl(run_dir / "metrics.jsonl")
     heldout = ["heldout_rm_score", "heldout_gold_reward", "heldout_kl", "heldout_length"]
     plot_curves(
@@ -344,6 +350,4 @@ def plot_run(run_dir: Path) -> None:
     )
     train = ["rm_score", "gold_reward", "kl_to_ref", "entropy", "clip_fraction", "approx_kl"]
     train.append("explained_variance")
-    plot_curves(
-        [r for r in rows if "rm_score" in r], train, run_dir / "train.png", title="PPO training batches"
-    )
+    plot_curves([r for r in rows if "rm_score" in r], train, run_dir / CURVES, title="PPO training batches")

@@ -102,7 +102,8 @@ def make_decoder(model: torch.nn.Module, use_fast: bool | None = None) -> Any:
     reason = "sampling.backend hf" if use_fast is False else "; ".join(r for r in reasons if r)
     if use_fast:
         raise ValueError(f"sampling.backend is fast but the fast decoders cannot run this model: {reason}")
-    _say(model, "the Hugging Face forward", reason)
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None) or "default"
+    _say(model, f"the Hugging Face forward ({attention} attention)", reason)
     return HFDecoder(model)
 
 
