@@ -386,7 +386,7 @@ def test_run_ppo_folder_and_exact_resume(tiny_lm_dir, tiny_rm_dir, tmp_path) -> 
         assert summary[key] is not None, key
     assert [h["step"] for h in summary["heldout"]] == [0, 1, 2]
     assert summary["beta"] != 0.1  # the adaptive controller moved β
-    for name in ("heldout.png", "train.png", "summary.json", "config.yaml", "model/config.json"):
+    for name in ("heldout.png", "curves.png", "summary.json", "config.yaml", "model/config.json"):
         assert (tmp_path / "a" / name).is_file(), name
     rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     step_rows = [r for r in rows if "rm_score" in r]

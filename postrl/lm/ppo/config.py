@@ -134,7 +134,7 @@ class PPOConfig:
     trust_remote_code: bool = False
     """Run the model repository's own code (only for models you trust)."""
     plots: bool = True
-    """Write heldout.png and train.png at the end."""
+    """Write curves.png and heldout.png at the end."""
 
     CHECKS = {"max_prompt_length": ">= 1", "batch_size": ">= 1", "eval_size": ">= 1"}  # valid ranges
     RENAMED = {k: f"run.{k}" for k in (*RUN_KEYS, "steps")} | {  # old key → its new name
