@@ -23,6 +23,11 @@ s_i is not detached, so the gradient reaches every token of the response through
 ``unbiased_kl`` still weights k3 by the token ratio ρ_{i,t}, which is what makes each token's KL
 gradient unbiased.
 
+``importance_level="sequence_sum"`` takes the response's whole likelihood ratio s_i = exp(Σ_t m_{i,t}(log π −
+log π_old)) instead (not length-normalised): with ``loss_type="grpo"`` and β = 0 the loss is
+−(1/B) Σ_i min(s_i A_i, clip(s_i) A_i), RLOO's REINFORCE on whole responses (Ahmadian et al. 2024) as TRL's
+``RLOOTrainer`` computes it; at s_i = 1 its gradient is −(1/B) Σ_i A_i Σ_t ∇log π_{i,t}.
+
 KL gradient. The tokens are samples of π_old, so (at ρ = 1) E[∇k3] = −Σ_y π_ref(y) ∇log π(y) =
 ∇KL(π_ref‖π), the forward KL, although k3's value estimates the reverse KL(π‖π_ref). ``unbiased_kl``
 weights k3 by the differentiable ratio ρ (value 1 on-policy): E[∇(ρ k3)] = ∇KL(π‖π_ref) (DeepSeek-V3.2,
@@ -130,10 +135,18 @@ def _sequence_ratio(log_ratio: torch.Tensor, real: torch.Tensor) -> torch.Tensor
     return torch.exp(log_ratio.sum(dim=-1, keepdim=True) / lengths)
 
 
+def _sequence_sum_ratio(log_ratio: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """The response's likelihood ratio π(o_i)/π_old(o_i) = exp(Σ_t m_{i,t} log ρ_{i,t}): ``[B, 1]`` (RLOO as
+    REINFORCE on whole responses, Ahmadian et al. 2024; TRL's ``RLOOTrainer``). Not detached:
+    ∂s_i/∂log π_{i,t} = s_i m_{i,t}, so at s_i = 1 the gradient is A_i Σ_t ∇log π_{i,t}."""
+    return torch.exp(log_ratio.sum(dim=-1, keepdim=True))
+
+
 # `log_ratio` is 0 on padding; each maps it and the bool mask to a ratio broadcastable to [B, T].
 IMPORTANCE_LEVELS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "token": _token_ratio,
     "sequence": _sequence_ratio,
+    "sequence_sum": _sequence_sum_ratio,
 }
 
 
@@ -171,13 +184,13 @@ def grpo_loss(
             responses (grpo), of response tokens (token), or of responses × max_len (dr_grpo). Give every
             micro-batch the same value and the sum of their losses equals the full-batch loss.
         unbiased_kl: weight k3 by ρ ("KL gradient"); the logged ``kl`` stays the plain k3 mean.
-        importance_level: ``"token"`` (GRPO, PPO's per-token ρ) or ``"sequence"`` (GSPO's s_i); see
-            ``IMPORTANCE_LEVELS``.
+        importance_level: ``"token"`` (GRPO, PPO's per-token ρ), ``"sequence"`` (GSPO's s_i) or
+            ``"sequence_sum"`` (the response's likelihood ratio: RLOO as TRL); see ``IMPORTANCE_LEVELS``.
 
     Returns:
         ``(loss, stats)``: 0-dim loss and detached 0-dim local stats: ``clip_fraction`` (as
         :func:`ppo_clip_loss`), ``kl`` (masked mean k3; 0 when ``ref_log_probs`` is None), ``ratio_mean``;
-        over response tokens for ``"token"``, over responses for ``"sequence"`` (see `_ratio_stats`).
+        over response tokens for ``"token"``, over responses for the sequence levels (see `_ratio_stats`).
 
     Raises:
         ValueError: unknown ``loss_type`` or ``importance_level``, or ``beta != 0`` without ``ref_log_probs``.

@@ -51,10 +51,11 @@ class GRPOLossConfig:
     scale_rewards false); rloo: A_i = r_i − Σ_{j≠i} r_j / (G − 1), the leave-one-out baseline (RLOO, Ahmadian
     et al. 2024); reinforce_pp: a_i = r_i − mean_g r, whitened over the step's whole batch, all ranks
     (REINFORCE++-baseline, Hu 2025)."""
-    importance_level: Literal["token", "sequence"] = "token"
+    importance_level: Literal["token", "sequence", "sequence_sum"] = "token"
     """The importance ratio: token: ρ_it = π_it / π_old,it per token (GRPO, PPO); sequence: s_i =
     exp(mean_t(log π_it − log π_old,it)), one length-normalised ratio per response, clipped and applied to
-    every token (GSPO, Zheng et al. 2025)."""
+    every token (GSPO, Zheng et al. 2025); sequence_sum: s_i = π(o_i) / π_old(o_i), the whole response's
+    ratio (RLOO as REINFORCE on responses, Ahmadian et al. 2024, and TRL's RLOOTrainer, with loss_type grpo)."""
     scale_rewards: bool = True
     """Divide advantages by the group's reward std (advantage grpo only; false: Dr. GRPO)."""
     adv_eps: float = 1e-4
