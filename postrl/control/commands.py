@@ -1,4 +1,4 @@
-"""``postrl control train`` and ``postrl control eval``.
+"""``postrl control train``, ``eval``, ``bench`` (many seeds of a preset: ``bench.py``) and ``prefs``.
 
 torch, numpy and gymnasium load inside the handlers (only argparse and the config reader at module level), so
 ``--help`` is instant. Config precedence: the algorithm's defaults, then the shipped preset ``<algo>-<env>.yaml`` (when
@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -24,7 +26,7 @@ ALGOS = ("reinforce", "a2c", "trpo", "ppo")
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``control`` with its ``train`` and ``eval`` subcommands."""
     control = subparsers.add_parser("control", help="Part 1: REINFORCE, A2C, TRPO, PPO on Gymnasium envs")
-    sub = control.add_subparsers(dest="control_command", metavar="{train,eval,prefs}")
+    sub = control.add_subparsers(dest="control_command", metavar="{train,eval,bench,prefs}")
     sub.required = True
     train = sub.add_parser(
         "train",
@@ -67,6 +69,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--gif", default=None, metavar="PATH", help="also write a GIF of one deterministic episode"
     )
     ev.set_defaults(handler=_eval)
+    _add_bench_parser(sub)
     _add_prefs_parser(sub)
     return control
 
@@ -175,6 +178,70 @@ def _eval(args: argparse.Namespace) -> int:
             print(f"gif: {path}")
     print(json.dumps(result))
     return 0
+
+
+def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    """``postrl control bench``: one config on many seeds, in parallel processes (``postrl.control.bench``)."""
+    bench = sub.add_parser(
+        "bench",
+        help="train a preset on many seeds in parallel processes; per-seed rows, IQM with a bootstrap "
+        "interval, fraction meeting the target, all seeds' curves",
+        description="Run `postrl control train` for every seed of --seeds (OUT/seed-S), up to --workers at a "
+        "time with one torch thread each, then write OUT/seeds.jsonl and seeds.csv (one row per seed: final "
+        "evaluation mean ± std, env steps, wall and CPU seconds), OUT/summary.json (mean, std, median, "
+        "IQM with a 95%% stratified-bootstrap interval, fraction of seeds meeting the preset's target) and "
+        "OUT/curves.png (every seed's learning curve, median, IQR and min-max bands). Rerunning the same "
+        "command skips finished seeds and resumes interrupted ones. key=value overrides apply to every seed.",
+    )
+    bench.add_argument("--config", required=True, help="preset name (e.g. ppo-cartpole) or YAML config file")
+    bench.add_argument(
+        "--seeds", default="0-9", help="seeds: a range, a list or both, e.g. 0-9, 10-19, 0,3,7"
+    )
+    bench.add_argument("--out", default=None, help="bench folder (default runs/bench/<config name>)")
+    bench.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="seeds trained at once, one process each (default: the CPU count, at most the seed count)",
+    )
+    bench.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="evaluation return a seed must reach (default: the preset's, postrl.control.bench.TARGETS)",
+    )
+    bench.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every seed")
+    bench.set_defaults(handler=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    """Validate everything (config, overrides, env, seeds, workers, --out) before the folder is touched."""
+    from postrl.control import bench  # deferred: gymnasium and torch through the loop
+
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: must be at least 1")
+    if args.target is not None and args.target != args.target:
+        raise ConfigError("--target nan: must be a number")
+    spec = bench.resolve_spec(args.config, args.seeds, args.overrides, args.target)
+    out = Path(args.out or f"runs/bench/{spec.name}")
+    bench.check_out(out, spec)
+    workers = args.workers or min(os.cpu_count() or 1, len(spec.seeds))
+    command = [
+        "postrl",
+        "control",
+        "bench",
+        "--config",
+        args.config,
+        "--seeds",
+        args.seeds,
+        "--out",
+        str(out),
+    ]
+    command += [*(["--target", str(args.target)] if args.target is not None else []), *args.overrides]
+    summary = bench.run_bench(spec, out, workers, command=shlex.join(command))
+    print(json.dumps(summary))
+    print(f"bench folder: {out}")
+    return 1 if summary["seeds_failed"] else 0
 
 
 def _add_prefs_parser(sub: argparse._SubParsersAction) -> None:
