@@ -18,6 +18,10 @@ REINFORCE gradient estimate with and without the learned baseline.
 
 The last line printed is one JSON object with every result.
 
+For results over many seeds (the README's Part 1 table: 10 seeds per preset, IQM with a bootstrap interval, the
+fraction of seeds meeting the goal, all seeds' curves) use ``postrl control bench --config PRESET --seeds
+10-19`` (``postrl/control/bench.py``); this script's goals are that command's ``TARGETS``.
+
 Measured 2026-12-03 on the shared 2-core machine (load ≈ 6 from other jobs: read the ratio only), the
 fused path against the reference one, ``--quick --tasks ppo-cartpole --no-variance --ppo-backend autograd``
 then ``… fused``: 3,247 vs 5,003 env steps/s (1.54×), 6.3 vs 5.0 CPU-s for 30,208 steps.
@@ -108,16 +112,24 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from postrl.control.bench import TARGETS  # noqa: E402 (after the sys.path line)
+
 # task → (algo, env id, budget in env steps, goal on the evaluation return, SB3 harness config or None)
 TASKS = {
-    "ppo-cartpole": ("ppo", "CartPole-v1", 100_000, 475.0, "cartpole_zoo"),
-    "ppo-acrobot": ("ppo", "Acrobot-v1", 200_000, -100.0, None),
-    "ppo-pendulum": ("ppo", "Pendulum-v1", 200_000, -200.0, None),
-    "a2c-cartpole": ("a2c", "CartPole-v1", 500_000, 475.0, None),
-    "trpo-cartpole": ("trpo", "CartPole-v1", 200_000, 475.0, None),
-    "trpo-pendulum": ("trpo", "Pendulum-v1", 300_000, -300.0, None),
-    "reinforce-cartpole": ("reinforce", "CartPole-v1", 500_000, 400.0, None),
-    "reinforce-nobaseline-cartpole": ("reinforce", "CartPole-v1", 500_000, 400.0, None),
+    "ppo-cartpole": ("ppo", "CartPole-v1", 100_000, TARGETS["ppo-cartpole"], "cartpole_zoo"),
+    "ppo-acrobot": ("ppo", "Acrobot-v1", 200_000, TARGETS["ppo-acrobot"], None),
+    "ppo-pendulum": ("ppo", "Pendulum-v1", 200_000, TARGETS["ppo-pendulum"], None),
+    "a2c-cartpole": ("a2c", "CartPole-v1", 500_000, TARGETS["a2c-cartpole"], None),
+    "trpo-cartpole": ("trpo", "CartPole-v1", 200_000, TARGETS["trpo-cartpole"], None),
+    "trpo-pendulum": ("trpo", "Pendulum-v1", 300_000, TARGETS["trpo-pendulum"], None),
+    "reinforce-cartpole": ("reinforce", "CartPole-v1", 500_000, TARGETS["reinforce-cartpole"], None),
+    "reinforce-nobaseline-cartpole": (
+        "reinforce",
+        "CartPole-v1",
+        500_000,
+        TARGETS["reinforce-cartpole"],
+        None,
+    ),
 }
 TASK_OVERRIDES = {"reinforce-nobaseline-cartpole": ["reinforce.baseline=false"]}
 QUICK_BUDGET = {
