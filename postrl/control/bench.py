@@ -191,9 +191,9 @@ class BenchSpec:
 
 def resolve_spec(config: str, seeds: str, overrides: Sequence[str], target: float | None = None) -> BenchSpec:
     """Check everything a bench needs before any folder is touched: the config (file or preset), its
-    algorithm, the overrides (each key against the algorithm's config, ranges included), the env (built once)
-    and the seed range. Errors are ConfigErrors naming what is wrong."""
-    from postrl.control.envs import make_env  # deferred: gymnasium, torch
+    algorithm, the overrides (each key against the algorithm's config, ranges included), the env and the agent
+    (built once: e.g. ppo.backend=fused with a policy it cannot run) and the seed range. Errors are ConfigErrors naming what is wrong."""
+    from postrl.control.envs import VecEnv  # deferred: gymnasium, torch
     from postrl.control.loop import algorithm
     from postrl.runtime.config import load_config, validate
 
@@ -209,8 +209,11 @@ def resolve_spec(config: str, seeds: str, overrides: Sequence[str], target: floa
     cfg = load_config(module.Config, path, list(overrides))
     validate(cfg)
     seed_list = parse_seeds(seeds)
-    env = make_env(cfg.env.id, **dict(cfg.env.kwargs))
-    env.close()
+    env = VecEnv(cfg.env, cfg.run.seed)  # the env and the agent, built once as each seed will build them
+    try:
+        module.build(cfg, env)
+    finally:
+        env.close()
     name = path.stem
     if target is None:
         target = TARGETS.get(name) if path.parent.resolve() == _presets_root() else None

@@ -110,6 +110,8 @@ def _bench(capsys, *argv):
         (["--config", "ppo-cartpole", "ppo.lrr=1"], "ppo.lrr"),
         (["--config", "ppo-cartpole", "ppo.lr=-1"], "ppo.lr"),
         (["--config", "ppo-cartpole", "--workers", "0"], "--workers"),
+        (["--config", "ppo-pendulum", "policy.use_sde=true", "ppo.backend=fused"], "gSDE"),
+        (["--config", "a2c-cartpole", "env.id=NoSuchEnv-v0"], "NoSuchEnv-v0"),
     ],
 )
 def test_bad_input_is_one_error_line_and_nothing_written(tmp_path, capsys, argv, names):
