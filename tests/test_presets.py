@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_preset_loads_by_name():
     from postrl.control.loop import algorithm
+    from postrl.lm.dpo import DPOConfig
     from postrl.lm.grpo import GRPOConfig
     from postrl.lm.ppo import PPOConfig
     from postrl.lm.reward_model import RMConfig
@@ -29,6 +30,7 @@ def test_every_preset_loads_by_name():
         "dapo": GRPOConfig,
         "rm": RMConfig,
         "sft": SFTConfig,
+        "dpo": DPOConfig,
     }
     assert {"ppo-cartpole", "grpo-arithmetic", "sft-arithmetic", "rm-reviews", "ppo-reviews"} <= set(
         preset_names()

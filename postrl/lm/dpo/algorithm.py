@@ -139,7 +139,8 @@ class DPO:
             self.model, self.optimizer, self.pairs, self.ref, indices, self.cfg,
             self.tokenizer.pad_token_id, self.device,
         )  # fmt: skip
-        self.seconds += time.perf_counter() - tic
+        out["time_step"] = time.perf_counter() - tic
+        self.seconds += out["time_step"]
         out["lr"] = self.scheduler.get_last_lr()[0]  # the lr this step used
         self.scheduler.step()
         return out

@@ -1,0 +1,322 @@
+"""`postrl dpo` beside Hugging Face TRL's ``DPOTrainer`` (TRL 1.16): steps/s, peak memory, and the loss of one
+identical batch. Ends with ONE JSON line of results.
+
+Same model, data and batch for both: a tiny Llama of the demo's size (2 layers, d = 128, vocab 512; ``--model``
+takes any postrl/HF causal-LM folder with its tokenizer, e.g. the demo's SFT model, default: one built here
+with a random init), the built-in ``reviews`` task's labelled pairs (``perturb_fraction`` 0.3, the RM's data)
+as plain prompt/chosen/rejected text, 32 pairs per step, CPU, fp32, 1 torch thread, β 0.1, the sigmoid loss,
+AdamW (0.9, 0.999), no weight decay, gradients clipped to 1, a constant lr 1e-5 (no warmup), dropout off.
+TRL keeps its defaults elsewhere except two that make no sense for a tiny model on a CPU: ``bf16=False``
+(fp32, as the issue asks) and ``gradient_checkpointing=False`` (TRL's default True recomputes every block in the
+backward, which only pays when activations do not fit). TRL runs twice: with its default reference handling
+(a reference forward in every step) and with ``precompute_ref_log_probs=True`` (what postrl always does:
+the reference's log-probs once before training); the precompute itself is timed apart, as postrl's is (it is
+not a training step in either).
+
+Timing: the median seconds of a training step after the first 5 (each contender in a fresh process, its own
+peak RSS: ``ru_maxrss``), alternated, on a shared 2-core machine (the load average is recorded). The identical
+batch: the first ``--batch`` pairs tokenised by postrl (prompt ids as generation encodes them, each response
++ EOS), and their ids are compared with TRL's own tokenisation of the same text; the loss of that batch under
+a policy and a different reference (two random inits, so that h ≠ 0 and the loss is not just log 2) is
+computed by postrl (`postrl.lm.dpo.build.dpo_batch_loss` with the stored-reference path) and by TRL
+(``DPOTrainer._compute_loss`` on its collator's batch, reference forward on the fly) and must agree within 1e-5.
+
+    .venv/bin/python benchmarks/dpo.py --steps 60 [--model runs/demo/sft/model]
+
+TRL runs in its own virtual environment (this file in ``--trl-worker`` mode), as in benchmarks/grpo.py:
+
+    python3 -m venv .peers-trl && .peers-trl/bin/pip install torch==2.13.0 transformers trl datasets accelerate
+
+Measured: see the end of this docstring (filled in by the runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+THIS = Path(__file__).resolve()
+BETA, LR = 0.1, 1e-5
+
+
+# ---- the shared inputs (postrl's venv) ------------------------------------------------------------------
+def _build_models(work: Path, model: str | None) -> tuple[Path, Path]:
+    """(policy, a different reference): ``--model`` and a random init of its shape, or two random inits of
+    the demo's tiny Llama with a tokenizer trained on the generated corpus."""
+    from postrl.lm.models import TinyLMConfig, build_tiny_lm, load_causal_lm
+    from postrl.lm.tasks import build_corpus
+    from postrl.lm.tokenizer import build_tokenizer, load_tokenizer
+
+    out = []
+    if model is not None:
+        tokenizer, base = load_tokenizer(model), load_causal_lm(model)
+        config = TinyLMConfig(
+            n_layers=base.config.num_hidden_layers,
+            hidden_size=base.config.hidden_size,
+            n_heads=base.config.num_attention_heads,
+            intermediate_size=base.config.intermediate_size,
+            max_position_embeddings=base.config.max_position_embeddings,
+        )
+        out.append(Path(model))
+        seeds = [1]
+    else:
+        tokenizer = build_tokenizer(build_corpus(n_lines=4000, seed=0), vocab_size=512)
+        config = TinyLMConfig(
+            n_layers=2, hidden_size=128, n_heads=4, intermediate_size=512, max_position_embeddings=512
+        )
+        seeds = [0, 1]
+    ids = {f"{k}_id": getattr(tokenizer, f"{k}_id") for k in ("pad_token", "eos_token", "bos_token")}
+    for seed in seeds:
+        path = work / f"tiny_llama_seed{seed}"
+        build_tiny_lm(len(tokenizer), config, seed=seed, **ids).save_pretrained(str(path))
+        tokenizer.save_pretrained(str(path))
+        out.append(path)
+    return out[0], out[1]
+
+
+def _data(work: Path, n: int) -> Path:
+    from postrl.lm.tasks import get_task
+
+    rows = get_task("reviews", perturb_fraction=0.3, n_pairs_train=n).preference_rows("train")
+    path = work / "pairs.jsonl"
+    fields = ("prompt", "chosen", "rejected")
+    path.write_text("".join(json.dumps({k: r[k] for k in fields}) + "\n" for r in rows))
+    return path
+
+
+def _postrl_loss(
+    policy: Path, reference: Path, data: Path, batch: int, max_length: int
+) -> tuple[float, list]:
+    """postrl's loss of the first ``batch`` pairs (reference log-probs as training uses them: precomputed),
+    and the pairs' token ids."""
+    import torch
+
+    from postrl.lm.data import load_rows, render_rows
+    from postrl.lm.dpo import DPOLossConfig
+    from postrl.lm.dpo.build import collate, dpo_batch_loss, reference_log_probs
+    from postrl.lm.models import load_causal_lm
+    from postrl.lm.reward_model.pairs import tokenize_pairs
+    from postrl.lm.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(policy)
+    rows = render_rows(load_rows(str(data), "prefs")[:batch], "prefs", tokenizer)
+    pairs = tokenize_pairs(rows, tokenizer, max_length)
+    ref = reference_log_probs(
+        load_causal_lm(reference), pairs, tokenizer.pad_token_id, torch.device("cpu"), 64
+    )
+    loss, _ = dpo_batch_loss(
+        load_causal_lm(policy), collate(pairs, tokenizer.pad_token_id, torch.device("cpu")), ref,
+        DPOLossConfig(beta=BETA),
+    )  # fmt: skip
+    ids = [[p["prompt_ids"], p["chosen_ids"], p["rejected_ids"]] for p in pairs]
+    return float(loss.detach()), ids
+
+
+def _postrl_run(policy: Path, data: Path, out: Path, args: argparse.Namespace) -> dict:
+    """`postrl dpo` in a fresh process: the median step time (after the first 5), peak RSS, precompute time."""
+    cmd = [
+        sys.executable, "-m", "postrl.cli", "dpo", "--model", str(policy), "--data", str(data), "--out", str(out),
+        f"run.steps={args.steps}", "run.eval_every=0", "run.save_every=0", "run.log_every=1", "run.device=cpu",
+        f"run.threads={args.threads}", f"run.seed={args.seed}", f"train.batch_size={args.batch}",
+        f"train.max_length={args.max_length}", f"dpo.beta={BETA}", f"optim.lr={LR}", "optim.min_lr_ratio=1.0",
+        "optim.warmup_steps=0", "eval_size=0", "eval_samples=0", "eval_at_start=false", "plots=false",
+        "--overwrite",
+    ]  # fmt: skip
+    start = time.perf_counter()
+    log = out.parent / f"{out.name}.log"
+    with log.open("w") as f:
+        subprocess.run(cmd, check=True, stdout=f, stderr=f, cwd=ROOT)
+    wall = time.perf_counter() - start
+    summary = json.loads(log.read_text().strip().splitlines()[-1])
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    times = [r["time_step"] for r in rows if "time_step" in r]
+    return {
+        "step_time_median_s": statistics.median(times[5:]),
+        "steps_per_s": 1.0 / statistics.median(times[5:]),
+        "peak_rss_mb": summary["peak_rss_mb"],
+        "wall_s": wall,
+        "loss_last": [r["loss"] for r in rows if "loss" in r][-1],
+    }
+
+
+def _trl_run(policy: Path, reference: Path, data: Path, ids: list, out: Path, args, precompute: bool) -> dict:
+    cmd = [
+        args.trl_python, str(THIS), "--trl-worker", "--model", str(policy), "--ref", str(reference),
+        "--data", str(data), "--ids", str(out / "ids.json"), "--json", str(out / "result.json"),
+        "--steps", str(args.steps), "--batch", str(args.batch), "--max-length", str(args.max_length),
+        "--threads", str(args.threads), "--seed", str(args.seed), "--precompute", str(int(precompute)),
+    ]  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ids.json").write_text(json.dumps(ids))
+    with (out / "worker.log").open("w") as f:
+        subprocess.run(cmd, check=True, stdout=f, stderr=f, cwd=out)
+    return json.loads((out / "result.json").read_text())
+
+
+# ---- TRL's side (its own venv) ---------------------------------------------------------------------------
+def trl_worker(args: argparse.Namespace) -> None:
+    """Train TRL's DPOTrainer for ``--steps`` steps on the pairs; also its loss on postrl's identical batch."""
+    os.environ.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    import torch
+    import transformers
+    import trl
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import DPOConfig, DPOTrainer
+
+    torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()
+    tok = AutoTokenizer.from_pretrained(args.model)
+    rows = [json.loads(line) for line in Path(args.data).read_text().splitlines()]
+    postrl_ids = json.loads(Path(args.ids).read_text())
+
+    class Timer(TrainerCallback):
+        def __init__(self) -> None:
+            self.t0, self.times = 0.0, []
+
+        def on_step_begin(self, a, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            self.times.append(time.perf_counter() - self.t0)
+
+    def config(steps: int, precompute: bool) -> DPOConfig:
+        return DPOConfig(
+            output_dir=str(Path(args.json).parent / "trl_out"), max_steps=steps,
+            per_device_train_batch_size=args.batch, gradient_accumulation_steps=1, learning_rate=LR,
+            lr_scheduler_type="constant", warmup_steps=0, beta=BETA, loss_type=["sigmoid"],
+            max_length=args.max_length, precompute_ref_log_probs=precompute, logging_steps=1, save_strategy="no",
+            report_to="none", use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, seed=args.seed,
+            dataloader_num_workers=0, disable_tqdm=True, max_grad_norm=1.0, weight_decay=0.0,
+        )  # fmt: skip
+
+    # the identical batch: postrl's ids through TRL's collator, the reference forward on the fly
+    check = DPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32),
+        ref_model=AutoModelForCausalLM.from_pretrained(args.ref, dtype=torch.float32),
+        args=config(1, False), train_dataset=Dataset.from_list(rows[: args.batch]), processing_class=tok,
+    )  # fmt: skip
+    trl_ids = [[e["prompt_ids"], e["chosen_ids"], e["rejected_ids"]] for e in check.train_dataset]
+    examples = [{"prompt_ids": p, "chosen_ids": c, "rejected_ids": r} for p, c, r in postrl_ids]
+    inputs = {k: v for k, v in check.data_collator(examples).items()}
+    check.model.train()
+    with torch.no_grad():
+        loss = float(check._compute_loss(check.model, inputs, False))
+    del check
+
+    timer = Timer()
+    start = time.perf_counter()
+    trainer = DPOTrainer(
+        model=args.model, args=config(args.steps, bool(args.precompute)), train_dataset=Dataset.from_list(rows),
+        processing_class=tok, callbacks=[timer],
+    )  # fmt: skip
+    setup = time.perf_counter() - start
+    trainer.train()
+    result = {
+        "versions": {
+            "trl": trl.__version__,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+        },
+        "identical_batch_loss": loss,
+        "same_token_ids": trl_ids == postrl_ids,
+        "first_pair_ids": {"trl": trl_ids[0], "postrl": postrl_ids[0]},
+        "step_time_median_s": statistics.median(timer.times[5:]),
+        "steps_per_s": 1.0 / statistics.median(timer.times[5:]),
+        "setup_s (tokenise, models, precompute)": setup,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "loss_last": trainer.state.log_history[-2].get("loss")
+        if len(trainer.state.log_history) > 1
+        else None,
+    }
+    Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+# ---- the comparison --------------------------------------------------------------------------------------
+def bench(args: argparse.Namespace) -> dict:
+    work = Path(args.workdir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    policy, reference = _build_models(work, args.model)
+    data = _data(work, args.pairs)
+    postrl_loss, ids = _postrl_loss(policy, reference, data, args.batch, args.max_length)
+    load = os.getloadavg()
+    runs: dict[str, list[dict]] = {"postrl": [], "trl": [], "trl_precompute": []}
+    for r in range(args.repeats):
+        for name in args.order:
+            if name == "postrl":
+                runs["postrl"].append(_postrl_run(policy, data, work / f"postrl-{r}", args))
+            else:
+                for pre in (False, True):
+                    key = "trl_precompute" if pre else "trl"
+                    runs[key].append(_trl_run(policy, reference, data, ids, work / f"{key}-{r}", args, pre))
+            print(f"[dpo bench] repeat {r} {name} done, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
+    med = {k: statistics.median(x["step_time_median_s"] for x in v) for k, v in runs.items()}
+    peak = {k: max(x["peak_rss_mb"] for x in v) for k, v in runs.items()}
+    trl_loss = runs["trl"][0]["identical_batch_loss"]
+    out = {
+        "steps": args.steps,
+        "pairs_per_step": args.batch,
+        "repeats": args.repeats,
+        "load_average_before": [round(x, 2) for x in load],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "step_time_median_s": {k: round(v, 5) for k, v in med.items()},
+        "steps_per_s": {k: round(1 / v, 2) for k, v in med.items()},
+        "speedup_vs_trl": round(med["trl"] / med["postrl"], 2),
+        "speedup_vs_trl_precompute": round(med["trl_precompute"] / med["postrl"], 2),
+        "peak_rss_mb": {k: round(v, 1) for k, v in peak.items()},
+        "identical_batch_loss": {
+            "postrl": postrl_loss,
+            "trl": trl_loss,
+            "abs_diff": abs(postrl_loss - trl_loss),
+        },
+        "same_token_ids": runs["trl"][0]["same_token_ids"],
+        "trl_setup_s": {
+            k: round(statistics.median(x["setup_s (tokenise, models, precompute)"] for x in runs[k]), 2)
+            for k in ("trl", "trl_precompute")
+        },
+        "versions": runs["trl"][0]["versions"],
+    }
+    print(
+        f"identical batch: postrl {postrl_loss:.8f}  TRL {trl_loss:.8f}  |diff| {abs(postrl_loss - trl_loss):.2e}\n"
+        f"steps/s: postrl {out['steps_per_s']['postrl']}, TRL {out['steps_per_s']['trl']} (precompute "
+        f"{out['steps_per_s']['trl_precompute']}); peak RSS MB {out['peak_rss_mb']}",
+        file=sys.stderr,
+    )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="policy folder (default: a tiny Llama built here)")
+    parser.add_argument("--steps", type=int, default=60, help="training steps of each contender")
+    parser.add_argument("--batch", type=int, default=32, help="pairs per step")
+    parser.add_argument("--pairs", type=int, default=1024, help="train pairs")
+    parser.add_argument("--max-length", type=int, default=64, help="prompt + longer response, in tokens")
+    parser.add_argument("--repeats", type=int, default=1, help="alternated runs of each contender")
+    parser.add_argument("--order", nargs="+", default=["postrl", "trl"], help="contender order")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", default="/tmp/postrl-bench-dpo", help="models, data and runs")
+    parser.add_argument("--trl-python", default=str(ROOT / ".peers-trl" / "bin" / "python"))
+    parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
+    for hidden in ("--ref", "--data", "--ids", "--json"):
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
+    parser.add_argument("--precompute", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.trl_worker:
+        trl_worker(args)
+        return
+    print(json.dumps(bench(args)))
+
+
+if __name__ == "__main__":
+    main()
