@@ -124,7 +124,10 @@ def run_sft(
     # deferred: transformers takes seconds to import; SFTConfig (--list-keys, config errors) needs none of it
     from postrl.lm.models import apply_lora, load_causal_lm, resolve_dtype
     from postrl.lm.tokenizer import load_tokenizer
+    from postrl.lm.vlm import is_vlm, run_vlm_sft  # a vision-language model: pictures in the prompts
 
+    if is_vlm(cfg.model):
+        return run_vlm_sft(cfg, run_dir, resume=resume, overwrite=overwrite)
     run_dir = Path(run_dir)
     validate(cfg)
     run = cfg.run

@@ -184,6 +184,22 @@ def render(scene: Scene, size: int = 32) -> Any:
     return image
 
 
+def caption(scene: Scene) -> str:
+    """A description of the picture (the alignment stage's target): what is drawn, where, in which colour."""
+    if scene.kind == "count":
+        colours = sorted({c for _, c, *_ in scene.items})
+        what = "dot" if len(scene.items) == 1 else "dots"
+        return f"{len(scene.items)} {colours[0] + ' ' if len(colours) == 1 else ''}{what}"
+    if scene.kind == "bars":
+        (_, colour, _, left, _), (_, _, _, right, _) = scene.items
+        return f"two {colour} bars, the {'left' if left > right else 'right'} one taller"
+    if scene.kind == "digit":
+        shape, colour, *_ = scene.items[0]
+        return f"the digit {shape[5:]} in {colour}"
+    parts = [f"a {c} {s} on the {'left' if x < 16 else 'right'}" for s, c, x, *_ in scene.items]
+    return " and ".join(parts)
+
+
 def normalise(text: str) -> str:
     """The first word of an answer, lower-cased, without punctuation ("Red." → "red")."""
     words = text.strip().lower().split()
@@ -250,6 +266,18 @@ class ShapesTask(Task):
         rows = self.prompt_rows(split)
         return [{**r, "completion": [{"role": "assistant", "content": r["answer"]}]} for r in rows]
 
+    def caption_rows(self, split: Split = "train") -> list[dict[str, Any]]:
+        """Alignment rows: the picture and "Describe the picture." → its `caption` (no answer column)."""
+        question = [{"type": "image"}, {"type": "text", "text": "Describe the picture."}]
+        return [
+            {
+                "images": [self.image(s)],
+                "prompt": [{"role": "user", "content": question}],
+                "completion": [{"role": "assistant", "content": caption(s)}],
+            }
+            for s in self.scenes(split)
+        ]
+
     def reward_fn(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         """1.0 where the completion's first word (`normalise`) is the ``answer`` column's value, else 0.0."""
         answers = kwargs.get("answer")
@@ -261,10 +289,11 @@ class ShapesTask(Task):
         ]
 
     def corpus_lines(self, n: int, seed: int = 0) -> list[str]:
-        """``n`` lines "question answer" from the train split (for a tokenizer; no pictures)."""
+        """``n`` lines from the train split, "question answer" and captions in turn (for a tokenizer)."""
         scenes = self.scenes("train")
         rng = split_rng(seed, "train", "corpus-shapes")
-        return [f"{s.question} {s.answer}" for s in (rng.choice(scenes) for _ in range(n))]
+        picked = [rng.choice(scenes) for _ in range(n)]
+        return [f"{s.question} {s.answer}" if i % 2 else caption(s) for i, s in enumerate(picked)]
 
     # ---- baselines and export ------------------------------------------------------------------------
     def prior_accuracy(self, split: Split = "test") -> float:

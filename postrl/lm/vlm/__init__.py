@@ -4,6 +4,8 @@
                  Hugging Face image-text-to-text model (`load_vlm`), `is_vlm` (the trainers' hook)
     data.py      rows with ``images`` → prompt ids with image placeholders, pixel values, completion ids
     rollout.py   `generate` (the vision encoder once per prompt, then the KV cache) and teacher-forced `score`
+    train.py     supervised training on the spine: `run_vlm_pretrain` (the tiny VLM aligned on captions),
+                 `run_vlm_sft` (`postrl sft` when the model is a VLM), greedy held-out accuracy
 
 The built-in visual task is `postrl.lm.tasks.shapes` (``task:shapes``).
 """
@@ -23,3 +25,7 @@ from postrl.lm.vlm.model import load_vlm as load_vlm
 from postrl.lm.vlm.model import save_vlm as save_vlm
 from postrl.lm.vlm.rollout import generate as generate
 from postrl.lm.vlm.rollout import score as score
+from postrl.lm.vlm.train import VLMPretrainConfig as VLMPretrainConfig
+from postrl.lm.vlm.train import answer_accuracy as answer_accuracy
+from postrl.lm.vlm.train import run_vlm_pretrain as run_vlm_pretrain
+from postrl.lm.vlm.train import run_vlm_sft as run_vlm_sft

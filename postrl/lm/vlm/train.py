@@ -1,0 +1,288 @@
+"""Supervised training of a vision-language model on the LM trainers' spine: the alignment stage of the
+built-in tiny VLM (`run_vlm_pretrain`: captions of the shapes pictures) and SFT (`run_vlm_sft`, reached from
+`postrl sft` when ``--model`` is a VLM folder), with held-out loss and greedy exact-match accuracy.
+
+The loss is next-token cross-entropy on completion tokens only, as text SFT: the prompt, and therefore every
+image placeholder, is outside it (`postrl.lm.vlm.data.sft_batch`). One process (no DDP/FSDP for VLMs yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from postrl.lm.spine import Parts, RunConfig, accumulate, train_loop
+from postrl.lm.tasks import get_task
+from postrl.lm.trainer import (
+    OptimConfig,
+    TrainConfig,
+    clip_grad_norm,
+    export_on_main,
+    iterate_batches,
+    make_optimizer,
+    set_threads,
+)
+from postrl.lm.vlm.data import VLMExample, encode_rows, load_vlm_rows, prompt_batch, sft_batch
+from postrl.lm.vlm.model import TinyVLMConfig, build_tiny_vlm, build_vlm_tokenizer, image_token_id, load_vlm
+from postrl.lm.vlm.rollout import generate, response_logits
+from postrl.runtime import distributed as dist
+from postrl.runtime.config import validate
+from postrl.runtime.errors import UserError
+from postrl.runtime.rundir import open_run
+from postrl.runtime.seeding import seed_everything
+
+Reward = Callable[..., list[float]]
+
+
+# ---- the loss and the evaluation ------------------------------------------------------------------------
+def completion_nll(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[Tensor, int]:
+    """(Σ −log p of the completion tokens, their count) of an `sft_batch`."""
+    P = batch["prompt_len"]
+    logits = response_logits(
+        model, batch["input_ids"], batch["attention_mask"], P, {"pixel_values": batch["pixel_values"]}
+    )  # (B, T, V)
+    mask = batch["attention_mask"][:, P:].float()
+    log_p = torch.log_softmax(logits.float(), -1).gather(-1, batch["input_ids"][:, P:, None]).squeeze(-1)
+    return -(log_p * mask).sum(), int(mask.sum())
+
+
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
+
+
+@torch.no_grad()
+def answer_accuracy(
+    model: torch.nn.Module,
+    processor: Any,
+    examples: Sequence[VLMExample],
+    reward: Reward,
+    *,
+    max_new_tokens: int = 8,
+    batch_size: int = 128,
+) -> dict[str, float]:
+    """Greedy completions of ``examples`` rewarded by ``reward`` (TRL's call, with the rows' columns):
+    ``heldout_accuracy`` overall and per ``kind`` column when the rows have one."""
+    tok, device = processor.tokenizer, next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    scores: list[float] = []
+    for start in range(0, len(examples), batch_size):
+        part = examples[start : start + batch_size]
+        ids, mask, pixels = prompt_batch(part, tok.pad_token_id)
+        rollout = generate(
+            model, ids.to(device), mask.to(device), {"pixel_values": pixels.to(device)},
+            max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+            banned=[image_token_id(model, processor)], greedy=True,
+        )  # fmt: skip
+        texts = decode(tok, rollout.response_ids, rollout.response_lengths)
+        columns = {
+            k: [e.row.get(k) for e in part] for k in part[0].row if k not in ("prompt", "where", "base")
+        }
+        scores += reward(prompts=[e.row["prompt"] for e in part], completions=texts, **columns)
+    model.train(was_training)
+    out = {"heldout_accuracy": sum(scores) / max(1, len(scores))}
+    kinds: dict[str, list[float]] = {}
+    for e, s in zip(examples, scores, strict=True):
+        if e.row.get("kind") is not None:
+            kinds.setdefault(str(e.row["kind"]), []).append(s)
+    return out | {f"heldout_accuracy/{k}": sum(v) / len(v) for k, v in sorted(kinds.items())}
+
+
+def decode(tokenizer: Any, response_ids: Tensor, lengths: Tensor) -> list[str]:
+    """Each row's response text without EOS and padding."""
+    rows = [ids[:n] for ids, n in zip(response_ids.tolist(), lengths.tolist(), strict=True)]
+    rows = [r[:-1] if r and r[-1] == tokenizer.eos_token_id else r for r in rows]
+    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
+# ---- the algorithm the spine runs -------------------------------------------------------------------------
+class VLMSupervised:
+    """Next-token training on completions with pictures, as a `postrl.lm.spine` algorithm."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        processor: Any,
+        examples: list[VLMExample],
+        eval_examples: list[VLMExample],
+        cfg: TrainConfig,
+        optim: OptimConfig,
+        run: RunConfig,
+        *,
+        name: str = "sft",
+        evaluate: Callable[[torch.nn.Module], dict[str, float]] | None = None,
+        stop_accuracy: float | None = None,
+    ) -> None:
+        self.name, self.model, self.processor, self.examples = name, model, processor, examples
+        self.eval_examples = eval_examples[: cfg.eval_examples]
+        self.cfg, self.optim, self.run, self._evaluate = cfg, optim, run, evaluate
+        self.stop_accuracy = stop_accuracy
+        self.device = next(model.parameters()).device
+        self.optimizer, self.scheduler = make_optimizer(model, optim, run.steps)
+        self.position, self.tokens = 0, 0
+        self.batches = iterate_batches(len(examples), cfg.batch_size, run.seed)
+        model.train()
+
+    def step(self, step: int) -> dict[str, float]:
+        self.position, indices = next(self.batches)
+        self.position += 1
+        pad = self.processor.tokenizer.pad_token_id
+        micro = [indices[k :: self.cfg.grad_accum] for k in range(self.cfg.grad_accum)]
+        batches = [to_device(sft_batch([self.examples[i] for i in m], pad), self.device) for m in micro if m]
+        count = sum(int(b["attention_mask"][:, b["prompt_len"] :].sum()) for b in batches)
+        loss = accumulate([self.model], batches, lambda b: completion_nll(self.model, b)[0] / count)
+        grad_norm = clip_grad_norm(self.model, self.optim.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.tokens += count
+        return {"loss": loss, "grad_norm": grad_norm, "lr": lr}
+
+    def bar(self, metrics: dict[str, float]) -> dict[str, float]:
+        return {"loss": metrics["loss"]}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        pad, total, count = self.processor.tokenizer.pad_token_id, 0.0, 0
+        for start in range(0, len(self.eval_examples), 64):
+            batch = to_device(sft_batch(self.eval_examples[start : start + 64], pad), self.device)
+            nll, n = completion_nll(self.model, batch)
+            total, count = total + float(nll), count + n
+        out = {"heldout_loss": total / max(1, count)}
+        return out | (self._evaluate(self.model) if self._evaluate is not None else {})
+
+    def should_stop(self, evals: dict[str, float]) -> bool:
+        return self.stop_accuracy is not None and evals.get("heldout_accuracy", 0.0) >= self.stop_accuracy
+
+    def parts(self) -> Parts:
+        def hf_files(folder: Path) -> None:  # the checkpoint is also a folder from_pretrained loads
+            self.model.config.save_pretrained(str(folder))
+            self.processor.save_pretrained(str(folder))
+
+        extra = {"position": self.position}
+        return Parts(
+            {"model": self.model}, {"model": self.optimizer}, {"sched": self.scheduler}, extra, hf_files
+        )
+
+    def load_extra(self, extra: dict[str, Any]) -> None:
+        self.position = int(extra["position"])
+        self.batches = iterate_batches(len(self.examples), self.cfg.batch_size, self.run.seed, self.position)
+
+
+def single_process(device: str) -> torch.device:
+    """The device of a one-process VLM run (torchrun is refused: no DDP/FSDP for VLMs yet)."""
+    info = dist.init_distributed(device)
+    if info.world_size > 1:
+        raise UserError("vision-language models train in one process for now; run without torchrun")
+    return info.device
+
+
+def train_and_export(algo: VLMSupervised, cfg: Any, run_dir: Path, resume: bool, overwrite: bool) -> dict:
+    """Open the run folder, run the spine, export ``RUN_DIR/model`` (model + processor); the summary."""
+    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.run.tensorboard)
+    state = train_loop(algo, cfg.run, run_dir, logger, ckpt)
+    export_on_main(algo.model, algo.processor, run_dir / "model")
+    rate = algo.tokens / max(state.train_seconds, 1e-9)
+    summary = {**state.last_eval, "steps": state.step, "train_seconds": round(state.train_seconds, 3)}
+    return logger.finish(summary | {"train_tokens_per_second": rate, "train_examples": len(algo.examples)})
+
+
+# ---- postrl sft on a VLM ---------------------------------------------------------------------------------
+def sft_data(cfg: Any, processor: Any) -> tuple[list[VLMExample], list[VLMExample], Reward | None]:
+    """(train, held-out, the verifier or None) of an `SFTConfig` whose model is a VLM: one source (a file in
+    TRL's vision format, or task:shapes); held-out: eval_data, a task's test split, else the last 5%."""
+    if "," in cfg.data:
+        raise UserError(f"data: a vision-language model takes one source, got {cfg.data!r}")
+    task = get_task(cfg.data[len("task:") :], **cfg.task) if cfg.data.startswith("task:") else None
+    rows = load_vlm_rows(cfg.data, "train", cfg.task)
+    if cfg.eval_data is not None:
+        heldout = load_vlm_rows(cfg.eval_data, "test", cfg.task)
+    elif task is not None:
+        heldout = load_vlm_rows(cfg.data, "test", cfg.task)
+    else:
+        cut = max(1, len(rows) // 20)
+        rows, heldout = rows[:-cut], rows[-cut:]
+    size = cfg.train.max_length
+    train, evals = encode_rows(processor, rows, "sft", size), encode_rows(processor, heldout, "sft", size)
+    verifier = task.reward_fn if task is not None and "answer" in heldout[0] else None
+    return train, evals, verifier
+
+
+def run_vlm_sft(
+    cfg: Any, run_dir: str | Path, resume: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
+    """`postrl sft` for a vision-language model (`postrl.lm.sft.SFTConfig`; the hook in `run_sft`)."""
+    validate(cfg)
+    device = single_process(cfg.run.device)
+    set_threads(cfg.run.threads)
+    seed_everything(cfg.run.seed, 0)
+    model, processor = load_vlm(cfg.model, cfg.run.dtype, device, cfg.trust_remote_code)
+    train, evals, verifier = sft_data(cfg, processor)
+    evaluate = None
+    if verifier is not None and cfg.eval_size > 0:
+
+        def evaluate(m: torch.nn.Module) -> dict[str, float]:
+            return answer_accuracy(
+                m, processor, evals[: cfg.eval_size], verifier, max_new_tokens=cfg.eval_max_new_tokens
+            )
+
+    algo = VLMSupervised(
+        model, processor, train, evals, cfg.train, cfg.optim, cfg.run, name="sft", evaluate=evaluate,
+        stop_accuracy=cfg.stop_accuracy,
+    )  # fmt: skip
+    return train_and_export(algo, cfg, Path(run_dir), resume, overwrite)
+
+
+# ---- the built-in tiny VLM and its alignment stage ----------------------------------------------------------
+@dataclass(frozen=True)
+class VLMPretrainConfig:
+    """`postrl vlm-pretrain --out RUN_DIR`: build the tiny VLM and align it on captions of the shapes pictures
+    ("Describe the picture." → "3 red dots"), LLaVA's first stage done from scratch."""
+
+    model: TinyVLMConfig = field(default_factory=TinyVLMConfig)
+    """Shape of the tiny VLM (vision tower, projector, Llama) and its tokenizer's vocabulary."""
+    task: dict[str, Any] = field(default_factory=lambda: {"n_train": 4000, "n_test": 200})
+    """Options of task:shapes, whose pictures are captioned (e.g. {difficulty: 2})."""
+    tokenizer_lines: int = 4000
+    """Lines of the shapes corpus (questions, answers, captions) the BPE tokenizer is trained on."""
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(batch_size=32, max_length=128))
+    """Batches: examples per step, micro-batches, length limit."""
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=3e-4, warmup_steps=20, min_lr_ratio=0.1)
+    )
+    """AdamW and its schedule."""
+    run: RunConfig = field(default_factory=lambda: RunConfig(steps=600, eval_every=200, save_every=200))
+    """Steps, seed, logging, evaluation and checkpoint cadence, device, dtype, threads."""
+
+    CHECKS = {"tokenizer_lines": ">= 1"}
+
+
+def run_vlm_pretrain(
+    cfg: VLMPretrainConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
+    """Build the tiny VLM (weights fixed by run.seed), align it on captions, export ``RUN_DIR/model``."""
+    validate(cfg)
+    device = single_process(cfg.run.device)
+    set_threads(cfg.run.threads)
+    seed_everything(cfg.run.seed, 0)
+    task = get_task("shapes", **cfg.task)
+    tokenizer = build_vlm_tokenizer(task.corpus_lines(cfg.tokenizer_lines), cfg.model.vocab_size)
+    model, processor = build_tiny_vlm(tokenizer, cfg.model, seed=cfg.run.seed)
+    if cfg.train.max_length > cfg.model.max_position_embeddings:
+        raise UserError(
+            f"train.max_length={cfg.train.max_length} exceeds model.max_position_embeddings="
+            f"{cfg.model.max_position_embeddings}"
+        )
+    size = cfg.train.max_length
+    train = encode_rows(processor, task.caption_rows("train"), "sft", size)
+    evals = encode_rows(processor, task.caption_rows("test"), "sft", size)
+    algo = VLMSupervised(
+        model.to(device), processor, train, evals, cfg.train, cfg.optim, cfg.run, name="align"
+    )
+    return train_and_export(algo, cfg, Path(run_dir), resume, overwrite)
