@@ -50,3 +50,45 @@ def test_sft_on_task_and_on_trl_jsonl(aligned, tmp_path) -> None:
     assert summary["steps"] == 2 and "heldout_accuracy" not in summary  # no verifier for a plain file
     rows = [json.loads(x) for x in path.read_text().splitlines()]
     assert rows[0]["images"][0].startswith("images/")
+
+
+def _grpo_cfg(model, data, **kw):
+    from postrl.lm.grpo import GRPOConfig
+    from postrl.lm.grpo.config import GRPOLossConfig
+    from postrl.lm.rollout import SamplingConfig
+
+    grpo = GRPOLossConfig(group_size=4, prompts_per_step=4, **kw)
+    return GRPOConfig(
+        model=str(model), data=data, task=SHAPES, grpo=grpo, sampling=SamplingConfig(max_new_tokens=4),
+        optim=OptimConfig(lr=1e-3, warmup_steps=0), run=_run(2), eval_size=8, max_prompt_length=64,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"epochs": 2, "beta": 0.04, "micro_batch_size": 6, "advantage": "rloo"}]
+)
+def test_grpo_on_task_shapes(aligned, tmp_path, options) -> None:
+    from postrl.lm.grpo import run_grpo
+
+    summary = run_grpo(_grpo_cfg(aligned, "task:shapes", **options), tmp_path / "run")
+    assert summary["steps"] == 2 and 0 <= summary["heldout_accuracy"] <= 1
+    assert "heldout_accuracy_start" in summary and summary["tokens_per_second"] > 0
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {"reward_mean", "accuracy", "clip_fraction", "entropy"} <= set(rows[1])
+    AutoModelForImageTextToText.from_pretrained(tmp_path / "run" / "model")
+
+
+def test_grpo_on_trl_jsonl_needs_a_reward(aligned, tmp_path) -> None:
+    from postrl.lm.grpo import run_grpo
+    from postrl.runtime.errors import UserError
+
+    path = get_task("shapes", **SHAPES).export(tmp_path / "data", "prompts", "train", limit=20)
+    with pytest.raises(UserError, match="no reward function"):
+        run_grpo(_grpo_cfg(aligned, str(path)), tmp_path / "run")
+    cfg = _grpo_cfg(aligned, str(path))
+    from dataclasses import replace
+
+    summary = run_grpo(replace(cfg, rewards=["task:shapes"]), tmp_path / "run")  # reads the answer column
+    assert summary["steps"] == 2 and 0 <= summary["heldout_accuracy"] <= 1
+    with pytest.raises(UserError, match="dynamic_sampling"):
+        run_grpo(_grpo_cfg(aligned, "task:shapes", dynamic_sampling=True), tmp_path / "other")

@@ -285,6 +285,10 @@ def run_grpo(
 ) -> dict[str, Any]:
     """Train with GRPO, export ``RUN_DIR/model`` (HF format), write the run folder, return the summary.
     Models, prompts and reward functions are loaded and checked before the run folder is touched."""
+    from postrl.lm.vlm import is_vlm, run_vlm_grpo  # deferred: postrl.lm.vlm imports grpo's build and config
+
+    if is_vlm(cfg.model):  # a vision-language model: pictures in the prompts
+        return run_vlm_grpo(cfg, run_dir, resume=resume, overwrite=overwrite)
     run_dir = Path(run_dir)
     validate(cfg)
     info = dist.init_distributed(cfg.run.device)

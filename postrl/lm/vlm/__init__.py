@@ -6,6 +6,8 @@
     rollout.py   `generate` (the vision encoder once per prompt, then the KV cache) and teacher-forced `score`
     train.py     supervised training on the spine: `run_vlm_pretrain` (the tiny VLM aligned on captions),
                  `run_vlm_sft` (`postrl sft` when the model is a VLM), greedy held-out accuracy
+    grpo.py      `run_vlm_grpo` (`postrl grpo` when the model is a VLM): the text trainer's config, estimators
+                 and loss, sampling and scoring with the pictures
 
 The built-in visual task is `postrl.lm.tasks.shapes` (``task:shapes``).
 """
@@ -15,6 +17,7 @@ from postrl.lm.vlm.data import encode_rows as encode_rows
 from postrl.lm.vlm.data import load_vlm_rows as load_vlm_rows
 from postrl.lm.vlm.data import prompt_batch as prompt_batch
 from postrl.lm.vlm.data import sft_batch as sft_batch
+from postrl.lm.vlm.grpo import run_vlm_grpo as run_vlm_grpo
 from postrl.lm.vlm.model import IMAGE_TOKEN as IMAGE_TOKEN
 from postrl.lm.vlm.model import TinyVLMConfig as TinyVLMConfig
 from postrl.lm.vlm.model import build_tiny_vlm as build_tiny_vlm

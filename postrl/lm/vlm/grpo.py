@@ -1,0 +1,284 @@
+"""GRPO on a vision-language model (`postrl grpo` when ``--model`` is a VLM folder): the text trainer's config,
+advantage estimators (`postrl.lm.grpo.rollouts.ADVANTAGES`), loss (`postrl.core.grpo_loss`) and reward
+functions, with sampling and scoring that see the pictures (`postrl.lm.vlm.rollout`).
+
+One step, as `postrl.lm.grpo.algorithm`:
+
+    B prompts + pictures ──generate × G (vision encoder once per prompt)──▶ Rollout [B·G, P+T], log π_old
+      ──reward fns (TRL's call; the rows' columns but not the pictures)──▶ r [B·G] ──grpo.advantage──▶ A
+      ──μ epochs × minibatches × micro-batches: grpo_loss (clip ε / ε_high, β·k3 to the frozen reference)──▶ AdamW
+
+Not here yet: dynamic sampling (a config error), several processes.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from postrl.core import grpo_loss, masked_mean, overlong_penalty
+from postrl.lm.grpo.build import check_config, reward_fns
+from postrl.lm.grpo.config import GRPOConfig
+from postrl.lm.grpo.rollouts import PromptStream, compute_advantages
+from postrl.lm.rewards import TrainerState, combine, completion_ids_of, reward_terms
+from postrl.lm.rollout import Rollout
+from postrl.lm.spine import Parts, train_loop
+from postrl.lm.trainer import clip_grad_norm, export_on_main, make_optimizer, set_threads
+from postrl.lm.vlm.data import VLMExample, encode_rows, load_vlm_rows, prompt_batch
+from postrl.lm.vlm.model import image_token_id, load_vlm
+from postrl.lm.vlm.rollout import generate, score
+from postrl.lm.vlm.train import decode, single_process
+from postrl.runtime.config import validate
+from postrl.runtime.errors import UserError
+from postrl.runtime.rundir import open_run
+from postrl.runtime.seeding import seed_everything
+
+HIDDEN_COLUMNS = ("prompt", "where", "base")
+
+
+def _columns(examples: list[VLMExample]) -> dict[str, list[Any]]:
+    keys = dict.fromkeys(k for e in examples for k in e.row if k not in HIDDEN_COLUMNS)
+    return {k: [e.row.get(k) for e in examples] for k in keys}
+
+
+class VLMGRPO:
+    """GRPO with pictures as a `postrl.lm.spine` algorithm (checkpoint: policy, AdamW, schedule, stream)."""
+
+    name = "grpo"
+
+    def __init__(self, cfg: GRPOConfig, model, ref, processor, fns, train, heldout) -> None:
+        self.cfg, self.model, self.ref, self.processor, self.fns = cfg, model, ref, processor, fns
+        self.train, self.heldout = train, heldout
+        self.device = next(model.parameters()).device
+        self.banned = [image_token_id(model, processor)]
+        self.optimizer, self.scheduler = make_optimizer(model, cfg.optim, cfg.run.steps)
+        self.stream = PromptStream(len(train), cfg.run.seed)
+        self.generated_tokens = 0.0
+
+    # ---- sampling ------------------------------------------------------------------------------------------
+    def sample(
+        self, examples: list[VLMExample], repeat: int, sampling, seed: int
+    ) -> tuple[Rollout, list[str]]:
+        tok = self.processor.tokenizer
+        ids, mask, pixels = prompt_batch(examples, tok.pad_token_id)
+        was_training = self.model.training
+        self.model.eval()
+        rollout = generate(
+            self.model, ids.to(self.device), mask.to(self.device), {"pixel_values": pixels.to(self.device)},
+            max_new_tokens=sampling.max_new_tokens, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+            banned=self.banned, repeat=repeat, temperature=sampling.temperature, top_k=sampling.top_k,
+            top_p=sampling.top_p, greedy=sampling.greedy,
+            generator=torch.Generator(device=self.device).manual_seed(seed),
+        )  # fmt: skip
+        self.model.train(was_training)
+        return rollout, decode(tok, rollout.response_ids, rollout.response_lengths)
+
+    def rewards(self, rollout: Rollout, rows: list[VLMExample], texts: list[str], step: int | None):
+        state = None if step is None else TrainerState(global_step=step, max_steps=self.cfg.run.steps)
+        return reward_terms(
+            self.fns, [e.row["prompt"] for e in rows], texts, _columns(rows),
+            completion_ids=completion_ids_of(rollout.response_ids, rollout.response_mask), trainer_state=state,
+        )  # fmt: skip
+
+    def verifier(self, terms: dict[str, Tensor]) -> Tensor | None:
+        names = [f.name for f in self.fns if f.is_verifier]
+        return terms[names[0]] if names else None
+
+    # ---- one step ------------------------------------------------------------------------------------------
+    def step(self, step: int) -> dict[str, float]:
+        g, sampling = self.cfg.grpo, self.cfg.sampling
+        start = time.perf_counter()
+        examples = [
+            self.train[i] for i in self.stream.take(g.prompts_per_step, None if g.repeat_prompts else set())
+        ]
+        rows = [e for e in examples for _ in range(g.group_size)]
+        rollout, texts = self.sample(
+            examples, g.group_size, sampling, random.Random(f"{self.cfg.run.seed}:{step}").getrandbits(62)
+        )
+        time_generate = time.perf_counter() - start
+        terms = self.rewards(rollout, rows, texts, step)
+        rewards = combine(self.fns, terms) + overlong_penalty(
+            rollout.response_lengths, sampling.max_new_tokens, g.overlong_buffer, g.overlong_penalty
+        )
+        advantages = compute_advantages(rewards, g).to(self.device)
+        pixels = torch.stack([e.pixel_values for e in rows]).to(self.device)  # (B·G, n_images, C, H, W)
+        batch = {
+            "ids": rollout.input_ids,
+            "mask": rollout.attention_mask,
+            "pixels": pixels,
+            "adv": advantages,
+        }
+        with torch.no_grad():
+            batch["old"] = (
+                rollout.log_probs if g.epochs == 1 else self.score(self.model, batch, rollout.prompt_len)
+            )
+            batch["ref"] = None if self.ref is None else self.score(self.ref, batch, rollout.prompt_len)
+        middle = time.perf_counter()
+        stats = self.optimise(batch, rollout.prompt_len)
+        lengths = rollout.response_lengths.float()
+        metrics = {
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()),
+            "zero_std_fraction": float((rewards.view(-1, g.group_size).std(-1) == 0).float().mean()),
+            "completion_length_mean": float(lengths.mean()),
+            "generated_tokens": float(lengths.sum()),
+            "time_generate": time_generate,
+            "time_train": time.perf_counter() - middle,
+            **stats,
+        }
+        if (accuracy := self.verifier(terms)) is not None:
+            metrics["accuracy"] = float(accuracy.mean())
+        metrics["time_step"] = time.perf_counter() - start
+        metrics["tokens_per_second"] = metrics["generated_tokens"] / metrics["time_step"]
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.generated_tokens += metrics["generated_tokens"]
+        return metrics
+
+    def score(
+        self, model: torch.nn.Module, batch: dict[str, Any], prompt_len: int, rows=slice(None), entropy=False
+    ):
+        pixels = batch["pixels"][rows].flatten(0, 1)  # (b · n_images, C, H, W) in row order
+        return score(
+            model, batch["ids"][rows], batch["mask"][rows], prompt_len, {"pixel_values": pixels},
+            temperature=self.cfg.sampling.temperature, banned=self.banned, with_entropy=entropy,
+        )  # fmt: skip
+
+    def optimise(self, batch: dict[str, Any], prompt_len: int) -> dict[str, float]:
+        """μ epochs × minibatches optimiser steps, micro-batches accumulated; stats averaged over steps."""
+        g, T = self.cfg.grpo, batch["ids"].shape[1] - prompt_len
+        n = batch["ids"].shape[0]
+        history = []
+        for _ in range(g.epochs):
+            for k in range(min(g.minibatches, n)):
+                rows = torch.arange(k, n, min(g.minibatches, n))
+                response_mask = batch["mask"][rows, prompt_len:]
+                normalizer = {"grpo": len(rows), "token": int(response_mask.sum()), "dr_grpo": len(rows) * T}
+                stats: dict[str, float] = {"loss": 0.0}
+                size = g.micro_batch_size or len(rows)
+                for micro in torch.split(rows, size):
+                    log_probs, entropy = self.score(self.model, batch, prompt_len, micro, entropy=True)
+                    mask = batch["mask"][micro, prompt_len:]
+                    ref = None if batch["ref"] is None else batch["ref"][micro]
+                    loss, parts = grpo_loss(
+                        log_probs, batch["old"][micro], ref, batch["adv"][micro], mask, g.clip_eps, g.beta,
+                        g.loss_type, clip_eps_high=g.clip_eps_high, max_len=T,
+                        normalizer=float(normalizer[g.loss_type]), unbiased_kl=g.unbiased_kl,
+                        importance_level=g.importance_level,
+                    )  # fmt: skip
+                    loss.backward()
+                    share = float(mask.sum()) / max(1.0, float(response_mask.sum()))
+                    stats["loss"] += float(loss.detach())
+                    for key, value in {**parts, "entropy": masked_mean(entropy, mask)}.items():
+                        stats[key] = stats.get(key, 0.0) + float(value) * share
+                stats["grad_norm"] = clip_grad_norm(self.model, self.cfg.optim.max_grad_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                history.append(stats)
+        return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+
+    # ---- the spine's interface ---------------------------------------------------------------------------
+    def bar(self, metrics: dict[str, float]) -> dict[str, float]:
+        return {"reward": metrics["reward_mean"]}
+
+    @torch.no_grad()
+    def evaluate(self, batch_size: int = 128) -> dict[str, float]:
+        """Held-out greedy reward (and accuracy where a verifier exists), per ``kind`` column too."""
+        out: dict[str, float] = {}
+        if not self.heldout:
+            return out
+        greedy = replace(self.cfg.sampling, greedy=True)
+        rewards, accuracy = [], []
+        for start in range(0, len(self.heldout), batch_size):
+            rows = self.heldout[start : start + batch_size]
+            rollout, texts = self.sample(rows, 1, greedy, start)
+            terms = self.rewards(rollout, rows, texts, None)
+            rewards.append(combine(self.fns, terms))
+            if (acc := self.verifier(terms)) is not None:
+                accuracy.append(acc)
+        out["heldout_reward"] = float(torch.cat(rewards).mean())
+        if accuracy:
+            hits = torch.cat(accuracy)
+            out["heldout_accuracy"] = float(hits.mean())
+            kinds: dict[str, list[float]] = {}
+            for e, h in zip(self.heldout, hits.tolist(), strict=True):
+                if e.row.get("kind") is not None:
+                    kinds.setdefault(str(e.row["kind"]), []).append(h)
+            out |= {f"heldout_accuracy/{k}": sum(v) / len(v) for k, v in sorted(kinds.items())}
+        return out
+
+    def parts(self) -> Parts:
+        def hf_files(folder: Path) -> None:  # the checkpoint is also a folder from_pretrained loads
+            self.model.config.save_pretrained(str(folder))
+            self.processor.save_pretrained(str(folder))
+
+        extra = {"position": self.stream.position, "generated_tokens": self.generated_tokens}
+        return Parts(
+            {"policy": self.model}, {"policy": self.optimizer}, {"sched": self.scheduler}, extra, hf_files
+        )
+
+    def load_extra(self, extra: dict[str, Any]) -> None:
+        self.stream = PromptStream(len(self.train), self.cfg.run.seed, int(extra["position"]))
+        self.generated_tokens = float(extra["generated_tokens"])
+
+
+def load_prompts(cfg: GRPOConfig, processor: Any) -> tuple[list[VLMExample], list[VLMExample], list[dict]]:
+    """(train, held-out) prompts with pictures, and the train rows (for the reward functions' columns)."""
+    rows = load_vlm_rows(cfg.data, "train", cfg.task)
+    if cfg.eval_data is not None or cfg.data.startswith("task:"):
+        heldout = load_vlm_rows(cfg.eval_data or cfg.data, "test", cfg.task)
+    else:
+        cut = max(1, len(rows) // 20)
+        rows, heldout = rows[:-cut], rows[-cut:]
+    limit = cfg.max_prompt_length
+    train = encode_rows(processor, rows, "prompts", limit)
+    heldout_examples = encode_rows(processor, heldout[: cfg.eval_size], "prompts", limit)
+    counts = {e.pixel_values.shape[0] for e in train + heldout_examples}
+    if len(counts) > 1:
+        raise UserError(
+            f"{cfg.data}: rows hold different numbers of pictures ({sorted(counts)}); GRPO needs one"
+        )
+    return train, heldout_examples, rows
+
+
+def run_vlm_grpo(
+    cfg: GRPOConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
+    """`postrl grpo` for a vision-language model (the hook in `postrl.lm.grpo.run_grpo`)."""
+    validate(cfg)
+    check_config(cfg, 1)
+    if cfg.grpo.dynamic_sampling:
+        raise UserError("grpo.dynamic_sampling is not supported for vision-language models yet")
+    device = single_process(cfg.run.device)
+    set_threads(cfg.run.threads)
+    seed_everything(cfg.run.seed, 0)
+    model, processor = load_vlm(cfg.model, cfg.run.dtype, device, cfg.trust_remote_code)
+    train, heldout, rows = load_prompts(cfg, processor)
+    if len(train) < cfg.grpo.prompts_per_step and not cfg.grpo.repeat_prompts:
+        raise UserError(
+            f"{cfg.data}: {len(train)} prompts for grpo.prompts_per_step={cfg.grpo.prompts_per_step}; "
+            "lower it or set grpo.repeat_prompts=true"
+        )
+    fns = reward_fns(
+        cfg, [{k: v for k, v in r.items() if k not in ("images", "image")} for r in rows], device
+    )
+    ref = None
+    if cfg.grpo.beta != 0:
+        what = "ref_model" if cfg.ref_model else "model"
+        ref, _ = load_vlm(cfg.ref_model or cfg.model, cfg.run.dtype, device, cfg.trust_remote_code, what=what)
+        ref.eval().requires_grad_(False)
+    algo = VLMGRPO(cfg, model, ref, processor, fns, train, heldout)
+    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.run.tensorboard)
+    state = train_loop(algo, cfg.run, Path(run_dir), logger, ckpt, eval_at_start=cfg.eval_at_start)
+    export_on_main(model, processor, Path(run_dir) / "model")
+    start = {f"{k}_start": v for k, v in state.start_eval.items()}
+    summary = {**state.last_eval, **start, "reward_mean": state.last_metrics.get("reward_mean")}
+    summary |= {"steps": state.step, "train_seconds": round(state.train_seconds, 3)}
+    summary["tokens_per_second"] = algo.generated_tokens / max(1e-9, state.train_seconds)
+    return logger.finish(summary)
