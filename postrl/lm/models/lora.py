@@ -20,6 +20,7 @@ for a Hugging Face causal LM (scoring, the fast decoders, heads, context checks)
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 from collections.abc import Iterator
@@ -222,7 +223,11 @@ def save_merged(model: nn.Module, folder: str | Path) -> None:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(_without_shared(merged_state_dict(model)), str(folder / "model.safetensors"), {"format": "pt"})
-    model.config.save_pretrained(str(folder))
+    config = model.config
+    if any(name.split(".")[-1] == "lm_head" for name, _ in lora_layers(model)):
+        config = copy.deepcopy(config)  # an adapted output layer is no longer the (tied) input embedding
+        config.tie_word_embeddings = False
+    config.save_pretrained(str(folder))
     generation = getattr(model, "generation_config", None)
     if generation is not None and getattr(model, "can_generate", lambda: False)():
         generation.save_pretrained(str(folder))
@@ -284,9 +289,14 @@ def merge_into_base(model: nn.Module) -> nn.Module:
     """Fold every adapter of ``model`` into its base weights and put the plain layers back, in place:
     the model without peft's layers (peft's ``merge_and_unload``)."""
     for name, layer in lora_layers(model):
-        weight = layer.get_base_layer().weight
+        base = layer.get_base_layer()
         delta = sum(layer.get_delta_weight(a).float() for a in layer.active_adapters)
-        weight.copy_((weight.float() + delta).to(weight.dtype))
+        # a new tensor, not an in-place add: an adapted lm_head must not drag its tied embedding along
+        base.weight = nn.Parameter(
+            (base.weight.float() + delta).to(base.weight.dtype), base.weight.requires_grad
+        )
+        if name.split(".")[-1] == "lm_head" and hasattr(model, "config"):
+            model.config.tie_word_embeddings = False
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, layer.get_base_layer())
     for attr in ("peft_config", SETTINGS):
