@@ -72,3 +72,12 @@ def test_export_is_trl_vision_jsonl(tmp_path) -> None:
     image = Image.open(tmp_path / rows[0]["images"][0])
     assert image.size == (32, 32)
     assert image.convert("RGB").tobytes() == task.sft_rows("test")[0]["images"][0].tobytes()
+
+
+def test_blank_pictures_keep_the_questions() -> None:
+    task, blank = (
+        get_task("shapes", n_train=20, n_test=5),
+        get_task("shapes", n_train=20, n_test=5, blank=True),
+    )
+    assert blank.scenes("test") == task.scenes("test")
+    assert set(blank.sft_rows("test")[0]["images"][0].tobytes()) == {255}

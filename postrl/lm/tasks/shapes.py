@@ -24,7 +24,7 @@ import json
 import random
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,8 @@ class ShapesConfig:
     """share of the scene space reserved for the held-out split"""
     seed: int = 0
     """seed of the split partition and of the scenes"""
+    blank: bool = False
+    """draw every picture blank (white), the questions and answers unchanged: the image-free baseline"""
 
     CHECKS = {"difficulty": "[1, 3]", "image_size": ">= 16", "n_train": ">= 1", "n_test": ">= 1"}
     CHECKS |= {"test_fraction": "(0, 1)"}
@@ -239,8 +241,8 @@ class ShapesTask(Task):
         return self._scenes[split]
 
     def image(self, scene: Scene) -> Any:
-        """The picture of ``scene`` at this task's size."""
-        return render(scene, self.config.image_size)
+        """The picture of ``scene`` at this task's size (blank with ``blank``)."""
+        return render(replace(scene, items=()) if self.config.blank else scene, self.config.image_size)
 
     # ---- Task interface --------------------------------------------------------------------------------
     def prompts(self, split: Split = "train") -> list[str]:
