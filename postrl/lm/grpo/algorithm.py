@@ -8,6 +8,30 @@ One step:
       ──core advantages (grpo.advantage)──▶ A [B·G]   (+ log π_ref from the frozen reference when β > 0)
       ──μ epochs × minibatches × micro-batches: core.grpo_loss (clip ε / ε_high, β·k3)──▶ AdamW steps
 
+The family. The members differ only in the advantage (``grpo.advantage``), the importance weight w
+(``grpo.importance_level``) and the aggregation (``grpo.loss_type``); the per-token loss is always
+
+    ℓ_it = −min(w_it A_i, clip(w_it, 1 − ε, 1 + ε_high) A_i) + β k3_it          (core.grpo_loss)
+
+    member       advantage A_i                       weight w                aggregation L
+    GRPO         (r_i − mean_g r)/(std_g r + ε_A)    ρ_it = π_it/π_old,it    (1/B) Σ_i (1/|o_i|) Σ_t ℓ_it
+    Dr. GRPO     r_i − mean_g r                      ρ_it                    Σ_it ℓ_it / (B·T_max)
+    RLOO         r_i − Σ_{j≠i} r_j / (G − 1)         ρ_it, or π(o_i)/π_old(o_i)   as GRPO
+                                                     (sequence_sum: TRL's RLOOTrainer)
+    REINFORCE++  whiten_batch(r_i − mean_g r)        ρ_it                    as GRPO
+    GSPO         as GRPO                             exp(mean_t log ρ_it)    as GRPO
+    DAPO         as GRPO, on r + overlong penalty    ρ_it, ε_high 0.28, β 0  Σ_it ℓ_it / Σ_i |o_i|
+
+GRPO: Shao et al. 2024, configs/grpo-arithmetic.yaml; Dr. GRPO: Liu et al. 2025; RLOO: Ahmadian et al.
+2024, configs/rloo-arithmetic.yaml; REINFORCE++-baseline: Hu 2025; GSPO: Zheng et al. 2025,
+configs/gspo-arithmetic.yaml; DAPO: Yu et al. 2025, configs/dapo-arithmetic.yaml (with dynamic sampling:
+groups whose rewards are all equal are replaced). TRL's GRPOTrainer default is DAPO's aggregation alone
+(configs/grpo-trl-arithmetic.yaml).
+
+β > 0 puts the k3 KL to the frozen reference in the loss for every member (TRL's RLOOTrainer puts β·Σ_t
+(log π_old − log π_ref) in the reward instead; at β = 0 the two are the same algorithm, and no reference is
+loaded).
+
 Old log-probs. π_old is the policy that sampled, so the sampling log-probs recorded by the rollout engine are
 log π_old and no extra forward is needed. That is what μ = 1 uses (the ratio is then 1 up to float rounding of
 the decode path, so the clip fraction is 0 and the loss value is ≈ 0 while its gradient is not). With μ > 1

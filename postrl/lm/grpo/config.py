@@ -55,7 +55,8 @@ class GRPOLossConfig:
     """The importance ratio: token: ρ_it = π_it / π_old,it per token (GRPO, PPO); sequence: s_i =
     exp(mean_t(log π_it − log π_old,it)), one length-normalised ratio per response, clipped and applied to
     every token (GSPO, Zheng et al. 2025); sequence_sum: s_i = π(o_i) / π_old(o_i), the whole response's
-    ratio (RLOO as REINFORCE on responses, Ahmadian et al. 2024, and TRL's RLOOTrainer, with loss_type grpo)."""
+    ratio (RLOO as REINFORCE on responses, Ahmadian et al. 2024, and TRL's RLOOTrainer, with loss_type
+    grpo)."""
     scale_rewards: bool = True
     """Divide advantages by the group's reward std (advantage grpo only; false: Dr. GRPO)."""
     adv_eps: float = 1e-4

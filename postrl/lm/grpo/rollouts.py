@@ -241,8 +241,8 @@ def _rloo(rewards: Tensor, g: GRPOLossConfig) -> Tensor:
 def _reinforce_pp(rewards: Tensor, g: GRPOLossConfig) -> Tensor:
     """r − mean_g, whitened over the whole step's batch (REINFORCE++-baseline, Hu 2025). With several ranks
     the whitening's mean and variance are those of every rank's rows: the ranks' rewards (each rank holds the
-    same number of whole groups, rank r the global rows r·n … r·n + n − 1) are gathered into the global vector,
-    its advantages computed as one process would, and this rank's share returned."""
+    same number of whole groups, rank r the global rows r·n … r·n + n − 1) are gathered into the global
+    vector, its advantages computed as one process would, and this rank's share returned."""
     n, world, rank = rewards.numel(), dist.world_size(), dist.rank()
     everything = torch.zeros(world * n, dtype=rewards.dtype, device=rewards.device)
     everything[rank * n : (rank + 1) * n] = rewards  # zeros elsewhere: the sum over ranks is exact
