@@ -54,6 +54,13 @@ STAGES: dict[str, tuple[str, str, str, str, dict[str, str]]] = {
         "GRPO: G sampled responses per prompt, the group's rewards as the baseline, no critic",
         {"--model": "model", "--data": "data"},
     ),
+    "vlm-pretrain": (
+        "postrl.lm.vlm.train",
+        "VLMPretrainConfig",
+        "run_vlm_pretrain",
+        "build the built-in tiny vision-language model and align it on captions of the shapes pictures",
+        {},
+    ),
     "dpo": (
         "postrl.lm.dpo",
         "DPOConfig",
