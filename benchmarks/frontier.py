@@ -1,0 +1,150 @@
+"""The gold-reward frontier of every method on the built-in `reviews` task (issue 20). Ends with ONE JSON line.
+
+On held-out review prompts: gold reward (the task's hidden truth) and the reward model's score (the proxy)
+against the KL to the SFT policy, for
+- best-of-n from the SFT policy ranked by the reward model, n = 1 … 64 (KL = log n − (n − 1)/n);
+- PPO-RLHF (configs/ppo-reviews.yaml) at ``--ppo-betas``, a checkpoint every ``--ppo-save`` steps;
+- DPO (configs/dpo-reviews.yaml: the RM's own pairs) at ``--dpo-betas``, a checkpoint every ``--dpo-save``;
+- GRPO and RLOO (``grpo.advantage=rloo``) with the reward model as their reward (``rewards=[rm:RM]``).
+Every checkpoint is measured by the same evaluator (`postrl.lm.dpo.frontier`): ``--samples`` held-out responses
+at temperature 1, up to 24 tokens, their mean gold reward, RM score and KL to the SFT policy (k1 summed per
+response). Runs whose folder holds a summary.json are reused, so a rerun only measures.
+
+The SFT policy and the reward model are the demo's (``--base RUN_DIR``: a `postrl demo` run folder holding
+sft/model and rm/model); build them with ``make demo`` (or ``postrl demo --out runs/demo``) first.
+
+    .venv/bin/python benchmarks/frontier.py --base runs/demo --work runs/frontier --seeds 0
+
+Measured: see the README section "DPO and the gold-reward frontier" and the end of this docstring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(args: list[str], out: Path) -> float:
+    """``postrl ARGS --out OUT`` in a fresh process unless OUT already finished; its wall seconds."""
+    if (out / "summary.json").is_file():
+        print(f"[frontier] reusing {out}", file=sys.stderr)
+        return 0.0
+    start = time.perf_counter()
+    print(f"[frontier] {' '.join(args[:1])} → {out}", file=sys.stderr)
+    log = out.parent / f"{out.name}.log"
+    with log.open("w") as f:
+        resume = ["--resume"] if (out / "config.yaml").is_file() else []
+        subprocess.run([sys.executable, "-m", "postrl.cli", *args, "--out", str(out), *resume], check=True,
+                       stdout=f, stderr=f, cwd=ROOT)  # fmt: skip
+    return time.perf_counter() - start
+
+
+def train_all(a: argparse.Namespace, sft: str, rm: str, work: Path, seed: int) -> dict[str, Path]:
+    """Every method's run folder for one seed (trained when missing): {label: folder}."""
+    common = [f"run.seed={seed}", "run.keep_last=0", f"run.threads={a.threads}", "run.device=cpu"]
+    runs: dict[str, Path] = {}
+    for beta in a.dpo_betas:
+        out = work / f"dpo-b{beta}-s{seed}"
+        _run(
+            ["dpo", "--config", "dpo-reviews", "--model", sft, *common, f"dpo.beta={beta}",
+             f"run.steps={a.dpo_steps}", f"run.save_every={a.dpo_save}", "run.eval_every=0", "eval_samples=0"],
+            out,
+        )  # fmt: skip
+        runs[f"DPO β={beta}"] = out
+    for beta in a.ppo_betas:
+        out = work / f"ppo-b{beta}-s{seed}"
+        _run(
+            ["ppo", "--config", "ppo-reviews", "--model", sft, "--reward-model", rm, *common, f"kl.beta={beta}",
+             f"run.steps={a.ppo_steps}", f"run.save_every={a.ppo_save}", "run.eval_every=0", "plots=false"],
+            out,
+        )  # fmt: skip
+        runs[f"PPO β={beta}"] = out
+    for advantage in a.grpo:
+        out = work / f"{advantage}-s{seed}"
+        _run(
+            ["grpo", "--model", sft, "--data", "task:reviews", *common, f"rewards=[rm:{rm}]",
+             f"grpo.advantage={advantage}", "grpo.group_size=8", "grpo.prompts_per_step=8", "grpo.beta=0.04",
+             "sampling.max_new_tokens=24", "sampling.temperature=1.0", "max_prompt_length=32",
+             f"optim.lr={a.grpo_lr}", "optim.warmup_steps=0", "optim.min_lr_ratio=1.0", "optim.betas=[0.9,0.95]",
+             f"run.steps={a.grpo_steps}", f"run.save_every={a.grpo_save}", "run.eval_every=0", "eval_size=16",
+             "eval_at_start=false"],
+            out,
+        )  # fmt: skip
+        runs[{"grpo": "GRPO", "rloo": "RLOO"}[advantage] + " (RM reward)"] = out
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="a postrl demo run folder (sft/model, rm/model)")
+    parser.add_argument("--work", default="runs/frontier", help="run folders, points, chart")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--dpo-betas", type=float, nargs="+", default=[0.03, 0.1, 0.3])
+    parser.add_argument("--dpo-steps", type=int, default=200)
+    parser.add_argument("--dpo-save", type=int, default=25)
+    parser.add_argument("--ppo-betas", type=float, nargs="+", default=[0.05, 0.2])
+    parser.add_argument("--ppo-steps", type=int, default=100)
+    parser.add_argument("--ppo-save", type=int, default=10)
+    parser.add_argument("--grpo", nargs="*", default=["grpo", "rloo"], help="GRPO advantages to run")
+    parser.add_argument("--grpo-steps", type=int, default=100)
+    parser.add_argument("--grpo-save", type=int, default=10)
+    parser.add_argument("--grpo-lr", type=float, default=3e-5)
+    parser.add_argument("--samples", type=int, default=256, help="held-out responses per checkpoint")
+    parser.add_argument("--bon-prompts", type=int, default=128, help="held-out prompt draws of best-of-n")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--chart", default=None, help="PNG path (default: WORK/frontier.png)")
+    a = parser.parse_args()
+
+    import torch
+
+    from postrl.lm.dpo.frontier import best_of_n, frontier_points, plot_frontier
+    from postrl.lm.tasks import get_task
+
+    torch.set_num_threads(a.threads)
+    base, work = Path(a.base).resolve(), Path(a.work).resolve()
+    sft, rm = str(base / "sft" / "model"), str(base / "rm" / "model")
+    work.mkdir(parents=True, exist_ok=True)
+    task = get_task("reviews")
+    load = [round(x, 2) for x in os.getloadavg()]
+    start = time.perf_counter()
+    points = []
+    for seed in a.seeds:
+        runs = train_all(a, sft, rm, work, seed)
+        for p in frontier_points(runs, sft, rm, task, n=a.samples, seed=seed):
+            points.append({**p, "seed": seed})
+        for p in best_of_n(sft, rm, task, prompts=a.bon_prompts, seed=seed):
+            points.append({**p, "seed": seed})
+    (work / "points.json").write_text(json.dumps(points, indent=1))
+    chart = plot_frontier(
+        [p for p in points if p["seed"] == a.seeds[0]], a.chart or work / "frontier.png",
+        title=f"reviews, held-out prompts: gold reward and RM score against KL to SFT (seed {a.seeds[0]})",
+    )  # fmt: skip
+    best = {}
+    for p in points:
+        key = p["method"]
+        if key not in best or p["gold"] > best[key]["gold"]:
+            best[key] = p
+    summary = {
+        "seeds": a.seeds,
+        "load_average_start": load,
+        "load_average_end": [round(x, 2) for x in os.getloadavg()],
+        "seconds": round(time.perf_counter() - start, 1),
+        "chart": str(chart),
+        "best_gold_per_method": {
+            k: {kk: round(v, 3) if isinstance(v, float) else v for kk, v in p.items()}
+            for k, p in best.items()
+        },
+        "points": [{k: round(v, 3) if isinstance(v, float) else v for k, v in p.items()} for p in points],
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
