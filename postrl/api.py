@@ -5,7 +5,8 @@
     result = postrl.sft("sft-arithmetic", model="runs/pretrain/model", out="runs/sft", run={"steps": 50})
     result.run_dir, result.summary["final_loss"], result.model_path
 
-Each function takes what its command takes, in Python:
+``postrl.dpo`` too, and any stage of the command's table by its name (``-`` as ``_``). Each function takes what
+its command takes, in Python:
 
 - ``config``: a preset name (``"grpo-arithmetic"``), a YAML file, a config object (``GRPOConfig(...)``) or a
   dict: the command's ``--config``;
@@ -44,7 +45,7 @@ from postrl.runtime.config import load_config, to_dict
 from postrl.runtime.errors import UserError
 from postrl.runtime.overrides import apply_overrides, plain
 
-__all__ = ["Result", "UserError", "grpo", "ppo", "pretrain", "rm", "run_stage", "sft", "stages"]
+__all__ = ["Result", "UserError", "dpo", "grpo", "ppo", "pretrain", "rm", "run_stage", "sft", "stages"]
 
 DATA_KEYS = ("data", "eval_data")
 NOTE = "# postrl: {what} given in memory to the Python API: pass {arg} again to resume this run\n"
@@ -65,8 +66,14 @@ class Result:
 
 
 def stages() -> list[str]:
-    """The training stages the API offers (``postrl.<name>``)."""
-    return list(STAGES)
+    """The training stages the API offers, by their Python names (``postrl.<name>``: the command's name with
+    ``_`` for ``-``, e.g. ``postrl vlm-pretrain`` is ``postrl.vlm_pretrain``)."""
+    return [name.replace("-", "_") for name in STAGES]
+
+
+def _stage(name: str) -> str:
+    """The command's name of stage ``name`` (its Python or its command name)."""
+    return next((stage for stage in STAGES if name in (stage, stage.replace("-", "_"))), name)
 
 
 # ---- Python values -------------------------------------------------------------------------------------------
@@ -118,7 +125,7 @@ def _in_memory(overrides: dict[str, Any]) -> Iterator[dict[str, Any]]:
 def resolve_config(stage: str, config: Any, overrides: Mapping[str, Any], run_dir: Path, resume: bool) -> Any:
     """The stage's config, as the command resolves it: the config (or, on resume without one, the run's
     config.yaml), then the overrides; every key and value checked."""
-    module, cls_name, _, _, _ = STAGES[stage]
+    module, cls_name, _, _, _ = STAGES[_stage(stage)]
     cls = getattr(importlib.import_module(module), cls_name)
     path, base = None, None
     if config is None and resume and (run_dir / "config.yaml").is_file():
@@ -170,8 +177,9 @@ def run_stage(
     **overrides: Any,
 ) -> Result:
     """Run training stage ``stage`` (``postrl <stage>`` on the command line); see the module docstring."""
+    stage = _stage(stage)
     if stage not in STAGES:
-        raise UserError(f"unknown stage {stage!r}; the stages: {', '.join(STAGES)}")
+        raise UserError(f"unknown stage {stage!r}; the stages: {', '.join(stages())}")
     if out is None:
         raise UserError(f"postrl.{stage}: out= is required (the run folder: a new one, or a run to resume)")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # as the command does
@@ -218,14 +226,20 @@ def grpo(config: Any = None, /, **kwargs: Any) -> Result:
     return run_stage("grpo", config, **kwargs)
 
 
+def dpo(config: Any = None, /, **kwargs: Any) -> Result:
+    """DPO/IPO on preference pairs against a frozen reference (``postrl dpo``)."""
+    return run_stage("dpo", config, **kwargs)
+
+
 def __getattr__(name: str) -> Callable[..., Result]:
     """Any other stage of the command's table (e.g. one a later issue adds) as ``postrl.api.<name>``."""
-    if name in STAGES:
+    if name in stages():
+        command = _stage(name)
 
         def stage(config: Any = None, /, **kwargs: Any) -> Result:
-            return run_stage(name, config, **kwargs)
+            return run_stage(command, config, **kwargs)
 
         stage.__name__ = stage.__qualname__ = name
-        stage.__doc__ = f"{STAGES[name][3][0].upper()}{STAGES[name][3][1:]} (``postrl {name}``)."
+        stage.__doc__ = f"{STAGES[command][3][0].upper()}{STAGES[command][3][1:]} (``postrl {command}``)."
         return stage
     raise AttributeError(f"module 'postrl.api' has no attribute {name!r}")
