@@ -30,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     sub.required = True
     train = sub.add_parser(
         "train",
-        help="train an agent; writes RUN_DIR/metrics.jsonl, summary.json, checkpoints, learning_curve.png",
+        help="train an agent; writes RUN_DIR/metrics.jsonl, summary.json, checkpoints, curves.png",
         description="Train an agent. Any config key can be overridden as key=value (e.g. ppo.lr=3e-4); "
         "--list-keys prints them all with their help.",
     )
