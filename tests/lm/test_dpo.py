@@ -6,6 +6,7 @@ column with ties), bad input refused with one line, the keys in --list-keys, and
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -293,3 +294,28 @@ def test_dpo_learns_the_preferences(tiny_lm_dir: Path, tmp_path: Path) -> None:
     summary = run_dpo(cfg, tmp_path / "run")
     assert summary["heldout_loss"] < 0.6
     assert summary["heldout_reward_accuracy"] > 0.7
+
+
+def test_frontier_helpers(tiny_lm_dir: Path, tmp_path: Path) -> None:
+    """Best-of-n's analytic KL, a run's checkpoints read back as policies, and the chart."""
+    from postrl.lm.dpo.frontier import best_of_n_kl, checkpoints, load_policy, plot_frontier
+
+    assert best_of_n_kl(1) == 0.0 and best_of_n_kl(2) == pytest.approx(math.log(2) - 0.5)
+    assert best_of_n_kl(64) == pytest.approx(math.log(64) - 63 / 64)
+    cfg = _cfg(
+        tiny_lm_dir,
+        eval_samples=0,
+        run=RunConfig(steps=2, eval_every=0, save_every=1, keep_last=0, device="cpu"),
+    )
+    run_dpo(cfg, tmp_path / "run")
+    found = checkpoints(tmp_path / "run")
+    assert [step for step, _ in found] == [1, 2] and all(p.name == "model.safetensors" for _, p in found)
+    policy, exported = load_policy(tiny_lm_dir, found[-1][1]), load_causal_lm(tmp_path / "run" / "model")
+    for (name, p), q in zip(policy.state_dict().items(), exported.state_dict().values(), strict=True):
+        assert torch.equal(p, q), name
+    points = [{"method": "sft", "step": 0, "kl": 0.0, "gold": 0.1, "proxy": 1.0}]
+    points += [
+        {"method": "best-of-n", "n": n, "kl": best_of_n_kl(n), "gold": 0.1 * n, "proxy": n} for n in (1, 2, 4)
+    ]
+    points += [{"method": "DPO", "step": s, "kl": 0.5 * s, "gold": 0.2 * s, "proxy": s} for s in (1, 2)]
+    assert plot_frontier(points, tmp_path / "f.png").stat().st_size > 1000
