@@ -164,7 +164,7 @@ def accumulate(
     ``loss(mb)`` must already be the micro-batch's share of the step's loss: its sum over the micro-batch
     divided by the step's count over every micro-batch and rank (tokens, responses or pairs), so that the
     accumulated gradient is exactly that of the whole step's batch. Returns Σ of the losses."""
-    total = 0.0
+    total = torch.zeros((), dtype=torch.float64)
     for k, mb in enumerate(micro_batches):
         with contextlib.ExitStack() as stack:
             if k < len(micro_batches) - 1:
@@ -172,8 +172,10 @@ def accumulate(
                     stack.enter_context(dist.no_grad_sync(model))
             value = loss(mb)
             value.backward()
-        total += float(value.detach())
-    return total
+        # summed on the loss's device in float64 (the sum a Python float would make): one host sync per step,
+        # not one per micro-batch, so a GPU is never left idle waiting for the next forward to be queued
+        total = total.to(value.device) + value.detach().double()
+    return float(total)
 
 
 def frozen_base(module: torch.nn.Module) -> bool:

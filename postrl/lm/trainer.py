@@ -221,11 +221,12 @@ def train_step(
     The loss is Σ NLL over the global step's target tokens / their global count, so 1 process with the
     whole batch and N processes with a share each take the same step.
     """
-    micro = [
-        (to_device(make_batches([examples[i] for i in m], pad_token_id), device), w)
+    cpu = [
+        (make_batches([examples[i] for i in m], pad_token_id), w)
         for m, w in micro_batches(indices, cfg.grad_accum)
     ]
-    local_tokens = sum(int((b["labels"][:, 1:] != -100).sum()) * w for b, w in micro)
+    local_tokens = sum(int((b["labels"][:, 1:] != -100).sum()) * w for b, w in cpu)  # counted before the copy
+    micro = [(to_device(b, device), w) for b, w in cpu]
     n_tokens = int(dist.all_reduce_sum(torch.tensor(local_tokens)).item())
     scale = dist.world_size()  # DDP and FSDP average gradients over ranks; the loss is a global token sum
 
