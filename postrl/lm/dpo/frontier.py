@@ -197,3 +197,26 @@ def plot_frontier(points: Sequence[dict[str, Any]], path: str | Path, title: str
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def frontier_chart(
+    runs: dict[str, str | Path],
+    sft_model: str | Path,
+    reward_model: str | Path,
+    path: str | Path,
+    *,
+    task: Any = None,
+    samples: int = 256,
+    bon_prompts: int = 128,
+    seed: int = 0,
+) -> tuple[Path, list[dict[str, Any]]]:
+    """The whole frontier from run folders (e.g. the demo's ``{"PPO": out/"ppo", "DPO": out/"dpo"}``, each
+    run with ``run.keep_last=0`` so that its checkpoints are the points): best-of-n from ``sft_model``, every
+    checkpoint measured alike, the chart written to ``path``; returns (the chart, the points)."""
+    if task is None:
+        from postrl.lm.tasks import get_task
+
+        task = get_task("reviews")
+    points = frontier_points(runs, sft_model, reward_model, task, n=samples, seed=seed)
+    points += best_of_n(sft_model, reward_model, task, prompts=bon_prompts, seed=seed)
+    return plot_frontier(points, path), points
