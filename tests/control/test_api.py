@@ -51,7 +51,8 @@ def test_train_returns_an_agent_and_on_iteration_stops_early(tmp_path) -> None:
 
 def test_predict_applies_the_checkpoints_normaliser_and_clips(tmp_path) -> None:
     out = tmp_path / "pendulum"
-    control.train("ppo", "Pendulum-v1", total_steps=256, out=out, n_envs=2, **TINY)
+    normalised = {"env.normalize_obs": True}  # on the algorithm's defaults (config={}: not the preset)
+    control.train("ppo", "Pendulum-v1", config={}, total_steps=256, out=out, n_envs=2, **TINY, **normalised)
     agent = control.load(out)
     cfg, inner, env = load_agent(out)
     assert cfg.env.normalize_obs and not np.allclose(env.obs_rms.mean, 0)  # statistics from the checkpoint
