@@ -61,8 +61,8 @@ class Result:
     """summary.json's metrics (the command prints the same dict)."""
     model_path: Path | None
     """The exported Hugging Face folder (``run_dir/model``), loadable by ``from_pretrained``; None if none."""
-    config: Any
-    """The resolved config object the run used."""
+    config: Any = dataclasses.field(repr=False)
+    """The resolved config object the run used (config.yaml holds the same)."""
 
 
 def stages() -> list[str]:
