@@ -253,6 +253,10 @@ def check_out(out: Path, spec: BenchSpec) -> None:
 # ---------------------------------------------------------------- running the seeds
 
 
+def _say(line: str) -> None:
+    print(line, flush=True)  # seed by seed, also when stdout is a pipe or a log file
+
+
 def seed_dir(out: Path, seed: int) -> Path:
     return out / f"seed-{seed}"
 
@@ -288,7 +292,7 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def run_seeds(spec: BenchSpec, out: Path, workers: int, echo: Callable[[str], None] = print) -> list[int]:
+def run_seeds(spec: BenchSpec, out: Path, workers: int, echo: Callable[[str], None] = _say) -> list[int]:
     """Run every unfinished seed, at most ``workers`` at a time; returns the seeds whose process failed.
     Each child's wall and CPU seconds (its own rusage, from ``os.wait4``) go to ``seed-S.usage.json``."""
     todo = [s for s in spec.seeds if not finished(out, s)]
@@ -504,7 +508,7 @@ def aggregate_text(summary: dict[str, Any]) -> str:
 
 
 def run_bench(
-    spec: BenchSpec, out: Path, workers: int, command: str = "", echo: Callable[[str], None] = print
+    spec: BenchSpec, out: Path, workers: int, command: str = "", echo: Callable[[str], None] = _say
 ) -> dict[str, Any]:
     """Run the seeds of ``spec`` into ``out`` (validated by :func:`check_out` first) and write the results."""
     check_out(out, spec)
