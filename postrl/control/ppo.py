@@ -28,8 +28,8 @@ from postrl.control import dist, ppo_grad
 from postrl.control.buffer import Batch, RolloutBuffer, collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
 from postrl.control.flat import FlatAdam, FlatParameters
-from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.control.loop import Agent, RunConfig
+from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.core import gae, ppo_clip_loss, value_loss
 
 __all__ = ["Config", "PPOConfig", "build", "ppo_loss"]

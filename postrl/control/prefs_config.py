@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 from postrl.control import ppo
 from postrl.control.envs import EnvConfig
+from postrl.control.loop import RunConfig
 from postrl.control.policies import PolicyConfig
 from postrl.control.prefs_reward import LabellerConfig, RewardModelConfig
-from postrl.control.loop import RunConfig
 from postrl.runtime.config import ConfigError
 
 

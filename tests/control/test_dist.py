@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from postrl.control import dist
 from postrl.control.envs import EnvConfig
-from postrl.control.ppo import Config, PPOConfig
 from postrl.control.loop import RunConfig, train
+from postrl.control.ppo import Config, PPOConfig
 from postrl.core import masked_whiten
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import read_jsonl
