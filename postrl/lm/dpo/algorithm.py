@@ -66,6 +66,28 @@ STAT_KEYS = ("reward_accuracy", "reward_margin", "chosen_rewards", "rejected_rew
 
 
 # ---- one optimiser step --------------------------------------------------------------------------------
+def length_groups(
+    rows: list[int], weight: float, pairs: list[dict[str, Any]], groups: int
+) -> list[tuple[list[int], float]]:
+    """A micro-batch's pairs sorted by length (longer response, then prompt) and cut into ``groups`` parts of
+    near-equal counts, each with the micro-batch's loss weight: in the rollout layout a batch is as wide as its
+    longest prompt plus its longest response, so one long response would pad every row to its length. Always
+    ``groups`` parts (an empty one is a pair with weight 0), so that every rank runs the same forwards."""
+
+    def length(i: int) -> tuple[int, int]:
+        e = pairs[i]
+        return max(len(e["chosen_ids"]), len(e["rejected_ids"])), len(e["prompt_ids"])
+
+    order = sorted(rows, key=length)
+    size, extra = divmod(len(order), groups)
+    out, start = [], 0
+    for k in range(groups):
+        end = start + size + (1 if k < extra else 0)
+        out.append((order[start:end], weight) if end > start else ([rows[0]], 0.0))
+        start = end
+    return out
+
+
 def dpo_train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -81,7 +103,11 @@ def dpo_train_step(
 
     The step's loss is Σ_i ℓ_i / N over its N pairs on every micro-batch and rank: a micro-batch of b pairs
     contributes its mean loss · b/N, so accumulation and sharding give the gradient of one big batch."""
-    micro = [(c, w) for c, w in micro_batches(indices, cfg.train.grad_accum)]
+    micro = [
+        part
+        for rows, weight in micro_batches(indices, cfg.train.grad_accum)
+        for part in length_groups(rows, weight, pairs, cfg.dpo.length_groups)
+    ]
     scale = dist.world_size()  # DDP and FSDP average gradients over ranks; the loss is a global pair sum
     sums = dict.fromkeys(("loss", *STAT_KEYS), 0.0)
     use_fast = cfg.sampling.use_fast
