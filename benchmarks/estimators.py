@@ -23,7 +23,11 @@ The contenders (the presets' values on the 2-digit task, ≤ 8 new tokens, 32 pr
     dapo          configs/dapo-arithmetic.yaml: token loss, ε_high 0.28, dynamic sampling, overlong, β 0
     sft           continued SFT on the checkpoint's 500 demonstrations at its lr (1e-3), batch 64
 
-    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/estimators.py --budget 45 --seeds 0 1 2
+    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/estimators.py --budget 30 --checks 3 \
+        --eval-prompts 100 --seeds 0 1 2 --jobs 3
+
+(``--jobs 3`` runs the three seeds at once, each its own sequence of processes: on a shared machine that
+only changes the wall time, since every run is timed in its own CPU seconds.)
 
 writes ``docs/estimators.png`` (held-out greedy accuracy vs CPU seconds, one line per contender: the mean over
 seeds with a min-max band) and prints the table that README shows.
@@ -39,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +162,7 @@ def worker(args: argparse.Namespace) -> None:
     result = {
         "member": args.member,
         "seed": args.seed,
+        "settings": _settings(args),
         "steps": steps,
         "cpu_s": cpu,
         "wall_s": wall,
@@ -185,7 +191,17 @@ def _checkpoint(args: argparse.Namespace) -> Path:
     return build_checkpoint(ns, json.loads(args.task), _postrl)
 
 
+def _settings(args: argparse.Namespace) -> dict:
+    """What a worker's result depends on besides member and seed (a saved result is reused when equal)."""
+    keys = ("sft", "budget", "checks", "task", "eval_prompts", "max_new_tokens")
+    return {k: str(getattr(args, k)) for k in keys}
+
+
 def _run_one(args: argparse.Namespace, member: str, seed: int, out: Path) -> dict:
+    if out.is_file():  # an interrupted benchmark resumes: the same run again gives the same curve
+        saved = json.loads(out.read_text())
+        if saved.get("settings") == _settings(args):
+            return saved
     cmd = [
         sys.executable, str(THIS), "--worker", "--member", member, "--seed", str(seed), "--sft", str(args.sft),
         "--budget", str(args.budget), "--checks", str(args.checks), "--task", args.task,
@@ -266,7 +282,7 @@ def _table(summaries: dict[str, dict], seeds: list[int]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget", type=float, default=45.0, help="training CPU seconds of every contender")
+    parser.add_argument("--budget", type=float, default=30.0, help="training CPU seconds of every contender")
     parser.add_argument("--checks", type=int, default=3, help="evaluations after 0 (every budget/checks s)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--members", nargs="+", default=CONTENDERS, choices=CONTENDERS)
@@ -276,6 +292,9 @@ def main() -> None:
     parser.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts per check")
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--plot", default=str(ROOT / "docs" / "estimators.png"))
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="seeds run at once (each run is timed in its own CPU seconds)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--member", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -287,19 +306,23 @@ def main() -> None:
     args.sft = str(_checkpoint(args).resolve())
     work = Path(args.workdir) / "estimators"
     work.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[dict]] = {m: [] for m in args.members}
     load = [round(os.getloadavg()[0], 2)]
     start = time.perf_counter()
-    for (
-        seed
-    ) in args.seeds:  # seed-major, contenders interleaved (rotated per seed): load drifts hit all alike
+
+    def one_seed(seed: int) -> dict[str, dict]:
+        """The contenders one after another (rotated per seed): a drift of the load hits all of them alike."""
         k = args.seeds.index(seed) % len(args.members)
+        out = {}
         for member in args.members[k:] + args.members[:k]:
-            result = _run_one(args, member, seed, work / f"{member}-{seed}.json")
-            runs[member].append(result)
+            out[member] = result = _run_one(args, member, seed, work / f"{member}-{seed}.json")
             load.append(round(os.getloadavg()[0], 2))
             acc = result["curve"][-1]["heldout_accuracy"]
             print(f"{member:>13} seed {seed}: {result['steps']} steps, accuracy {acc:.3f}, load {load[-1]}")
+        return out
+
+    with ThreadPoolExecutor(args.jobs) as pool:  # --jobs seeds at once, each its own sequence of processes
+        per_seed = list(pool.map(one_seed, args.seeds))
+    runs = {m: [s[m] for s in per_seed] for m in args.members}
     summaries = {m: _summary(r) for m, r in runs.items()}
     title = f"arithmetic 2-digit, from one SFT checkpoint; mean of seeds {args.seeds}, band min-max"
     _plot(summaries, Path(args.plot), title)

@@ -4,6 +4,7 @@ and DAPO presets load, and a bad estimator name is a one-line error that names t
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 from pathlib import Path
@@ -233,3 +234,42 @@ def test_the_trl_defaults_preset_matches_trl_itself(tmp_path):
         "lr_scheduler_type": "SchedulerType.LINEAR",  # postrl's is the cosine to 0 (the preset says so)
     }
     assert {k: str(v) for k, v in ours.items()} == trl
+
+
+@pytest.mark.parametrize("importance_level", ["token", "sequence", "sequence_sum"])
+def test_every_ratio_level_honours_each_aggregation_under_accumulation(
+    tiny_lm_dir, tiny_tokenizer, importance_level
+):
+    """Each loss_type gives its own loss at every importance level, and 4 micro-batches of 2 give the loss
+    and gradient of one batch of 8 (each aggregation's global normaliser reaches the sequence levels too)."""
+    from postrl.lm.grpo.algorithm import backward_minibatch
+    from postrl.lm.models import load_causal_lm
+    from tests.lm.test_grpo import _fixed_batch
+
+    start = load_causal_lm(tiny_lm_dir)
+    losses = {}
+    for loss_type in ("grpo", "token", "dr_grpo"):
+        results = []
+        for micro in (0, 2):
+            model = copy.deepcopy(start)
+            batch = _fixed_batch(
+                model, tiny_tokenizer, rewards=[1.0, 0.0, 0.0, 0.5, 0.0, 1.0, 1.0, 0.25],
+                prompts=("What is 1+1?", "What is 12+30?"),
+            )  # fmt: skip
+            g = torch.Generator().manual_seed(0)
+            batch.old_log_probs = (
+                batch.old_log_probs + 0.1 * torch.randn(8, 4, generator=g)
+            ) * batch.response_mask
+            cfg = GRPOLossConfig(
+                group_size=4, beta=0.0, micro_batch_size=micro, loss_type=loss_type,
+                importance_level=importance_level, advantage="rloo",
+            )  # fmt: skip
+            stats = backward_minibatch(model, batch, cfg, temperature=1.0, max_len=8)
+            results.append(
+                (stats["loss"], [p.grad.clone() for p in model.parameters() if p.grad is not None])
+            )
+        assert results[0][0] == pytest.approx(results[1][0], abs=1e-6)
+        for a, b in zip(results[0][1], results[1][1], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+        losses[loss_type] = results[0][0]
+    assert len({round(v, 7) for v in losses.values()}) == 3, losses
