@@ -7,6 +7,7 @@ the config's mistakes are one-line errors."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -295,7 +296,7 @@ def test_a_short_lora_grpo_run_raises_the_reward(tiny_lm_dir: Path, tmp_path: Pa
     cfg = grpo_config(
         tiny_lm_dir,
         rewards=["tests.lm.test_grpo:digits_reward"],
-        run={"steps": 40, "eval_every": 0, "save_every": 0, "lora": LoraConfig(enabled=True, rank=8)},
+        run={"steps": 40, "eval_every": 0, "save_every": 0, "lora": replace(LORA_HEAD.lora, rank=8)},
         eval_at_start=False,
         grpo={"group_size": 8, "prompts_per_step": 4, "beta": 0.0},
         optim=OptimConfig(lr=3e-2, warmup_steps=0, min_lr_ratio=1.0),

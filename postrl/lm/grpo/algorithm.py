@@ -165,21 +165,22 @@ def backward_minibatch(
     size = cfg.micro_batch_size or n
     normalizer = loss_normalizer(batch.response_mask, cfg.loss_type, max_len)
     scale = dist.world_size()  # DDP / FSDP average gradients over ranks; the normaliser is already global
-    totals: dict[str, float] = {}
-    tokens = 0
+    totals: dict[str, Tensor] = {}  # token-weighted sums, kept on the device in float64: no host sync
+    tokens: list[Tensor] = []  # per micro-batch (the float64 sums equal the Python-float ones they replace)
 
     def loss(micro: RolloutBatch) -> Tensor:
-        nonlocal tokens
         value, stats = grpo_batch_loss(model, micro, cfg, temperature, max_len, normalizer, use_fast)
-        count = int(micro.response_mask.sum())
-        tokens += count
+        count = micro.response_mask.sum()
+        tokens.append(count)
         for key, v in stats.items():
-            totals[key] = totals.get(key, 0.0) + float(v) * count
+            weighted = torch.as_tensor(v, device=count.device).detach().double() * count
+            totals[key] = totals[key] + weighted if key in totals else weighted
         # × world: the rank average of the sum (reduce_metrics) is then the global loss, the sum over ranks
         return value * scale
 
     total = accumulate([model], [batch.rows(slice(s, s + size)) for s in range(0, n, size)], loss)
-    return {"loss": total, **{k: v / max(1, tokens) for k, v in totals.items()}}
+    n_tokens = max(1, int(torch.stack(tokens).sum())) if tokens else 1
+    return {"loss": total, **{k: float(v) / n_tokens for k, v in totals.items()}}
 
 
 def optimise(
