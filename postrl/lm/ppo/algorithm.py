@@ -118,26 +118,34 @@ def backward_minibatch(
     n = mb.input_ids.shape[0]
     size = math.ceil(n / cfg.grad_accum)
     tokens = float(dist.all_reduce_sum(mb.response_mask.sum().double()))
-    totals: dict[str, float] = {}
+    starts = range(0, n, size)
+    # every micro-batch's share of the tokens in one host sync; the stats sum on the device in float64 (the
+    # same values as Python floats), read once at the end
+    counts = torch.stack([mb.response_mask[s : s + size].sum() for s in starts]).tolist()
+    totals: dict[str, Tensor] = {}
 
-    def ppo_part(micro: RolloutBatch) -> Tensor:
-        share = float(micro.response_mask.sum()) / max(tokens, 1.0)
+    def ppo_part(micro: RolloutBatch, count: int) -> Tensor:
+        share = float(count) / max(tokens, 1.0)
         loss, stats = ppo_loss(roles, micro, cfg, temperature)
         for key, value in {"loss": loss.detach(), **stats}.items():
-            totals[key] = totals.get(key, 0.0) + float(value) * share
+            weighted = torch.as_tensor(value, device=loss.device).detach().double() * share
+            totals[key] = totals[key] + weighted if key in totals else weighted
         return loss * share * dist.world_size()  # DDP averages over ranks
 
     def ptx_part() -> Tensor:
         value = ptx_loss()
-        totals["ptx_loss"] = float(value.detach())
+        totals["ptx_loss"] = value.detach().double()
         return value
 
-    parts = [functools.partial(ppo_part, mb.rows(slice(start, start + size))) for start in range(0, n, size)]
+    parts = [
+        functools.partial(ppo_part, mb.rows(slice(s, s + size)), c)
+        for s, c in zip(starts, counts, strict=True)
+    ]
     if ptx_loss is not None:
         parts.append(ptx_part)
     accumulate([m for m in (roles.actor, roles.critic) if m is not None], parts, lambda part: part())
     return dist.reduce_metrics(
-        {k: v * dist.world_size() if k != "ptx_loss" else v for k, v in totals.items()}
+        {k: float(v) * dist.world_size() if k != "ptx_loss" else float(v) for k, v in totals.items()}
     )
 
 
