@@ -338,3 +338,19 @@ def test_pretraining_refuses_lora(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="pretraining builds a new model"):
         run_pretrain(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_lora_dpo_trains_adapters_against_the_adapter_free_reference(
+    tiny_lm_dir: Path, tmp_path: Path
+) -> None:
+    from postrl.lm.dpo import run_dpo
+    from tests.lm.test_dpo import _cfg as dpo_config
+
+    run = RunConfig(steps=2, eval_every=0, save_every=2, log_every=1, device="cpu", lora=LORA_HEAD.lora)
+    summary = run_dpo(dpo_config(tiny_lm_dir, run=run, eval_samples=0), tmp_path / "run")
+    assert summary["steps"] == 2
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert rows[0]["loss"] == pytest.approx(0.6931, abs=1e-3)  # π = π_ref at the start: h = 0, loss ln 2
+    assert (tmp_path / "run" / "model" / "adapter_model.safetensors").is_file()
+    checkpoint = load_file(str(tmp_path / "run" / "checkpoints" / "step_00000002" / "model.safetensors"))
+    assert all("lora_" in k for k in checkpoint)

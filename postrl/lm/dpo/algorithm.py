@@ -227,7 +227,13 @@ def run_dpo(
     """Train with DPO, export ``RUN_DIR/model`` (HF format), write the run folder, return the summary.
     The models, tokenizer and pairs are loaded and checked before the run folder is touched."""
     # deferred: transformers takes seconds to import; DPOConfig (--list-keys, config errors) needs none of it
-    from postrl.lm.models import check_context, load_causal_lm, resolve_dtype
+    from postrl.lm.models import (
+        adapter_free_reference,
+        apply_lora,
+        check_context,
+        load_causal_lm,
+        resolve_dtype,
+    )
     from postrl.lm.rollout.decoders import check_backend
     from postrl.lm.tokenizer import load_tokenizer
 
@@ -243,13 +249,16 @@ def run_dpo(
         "device": info.device,
         "trust_remote_code": cfg.trust_remote_code,
     }
-    policy = load_causal_lm(cfg.model, **load)
+    policy = apply_lora(load_causal_lm(cfg.model, **load), run)  # run.lora: adapters, the base frozen
     check_backend(policy, cfg.sampling.backend)
     check_context(policy, cfg.train.max_length, f"train.max_length ({cfg.train.max_length})")
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     train, evals, task = load_pairs(cfg, tokenizer)
     what = "ref_model" if cfg.ref_model else "model"
-    reference = load_causal_lm(cfg.ref_model or cfg.model, **load, what=what).eval().requires_grad_(False)
+    if run.lora.enabled and not cfg.ref_model:  # the base model: the policy with its adapters disabled
+        reference = adapter_free_reference(policy)
+    else:
+        reference = load_causal_lm(cfg.ref_model or cfg.model, **load, what=what).eval().requires_grad_(False)
     scorer = reward_model_scorer(cfg, info.device)
     prompts = heldout_prompts(task, evals)
     if cfg.eval_samples and prompts.rows:
