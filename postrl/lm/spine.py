@@ -14,7 +14,8 @@ A Python API caller's ``on_iteration(info)`` (`postrl.runtime.callbacks`) is cal
 
 :func:`train_loop` runs it for ``run.steps`` steps (or ``run.max_seconds`` of step time, rank 0's clock), logs
 every ``run.log_every`` steps, evaluates every ``run.eval_every`` steps and at the end, and checkpoints every
-``run.save_every`` steps and at the end. A checkpoint holds the full (gathered) weights as safetensors, the
+``run.save_every`` steps and at the end. A checkpoint holds the full (gathered) weights as safetensors (with
+``run.lora``: the trained adapters and heads only, `trained_state_dict`; the frozen base is the model's own), the
 optimiser and schedule states, every rank's RNG state, the loop's counters, the algorithm's state and the
 count of metrics rows written so far, so a resumed run continues bit for bit and its log equals an
 uninterrupted run's (`postrl.runtime.rundir`).
