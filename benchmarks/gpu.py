@@ -50,8 +50,11 @@ Here, the same script end to end on the CPU with a tiny model (< 2 minutes; TRL 
 
     .venv/bin/python benchmarks/gpu.py --smoke --trl-python .peers-trl/bin/python
 
-Results: none on a GPU yet (no device was lent to the session that wrote this script). The smoke run on the
-shared 2-core CPU (load average ~9, 2026-12-03) finished every part; its JSON line is in the issue's notes.
+Results: none on a GPU yet (no device was lent to the session that wrote this script). The smoke run, 2026-12-03,
+on the shared 2-core CPU at a load average of 12 (every time inflated; process start-up dominates each part):
+all six parts in 163 s; sampled vs teacher-forced log-probs max |Δ| 4.8e-7 in float32 (fast and HF decoders)
+and 9.9e-4 in bfloat16 (mean 2.6e-4); GRPO 0.20 s/step for postrl and 0.27 for TRL 1.16 (a 140k-parameter model:
+no speed claim); SFT 2,805 tokens/s (LoRA 2,840, 5.5% of the parameters trained); PPO with four roles 0.47 s/step.
 """
 
 from __future__ import annotations
