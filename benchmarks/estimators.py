@@ -295,6 +295,11 @@ def main() -> None:
     parser.add_argument(
         "--jobs", type=int, default=1, help="seeds run at once (each run is timed in its own CPU seconds)"
     )
+    parser.add_argument(
+        "--reverse", action="store_true",
+        help="each seed's contenders in the reverse order: a second driver beside a running one (same workdir) "
+        "takes the runs from the other end, and each reuses what the other saved",
+    )  # fmt: skip
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--member", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -312,8 +317,9 @@ def main() -> None:
     def one_seed(seed: int) -> dict[str, dict]:
         """The contenders one after another (rotated per seed): a drift of the load hits all of them alike."""
         k = args.seeds.index(seed) % len(args.members)
+        order = args.members[k:] + args.members[:k]
         out = {}
-        for member in args.members[k:] + args.members[:k]:
+        for member in order[::-1] if args.reverse else order:
             out[member] = result = _run_one(args, member, seed, work / f"{member}-{seed}.json")
             load.append(round(os.getloadavg()[0], 2))
             acc = result["curve"][-1]["heldout_accuracy"]
