@@ -38,7 +38,7 @@ inflated several-fold, the ratios are of alternated runs), ``--steps 40 --repeat
   |difference| 1.2e-7.
 - before ``dpo.length_groups`` (one padded forward per micro-batch, as TRL; load 11-13): 1.12 steps/s vs 0.60
   (1.85x) and 0.80 (1.40x); 513 vs 633 MB.
-Where postrl's time goes (cProfile, 10 steps): backward 61%, forward 35% (GEMMs ~45% of it), collation 2%;
+Where postrl's time goes (cProfile, 10 steps): backward 61%, forward 35% (GEMMs about half of it), collation 2%;
 the reference forward TRL runs in every step by default is the largest part of the 2x.
 """
 
