@@ -97,7 +97,8 @@ SETTINGS = {
         sft_batch=4, sft_length=64, sft_steps=3, ppo_prompts=4, ppo_tokens=8, ppo_steps=2, lora_rank=4,
     ),
 }  # fmt: skip
-PARTS = {"prepare": 90, "logprobs": 60, "grpo": 120, "trl": 150, "sft": 60, "ppo": 90}  # timeout (s) each
+# timeout (s) of each, in the order they run: the comparison first
+PARTS = {"prepare": 90, "grpo": 150, "trl": 170, "logprobs": 60, "sft": 60, "ppo": 90}
 TOLERANCE = {"float32": {"max": 1e-4}, "bfloat16": {"max": 0.1, "mean": 0.01}}
 
 
@@ -176,14 +177,18 @@ def part_logprobs(work: Path, size: str, s: dict) -> dict:
     rows = [json.loads(line) for line in (work / "prompts.jsonl").read_text().splitlines()][: s["lp_prompts"]]
     out = {}
     for dtype, backend in (("float32", "fast"), ("float32", "hf"), ("bfloat16", "auto")):
-        model = load_causal_lm(work / "model", dtype=dtype, device=s["device"])
-        sampling = SamplingConfig(max_new_tokens=s["lp_tokens"], temperature=1.0, backend=backend)
-        generator = torch.Generator(device=s["device"]).manual_seed(0)
-        with torch.no_grad():
-            rollout = RolloutEngine(model, tok, sampling).generate([r["prompt"] for r in rows], generator)
-            forced = score(
-                model, rollout.input_ids, rollout.attention_mask, rollout.prompt_len, use_fast=False
-            )
+        try:
+            model = load_causal_lm(work / "model", dtype=dtype, device=s["device"])
+            sampling = SamplingConfig(max_new_tokens=s["lp_tokens"], temperature=1.0, backend=backend)
+            generator = torch.Generator(device=s["device"]).manual_seed(0)
+            with torch.no_grad():
+                rollout = RolloutEngine(model, tok, sampling).generate([r["prompt"] for r in rows], generator)
+                forced = score(
+                    model, rollout.input_ids, rollout.attention_mask, rollout.prompt_len, use_fast=False
+                )
+        except (RuntimeError, ValueError) as err:  # one case failing leaves the others' results
+            out[f"{dtype}_{backend}"] = {"error": str(err).splitlines()[0][:300]}
+            continue
         mask = rollout.response_mask.bool()
         diff = (rollout.log_probs - forced).abs()[mask].float()
         tol = TOLERANCE[dtype]
@@ -385,7 +390,14 @@ def run_part(name: str, python: str, args: argparse.Namespace, work: Path, env: 
     if code == 0 and result_file.is_file():
         return json.loads(result_file.read_text()) | {"wall_seconds": seconds}
     tail = log.read_text(errors="replace").strip().splitlines()[-6:] if log.is_file() else []
-    return {"error": f"exit {code} after {seconds} s", "log_tail": tail}
+    failed = {"error": f"exit {code} after {seconds} s", "log_tail": tail}
+    metrics = work / f"{name}-run" / "metrics.jsonl"  # a run cut short still logged its steps
+    if metrics.is_file():
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        failed["steps_logged"] = [
+            {k: v for k, v in r.items() if k.startswith("time_") or k == "step"} for r in rows if "loss" in r
+        ]
+    return failed
 
 
 def summarize(results: dict) -> dict:
