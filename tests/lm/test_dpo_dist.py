@@ -1,4 +1,4 @@
-"""`postrl dpo` under ``torchrun --nproc_per_node 2`` (gloo): the same steps as one process on the same global
+"""`postrl dpo` under ``torchrun --nproc_per_node 2`` (gloo; ddp and fsdp): the same steps as one process on the same global
 batch (uneven shares of 5 pairs, 2 micro-batches each), the reference log-probs bit for bit, and a resume at 2
 processes that ends on the straight 2-process run's weights. This file is also the script torchrun runs."""
 
@@ -21,7 +21,7 @@ from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig, TrainConfig
 
 
-def config(model: str) -> DPOConfig:
+def config(model: str, parallel: str = "ddp") -> DPOConfig:
     return DPOConfig(
         model=model,
         data="task:reviews",
@@ -29,18 +29,27 @@ def config(model: str) -> DPOConfig:
         dpo=DPOLossConfig(beta=0.2, ref_batch_size=4),
         train=TrainConfig(batch_size=5, grad_accum=2, max_length=64),
         optim=OptimConfig(lr=1e-3, warmup_steps=0, min_lr_ratio=1.0),
-        run=RunConfig(steps=4, eval_every=2, save_every=2, keep_last=0, log_every=1, device="cpu", threads=1),
+        run=RunConfig(
+            steps=4,
+            eval_every=2,
+            save_every=2,
+            keep_last=0,
+            log_every=1,
+            device="cpu",
+            threads=1,
+            parallel=parallel,
+        ),
         eval_size=6,
         eval_samples=4,
         plots=False,
     )
 
 
-def main(model: str, out: str) -> None:
+def main(model: str, out: str, parallel: str) -> None:
     """The torchrun side: a straight run, and the same run resumed from its step-2 checkpoint."""
     from postrl.runtime import distributed as dist
 
-    cfg = config(model)
+    cfg = config(model, parallel)
     run_dpo(cfg, Path(out) / "straight")
     if dist.is_main():
         shutil.copytree(Path(out) / "straight", Path(out) / "resumed")
@@ -52,13 +61,18 @@ def main(model: str, out: str) -> None:
 
 
 @pytest.mark.slow  # a torchrun launch of ~1 min on a loaded 2-core machine
-def test_two_processes_match_one(tiny_lm_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_processes_match_one(parallel: str, tiny_lm_dir: Path, tmp_path: Path) -> None:
     torch.set_num_threads(1)
     run_dpo(config(str(tiny_lm_dir)), tmp_path / "one")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__]
     proc = subprocess.run(
-        [*cmd, str(tiny_lm_dir), str(tmp_path)], env=env, capture_output=True, text=True, timeout=600
+        [*cmd, str(tiny_lm_dir), str(tmp_path), parallel],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     one, two = load_file(str(tmp_path / "one" / REF_FILE)), load_file(str(tmp_path / "straight" / REF_FILE))
@@ -87,7 +101,7 @@ def test_two_processes_match_one(tiny_lm_dir: Path, tmp_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
     from postrl.runtime import distributed as dist
 
     dist.cleanup()
