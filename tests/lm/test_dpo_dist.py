@@ -1,6 +1,7 @@
-"""`postrl dpo` under ``torchrun --nproc_per_node 2`` (gloo; ddp and fsdp): the same steps as one process on the same global
-batch (uneven shares of 5 pairs, 2 micro-batches each), the reference log-probs bit for bit, and a resume at 2
-processes that ends on the straight 2-process run's weights. This file is also the script torchrun runs."""
+"""`postrl dpo` under ``torchrun --nproc_per_node 2`` (gloo; ddp and fsdp): the same steps as one process on
+the same global batch (uneven shares of 5 pairs, 2 micro-batches each), the reference log-probs bit for bit,
+and a resume at 2 processes that ends on the straight 2-process run's weights. This file is also the script
+torchrun runs."""
 
 from __future__ import annotations
 
