@@ -78,10 +78,10 @@ def stages(args: argparse.Namespace, seed: int) -> dict[str, Any]:
 
     grpo_cfg = GRPOConfig(
         model=start, data="task:shapes", task=shapes, eval_size=args.eval_size, max_prompt_length=64,
-        sampling=SamplingConfig(max_new_tokens=4, temperature=1.0),
+        sampling=SamplingConfig(max_new_tokens=4, temperature=1.0, top_k=args.top_k),
         grpo=GRPOLossConfig(group_size=args.group_size, prompts_per_step=args.prompts_per_step, beta=0.0,
                             loss_type="grpo"),
-        optim=OptimConfig(lr=args.grpo_lr, warmup_steps=0, min_lr_ratio=1.0),
+        optim=OptimConfig(lr=args.grpo_lr, warmup_steps=args.grpo_warmup, min_lr_ratio=1.0, betas=(0.9, 0.999)),
         run=run(100_000, eval_every=0, max_seconds=args.budget),
     )  # fmt: skip
     grpo = run_grpo(grpo_cfg, out / "grpo", overwrite=True)
@@ -137,7 +137,9 @@ def main() -> None:
     parser.add_argument("--sft-max-steps", type=int, default=400)
     parser.add_argument("--sft-lr", type=float, default=3e-4)
     parser.add_argument("--band", type=float, default=0.45, help="SFT stops at this held-out accuracy")
-    parser.add_argument("--grpo-lr", type=float, default=2e-4)
+    parser.add_argument("--grpo-lr", type=float, default=1e-4)
+    parser.add_argument("--grpo-warmup", type=int, default=10, help="GRPO's linear lr warmup steps")
+    parser.add_argument("--top-k", type=int, default=5, help="GRPO draws among the k likeliest tokens")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--prompts-per-step", type=int, default=16)
     parser.add_argument("--difficulty", type=int, default=1)

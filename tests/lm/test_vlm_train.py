@@ -4,8 +4,10 @@ and `postrl grpo` take it (task:shapes, or TRL-format JSONL with image paths) an
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
+import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from postrl.lm.sft import SFTConfig, run_sft
@@ -70,12 +72,21 @@ def _grpo_cfg(model, data, **kw):
 def test_grpo_on_task_shapes(aligned, tmp_path, options) -> None:
     from postrl.lm.grpo import run_grpo
 
-    summary = run_grpo(_grpo_cfg(aligned, "task:shapes", **options), tmp_path / "run")
+    code = "def reward(completions, **kw):\n    return [float(len(c[-1]['content'])) for c in completions]\n"
+    (tmp_path / "length.py").write_text(code)  # conversational prompts: completions are assistant turns
+    cfg = _grpo_cfg(aligned, "task:shapes", **options)  # a 3-step model: the verifier alone gives all zeros
+    cfg = replace(cfg, rewards=["task:shapes", f"{tmp_path / 'length.py'}:reward"], verifier="task:shapes")
+    summary = run_grpo(cfg, tmp_path / "run")
     assert summary["steps"] == 2 and 0 <= summary["heldout_accuracy"] <= 1
     assert "heldout_accuracy_start" in summary and summary["tokens_per_second"] > 0
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert {"reward_mean", "accuracy", "clip_fraction", "entropy"} <= set(rows[1])
-    AutoModelForImageTextToText.from_pretrained(tmp_path / "run" / "model")
+    trained = AutoModelForImageTextToText.from_pretrained(tmp_path / "run" / "model").state_dict()
+    start = AutoModelForImageTextToText.from_pretrained(aligned).state_dict()
+    changed = {k for k in start if not torch.equal(start[k], trained[k])}
+    assert changed and all(
+        ".language_model." in k or k.startswith("lm_head") for k in changed
+    )  # vision frozen
 
 
 def test_grpo_on_trl_jsonl_needs_a_reward(aligned, tmp_path) -> None:
@@ -86,7 +97,6 @@ def test_grpo_on_trl_jsonl_needs_a_reward(aligned, tmp_path) -> None:
     with pytest.raises(UserError, match="no reward function"):
         run_grpo(_grpo_cfg(aligned, str(path)), tmp_path / "run")
     cfg = _grpo_cfg(aligned, str(path))
-    from dataclasses import replace
 
     summary = run_grpo(replace(cfg, rewards=["task:shapes"]), tmp_path / "run")  # reads the answer column
     assert summary["steps"] == 2 and 0 <= summary["heldout_accuracy"] <= 1

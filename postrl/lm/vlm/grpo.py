@@ -13,6 +13,7 @@ Not here yet: dynamic sampling (a config error), several processes.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from dataclasses import replace
@@ -39,6 +40,7 @@ from postrl.runtime.errors import UserError
 from postrl.runtime.rundir import open_run
 from postrl.runtime.seeding import seed_everything
 
+log = logging.getLogger(__name__)
 HIDDEN_COLUMNS = ("prompt", "where", "base")
 
 
@@ -247,10 +249,30 @@ def load_prompts(cfg: GRPOConfig, processor: Any) -> tuple[list[VLMExample], lis
     return train, heldout_examples, rows
 
 
+def freeze_vision_parts(model: torch.nn.Module) -> int:
+    """Freeze every parameter outside the language model and its head (the vision tower and the projector);
+    returns how many tensors were frozen."""
+    inner = getattr(model, "model", model)
+    keep = {id(p) for p in getattr(inner, "language_model", inner).parameters()}
+    keep |= {id(p) for p in model.get_output_embeddings().parameters()}
+    frozen = [p for p in model.parameters() if id(p) not in keep]
+    for p in frozen:
+        p.requires_grad_(False)
+    return len(frozen)
+
+
 def run_vlm_grpo(
-    cfg: GRPOConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False
+    cfg: GRPOConfig,
+    run_dir: str | Path,
+    resume: bool = False,
+    overwrite: bool = False,
+    *,
+    freeze_vision: bool = True,
 ) -> dict[str, Any]:
-    """`postrl grpo` for a vision-language model (the hook in `postrl.lm.grpo.run_grpo`)."""
+    """`postrl grpo` for a vision-language model (the hook in `postrl.lm.grpo.run_grpo`). ``freeze_vision``
+    (default): the vision tower and projector stay as SFT left them and RL trains the language model only, as
+    VLM RL recipes commonly do (the verifier's reward says little about visual features; it also saves the
+    tower's backward pass). Logged at info level."""
     validate(cfg)
     check_config(cfg, 1)
     if cfg.grpo.dynamic_sampling:
@@ -273,6 +295,12 @@ def run_vlm_grpo(
         what = "ref_model" if cfg.ref_model else "model"
         ref, _ = load_vlm(cfg.ref_model or cfg.model, cfg.run.dtype, device, cfg.trust_remote_code, what=what)
         ref.eval().requires_grad_(False)
+    if freeze_vision:
+        frozen = freeze_vision_parts(model)
+        log.info(
+            "grpo: %d vision parameters frozen (the vision tower and projector); RL trains the language model",
+            frozen,
+        )
     algo = VLMGRPO(cfg, model, ref, processor, fns, train, heldout)
     logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.run.tensorboard)
     state = train_loop(algo, cfg.run, Path(run_dir), logger, ckpt, eval_at_start=cfg.eval_at_start)
