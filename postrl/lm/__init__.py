@@ -20,6 +20,8 @@ Bottom to top (a module imports only from the lines above it and from `postrl.co
                      advantages.py, config.py, build.py)
     grpo/            `postrl grpo`: group-relative advantages, no critic (algorithm.py, rollouts.py,
                      config.py, build.py)
+    vlm/             vision-language models: the tiny built-in LLaVA, rows with pictures, sampling and scoring
+                     with pixel values, SFT and GRPO on them (`postrl sft|grpo` hand a VLM folder there)
     commands.py      `postrl data export|check`
     stage_commands.py  `postrl pretrain|sft|rm|ppo|grpo|generate`: configs from YAML and flags, then the run
 
