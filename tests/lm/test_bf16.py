@@ -76,7 +76,7 @@ def test_rm_in_bfloat16(tiny_lm_dir: Path, tmp_path: Path, lora: bool) -> None:
     assert next(rm.backbone.parameters()).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("critic", ["reward_model", "shared"])
+@pytest.mark.parametrize("critic", ["reward_model", pytest.param("shared", marks=pytest.mark.slow)])
 def test_ppo_in_bfloat16_with_lora_on_actor_and_critic(
     tiny_lm_dir: Path,
     tiny_rm_dir: Path,  # noqa: F811
