@@ -180,10 +180,11 @@ def accumulate(
 
 
 def frozen_base(module: torch.nn.Module) -> bool:
-    """Whether part of ``module`` is frozen (LoRA: the base weights, `postrl.lm.models.lora`): its checkpoint
-    then holds only the trained tensors (adapters, heads); the frozen ones are read again from the model the
-    run starts from, which a resume loads the same way."""
-    return any(not p.requires_grad for p in dist.unwrap(module).parameters())
+    """Whether ``module`` trains LoRA adapters on a frozen base (peft's ``lora_`` parameters,
+    `postrl.lm.models.lora`): its checkpoint then holds only the trained tensors (adapters, heads); the frozen
+    ones are read again from the model the run starts from, which a resume loads the same way. (Other
+    partly frozen models, e.g. a VLM with its vision tower frozen, keep full checkpoints.)"""
+    return any(".lora_" in name for name, _ in dist.unwrap(module).named_parameters())
 
 
 def trained_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
