@@ -82,7 +82,8 @@ class DPOConfig:
     the reference, length, gold reward (built-in task) and reward-model score (`reward_model`); 0: none, and
     the reference is not kept after its log-probs are computed."""
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=64))
-    """How the held-out responses are sampled (temperature 1: the KL is that of the policy itself)."""
+    """How the held-out responses are sampled (temperature 1: the KL is that of the policy itself); its
+    backend also runs the teacher-forced forwards of training and of the reference pass."""
     reward_model: str | None = None
     """A reward model (`postrl rm`) that scores the held-out samples, as a metric beside the gold reward (the
     proxy of the frontier: benchmarks/frontier.py); DPO never trains on it."""
