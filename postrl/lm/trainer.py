@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from postrl.core import masked_sum
 from postrl.lm.data import pack_examples, pad
+from postrl.lm.master_adamw import MasterAdamW, needs_master
 from postrl.lm.spine import Parts, RunConfig, accumulate, train_loop
 from postrl.runtime import distributed as dist
 from postrl.runtime.checkpoint import latest_checkpoint, write_dir_atomically
@@ -82,14 +83,17 @@ def adamw_kernel(params: Sequence[torch.Tensor]) -> dict[str, bool]:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
-    """AdamW with decay on ≥2-D weights only, and the warmup-cosine LambdaLR."""
+    """AdamW with decay on ≥2-D weights only, and the warmup-cosine LambdaLR. Trained bfloat16 weights
+    (``run.dtype=bfloat16``, full fine-tuning) take `MasterAdamW`: float32 master weights and moments."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **adamw_kernel(decay + no_decay))
+    trained = decay + no_decay
+    adamw = MasterAdamW if any(needs_master(p) for p in trained) else torch.optim.AdamW
+    opt = adamw(groups, lr=cfg.lr, betas=cfg.betas, **adamw_kernel(trained))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, cosine_schedule(cfg.warmup_steps, total_steps, cfg.min_lr_ratio)
     )
