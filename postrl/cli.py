@@ -58,7 +58,12 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:
         "same command skips finished stages and resumes an interrupted one.",
     )
     demo.add_argument("--out", default="runs/demo", metavar="RUN_DIR", help="output folder (runs/demo)")
-    demo.add_argument("--quick", action="store_true", help="small budgets, same stages (< 2 minutes)")
+    demo.add_argument("--quick", action="store_true", help="small budgets, same stages (about a minute)")
+    demo.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="pretrain the tiny LM here (minutes) instead of starting from the built-in base model",
+    )
     demo.add_argument(
         "--resume",
         action="store_true",
@@ -81,7 +86,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         print(format_help(DemoConfig))
         return 0
     base = to_dict(quick(DemoConfig())) if args.quick else None
-    cfg = load_config(DemoConfig, args.config, args.overrides, base=base)
+    overrides = [*args.overrides, "from_scratch=true"] if args.from_scratch else args.overrides
+    cfg = load_config(DemoConfig, args.config, overrides, base=base)
     summary = run_demo(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
     print(json.dumps(summary["stages"]))
     return 0

@@ -1,15 +1,23 @@
 """`postrl demo`: the notes' whole pipeline on the built-in world, then a report.
 
-pretrain → SFT → reward model → PPO-RLHF → GRPO → evaluation of every checkpoint → report. Each stage
-is an ordinary postrl run folder under RUN_DIR; a stage whose summary.json exists is skipped, one that
-was interrupted resumes from its last checkpoint, so rerunning the same command continues a killed demo.
-Each RL stage is compared with continued SFT for the same wall time from the same SFT checkpoint.
+pretrain → SFT → reward model → PPO-RLHF → GRPO → continued SFT for each RL stage's time → evaluation of every
+checkpoint → report. The pretrained LM is the built-in base model that postrl ships (`postrl.lm.base_model`,
+made by `postrl pretrain` with the recipe in `DemoConfig.pretrain`); ``from_scratch`` (``--from-scratch``)
+runs that pretraining here instead. Each stage is an ordinary postrl run folder under RUN_DIR; a stage whose
+summary.json exists is skipped, one that was interrupted resumes from its last checkpoint, so rerunning the
+same command continues a killed demo.
+
+The stages are `Stage` rows of `stages()`: a name (the run folder), the trainer, and a function that makes the
+stage's config from the demo's (and from the summaries of the stages before it); a new stage is one more row.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import resource
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -17,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from postrl.lm import base_model
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, run_grpo
 from postrl.lm.ppo import KLConfig, PPOConfig, PPOLossConfig, RewardConfig, run_ppo
 from postrl.lm.pretrain import PretrainConfig, run_pretrain
@@ -24,40 +33,44 @@ from postrl.lm.reward_model import RMConfig, run_rm
 from postrl.lm.rollout import SamplingConfig
 from postrl.lm.sft import SFTConfig, run_sft
 from postrl.lm.spine import RunConfig
+from postrl.lm.tasks import get_task
 from postrl.lm.trainer import OptimConfig, TrainConfig
-from postrl.report import evaluate_checkpoints, write_report
+from postrl.report import evaluate_checkpoints, verdicts, write_report
 from postrl.runtime.checkpoint import atomic_write_text
 from postrl.runtime.config import save_config, validate
+from postrl.runtime.errors import UserError
 from postrl.runtime.logging import peak_rss_mb
 from postrl.runtime.rundir import check_run_dir, remove_run, run_state
 
+# The arithmetic the demo measures: 2-digit sums, asked as "What is 47+38?". The base model's corpus holds
+# the train problems only as bare equations, so pretraining knows sums but not this question format.
 ARITHMETIC = {"digits": 2, "ops": "+"}
+# SFT sees this many demonstrations of it; GRPO's verifier scores any of the task's 5,000 train prompts.
+# Checking an answer is cheaper than writing one: the situation RL with a verifier is for.
+SFT_DEMOS = 200
 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """`postrl demo --out RUN_DIR [--quick]`: every stage's config, nested (override e.g. grpo.run.steps=40)."""
+    """`postrl demo --out RUN_DIR [--quick] [--from-scratch]`: every stage's config, nested (override e.g.
+    grpo.run.steps=40)."""
 
-    pretrain: PretrainConfig = field(
-        default_factory=lambda: PretrainConfig(
-            arithmetic=ARITHMETIC,
-            train=TrainConfig(batch_size=32, max_length=128, packing=True),
-            optim=OptimConfig(lr=3e-3, warmup_steps=50, weight_decay=0.1),
-            run=RunConfig(steps=800, eval_every=200, save_every=200),
-        )
-    )
-    """Stage 1: the tiny LM and its tokenizer, from scratch."""
+    from_scratch: bool = False
+    """Pretrain the tiny LM here with `pretrain` (minutes) instead of starting from the built-in base model
+    that postrl ships, made by the same config (postrl/lm/base_model/provenance.json)."""
+    pretrain: PretrainConfig = field(default_factory=base_model.recipe)
+    """Stage 1 (with from_scratch): the tiny LM and its tokenizer, from scratch."""
     sft: SFTConfig = field(
         default_factory=lambda: SFTConfig(
             data="task:arithmetic,task:reviews",
-            task={"arithmetic": ARITHMETIC},
-            stop_accuracy=0.3,
+            task={"arithmetic": {**ARITHMETIC, "n_train": SFT_DEMOS}, "reviews": {"n_sft_train": 100}},
             train=TrainConfig(batch_size=64, max_length=48),
-            optim=OptimConfig(lr=1e-3, warmup_steps=20),
-            run=RunConfig(steps=600, eval_every=25, save_every=50),
+            optim=OptimConfig(lr=1e-3, warmup_steps=20, min_lr_ratio=1.0),
+            run=RunConfig(steps=200, eval_every=25, save_every=100),
         )
     )
-    """Stage 2: supervised fine-tuning on both tasks' demonstrations, stopped at a held-out accuracy band."""
+    """Stage 2: supervised fine-tuning on a few hundred demonstrations of both tasks, until they are used up
+    (held-out accuracy peaks near step 125, then the held-out loss turns up): what is left is RL's."""
     rm: RMConfig = field(
         default_factory=lambda: RMConfig(
             data="task:reviews",
@@ -65,6 +78,7 @@ class DemoConfig:
             train=TrainConfig(batch_size=32, max_length=48),
             optim=OptimConfig(lr=3e-4, warmup_steps=20),
             run=RunConfig(steps=250, eval_every=50, save_every=125),
+            plots=False,
         )
     )
     """Stage 3: the Bradley–Terry reward model on the synthetic labeller's preferences."""
@@ -91,120 +105,127 @@ class DemoConfig:
             sampling=SamplingConfig(max_new_tokens=8),
             grpo=GRPOLossConfig(group_size=8, prompts_per_step=32, beta=0.04, loss_type="grpo"),
             optim=OptimConfig(lr=2e-4, warmup_steps=0, min_lr_ratio=1.0),
-            run=RunConfig(steps=40, eval_every=10, save_every=50, log_every=1),
+            run=RunConfig(steps=60, eval_every=20, save_every=60, log_every=1),
             eval_size=200,
         )
     )
     """Stage 5: GRPO on the arithmetic verifier."""
     compare_sft: bool = True
-    """Also run continued SFT for each RL stage's wall time (what RL adds beyond more supervision)."""
+    """Also run continued SFT for each RL stage's training time (what RL adds beyond more supervision)."""
     eval_prompts: int = 500
     """Held-out arithmetic prompts for exact match (greedy)."""
     eval_samples: int = 256
     """Held-out review responses for gold reward, RM score and KL (sampled at temperature 1)."""
     seed: int = 0
     """Seed of every stage."""
-    threads: int | None = None
-    """torch intra-op threads for every stage (null: torch's default)."""
+    threads: int | None = 1
+    """torch intra-op threads for every stage (null: torch's default). One thread: the tiny model gains
+    little from a second, and a second CPU-bound process on the machine then slows the demo in proportion
+    instead of several times over (oversubscribed threads wait on each other)."""
 
     CHECKS = {"eval_prompts": ">= 1", "eval_samples": ">= 1", "seed": ">= 0", "threads": ">= 1"}
 
 
 def quick(cfg: DemoConfig) -> DemoConfig:
-    """The same stages with small budgets (the test suite runs this end to end)."""
+    """The same stages with small budgets, about a minute on an idle 2-core machine (the test suite runs
+    this end to end). Each RL stage still gets enough steps to move its number past SFT's. Pretraining
+    keeps its recipe: a smaller one would not learn the sums (with ``from_scratch`` it takes minutes)."""
     r = dataclasses.replace
     return r(
         cfg,
-        pretrain=r(
-            cfg.pretrain,
-            corpus_lines=2000,
-            train=r(cfg.pretrain.train, batch_size=8, max_length=64),
-            run=r(cfg.pretrain.run, steps=30, eval_every=15, save_every=15),
-        ),
         sft=r(
             cfg.sft,
-            eval_size=50,
-            train=r(cfg.sft.train, batch_size=32),
-            run=r(cfg.sft.run, steps=30, eval_every=15, save_every=15),
+            eval_size=100,
+            run=r(cfg.sft.run, steps=150, eval_every=50, save_every=50),
         ),
         rm=r(
             cfg.rm,
-            eval_size=64,
+            eval_size=128,
             norm=r(cfg.rm.norm, samples=32),
             train=r(cfg.rm.train, batch_size=16),
-            run=r(cfg.rm.run, steps=20, eval_every=10, save_every=10),
+            run=r(cfg.rm.run, steps=60, eval_every=30, save_every=30),
         ),
-        ppo=r(cfg.ppo, batch_size=16, eval_size=32, run=r(cfg.ppo.run, steps=4, eval_every=2)),
+        ppo=r(cfg.ppo, batch_size=32, eval_size=32, run=r(cfg.ppo.run, steps=12, eval_every=6, save_every=6)),
         grpo=r(
             cfg.grpo,
-            eval_size=32,
-            run=r(cfg.grpo.run, steps=4, eval_every=2),
-            grpo=r(cfg.grpo.grpo, prompts_per_step=8, group_size=4),
+            eval_size=64,
+            run=r(cfg.grpo.run, steps=20, eval_every=10, save_every=10),
+            grpo=r(cfg.grpo.grpo, prompts_per_step=32, group_size=8),
         ),
-        eval_prompts=32,
-        eval_samples=32,
+        eval_prompts=200,
+        eval_samples=128,
     )
 
 
-def wire(cfg: DemoConfig, out: Path) -> DemoConfig:
-    """Point every stage at its inputs under ``out`` and give them the demo's seed and threads."""
-    r = dataclasses.replace
-    sft_model, rm_model = str(out / "sft" / "model"), str(out / "rm" / "model")
-    return r(
-        cfg,
-        pretrain=r(cfg.pretrain, run=r(cfg.pretrain.run, seed=cfg.seed, threads=cfg.threads)),
-        sft=r(
-            cfg.sft,
-            model=str(out / "pretrain" / "model"),
-            run=r(cfg.sft.run, seed=cfg.seed, threads=cfg.threads),
-        ),
-        rm=r(
-            cfg.rm,
-            model=sft_model,
-            run=r(cfg.rm.run, seed=cfg.seed, threads=cfg.threads),
-            norm=r(cfg.rm.norm, policy=sft_model),
-        ),
-        ppo=r(
-            cfg.ppo,
-            model=sft_model,
-            reward_model=rm_model,
-            run=r(cfg.ppo.run, seed=cfg.seed, threads=cfg.threads),
-        ),
-        grpo=r(cfg.grpo, model=sft_model, run=r(cfg.grpo.run, seed=cfg.seed, threads=cfg.threads)),
-    )
+# ---- the stages ---------------------------------------------------------------------------------------------
+Summaries = dict[str, dict[str, Any]]
 
 
-def run_stage(name: str, out: Path, fn: Callable[..., dict[str, Any]], cfg: Any) -> dict[str, Any]:
-    """Run one stage into ``out/name`` unless it already finished; resume it if it was interrupted."""
-    run_dir = out / name
-    done = run_dir / "summary.json"
-    if done.is_file():
-        summary = json.loads(done.read_text())
-        print(f"[demo] {name}: already done ({run_dir}), skipped", file=sys.stderr)
-        return summary
-    resume = run_state(run_dir) == "interrupted"
-    print(f"[demo] {name}: {'resuming' if resume else 'starting'} → {run_dir}", file=sys.stderr)
-    summary = fn(cfg, run_dir, resume=resume)
-    print(
-        f"[demo] {name}: done in {summary.get('wall_seconds', 0):.0f}s — {_headline(name, summary)}",
-        file=sys.stderr,
-    )
-    return summary
+@dataclass(frozen=True)
+class Stage:
+    """One row of the pipeline: run folder ``name``, ``run(config, run_dir, resume=...) -> summary``, and
+    ``config(demo config wired to RUN_DIR, RUN_DIR, summaries of the stages before) -> the stage's config``.
+    ``idle_seconds(demo config)`` is the expected time on an idle 2-core machine (for the progress line)."""
+
+    name: str
+    run: Callable[..., dict[str, Any]]
+    config: Callable[[DemoConfig, Path, Summaries], Any]
+    idle_seconds: Callable[[DemoConfig], float]
 
 
-def _headline(name: str, s: dict[str, Any]) -> str:
-    keys = {
-        "pretrain": ["heldout_loss"],
-        "sft": ["heldout_loss", "heldout_accuracy"],
-        "rm": ["heldout_accuracy"],
-        "ppo": ["gold_reward", "rm_score", "kl_to_ref"],
-        "grpo": ["heldout_accuracy", "kl_to_ref"],
-    }.get(name.split("-")[0], ["heldout_loss"])
-    return ", ".join(f"{k} {s[k]:.3f}" for k in keys if isinstance(s.get(k), (int, float)))
+def stages(cfg: DemoConfig) -> list[Stage]:
+    """The demo's pipeline, in order (the continued-SFT baselines need their RL stage's time)."""
+    pretrain = Stage("pretrain", run_pretrain, lambda c, out, done: c.pretrain, _steps(0.14, "pretrain"))
+    if not cfg.from_scratch:
+        pretrain = Stage("pretrain", copy_base_model, lambda c, out, done: None, lambda c: 1.0)
+    rows = [
+        pretrain,
+        Stage("sft", run_sft, lambda c, out, done: c.sft, _steps(0.08, "sft", 8.0)),
+        Stage("rm", run_rm, lambda c, out, done: c.rm, _steps(0.05, "rm", 5.0)),
+        Stage("ppo", run_ppo, lambda c, out, done: c.ppo, _steps(0.5, "ppo", 5.0)),
+        Stage("grpo", run_grpo, lambda c, out, done: c.grpo, _steps(0.4, "grpo", 5.0)),
+    ]
+    if cfg.compare_sft:
+        for rl in ("ppo", "grpo"):
+            rows.append(
+                Stage(
+                    f"sft-vs-{rl}",
+                    run_sft,
+                    lambda c, out, done, rl=rl: continued_sft(c, out, rl_seconds(done[rl])),
+                    lambda c, rl=rl: next(s for s in rows if s.name == rl).idle_seconds(c) * 0.8,
+                )
+            )
+    return rows
+
+
+def _steps(seconds_per_step: float, name: str, overhead: float = 3.0) -> Callable[[DemoConfig], float]:
+    """An idle-machine estimate: ``overhead`` (loading, evaluation) + steps x seconds per step, the step time
+    scaled by the stage's batch relative to the demo's default (measured with the defaults, 1 thread)."""
+
+    def estimate(cfg: DemoConfig) -> float:
+        stage, default = getattr(cfg, name), getattr(DemoConfig(), name)
+        scale = _batch(stage) / max(1, _batch(default))
+        return overhead + stage.run.steps * seconds_per_step * scale
+
+    return estimate
+
+
+def _batch(stage_cfg: Any) -> int:
+    if isinstance(stage_cfg, GRPOConfig):
+        return stage_cfg.grpo.prompts_per_step * stage_cfg.grpo.group_size
+    if isinstance(stage_cfg, PPOConfig):
+        return stage_cfg.batch_size
+    return stage_cfg.train.batch_size
+
+
+def rl_seconds(summary: dict[str, Any]) -> float:
+    """The training time of an RL stage (its steps, evaluation excluded): continued SFT gets the same."""
+    return float(summary.get("train_seconds") or summary["wall_seconds"])
 
 
 def continued_sft(cfg: DemoConfig, out: Path, seconds: float) -> SFTConfig:
-    """SFT from the SFT checkpoint for ``seconds`` of training (no accuracy stop)."""
+    """SFT from the SFT checkpoint on the same demonstrations for ``seconds`` of training (no accuracy stop,
+    constant learning rate: SFT's last one)."""
     r = dataclasses.replace
     return r(
         cfg.sft,
@@ -215,6 +236,106 @@ def continued_sft(cfg: DemoConfig, out: Path, seconds: float) -> SFTConfig:
     )
 
 
+def copy_base_model(cfg: None, run_dir: Path, resume: bool = False) -> dict[str, Any]:
+    """The pretrain stage without pretraining: the built-in base model copied to ``run_dir/model``, and a
+    summary.json that records where it came from (the `postrl pretrain` command, its held-out loss)."""
+    started = time.perf_counter()
+    source = base_model.path()
+    record = base_model.provenance()
+    tmp = run_dir / ".tmp-model"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(run_dir / "model", ignore_errors=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(source, tmp, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    tmp.rename(run_dir / "model")
+    summary = {
+        "source": str(source),
+        "command": record.get("command"),
+        "heldout_loss": record.get("heldout_loss"),
+        "steps": record.get("steps"),
+        "pretrain_seconds": record.get("seconds"),
+        "sha256": record.get("sha256"),
+        "wall_seconds": round(time.perf_counter() - started, 3),
+    }
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def check_base_model(cfg: DemoConfig) -> None:
+    """Without ``from_scratch`` the built-in base model must be installed and made by the demo's recipe."""
+    if cfg.from_scratch:
+        return
+    if not base_model.is_available():
+        raise UserError(
+            f"the built-in base model is missing from this install ({base_model.path()}); run `postrl demo "
+            "--from-scratch` (pretrains it here) or `python -m postrl.lm.base_model` (makes it)"
+        )
+    made_with = base_model.provenance().get("command", "")
+    if made_with != base_model.command(cfg.pretrain):
+        raise UserError(
+            "pretrain.*: the built-in base model was made with another pretraining config "
+            f"({base_model.path() / base_model.PROVENANCE}); add --from-scratch to pretrain with yours"
+        )
+
+
+# ---- running them -------------------------------------------------------------------------------------------
+class Progress:
+    """The demo's own progress line: stage k of n, its estimate and the time left, rescaled by how the
+    finished stages compared with their idle-machine estimates."""
+
+    def __init__(self, cfg: DemoConfig, rows: list[Stage]) -> None:
+        self.estimates = {s.name: s.idle_seconds(cfg) for s in rows}
+        self.names = [s.name for s in rows]
+        self.spent = 0.0
+        self.expected = 0.0
+
+    def start(self, name: str) -> str:
+        k = self.names.index(name)
+        pace = self.spent / self.expected if self.expected > 1.0 else 1.0
+        left = pace * sum(self.estimates[n] for n in self.names[k:])
+        return (
+            f"[demo] {k + 1}/{len(self.names)} {name}: about {pace * self.estimates[name]:.0f}s, "
+            f"about {left:.0f}s left for the stages"
+        )
+
+    def finish(self, name: str, seconds: float) -> None:
+        self.spent += seconds
+        self.expected += self.estimates[name]
+
+
+def run_stage(
+    name: str, out: Path, fn: Callable[..., dict[str, Any]], cfg: Any, label: str = ""
+) -> dict[str, Any]:
+    """Run one stage into ``out/name`` unless it already finished; resume it if it was interrupted."""
+    run_dir = out / name
+    done = run_dir / "summary.json"
+    if done.is_file():
+        summary = json.loads(done.read_text())
+        print(f"{label or f'[demo] {name}'}: already done ({run_dir}), skipped", file=sys.stderr)
+        return summary
+    resume = run_state(run_dir) == "interrupted"
+    print(f"{label or f'[demo] {name}'} → {run_dir}{' (resuming)' if resume else ''}", file=sys.stderr)
+    summary = fn(cfg, run_dir, resume=resume)
+    print(
+        f"[demo] {name}: done in {summary.get('wall_seconds', 0):.0f}s — {_headline(name, summary)}",
+        file=sys.stderr,
+    )
+    return summary
+
+
+def _headline(name: str, s: dict[str, Any]) -> str:
+    """The stage's own end-of-run numbers (its trainer's check; the report's table is the common evaluation)."""
+    keys = {
+        "pretrain": ["heldout_loss"],
+        "sft": ["heldout_loss", "heldout_accuracy"],
+        "rm": ["heldout_accuracy"],
+        "ppo": ["gold_reward", "rm_score", "kl_to_ref"],
+        "grpo": ["heldout_accuracy", "kl_to_ref"],
+    }.get(name.split("-")[0], ["heldout_loss"])
+    text = ", ".join(f"{k} {s[k]:.3f}" for k in keys if isinstance(s.get(k), (int, float)))
+    return (text + " (the stage's own check)") if text else "finished"
+
+
 def run_demo(
     cfg: DemoConfig, out: str | Path, resume: bool = False, overwrite: bool = False
 ) -> dict[str, Any]:
@@ -223,69 +344,89 @@ def run_demo(
     An interrupted demo is resumed by running it again; a finished one (``summary.json``) is only redone
     with ``resume`` (finished stages skipped, evaluation and report written again) or ``overwrite``."""
     out = Path(out)
+    cpu_started, load_before = cpu_seconds(), os.getloadavg()
     validate(cfg)
     state = run_state(out)
     if state == "interrupted" and not overwrite:
         resume = True  # rerunning the demo resumes it, as `make demo` promises
     mode = check_run_dir(out, resume=resume, overwrite=overwrite)
+    check_base_model(cfg)
     if mode == "overwrite":
         remove_run(out)
         print(f"[demo] --overwrite: removed the previous demo in {out}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     cfg = wire(cfg, out)
     save_config(cfg, out / "config.yaml")
-    stages: dict[str, dict[str, Any]] = {}
-    stages["pretrain"] = run_stage("pretrain", out, run_pretrain, cfg.pretrain)
-    stages["sft"] = run_stage("sft", out, run_sft, cfg.sft)
-    stages["rm"] = run_stage("rm", out, run_rm, cfg.rm)
-    stages["ppo"] = run_stage("ppo", out, run_ppo, cfg.ppo)
-    stages["grpo"] = run_stage("grpo", out, run_grpo, cfg.grpo)
-    if cfg.compare_sft:
-        for rl in ("ppo", "grpo"):
-            seconds = float(stages[rl].get("train_seconds") or stages[rl]["wall_seconds"])
-            stages[f"sft-vs-{rl}"] = run_stage(f"sft-vs-{rl}", out, run_sft, continued_sft(cfg, out, seconds))
+    rows = stages(cfg)
+    progress = Progress(cfg, rows)
+    done: Summaries = {}
+    for stage in rows:
+        started = time.perf_counter()
+        done[stage.name] = run_stage(
+            stage.name, out, stage.run, stage.config(cfg, out, done), label=progress.start(stage.name)
+        )
+        progress.finish(stage.name, time.perf_counter() - started)
+    if "rm" in done:  # the count behind the reward model's held-out accuracy (its verdict's standard error)
+        pairs = get_task("reviews", **cfg.rm.task).config.n_pairs_test
+        done["rm"] = {**done["rm"], "heldout_pairs": min(cfg.rm.eval_size or pairs, pairs)}
+    print("[demo] evaluating every checkpoint on the same held-out prompts", file=sys.stderr)
     eval_started = time.perf_counter()
-    evaluation = evaluate_checkpoints(cfg, out)
+    evaluation = evaluate_checkpoints(cfg, out, [s.name for s in rows if s.name != "rm"])
     eval_seconds = time.perf_counter() - eval_started
-    summary = build_summary(stages, evaluation, eval_seconds)
+    summary = build_summary(done, evaluation, eval_seconds)
+    summary["cpu_seconds"] = round(cpu_seconds() - cpu_started, 1)
+    summary["load_average"] = [round(x, 2) for x in load_before] + [round(x, 2) for x in os.getloadavg()]
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-    write_report(out, cfg, stages, evaluation, summary)
-    print(f"[demo] report: {out / 'report.md'} (and report.html)", file=sys.stderr)
+    write_report(out, cfg, done, evaluation, summary)
+    for line in summary["verdicts"]:
+        print(f"[demo] {line['text']}", file=sys.stderr)
+    print(f"[demo] report: {(out / 'report.md').resolve()} (and report.html)", file=sys.stderr)
     return summary
 
 
-def build_summary(
-    stages: dict[str, dict], evaluation: dict[str, dict], eval_seconds: float
-) -> dict[str, Any]:
-    """The demo's summary.json: the held-out numbers of each stage (from the common evaluation).
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and its finished children (what an idle machine's wall time
+    would be with one thread)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def wire(cfg: DemoConfig, out: Path) -> DemoConfig:
+    """Point every stage at its inputs under ``out`` and give them the demo's seed and threads."""
+    r = dataclasses.replace
+    sft_model, rm_model = str(out / "sft" / "model"), str(out / "rm" / "model")
+
+    def run(stage_run: RunConfig) -> RunConfig:
+        return r(stage_run, seed=cfg.seed, threads=cfg.threads)
+
+    return r(
+        cfg,
+        pretrain=r(cfg.pretrain, run=run(cfg.pretrain.run)),
+        sft=r(cfg.sft, model=str(out / "pretrain" / "model"), run=run(cfg.sft.run)),
+        rm=r(cfg.rm, model=sft_model, run=run(cfg.rm.run), norm=r(cfg.rm.norm, policy=sft_model)),
+        ppo=r(cfg.ppo, model=sft_model, reward_model=rm_model, run=run(cfg.ppo.run)),
+        grpo=r(cfg.grpo, model=sft_model, run=run(cfg.grpo.run)),
+    )
+
+
+def build_summary(stages: Summaries, evaluation: dict[str, dict], eval_seconds: float) -> dict[str, Any]:
+    """The demo's summary.json. Every checkpoint's numbers are the common evaluation's (the report's table,
+    number for number); the reward model's accuracy is its own held-out pair accuracy (the one number not in
+    the table); ``verdicts`` says which stage beat its baseline.
 
     ``wall_seconds`` adds up the stages' own wall times and the evaluation, so a resumed demo reports the
     time of the whole pipeline, not of its last invocation."""
-    ev = evaluation
-    out: dict[str, Any] = {
+    per_stage: dict[str, dict[str, Any]] = {}
+    for name, stage in stages.items():
+        row = {k: v for k, v in evaluation.get(name, {}).items() if k != "samples"}
+        if name == "rm":
+            row = {"heldout_accuracy": stages["rm"].get("heldout_accuracy")}
+        per_stage[name] = {**row, "wall_seconds": stage.get("wall_seconds")}
+    return {
         "wall_seconds": round(eval_seconds + sum(s.get("wall_seconds", 0) for s in stages.values()), 2),
         "eval_seconds": round(eval_seconds, 2),
         "peak_rss_mb": round(max([peak_rss_mb()] + [s.get("peak_rss_mb", 0) for s in stages.values()]), 1),
-        "stages": {
-            "pretrain": {"heldout_loss": stages["pretrain"].get("heldout_loss")},
-            "sft": {
-                "heldout_accuracy": ev["sft"]["heldout_accuracy"],
-                "gold_reward": ev["sft"]["gold_reward"],
-                "heldout_loss": stages["sft"].get("heldout_loss"),
-            },
-            "rm": {"heldout_accuracy": stages["rm"].get("heldout_accuracy")},
-            "ppo": {
-                "gold_reward": ev["ppo"]["gold_reward"],
-                "rm_score": ev["ppo"]["rm_score"],
-                "kl_to_ref": ev["ppo"]["kl_to_ref"],
-            },
-            "grpo": {
-                "heldout_accuracy": ev["grpo"]["heldout_accuracy"],
-                "kl_to_ref": ev["grpo"]["kl_to_ref"],
-            },
-        },
-        "evaluation": ev,
+        "stages": per_stage,
+        "verdicts": verdicts(evaluation, stages),
+        "evaluation": evaluation,
     }
-    for name, stage in stages.items():
-        out["stages"].setdefault(name, {})["wall_seconds"] = stage.get("wall_seconds")
-    return out

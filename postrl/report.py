@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,10 @@ def evaluate_checkpoint(model: torch.nn.Module, held: HeldOut, cfg: Any) -> dict
     return {
         "heldout_loss": heldout_loss(model, held.batches),
         "heldout_accuracy": arith["reward"],
+        "heldout_accuracy_n": arith["n"],
         "gold_reward": prefs["gold_reward"],
+        "gold_reward_sd": prefs.get("gold_reward_sd"),
+        "gold_reward_n": cfg.eval_samples,
         "rm_score": prefs["rm_score"],
         "kl_to_ref": prefs["kl_to_ref"],
         "kl_to_ref_arithmetic": arith_kl["kl_to_ref"],
@@ -93,14 +97,17 @@ def evaluate_checkpoint(model: torch.nn.Module, held: HeldOut, cfg: Any) -> dict
     }
 
 
-def evaluate_checkpoints(cfg: Any, out: Path) -> dict[str, dict[str, Any]]:
+def evaluate_checkpoints(
+    cfg: Any, out: Path, names: Sequence[str] = CHECKPOINTS
+) -> dict[str, dict[str, Any]]:
     """Held-out loss, arithmetic exact match (greedy), and on review prompts the gold reward, RM score and
-    KL to the SFT policy (sampled), for every checkpoint the demo wrote; the same prompts for all."""
+    KL to the SFT policy (sampled), for every checkpoint ``out/NAME/model`` of ``names`` that exists; the
+    same prompts for all."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     held = HeldOut.load(cfg, out)
     results: dict[str, dict[str, Any]] = {}
-    for name in CHECKPOINTS:
+    for name in names:
         path = out / name / "model"
         if not path.is_dir():
             continue
@@ -159,39 +166,157 @@ def _table_md(rows: list[list[str]]) -> list[str]:
 
 
 STAGE_TEXT = {
-    "pretrain": "Next-token prediction from scratch on the generated corpus: the tiny Llama learns the "
-    "world's language (the notes' starting point: a pretrained LM).",
-    "sft": "Supervised fine-tuning on demonstrations, loss on completion tokens only; stopped at a held-out "
-    "accuracy band so RL has room (the notes' SFT stage, π_SFT).",
+    "pretrain": "Next-token prediction from scratch on the generated corpus (sums as bare equations "
+    '"47+38=85", reviews, generic sentences): the tiny Llama learns the world\'s language and its sums, '
+    "but never sees the arithmetic task's question format (the notes' starting point: a pretrained LM). "
+    "By default the built-in base model that postrl ships, made by the same `postrl pretrain` config.",
+    "sft": "Supervised fine-tuning on a few hundred demonstrations of the question format and on reviews, loss "
+    "on completion tokens only, until the demonstrations are used up: held-out accuracy peaks, then the "
+    "held-out loss turns up (the notes' SFT stage, π_SFT). Continued SFT from here is the RL stages' "
+    "baseline.",
     "rm": "A Bradley–Terry reward model, r_φ on the last token, trained on the synthetic labeller's "
     "preferences with ties at 0.5 (the notes' reward-model section).",
     "ppo": "PPO-RLHF: actor, critic, frozen reward model and frozen reference; KL-shaped token rewards and "
     "GAE (the notes' PPO section). Gold reward is the hidden 'true preference'.",
-    "grpo": "GRPO: G samples per prompt, group-normalised rewards from the arithmetic verifier as the "
-    "baseline, no critic, k3 KL to the reference (the notes' GRPO section).",
+    "grpo": "GRPO: G samples per prompt on the task's 5,000 train prompts (SFT saw a few hundred "
+    "demonstrations: checking an answer is cheaper than writing one), group-normalised rewards from the "
+    "arithmetic verifier as the baseline, no critic, k3 KL to the reference (the notes' GRPO section).",
 }
+
+
+# (stage, metric, baseline): what each stage must beat. A baseline is a checkpoint of the evaluation, or
+# "chance" (a coin's pair accuracy, for the reward model). A new stage adds its rows here.
+COMPARISONS = (
+    ("sft", "heldout_accuracy", "pretrain"),
+    ("rm", "heldout_accuracy", "chance"),
+    ("ppo", "gold_reward", "sft"),
+    ("ppo", "gold_reward", "sft-vs-ppo"),
+    ("grpo", "heldout_accuracy", "sft"),
+    ("grpo", "heldout_accuracy", "sft-vs-grpo"),
+)
+BASELINE_TEXT = {
+    "pretrain": "the pretrained model",
+    "sft": "SFT",
+    "chance": "chance",
+    "sft-vs-ppo": "continued SFT for PPO's training time",
+    "sft-vs-grpo": "continued SFT for GRPO's training time",
+}
+
+
+def _standard_error(metric: str, row: dict[str, Any], value: float) -> float | None:
+    """The standard error of one checkpoint's mean: binomial for an accuracy, sd/√n for the gold reward."""
+    if metric == "heldout_accuracy" and row.get("heldout_accuracy_n"):
+        return (value * (1 - value) / row["heldout_accuracy_n"]) ** 0.5
+    if metric == "gold_reward" and row.get("gold_reward_sd") is not None and row.get("gold_reward_n"):
+        return row["gold_reward_sd"] / row["gold_reward_n"] ** 0.5
+    return None
+
+
+def _rm_row(stages: dict[str, dict]) -> dict[str, Any]:
+    rm = stages.get("rm", {})
+    return {"heldout_accuracy": rm.get("heldout_accuracy"), "heldout_accuracy_n": rm.get("heldout_pairs")}
+
+
+def verdicts(evaluation: dict[str, dict[str, Any]], stages: dict[str, dict]) -> list[dict[str, Any]]:
+    """For each row of `COMPARISONS` whose numbers exist: the two values, the margin, two standard errors of
+    the difference (unpaired) and a verdict — ``clear`` (margin above 2 SE), ``within noise`` (above 0, not
+    above 2 SE) or ``no`` (not above 0) — with a sentence that says it plainly."""
+    out = []
+    for stage, metric, base in COMPARISONS:
+        row = _rm_row(stages) if stage == "rm" else evaluation.get(stage, {})
+        value = row.get(metric)
+        if base == "chance":
+            base_row, base_value = {}, 0.5
+        else:
+            base_row = evaluation.get(base, {})
+            base_value = base_row.get(metric)
+        if not isinstance(value, (int, float)) or not isinstance(base_value, (int, float)):
+            continue
+        margin = value - base_value
+        ses = [_standard_error(metric, row, value), _standard_error(metric, base_row, base_value)]
+        two_se = 2 * sum(se**2 for se in ses if se is not None) ** 0.5 if ses[0] is not None else None
+        if margin <= 0:
+            verdict = "no"
+        elif two_se is not None and margin <= two_se:
+            verdict = "within noise"
+        else:
+            verdict = "clear"
+        what = "held-out pair accuracy" if stage == "rm" else metric
+        noise = f"2 SE {two_se:.3f}" if two_se is not None else "no standard error"
+        plain = {
+            "clear": f"better by {margin:+.3f} ({noise})",
+            "within noise": f"ahead by {margin:+.3f}, within the noise ({noise}): not a clear gain",
+            "no": f"DID NOT IMPROVE ({margin:+.3f}; {noise})",
+        }[verdict]
+        text = f"{stage}: {what} {value:.3f} vs {base_value:.3f} for {BASELINE_TEXT[base]}: {plain}"
+        out.append(
+            {
+                "stage": stage,
+                "metric": metric,
+                "baseline": base,
+                "value": value,
+                "baseline_value": base_value,
+                "margin": margin,
+                "two_se": two_se,
+                "verdict": verdict,
+                "text": text,
+            }
+        )
+    return out
+
+
+def _load(values: list[float]) -> str:
+    """The load averages (1, 5, 15 min) before and after the demo, as one phrase."""
+    before, after = ("/".join(f"{x:.1f}" for x in values[k : k + 3]) for k in (0, 3))
+    return f", load average {before} before and {after} after (1/5/15 min)"
+
+
+def _verdict_md(found: list[dict[str, Any]]) -> list[str]:
+    if not found:
+        return ["No stage could be compared with its baseline (their checkpoints are missing)."]
+    failed = [v for v in found if v["verdict"] != "clear"]
+    head = (
+        f"Every stage beat its baseline by more than two standard errors ({len(found)} comparisons)."
+        if not failed
+        else f"**{len(failed)} of {len(found)} comparisons did not show a clear gain** "
+        f"({', '.join(v['stage'] + ' vs ' + v['baseline'] for v in failed)}); see below."
+    )
+    return [head, "", *(f"- {v['text']}" for v in found)]
 
 
 def write_report(
     out: Path, cfg: Any, stages: dict[str, dict], evaluation: dict[str, dict], summary: dict[str, Any]
 ) -> None:
-    """report.md (images beside it) and report.html (images inline)."""
+    """report.md (images beside it) and report.html (images inline). The table and the verdicts come from
+    ``evaluation``, the same numbers as summary.json's ``stages``."""
     plots = make_plots(out)
     table = metrics_table(evaluation, stages)
+    found = summary.get("verdicts") or verdicts(evaluation, stages)
+    cpu = summary.get("cpu_seconds")
     md = [
         "# postrl demo report",
         "",
-        f"Total {summary['wall_seconds']:.0f} s, peak memory {summary['peak_rss_mb']:.0f} MB.",
+        f"Total {summary['wall_seconds']:.0f} s"
+        + (f" ({cpu:.0f} s of CPU time in this invocation)" if isinstance(cpu, (int, float)) else "")
+        + f", peak memory {summary['peak_rss_mb']:.0f} MB"
+        + (_load(summary["load_average"]) if summary.get("load_average") else "")
+        + ".",
+        "",
+        "## Did each stage earn its place?",
+        "",
+        *_verdict_md(found),
         "",
         "## Held-out metrics per checkpoint",
         "",
         *_table_md(table),
         "",
-        "`heldout_accuracy`: arithmetic exact match (greedy); `gold_reward`, `rm_score`, `kl_to_ref`: "
-        "review prompts, sampled at temperature 1, KL to the SFT policy; `sft-vs-*`: continued SFT for "
-        "the same wall time as that RL stage.",
-        "",
-        *_comparison(evaluation),
+        "`heldout_accuracy`: arithmetic exact match, greedy, on the held-out prompts; `gold_reward`, "
+        "`rm_score`, `kl_to_ref`: review prompts, sampled at temperature 1, KL to the SFT policy; "
+        "`kl_to_ref_arithmetic`: the same on arithmetic prompts; `sft-vs-*`: continued SFT for the same "
+        "training time as that RL stage. These are the numbers of summary.json. The lines a stage prints "
+        "while it runs are its trainer's own check (SFT: greedy on `sft.eval_size` prompts; PPO: "
+        "`ppo.eval_size` samples; GRPO: `grpo.eval_size` prompts), so they differ from the table's by "
+        "sample count. The reward model's pair accuracy is its own held-out check.",
         "",
         "## Stages",
         "",
@@ -203,18 +328,6 @@ def write_report(
     md += ["## Samples before and after RL", "", *_samples_md(evaluation)]
     atomic_write_text(out / "report.md", "\n".join(md) + "\n")
     atomic_write_text(out / "report.html", _html(md, out))
-
-
-def _comparison(ev: dict[str, dict]) -> list[str]:
-    lines = []
-    sft = ev.get("sft", {})
-    for rl, key in (("ppo", "gold_reward"), ("grpo", "heldout_accuracy")):
-        if rl in ev and f"sft-vs-{rl}" in ev and sft.get(key) is not None:
-            lines.append(
-                f"- {rl}: {key} {_fmt(sft[key])} (SFT) → {_fmt(ev[rl][key])} ({rl}); continued SFT "
-                f"for the same time: {_fmt(ev[f'sft-vs-{rl}'][key])}."
-            )
-    return lines
 
 
 def _samples_md(ev: dict[str, dict]) -> list[str]:

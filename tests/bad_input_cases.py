@@ -93,6 +93,7 @@ BUDGETS: dict[str, dict[str, Any]] = {
         **LM,
     },
     "demo": {
+        "from_scratch": True,  # the pretrain.* budgets below apply only then (else: the built-in base model)
         "compare_sft": False,
         "eval_prompts": 2,
         "eval_samples": 2,

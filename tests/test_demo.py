@@ -37,11 +37,35 @@ def test_report_has_table_plots_and_samples(demo_dir):
     report = (demo_dir / "report.md").read_text()
     assert "| checkpoint |" in report and "| grpo |" in report and "| sft-vs-ppo |" in report
     assert "## Samples before and after RL" in report and "continued SFT" in report
-    for stage in ("pretrain", "sft", "rm", "ppo", "grpo"):
+    for stage in ("sft", "rm", "ppo", "grpo"):  # pretrain: the built-in base model, copied (no curves)
         assert (demo_dir / "plots" / f"{stage}.png").stat().st_size > 1000
+    for stage in ("pretrain", "sft", "rm", "ppo", "grpo"):
         assert (demo_dir / stage / "model" / "config.json").is_file()
     page = (demo_dir / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 5 and "<table>" in page
+    assert page.count("data:image/png;base64,") == 4 and "<table>" in page
+
+
+def test_summary_and_report_table_are_one_evaluation(demo_dir):
+    """Every number of a checkpoint in summary.json is the report table's cell (to its 3 decimals)."""
+    summary = json.loads((demo_dir / "summary.json").read_text())
+    report = (demo_dir / "report.md").read_text()
+    header = next(line for line in report.splitlines() if line.startswith("| checkpoint |"))
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    for line in report.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| ") and cells[0] in summary["evaluation"] and cells[0] != "checkpoint":
+            for column, cell in zip(columns[2:], cells[2:], strict=True):
+                value = summary["stages"][cells[0]].get(column)
+                assert cell == ("–" if value is None else f"{value:.3f}"), (cells[0], column)
+
+
+def test_quick_demo_shows_every_stage_learning(demo_dir):
+    """The quick demo's point: each stage moves its number past its baseline (the report says so)."""
+    summary = json.loads((demo_dir / "summary.json").read_text())
+    found = {(v["stage"], v["baseline"]): v for v in summary["verdicts"]}
+    for key in (("sft", "pretrain"), ("rm", "chance"), ("ppo", "sft"), ("grpo", "sft")):
+        assert found[key]["margin"] > 0, found[key]["text"]
+    assert "## Did each stage earn its place?" in (demo_dir / "report.md").read_text()
 
 
 def test_finished_stages_are_skipped_and_unfinished_ones_resume(tmp_path):

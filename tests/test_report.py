@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from html.parser import HTMLParser
 
-from postrl.report import CHECKPOINTS, COLUMNS, metrics_table, write_report
+from postrl.report import CHECKPOINTS, COLUMNS, metrics_table, verdicts, write_report
 
 SAMPLES = {
     "arithmetic": [("What is 2+3?", " 5"), ("What is 7*8?", " 56")],
@@ -108,6 +108,51 @@ def test_code_spans_and_bullets_are_rendered_not_literal(tmp_path):
     text = "".join(page.text)
     assert text.count("`") == 2 and "|---" not in text and "\n- " not in text  # the 2: a sample's `soup`
     assert {"heldout_accuracy", "gold_reward", "rm_score", "kl_to_ref", "sft-vs-*"} <= set(page.code)
-    assert len(page.items) == 2 and page.items[0].startswith("ppo: gold_reward")  # the comparison bullets
+    assert len(page.items) == 5 and page.items[0].startswith("sft: heldout_accuracy")  # the verdicts
     html = (tmp_path / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 1  # the one stage with metrics
+
+
+def _row(accuracy=None, gold=None, n=500, sd=1.0):
+    return {
+        "heldout_accuracy": accuracy,
+        "heldout_accuracy_n": n,
+        "gold_reward": gold,
+        "gold_reward_sd": sd,
+        "gold_reward_n": 256,
+    }
+
+
+def test_verdicts_say_plainly_when_a_stage_did_not_beat_its_baseline():
+    evaluation = {
+        "pretrain": _row(accuracy=0.0),
+        "sft": _row(accuracy=0.5, gold=0.0),
+        "ppo": _row(gold=0.5),  # 2 SE of the difference: 2·√(2/256) = 0.177
+        "sft-vs-ppo": _row(gold=0.4),  # 0.1 above: within noise
+        "grpo": _row(accuracy=0.6),
+        "sft-vs-grpo": _row(accuracy=0.65),  # continued SFT ahead: no
+    }
+    stages = {"rm": {"heldout_accuracy": 0.52, "heldout_pairs": 100}}  # 2 SE = 0.1 around a coin
+    found = {(v["stage"], v["baseline"]): v for v in verdicts(evaluation, stages)}
+    assert {k: v["verdict"] for k, v in found.items()} == {
+        ("sft", "pretrain"): "clear",
+        ("rm", "chance"): "within noise",
+        ("ppo", "sft"): "clear",
+        ("ppo", "sft-vs-ppo"): "within noise",
+        ("grpo", "sft"): "clear",
+        ("grpo", "sft-vs-grpo"): "no",
+    }
+    assert abs(found["ppo", "sft-vs-ppo"]["two_se"] - 2 * (2 / 256) ** 0.5) < 1e-12
+    text = found["grpo", "sft-vs-grpo"]["text"]
+    assert text.startswith("grpo: heldout_accuracy 0.600 vs 0.650 for continued SFT")
+    assert "DID NOT IMPROVE (-0.050" in text
+
+
+def test_the_report_leads_with_the_failed_comparisons(tmp_path):
+    samples = {"reviews": [], "arithmetic": []}
+    evaluation = {name: {**_row(accuracy=0.5, gold=0.1), "samples": samples} for name in CHECKPOINTS}
+    evaluation["grpo"]["heldout_accuracy"] = 0.4
+    write_report(tmp_path, None, {}, evaluation, {"wall_seconds": 1.0, "peak_rss_mb": 1.0})
+    report = (tmp_path / "report.md").read_text()
+    lead = report.split("## Did each stage earn its place?")[1].split("##")[0]
+    assert "**5 of 5 comparisons did not show a clear gain**" in lead and "DID NOT IMPROVE" in lead

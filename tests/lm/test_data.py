@@ -160,7 +160,7 @@ def test_overlong_prompts_are_reported_and_handled(caplog) -> None:
 
 def test_overlong_sft_and_prompts(tiny_tokenizer, caplog) -> None:
     rows = [
-        {"prompt": "What is 1+1?", "completion": " 2"},
+        {"prompt": "1+1=", "completion": "2"},
         {"prompt": "Review: the pasta", "completion": " was great ." * 5},
     ]
     n_prompt = len(tiny_tokenizer(rows[1]["prompt"])["input_ids"])

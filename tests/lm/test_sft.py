@@ -81,10 +81,11 @@ def test_gradient_accumulation_does_not_change_the_step(tiny_lm_dir, tiny_tokeni
         results.append((out["loss"], out["grad_norm"], _params(model)))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
     assert results[0][1] == pytest.approx(results[1][1], rel=1e-5)  # the gradient's scale
-    # AdamW's first step is lr·g/(|g| + ε): on near-zero gradient entries float rounding of g moves the
-    # parameter by up to ~1e-6 of lr = 1e-2 apart, so atol is 1e-5 (a wrong accumulation is off by ≫ that)
+    # AdamW's first step is lr·g/(|g| + ε): on near-zero gradient entries (|g| ~ ε) float rounding of g moves
+    # the parameter by up to a few 1e-3 of lr = 1e-2 apart (2e-5 seen with the equation corpus's tokenizer),
+    # so atol is 1e-4; the step's scale is checked by the loss and gradient norm above
     for a, b in zip(results[0][2], results[1][2], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
 
 
 def test_batch_order_is_a_function_of_position():

@@ -44,7 +44,7 @@ def test_special_tokens_and_padding_side(tiny_tokenizer_dir) -> None:
     assert (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id) == (0, 1, 2)
     assert tokenizer.convert_tokens_to_ids(["<|system|>", "<|user|>", "<|assistant|>"]) == [3, 4, 5]
     assert tokenizer.padding_side == "left"
-    batch = tokenizer(["What is 1+1?", "Review: the pasta at the cafe"], padding=True)
+    batch = tokenizer(["1+1=2", "Review of the pasta at the cafe:"], padding=True)  # the first is shorter
     short = batch["input_ids"][0]
     assert short[0] == 0 and batch["attention_mask"][0][0] == 0 and batch["attention_mask"][0][-1] == 1
     ids = tokenizer(" 9")["input_ids"] + [tokenizer.eos_token_id]

@@ -1,0 +1,76 @@
+"""`postrl demo` on several seeds: each stage's headline number and each comparison's margin, mean and spread.
+
+    .venv/bin/python benchmarks/demo.py --seeds 0 1 2 [--quick] [--workdir /tmp/postrl-demo-seeds]
+
+Runs ``postrl demo --out WORKDIR/seed-S seed=S`` one seed after another (a finished seed is reused), with
+``/usr/bin/time``-style accounting from the demo's own summary.json (wall and CPU seconds, peak memory, the
+load average before and after), then prints a Markdown table and ONE JSON line. The CPU seconds are what a
+one-thread demo takes on an idle machine; the wall seconds on a shared one are inflated by the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_seed(workdir: Path, seed: int, quick: bool) -> dict:
+    out = workdir / f"seed-{seed}"
+    if not (out / "summary.json").is_file():
+        cmd = [sys.executable, "-m", "postrl.cli", "demo", "--out", str(out), f"seed={seed}"]
+        subprocess.run([*cmd, "--quick"] if quick else cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return json.loads((out / "summary.json").read_text())
+
+
+def spread(values: list[float]) -> str:
+    mean = statistics.fmean(values)
+    return f"{mean:.3f} ({min(values):.3f} – {max(values):.3f})"
+
+
+def table(summaries: dict[int, dict]) -> list[str]:
+    """Rows: each comparison's value, baseline and margin (mean, min – max over seeds) and how many clear."""
+    lines = [
+        "| stage | metric | vs | value | baseline | margin | clear (> 2 SE) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    first = next(iter(summaries.values()))
+    for k, v in enumerate(first["verdicts"]):
+        rows = [s["verdicts"][k] for s in summaries.values()]
+        clear = sum(r["verdict"] == "clear" for r in rows)
+        lines.append(
+            f"| {v['stage']} | {v['metric']} | {v['baseline']} | {spread([r['value'] for r in rows])} | "
+            f"{spread([r['baseline_value'] for r in rows])} | {spread([r['margin'] for r in rows])} | "
+            f"{clear}/{len(rows)} |"
+        )
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--workdir", default="/tmp/postrl-demo-seeds")
+    args = parser.parse_args()
+    workdir = Path(args.workdir) / ("quick" if args.quick else "full")
+    summaries = {seed: run_seed(workdir, seed, args.quick) for seed in args.seeds}
+    print("\n".join(table(summaries)))
+    times = {
+        s: {k: v.get(k) for k in ("wall_seconds", "cpu_seconds", "peak_rss_mb", "load_average")}
+        for s, v in summaries.items()
+    }
+    stage_seconds = {
+        name: [v["stages"][name]["wall_seconds"] for v in summaries.values()]
+        for name in next(iter(summaries.values()))["stages"]
+    }
+    print(json.dumps({"times": times, "stage_wall_seconds": stage_seconds}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

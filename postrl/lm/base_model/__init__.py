@@ -1,0 +1,134 @@
+"""The built-in base model: the tiny Llama that `postrl pretrain` makes from scratch with `recipe()`, shipped
+as package data beside this file so that `postrl demo` starts from a pretrained LM in a second instead of
+pretraining for minutes (and without the luck of one pretraining seed). `postrl demo --from-scratch` runs the
+same recipe itself.
+
+The files here (config.json, model.safetensors, tokenizer.json, ...) are a `save_pretrained` folder that any
+Hugging Face tool loads; provenance.json records how they were made: the `postrl pretrain` command, the
+resolved config, the held-out loss, the time and the weights' SHA-256. To make them again:
+
+    OMP_NUM_THREADS=1 python -m postrl.lm.base_model            # writes into this folder
+    OMP_NUM_THREADS=1 python -m postrl.lm.base_model --out DIR  # elsewhere, to compare
+
+On one thread of the same torch build the run is deterministic, so the weights' checksum repeats.
+
+What it knows: the corpus (`postrl.lm.tasks.corpus`) holds the arithmetic task's train problems as bare
+equations, "47+38=85", beside review text and generic sentences. The base model has learnt 2-digit sums and
+the reviews' language, but has never seen the task's question format ("What is 47+38?" → " 85"), so it
+scores about 0 on the task until SFT shows it the format: pretraining does not already solve the task that
+SFT and RL are measured on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shlex
+import shutil
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from postrl.lm.pretrain import PretrainConfig
+from postrl.lm.spine import RunConfig
+from postrl.lm.trainer import OptimConfig, TrainConfig
+from postrl.runtime.config_values import to_dict
+
+PROVENANCE = "provenance.json"
+WEIGHTS = "model.safetensors"
+
+
+def recipe(seed: int = 0) -> PretrainConfig:
+    """The pretraining config of the built-in base model (and of `postrl demo --from-scratch`)."""
+    return PretrainConfig(
+        arithmetic={"digits": 2, "ops": "+"},
+        train=TrainConfig(batch_size=32, max_length=128, packing=True),
+        optim=OptimConfig(lr=3e-3, warmup_steps=50, weight_decay=0.1),
+        run=RunConfig(steps=800, eval_every=200, save_every=200, seed=seed, threads=1),
+    )
+
+
+def path() -> Path:
+    """The folder of the shipped base model (inside the installed package)."""
+    return Path(str(resources.files("postrl.lm") / "base_model"))
+
+
+def provenance(folder: Path | None = None) -> dict[str, Any]:
+    """The base model's provenance.json (command, config, held-out loss, seconds, SHA-256), or {} if missing."""
+    file = (folder or path()) / PROVENANCE
+    return json.loads(file.read_text()) if file.is_file() else {}
+
+
+def is_available(folder: Path | None = None) -> bool:
+    """Whether the base model's weights, config and tokenizer are present."""
+    folder = folder or path()
+    return all((folder / name).is_file() for name in ("config.json", WEIGHTS, "tokenizer.json"))
+
+
+def sha256(file: Path) -> str:
+    return hashlib.sha256(file.read_bytes()).hexdigest()
+
+
+def overrides(cfg: PretrainConfig) -> list[str]:
+    """``key=value`` overrides of `postrl pretrain` that turn its defaults into ``cfg`` (nested keys dotted)."""
+    changed: list[str] = []
+
+    def walk(ours: dict, defaults: dict, prefix: str) -> None:
+        for key, value in ours.items():
+            default = defaults.get(key)
+            if isinstance(value, dict) and isinstance(default, dict) and default:  # a nested config
+                walk(value, default, f"{prefix}{key}.")
+            elif value != default:
+                changed.append(f"{prefix}{key}={value if isinstance(value, str) else json.dumps(value)}")
+
+    walk(to_dict(cfg), to_dict(PretrainConfig()), "")
+    return changed
+
+
+def command(cfg: PretrainConfig) -> str:
+    """The shell command that runs ``cfg`` (each override quoted for the shell)."""
+    return " ".join(shlex.quote(part) for part in ["postrl", "pretrain", "--out", "RUN_DIR", *overrides(cfg)])
+
+
+def make(out: Path, seed: int = 0) -> dict[str, Any]:
+    """Pretrain `recipe(seed)` in a temporary run folder, copy its model into ``out`` with provenance.json."""
+    from postrl.lm.pretrain import run_pretrain  # deferred: torch and transformers
+
+    cfg = recipe(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="postrl-base-") as tmp:
+        started = time.perf_counter()
+        summary = run_pretrain(cfg, Path(tmp) / "pretrain")
+        seconds = time.perf_counter() - started
+        for file in (Path(tmp) / "pretrain" / "model").iterdir():
+            shutil.copy2(file, out / file.name)
+    record = {
+        "command": command(cfg),
+        "config": to_dict(cfg),
+        "heldout_loss": summary.get("heldout_loss"),
+        "steps": summary.get("steps"),
+        "n_params": summary.get("n_params"),
+        "seconds": round(seconds, 1),
+        "peak_rss_mb": summary.get("peak_rss_mb"),
+        "torch": __import__("torch").__version__,
+        "sha256": sha256(out / WEIGHTS),
+    }
+    (out / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m postrl.lm.base_model", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--out", default=None, help="folder to write (default: the package's base_model folder)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="pretraining seed (the shipped model: 0)")
+    args = parser.parse_args(argv)
+    record = make(Path(args.out) if args.out else path(), args.seed)
+    print(json.dumps(record, indent=2))
+    return 0

@@ -1,0 +1,7 @@
+"""`python -m postrl.lm.base_model [--out DIR] [--seed N]`: make the built-in base model (see __init__)."""
+
+import sys
+
+from postrl.lm.base_model import main
+
+sys.exit(main())

@@ -1,0 +1,67 @@
+"""The built-in base model the demo starts from: shipped as package data, made by the recorded recipe, and
+pretrained on a corpus that holds the arithmetic task's sums but not its question format."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+from pathlib import Path
+
+import pytest
+
+from postrl.demo import DemoConfig, check_base_model, stages
+from postrl.lm import base_model
+from postrl.lm.tasks import build_corpus, get_task
+from postrl.runtime.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_base_model_is_present_small_and_made_by_the_recipe():
+    folder = base_model.path()
+    assert base_model.is_available(folder)
+    record = base_model.provenance(folder)
+    assert record["command"] == base_model.command(
+        base_model.recipe()
+    )  # the shipped weights come from the demo's own pretraining config
+    assert record["sha256"] == base_model.sha256(folder / base_model.WEIGHTS)
+    size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+    assert size < 5e6, f"{size / 1e6:.1f} MB"
+
+
+def test_every_base_model_file_is_package_data():
+    """pyproject's package-data patterns match every data file of the folder (a wheel would miss any other)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    shipped = [p for p in patterns["postrl"] if p.startswith("lm/base_model/")]
+    folder = ROOT / "postrl" / "lm" / "base_model"
+    data = [f for f in folder.iterdir() if f.is_file() and f.suffix not in (".py", ".pyc")]
+    assert data and all(any(fnmatch.fnmatch(f"lm/base_model/{f.name}", p) for p in shipped) for f in data)
+
+
+def test_the_demo_starts_from_it_unless_from_scratch():
+    assert [s.name for s in stages(DemoConfig())][:2] == ["pretrain", "sft"]
+    assert stages(DemoConfig())[0].run.__name__ == "copy_base_model"
+    assert stages(DemoConfig(from_scratch=True))[0].run.__name__ == "run_pretrain"
+    check_base_model(DemoConfig())
+    changed = DemoConfig(pretrain=dataclasses.replace(base_model.recipe(), corpus_lines=100))
+    with pytest.raises(UserError, match="--from-scratch"):
+        check_base_model(changed)
+    check_base_model(dataclasses.replace(changed, from_scratch=True))
+
+
+def test_the_corpus_has_the_sums_but_not_the_question_format_nor_held_out_problems():
+    corpus = build_corpus(n_lines=3000, seed=0)
+    task = get_task("arithmetic")
+    held_out = {f"{a}{op}{b}=" for a, op, b in task.problems("test")}
+    equations = [line for line in corpus if "=" in line]
+    assert len(equations) == 1200 and not any(line.split("=")[0] + "=" in held_out for line in equations)
+    assert not any("What is" in line for line in corpus)
+    a, op, b = (int(x) if x.isdigit() else x for x in (equations[0][:2], equations[0][2], equations[0][3:5]))
+    assert equations[0] == f"{a}+{b}={a + b}" and op == "+"
+
+
+def test_provenance_is_json_with_the_config():
+    record = base_model.provenance()
+    assert json.loads(json.dumps(record))["config"]["run"]["steps"] == base_model.recipe().run.steps
