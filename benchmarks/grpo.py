@@ -30,6 +30,34 @@ answer. postrl loads the GPT-2 through its Hugging Face fallback path. TRL runs 
     python3 -m venv .peers-trl && .peers-trl/bin/pip install torch==2.13.0 transformers trl datasets accelerate
     .venv/bin/python benchmarks/grpo.py --part trl --trl-python .peers-trl/bin/python --steps 200
 
+Part ``family`` (issue 25): RLOO and DAPO beside TRL on the same task and warm start, β = 0 in both (TRL's
+GRPOTrainer default; RLOOTrainer's 0.05 puts the KL in the reward, postrl in the loss, so only β = 0 is the
+same algorithm). First the identical-batch check: TRL samples and scores one batch (2 prompts x 8), shifts its
+old log-probs by 0.2·N(0, 1) per token so that ratios leave 1 and clipping acts (ε 0.2, ε_high 0.28), and
+takes its own ``compute_loss`` and gradient; postrl computes its advantages from the same rewards and the
+trainer's loss (`grpo_batch_loss`) of the same tokens and old log-probs. Then ``--steps`` of each contender x
+``--repeats`` seeds, interleaved: postrl RLOO (``grpo.advantage=rloo grpo.importance_level=sequence_sum``: the
+response's likelihood ratio, as ``RLOOTrainer``) vs ``RLOOTrainer``; postrl's DAPO preset (token loss, ε_high
+0.28, dynamic sampling, overlong buffer 4 of 16) and postrl at GRPOTrainer's exact settings (``dapo_trl``:
+token loss, ε_high = ε) vs ``GRPOTrainer`` with its default ``loss_type="dapo"``.
+
+    .venv/bin/python benchmarks/grpo.py --part family --steps 60 --eval-every 60 --repeats 3
+
+Measured 2026-12-03 at a load average of 9-16 (every helper's jobs; wall-clock medians are ~10x the idle
+machine's, so only the side-by-side ratios mean something): identical batch, RLOO: loss 0.02912172 in both
+(|diff| 0), advantages equal, gradient max |diff| 4.2e-7 (max |grad| 0.93), 31% of responses clipped; DAPO:
+loss 0.01425120 vs 0.01425118 (|diff| 1.9e-8), advantages 2.4e-7, gradient 2.1e-7 (max 0.28), 16% of tokens
+clipped. 60 steps x 3 seeds: RLOO 0.353 s/step vs RLOOTrainer 1.012 (2.87x; TRL's RLOO re-scores old log-probs
+every step, GRPOTrainer skips that at μ = 1, as postrl does), peak RSS 424 vs 498 MB; DAPO preset 0.307 vs
+GRPOTrainer 0.559 (1.82x), 425 vs 498 MB; at GRPOTrainer's exact settings 0.345 (1.62x). Held-out greedy
+accuracy at step 60 (from 0.57; per-seed sd ~0.1): RLOO 0.387 vs 0.453, DAPO preset 0.357 and dapo_trl 0.347
+vs 0.470 — postrl lower in this small sample (as in the issue's one seed at β = 0) although the loss and
+gradient of one batch agree to 2e-7; not resolved here (ratios are 1 at μ = 1 to 2e-7, no clipping).
+Where postrl's step goes at β = 0 on this task (CPU time per step, 60 steps, in-process): 27.1 ms = sampling
+and decoding 9.1, rewards 0.7, the rest of collect 1.0, training forward 5.8, backward 7.3, gradient clipping
+0.8, AdamW and bookkeeping 2.2; old-log-prob scoring is skipped at μ = 1 (the sampling log-probs are π_old:
+time_score 0.04 ms). No single phase left to drop: TRL does the same generation, forward and backward.
+
 Timings on a shared 2-core machine are noisy (another busy process slows a run many times over): the runs
 record the load average, and the parts alternate the two contenders where they can. Use 1 torch thread there:
 with 2 threads on a machine whose cores are busy, a forward pass was measured 30x slower than with 1.
@@ -247,7 +275,10 @@ def _trl_task(work: Path, args: argparse.Namespace) -> tuple[Path, Path, Path]:
     return work / "sft" / "model", train, heldout
 
 
-def _postrl_on_trl_task(model: Path, train: Path, heldout: Path, out: Path, args: argparse.Namespace) -> dict:
+def _postrl_on_trl_task(
+    model: Path, train: Path, heldout: Path, out: Path, args: argparse.Namespace, extra: tuple[str, ...] = ()
+) -> dict:
+    """`postrl grpo` on TRL's task at the settings above; ``extra`` key=value pairs come last (they win)."""
     spec = f"{THIS}:trl"
     summary = _postrl(
         "grpo", "--model", str(model), "--data", str(train), "--out", str(out), "--overwrite", "max_prompt_length=32",
@@ -258,7 +289,7 @@ def _postrl_on_trl_task(model: Path, train: Path, heldout: Path, out: Path, args
         f"optim.lr={args.lr}", "optim.warmup_steps=0", "optim.min_lr_ratio=1.0", "optim.betas=[0.9, 0.999]",
         "optim.weight_decay=0.0", "optim.max_grad_norm=1.0", f"run.steps={args.steps}",
         f"run.eval_every={args.eval_every}", "eval_size=100", "run.save_every=0", "run.log_every=1",
-        "run.device=cpu", f"run.threads={args.threads}", f"run.seed={args.seed}",
+        "run.device=cpu", f"run.threads={args.threads}", f"run.seed={args.seed}", *extra,
         log=out.with_suffix(".log"),
     )  # fmt: skip
     times = _step_times(out)
@@ -283,7 +314,7 @@ def _trl_run(model: Path, train: Path, heldout: Path, out: Path, args: argparse.
         str(THIS), "--trl-worker", "--model", str(model), "--train", str(train),
         "--heldout", str(heldout), "--steps", str(args.steps), "--eval-every", str(args.eval_every),
         "--beta", str(args.beta), "--lr", str(args.lr), "--threads", str(args.threads), "--seed", str(args.seed), "--json", str(out),
-        "--unbiased-kl", str(args.unbiased_kl),
+        "--unbiased-kl", str(args.unbiased_kl), "--member", getattr(args, "member", "grpo"),
     ]  # fmt: skip
     with out.with_suffix(".log").open("w") as f:
         subprocess.run(cmd, check=True, stdout=f, stderr=f, cwd=out.parent)
@@ -372,6 +403,128 @@ def bench_trl(args: argparse.Namespace) -> dict:
     return {"warm_start": learn, "from_init": scratch}
 
 
+# ---- part: family (RLOO and DAPO beside TRL's RLOOTrainer and GRPOTrainer) ---------------------------------------
+# member → the `postrl grpo` keys that make it (after the TRL task's settings above, β 0 in both)
+FAMILY = {
+    # TRL's RLOOTrainer: leave-one-out advantages, the whole response's ratio, mean over responses
+    "rloo": (
+        "grpo.advantage=rloo",
+        "grpo.importance_level=sequence_sum",
+        "grpo.loss_type=grpo",
+        "grpo.beta=0",
+    ),
+    # postrl's DAPO preset (configs/dapo-arithmetic.yaml; the overlong buffer a quarter of the 16 tokens)
+    "dapo": (
+        "grpo.loss_type=token",
+        "grpo.beta=0",
+        "grpo.clip_eps_high=0.28",
+        "grpo.dynamic_sampling=true",
+        "grpo.overlong_buffer=4",
+    ),  # fmt: skip
+    # TRL's GRPOTrainer defaults (loss "dapo" = token, β 0, ε_high = ε, no dynamic sampling): same work per step
+    "dapo_trl": ("grpo.loss_type=token", "grpo.beta=0"),
+}
+FAMILY_LOSS = {  # member → its GRPOLossConfig keys for the identical-batch check
+    "rloo": {"advantage": "rloo", "importance_level": "sequence_sum", "loss_type": "grpo"},
+    "dapo": {"advantage": "grpo", "scale_rewards": True, "loss_type": "token"},
+}
+
+
+def identical_batch(model: Path, train: Path, work: Path, member: str, args: argparse.Namespace) -> dict:
+    """TRL samples and scores one batch and takes its own loss and gradient (`_dump_identical_batch`); postrl
+    computes its advantages from the same rewards and the trainer's loss (`grpo_batch_loss`) of the same
+    tokens and old log-probs (ε 0.2, ε_high 0.28, β 0). Returns the differences."""
+    import torch
+    from safetensors.torch import load_file
+
+    from postrl.lm.grpo import GRPOLossConfig
+    from postrl.lm.grpo.algorithm import grpo_batch_loss
+    from postrl.lm.grpo.rollouts import compute_advantages
+    from postrl.lm.models import load_causal_lm
+    from postrl.lm.rollout.batch import RolloutBatch
+
+    out = work / f"identical_{member}.safetensors"
+    cmd = [
+        str(ROOT / args.trl_python), str(THIS), "--trl-worker", "--model", str(model), "--train", str(train),
+        "--heldout", str(train), "--steps", "1", "--member", member, "--beta", "0", "--epsilon-high", "0.28",
+        "--threads", str(args.threads), "--json", str(work / f"identical_{member}.json"),
+        "--identical-batch", str(out),
+    ]  # fmt: skip
+    with out.with_suffix(".log").open("w") as f:
+        subprocess.run(cmd, check=True, stdout=f, stderr=f, cwd=work)
+    trl = load_file(str(out))
+    cfg = GRPOLossConfig(
+        group_size=8, prompts_per_step=2, beta=0.0, clip_eps_high=0.28, **FAMILY_LOSS[member]
+    )
+    advantages = compute_advantages(trl["rewards"], cfg)
+    policy = load_causal_lm(model).train()
+    batch = RolloutBatch(
+        torch.cat([trl["prompt_ids"], trl["completion_ids"]], dim=1),
+        torch.cat([trl["prompt_mask"], trl["completion_mask"]], dim=1),
+        trl["prompt_ids"].shape[1], trl["completion_mask"], trl["old_per_token_logps"], advantages,
+    )  # fmt: skip
+    loss, stats = grpo_batch_loss(policy, batch, cfg, 1.0, MAX_NEW_TOKENS)
+    loss.backward()
+    grads = {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
+    theirs = {k[len("grad.") :]: v for k, v in trl.items() if k.startswith("grad.")}
+    common = grads.keys() & theirs.keys()
+    return {
+        "loss_trl": float(trl["loss"]),
+        "loss_postrl": float(loss.detach()),
+        "loss_abs_diff": abs(float(trl["loss"]) - float(loss.detach())),
+        "advantage_max_abs_diff": float((advantages - trl["advantages"]).abs().max()),
+        "grad_max_abs_diff": max(float((grads[n] - theirs[n]).abs().max()) for n in common),
+        "grad_max_abs": max(float(theirs[n].abs().max()) for n in common),
+        "grads_compared": len(common),
+        "clip_fraction": float(stats["clip_fraction"]),
+    }
+
+
+def bench_family(args: argparse.Namespace) -> dict:
+    """RLOO and DAPO beside TRL on TRL's task at β 0: the identical-batch loss check, then ``--steps`` of
+    each contender, ``len(args.order)`` seeds, contenders interleaved (rotated per seed)."""
+    work = Path(args.workdir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    model, train, heldout = _trl_task(work, args)
+    checks = {m: identical_batch(model, train, work, m, args) for m in args.members}
+    for m, c in checks.items():
+        print(f"identical batch, {m}: loss TRL {c['loss_trl']:.8f} postrl {c['loss_postrl']:.8f} "
+              f"|diff| {c['loss_abs_diff']:.2e}; advantages |diff| {c['advantage_max_abs_diff']:.2e}; "
+              f"gradient max |diff| {c['grad_max_abs_diff']:.2e} (max |grad| {c['grad_max_abs']:.2e}); "
+              f"clip fraction {c['clip_fraction']:.3f}")  # fmt: skip
+    contenders = [(who, m) for m in args.members for who in ("postrl", "trl")]
+    contenders += [("postrl", "dapo_trl")] if "dapo" in args.members else []
+    runs: dict[str, list[dict]] = {}
+    for k in range(args.repeats):
+        order = contenders[k % len(contenders) :] + contenders[: k % len(contenders)]
+        for who, m in order:
+            before = os.getloadavg()[0]
+            ns = argparse.Namespace(**{**vars(args), "seed": args.seed + k, "member": m, "beta": 0.0})
+            if who == "postrl":
+                r = _postrl_on_trl_task(model, train, heldout, work / f"postrl_{m}_{k}", ns, FAMILY[m])
+                r.pop("summary")
+            else:
+                r = _trl_run(model, train, heldout, work / f"trl_{m}_{k}.json", ns)
+            r["loadavg"] = [round(before, 2), round(os.getloadavg()[0], 2)]
+            runs.setdefault(f"{who}:{m}", []).append(r)
+            print(f"{who}:{m} seed {ns.seed}: {r['step_time_median_s']:.4f} s/step, load {r['loadavg']}")
+    summary = {}
+    for name, results in runs.items():
+        summary[name] = {
+            "step_time_median_s": statistics.median(r["step_time_median_s"] for r in results),
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
+            "accuracy_end": statistics.mean(r["accuracy_curve"][-1][2] for r in results),
+            "loadavg": [r["loadavg"] for r in results],
+        }
+    print(f"\n{'':26}{'s/step':>10}{'steps/s':>10}{'peak RSS MB':>13}{'acc. end':>10}{'vs TRL':>9}")
+    for name, r in summary.items():
+        trl = summary.get(f"trl:{'dapo' if name.endswith('dapo_trl') else name.split(':')[1]}")
+        speed = trl["step_time_median_s"] / r["step_time_median_s"] if trl else float("nan")
+        print(f"{name:26}{r['step_time_median_s']:>10.4f}{1 / r['step_time_median_s']:>10.1f}"
+              f"{r['peak_rss_mb']:>13.0f}{r['accuracy_end']:>10.3f}{speed:>8.2f}x")  # fmt: skip
+    return {"identical_batch": checks, "summary": summary, "runs": runs}
+
+
 # ---- TRL worker (runs inside the TRL virtual environment; imports nothing from postrl) --------------------------
 def _greedy_accuracy(model, tok, rows: list[dict]) -> float:
     import torch
@@ -388,6 +541,45 @@ def _greedy_accuracy(model, tok, rows: list[dict]) -> float:
     model.train(was_training)
     answers = [r["answer"] for r in rows]
     return sum(trl_correct([], texts, answers)) / len(rows)
+
+
+def _dump_identical_batch(trainer, train: list[dict], rewards_seen: list, args: argparse.Namespace) -> None:
+    """TRL's side of the identical-batch check: one generation batch (the first 2 prompts x G = 8) sampled and
+    scored by the trainer itself, its old log-probs moved off the current policy by a fixed random shift
+    (0.2 per token, so that ratios leave 1 and clipping acts), then the trainer's own ``compute_loss`` and
+    its gradient. Saves the batch, the rewards, TRL's advantages, the loss and the gradient (safetensors)."""
+    import torch
+    from safetensors.torch import save_file
+
+    model = trainer.model
+    model.train()
+    if getattr(trainer, "current_gradient_accumulation_steps", None) is None:
+        trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train() otherwise
+    rows = [r for r in train[:2] for _ in range(8)]  # TRL's sampler repeats each prompt G times in a row
+    inputs = trainer._generate_and_score_completions(rows)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    T = inputs["completion_ids"].shape[1]
+    with torch.no_grad():
+        current, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, T)
+    shift = 0.2 * torch.randn(current.shape, generator=torch.Generator().manual_seed(0))
+    old = (current + shift) * inputs["completion_mask"]
+    if args.member == "rloo":
+        inputs["old_logps"] = (old * inputs["completion_mask"]).sum(1)
+    else:
+        inputs["old_per_token_logps"] = old
+    model.zero_grad(set_to_none=True)
+    loss = trainer.compute_loss(model, inputs)
+    loss.backward()
+    out = {
+        k: inputs[k].contiguous() for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+    }
+    out |= {"old_per_token_logps": old, "advantages": inputs["advantages"], "loss": loss.detach().reshape(1)}
+    out["rewards"] = torch.tensor(rewards_seen[-1], dtype=torch.float32)
+    out |= {
+        f"grad.{n}": p.grad.detach().contiguous() for n, p in model.named_parameters() if p.grad is not None
+    }
+    save_file(out, args.identical_batch)
 
 
 def trl_worker(args: argparse.Namespace) -> None:
@@ -407,10 +599,12 @@ def trl_worker(args: argparse.Namespace) -> None:
     train = [json.loads(line) for line in Path(args.train).read_text().splitlines()]
     heldout = [json.loads(line) for line in Path(args.heldout).read_text().splitlines()]
     tokens = [0]
+    rewards_seen: list[list[float]] = []
 
     def arith_reward(prompts, completions, completion_ids, answer, **kw):
         tokens[0] += sum(len(ids) for ids in completion_ids)
-        return peer.arith_reward_values(completions, answer, MAX_NEW_TOKENS)
+        rewards_seen.append(peer.arith_reward_values(completions, answer, MAX_NEW_TOKENS))
+        return rewards_seen[-1]
 
     class Timer(TrainerCallback):
         def __init__(self) -> None:
@@ -428,19 +622,33 @@ def trl_worker(args: argparse.Namespace) -> None:
                 self.curve.append((state.global_step, round(sum(self.times), 2), acc))
 
     timer = Timer()
-    cfg = GRPOConfig(
+    common = dict(
         output_dir=str(Path(args.json).parent / "trl_out"), max_steps=args.steps, per_device_train_batch_size=16,
         gradient_accumulation_steps=1, num_generations=8, max_completion_length=MAX_NEW_TOKENS,
-        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, beta=args.beta, loss_type="grpo",
-        scale_rewards="group", num_iterations=1, temperature=1.0, use_bias_correction_kl=bool(args.unbiased_kl),
-        logging_steps=1, save_strategy="no",
-        report_to="none", use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, use_vllm=False,
-        seed=args.seed, dataloader_num_workers=0, disable_tqdm=True,
+        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, beta=args.beta, num_iterations=1,
+        temperature=1.0, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
+        fp16=False, gradient_checkpointing=False, use_vllm=False, seed=args.seed, dataloader_num_workers=0,
+        disable_tqdm=True,
     )  # fmt: skip
-    trainer = GRPOTrainer(
+    if args.member == "rloo":  # RLOOTrainer's defaults otherwise (normalize_advantages False, ε 0.2)
+        from trl import RLOOConfig, RLOOTrainer
+
+        trainer_cls, cfg = RLOOTrainer, RLOOConfig(**common, epsilon_high=args.epsilon_high)
+    elif args.member == "dapo":  # GRPOTrainer's default loss "dapo", scale_rewards "group"
+        cfg = GRPOConfig(**common, loss_type="dapo", scale_rewards="group", epsilon_high=args.epsilon_high)
+        trainer_cls = GRPOTrainer
+    else:
+        cfg = GRPOConfig(
+            **common, loss_type="grpo", scale_rewards="group", use_bias_correction_kl=bool(args.unbiased_kl)
+        )
+        trainer_cls = GRPOTrainer
+    trainer = trainer_cls(
         model=args.model, reward_funcs=arith_reward, args=cfg, train_dataset=Dataset.from_list(train),
         processing_class=tok, callbacks=[timer],
     )  # fmt: skip
+    if args.identical_batch:
+        _dump_identical_batch(trainer, train, rewards_seen, args)
+        return
     timer.curve.append((0, 0.0, _greedy_accuracy(trainer.model, tok, heldout)))
     gen = {"seconds": 0.0, "tokens": 0}
     original = trainer.model.generate
@@ -476,7 +684,7 @@ def trl_worker(args: argparse.Namespace) -> None:
     Path(args.json).write_text(json.dumps(result, indent=2))
 
 
-PARTS = {"arithmetic": bench_arithmetic, "trl": bench_trl}
+PARTS = {"arithmetic": bench_arithmetic, "trl": bench_trl, "family": bench_family}
 
 
 def main() -> None:
@@ -517,7 +725,15 @@ def main() -> None:
     parser.add_argument("--eval-prompts", type=int, default=200, help="arithmetic: held-out prompts")
     parser.add_argument("--max-new-tokens", type=int, default=8, help="arithmetic: tokens per answer")
     parser.add_argument("--sft-eval-every", type=int, default=20, help="arithmetic: SFT steps per check")
+    parser.add_argument(
+        "--members", nargs="+", default=["rloo", "dapo"], choices=["rloo", "dapo"],
+        help="family: the members compared with TRL (rloo: RLOOTrainer, dapo: GRPOTrainer's default loss)",
+    )  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=3, help="family: seeds of each contender")
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--member", default="grpo", help=argparse.SUPPRESS)
+    parser.add_argument("--epsilon-high", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--identical-batch", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--train", help=argparse.SUPPRESS)
     parser.add_argument("--heldout", help=argparse.SUPPRESS)
