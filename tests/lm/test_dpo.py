@@ -226,8 +226,26 @@ def test_a_tie_pulls_the_margin_to_zero(
 
 
 def test_list_keys_shows_the_dpo_keys(capsys) -> None:
+    """Every key with the value a run with no overrides resolves to (tests/test_cli.py's check, for dpo)."""
+    import dataclasses
+    import re
+
+    from postrl.runtime.config import load_config
+
     assert main(["dpo", "--list-keys"]) == 0
     out = capsys.readouterr().out
+    printed = dict(re.findall(r"^  (\S+) = (.*)$", out, flags=re.M))
+
+    def leaves(cfg, prefix=""):
+        for f in dataclasses.fields(cfg):
+            value = getattr(cfg, f.name)
+            if dataclasses.is_dataclass(value):
+                yield from leaves(value, f"{prefix}{f.name}.")
+            else:
+                yield prefix + f.name, value
+
+    for key, value in leaves(load_config(DPOConfig)):
+        assert printed[key] == repr(value), key
     for key in (
         "dpo.beta = 0.1",
         "dpo.loss_type = 'sigmoid'",
