@@ -1,0 +1,201 @@
+"""`MasterAdamW`: float32 parameters step exactly as torch.optim.AdamW; bfloat16 parameters step a float32
+master (equal to torch AdamW on a float32 copy) and hold its rounding; updates too small for bfloat16 build up
+in the master and move the weight where bfloat16 AdamW never does; the state survives a checkpoint, and a
+bfloat16 SFT run resumes bit for bit."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from postrl.lm.master_adamw import MasterAdamW
+from postrl.lm.models import load_causal_lm
+from postrl.lm.sft import SFTConfig, run_sft
+from postrl.lm.spine import RunConfig
+from postrl.lm.trainer import OptimConfig, TrainConfig, make_optimizer
+from postrl.runtime.logging import read_jsonl
+
+KERNELS = [{"fused": True}, {"foreach": True}, {"foreach": False}]
+IDS = ["fused", "foreach", "loop"]
+
+
+def _params(dtype: torch.dtype, seed: int = 0) -> list[torch.nn.Parameter]:
+    """A matrix, a vector and a scalar (the decayed and undecayed shapes of a model)."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(7, 5), (5,), ()]
+    return [torch.nn.Parameter(torch.randn(s, generator=g).to(dtype)) for s in shapes]
+
+
+def _groups(params: list[torch.nn.Parameter]) -> list[dict]:
+    return [{"params": params[:1], "weight_decay": 0.1}, {"params": params[1:], "weight_decay": 0.0}]
+
+
+def _grads(step: int, like: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(p.shape, generator=g).to(dtype) for p in like]
+
+
+def _roundtrip(state: dict) -> dict:
+    """The optimiser state as a checkpoint carries it (torch.save, then a weights-only load)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=IDS)
+def test_float32_parameters_step_exactly_as_torch_adamw(kernel: dict) -> None:
+    ours, theirs = _params(torch.float32), _params(torch.float32)
+    opt = MasterAdamW(_groups(ours), lr=1e-2, betas=(0.9, 0.95), **kernel)
+    ref = torch.optim.AdamW(_groups(theirs), lr=1e-2, betas=(0.9, 0.95), **kernel)
+    for step in range(5):
+        for p, q, g in zip(ours, theirs, _grads(step, ours, torch.float32), strict=True):
+            p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+    assert all(torch.equal(p, q) for p, q in zip(ours, theirs, strict=True))
+    mine, reference = opt.state_dict(), ref.state_dict()
+    assert mine["param_groups"] == reference["param_groups"]
+    for i, state in reference["state"].items():
+        assert mine["state"][i].keys() == state.keys()  # no master for a float32 parameter
+        assert all(
+            torch.equal(mine["state"][i][k], v) and mine["state"][i][k].dtype == v.dtype
+            for k, v in state.items()
+        )
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=IDS)
+def test_bfloat16_parameters_step_a_float32_master(kernel: dict) -> None:
+    ours = _params(torch.bfloat16)
+    copies = [torch.nn.Parameter(p.detach().float()) for p in ours]  # the same start, in float32
+    opt = MasterAdamW(_groups(ours), lr=1e-2, **kernel)
+    ref = torch.optim.AdamW(_groups(copies), lr=1e-2, **kernel)
+    for step in range(6):
+        grads = _grads(step, ours, torch.bfloat16)
+        for p, q, g in zip(ours, copies, grads, strict=True):
+            p.grad, q.grad = g, g.float()
+        opt.step()
+        ref.step()
+        for p, q in zip(ours, copies, strict=True):
+            state = opt.state[p]
+            assert p.dtype == torch.bfloat16
+            assert {state[k].dtype for k in ("master", "exp_avg", "exp_avg_sq")} == {torch.float32}
+            torch.testing.assert_close(state["master"], q.detach(), rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(state["exp_avg_sq"], ref.state[q]["exp_avg_sq"], rtol=1e-6, atol=0)
+            assert torch.equal(p, state["master"].to(torch.bfloat16))
+
+
+def test_tiny_updates_build_up_in_the_master_and_move_the_weight() -> None:
+    # lr 1e-6 on weights in [1/8, 1/4), where bfloat16's spacing is 2^-10 ≈ 9.8e-4: Adam's step (~lr·sign(g)
+    # under a constant gradient) is ~500 times below half a spacing, so plain bfloat16 AdamW rounds every one
+    # away; the master gathers them, and after 1000 steps (~1e-3) each weight sits one spacing higher
+    start = (0.125 + torch.arange(16) / 256).to(torch.bfloat16)
+    plain, mastered = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    float32 = torch.nn.Parameter(start.float())
+    opts = [
+        torch.optim.AdamW([plain], lr=1e-6, weight_decay=0.0),
+        MasterAdamW([mastered], lr=1e-6, weight_decay=0.0),
+        torch.optim.AdamW([float32], lr=1e-6, weight_decay=0.0),
+    ]
+    for _ in range(1000):
+        for p in (plain, mastered, float32):
+            p.grad = torch.full_like(p, -1.0)
+        for opt in opts:
+            opt.step()
+    assert torch.equal(plain, start)  # never moved
+    master = opts[1].state[mastered]["master"]
+    torch.testing.assert_close(master, float32.detach(), rtol=1e-6, atol=0)
+    assert (master - start.float()).min() > 0.99e-3
+    assert torch.equal(mastered, master.to(torch.bfloat16))
+    assert torch.equal(mastered.float() - start.float(), torch.full((16,), 2.0**-10))
+
+
+@pytest.mark.parametrize("kernel", KERNELS[:2], ids=IDS[:2])
+def test_state_dict_roundtrip_resumes_exactly(kernel: dict) -> None:
+    mixed = lambda: [*_params(torch.bfloat16), torch.nn.Parameter(torch.ones(3))]  # noqa: E731
+    straight, resumed = mixed(), mixed()
+    opt = MasterAdamW(_groups(straight), lr=3e-3, **kernel)
+    for step in range(8):
+        if step == 4:  # a checkpoint: weights and optimiser state saved, loaded into a fresh optimiser
+            saved = _roundtrip(opt.state_dict())
+            for p, q in zip(resumed, straight, strict=True):
+                p.data.copy_(q.detach())
+            opt_resumed = MasterAdamW(_groups(resumed), lr=3e-3, **kernel)
+            opt_resumed.load_state_dict(saved)
+            states = [opt_resumed.state[p] for p in resumed[:3]]
+            assert all(s["master"].dtype == s["exp_avg"].dtype == torch.float32 for s in states)
+        grads = _grads(step, straight, torch.bfloat16)
+        for p, g in zip(straight, grads, strict=True):
+            p.grad = g.to(p.dtype)
+        opt.step()
+        if step >= 4:
+            for p, g in zip(resumed, grads, strict=True):
+                p.grad = g.to(p.dtype)
+            opt_resumed.step()
+    assert all(torch.equal(p, q) for p, q in zip(straight, resumed, strict=True))
+    a, b = opt.state_dict()["state"], opt_resumed.state_dict()["state"]
+    assert all(torch.equal(a[i][k], b[i][k]) for i in a for k in a[i])
+
+
+def test_a_plain_bfloat16_adamw_state_loads_with_a_master_from_the_weights() -> None:
+    old, new = _params(torch.bfloat16), _params(torch.bfloat16)
+    plain = torch.optim.AdamW(_groups(old), lr=1e-2)
+    for p, g in zip(old, _grads(0, old, torch.bfloat16), strict=True):
+        p.grad = g
+    plain.step()
+    for p, q in zip(new, old, strict=True):
+        p.data.copy_(q.detach())
+    opt = MasterAdamW(_groups(new), lr=1e-2)
+    opt.load_state_dict(_roundtrip(plain.state_dict()))
+    for p, q in zip(new, old, strict=True):
+        assert torch.equal(opt.state[p]["master"], p.float())
+        assert torch.equal(opt.state[p]["exp_avg"], plain.state[q]["exp_avg"].float())
+
+
+def test_make_optimizer_takes_master_adamw_for_bfloat16_weights_only(tiny_lm_dir: Path) -> None:
+    cfg = OptimConfig()
+    fp32 = load_causal_lm(tiny_lm_dir)
+    assert type(make_optimizer(fp32, cfg, 10)[0]) is torch.optim.AdamW
+    assert type(make_optimizer(fp32.to(torch.bfloat16), cfg, 10)[0]) is MasterAdamW
+
+
+def _sft(tiny_lm_dir: Path, steps: int, lr: float = 1e-3, save_every: int = 2) -> SFTConfig:
+    return SFTConfig(
+        model=str(tiny_lm_dir),
+        task={"n_train": 32, "n_test": 4},
+        train=TrainConfig(batch_size=4, max_length=48, eval_examples=4),
+        optim=OptimConfig(lr=lr, warmup_steps=0, min_lr_ratio=1.0),
+        run=RunConfig(steps=steps, eval_every=0, save_every=save_every, log_every=1, device="cpu", threads=1, dtype="bfloat16"),
+        eval_size=2,
+    )  # fmt: skip
+
+
+def test_bfloat16_sft_resumes_exactly(tiny_lm_dir: Path, tmp_path: Path) -> None:
+    run_sft(_sft(tiny_lm_dir, steps=4), tmp_path / "a")
+    run_sft(_sft(tiny_lm_dir, steps=2), tmp_path / "b")  # interrupted after the step-2 checkpoint
+    state = torch.load(tmp_path / "b" / "checkpoints" / "step_00000002" / "state.pt", weights_only=True)
+    masters = [s["master"] for s in state["optimizers"]["model"]["state"].values()]
+    assert masters and all(m.dtype == torch.float32 for m in masters)
+    torch.manual_seed(123)
+    run_sft(_sft(tiny_lm_dir, steps=4), tmp_path / "b", resume=True)
+    a, b = (load_file(str(tmp_path / x / "model" / "model.safetensors")) for x in "ab")
+    assert {t.dtype for t in a.values()} == {torch.bfloat16}
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    rows = [[r["loss"] for r in read_jsonl(tmp_path / x / "metrics.jsonl") if "loss" in r] for x in "ab"]
+    assert rows[0] == rows[1] and len(rows[0]) == 4
+
+
+def test_bfloat16_sft_at_lr_1e_6_keeps_its_progress_in_the_master(tiny_lm_dir: Path, tmp_path: Path) -> None:
+    run_sft(_sft(tiny_lm_dir, steps=2, lr=1e-6), tmp_path / "run")
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000002"
+    state = torch.load(ckpt / "state.pt", weights_only=True)["optimizers"]["model"]["state"]
+    weights = [t for t in load_file(str(ckpt / "model.safetensors")).values() if t.dim() >= 2]
+    masters = [s["master"] for s in state.values() if s["master"].dim() >= 2]
+    assert sorted(w.numel() for w in weights) == sorted(m.numel() for m in masters)
+    # two steps of ~1e-6 each: far below most weights' bfloat16 spacing, yet held by (nearly) every master
+    moved = sum(int((m != m.to(torch.bfloat16).float()).sum()) for m in masters)
+    assert moved > 0.9 * sum(m.numel() for m in masters)
