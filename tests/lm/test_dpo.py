@@ -131,6 +131,7 @@ def test_resume_is_exact_and_reads_the_stored_reference(
     cfg = _cfg(tiny_lm_dir)
     summary = run_dpo(cfg, tmp_path / "a")
     assert summary["steps"] == 4 and "heldout_kl" in summary and "heldout_gold_reward" in summary
+    assert "heldout_gold_reward_greedy" in summary and "heldout_rm_score" not in summary  # no reward_model
     assert summary["heldout_reward_accuracy_start"] == 0.0  # π = π_ref: every h is exactly 0
     straight = load_causal_lm(tmp_path / "a" / "model")
     run_dpo(cfg, tmp_path / "b")

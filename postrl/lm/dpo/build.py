@@ -21,6 +21,7 @@ from postrl.lm.ppo.advantages import Roles
 from postrl.lm.ppo.build import PromptSet, evaluate_heldout
 from postrl.lm.reward_model.pairs import load_pair_rows, tokenize_pairs
 from postrl.lm.rollout import Rollout, token_log_probs
+from postrl.lm.rollout.evaluation import evaluate_task
 from postrl.lm.rollout.shared_prefix import response_logits
 from postrl.lm.trainer import to_device
 from postrl.runtime import distributed as dist
@@ -190,7 +191,8 @@ def sample_metrics(
 ) -> dict[str, float]:
     """Held-out responses sampled from ``policy`` (PPO's evaluation, `postrl.lm.ppo.build.evaluate_heldout`):
     their KL to the reference (k1 and k3 summed per response), length, gold reward (built-in task) and
-    reward-model score, each a mean; every rank samples its share of ``cfg.eval_samples``."""
+    reward-model score, each a mean; every rank samples its share of ``cfg.eval_samples``. On a built-in task
+    also the gold reward of the greedy response to each held-out prompt."""
     if cfg.eval_samples == 0 or not prompts.rows:
         return {}
     roles = Roles(actor=policy, critic=None, reference=reference, reward_model=None)
@@ -200,6 +202,11 @@ def sample_metrics(
     out = evaluate_heldout(
         roles, tokenizer, prompts, cfg.sampling, scorer or zeros, task, n=cfg.eval_samples, seed=cfg.run.seed
     )
+    if task is not None:  # the greedy response's gold reward too (one per held-out prompt, every rank alike)
+        greedy = evaluate_task(
+            policy, tokenizer, task, n=len(prompts.rows), max_new_tokens=cfg.sampling.max_new_tokens
+        )
+        out["heldout_gold_reward_greedy"] = float(greedy["gold_reward"])
     policy.train(was_training)
     if scorer is None:
         out.pop("heldout_rm_score", None)
