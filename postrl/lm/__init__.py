@@ -20,6 +20,8 @@ Bottom to top (a module imports only from the lines above it and from `postrl.co
                      advantages.py, config.py, build.py)
     grpo/            `postrl grpo`: group-relative advantages, no critic (algorithm.py, rollouts.py,
                      config.py, build.py)
+    dpo/             `postrl dpo`: DPO/IPO on preference pairs against a frozen reference (algorithm.py,
+                     config.py, build.py; PPO's held-out evaluation), and the gold-reward frontier (frontier.py)
     vlm/             vision-language models: the tiny built-in LLaVA, rows with pictures, sampling and scoring
                      with pixel values, SFT and GRPO on them (`postrl sft|grpo` hand a VLM folder there)
     commands.py      `postrl data export|check`
