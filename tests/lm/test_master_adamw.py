@@ -1,11 +1,16 @@
 """`MasterAdamW`: float32 parameters step exactly as torch.optim.AdamW; bfloat16 parameters step a float32
 master (equal to torch AdamW on a float32 copy) and hold its rounding; updates too small for bfloat16 build up
 in the master and move the weight where bfloat16 AdamW never does; the state survives a checkpoint, and a
-bfloat16 SFT run resumes bit for bit."""
+bfloat16 SFT run resumes bit for bit, on one process and (slow) under torchrun with FSDP. This file is also the
+script torchrun runs."""
 
 from __future__ import annotations
 
 import io
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,13 +168,15 @@ def test_make_optimizer_takes_master_adamw_for_bfloat16_weights_only(tiny_lm_dir
     assert type(make_optimizer(fp32.to(torch.bfloat16), cfg, 10)[0]) is MasterAdamW
 
 
-def _sft(tiny_lm_dir: Path, steps: int, lr: float = 1e-3, save_every: int = 2) -> SFTConfig:
+def _sft(
+    tiny_lm_dir: Path, steps: int, lr: float = 1e-3, save_every: int = 2, parallel: str = "ddp"
+) -> SFTConfig:
     return SFTConfig(
         model=str(tiny_lm_dir),
         task={"n_train": 32, "n_test": 4},
         train=TrainConfig(batch_size=4, max_length=48, eval_examples=4),
         optim=OptimConfig(lr=lr, warmup_steps=0, min_lr_ratio=1.0),
-        run=RunConfig(steps=steps, eval_every=0, save_every=save_every, log_every=1, device="cpu", threads=1, dtype="bfloat16"),
+        run=RunConfig(steps=steps, eval_every=0, save_every=save_every, log_every=1, device="cpu", threads=1, dtype="bfloat16", parallel=parallel),
         eval_size=2,
     )  # fmt: skip
 
@@ -199,3 +206,40 @@ def test_bfloat16_sft_at_lr_1e_6_keeps_its_progress_in_the_master(tiny_lm_dir: P
     # two steps of ~1e-6 each: far below most weights' bfloat16 spacing, yet held by (nearly) every master
     moved = sum(int((m != m.to(torch.bfloat16).float()).sum()) for m in masters)
     assert moved > 0.9 * sum(m.numel() for m in masters)
+
+
+def main(model: str, out: str) -> None:
+    """The torchrun side: a straight FSDP run, and the same run resumed from its step-2 checkpoint."""
+    from postrl.runtime import distributed as dist
+
+    cfg = _sft(Path(model), steps=4, parallel="fsdp")
+    run_sft(cfg, Path(out) / "straight")
+    if dist.is_main():
+        shutil.copytree(Path(out) / "straight", Path(out) / "resumed")
+        shutil.rmtree(Path(out) / "resumed" / "checkpoints" / "step_00000004")
+        shutil.rmtree(Path(out) / "resumed" / "model")
+        (Path(out) / "resumed" / "summary.json").unlink()
+    dist.barrier()
+    run_sft(cfg, Path(out) / "resumed", resume=True)
+
+
+@pytest.mark.slow  # a torchrun launch of ~1 min on a loaded 2-core machine
+def test_bfloat16_sft_under_fsdp_resumes_exactly(tiny_lm_dir: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__]
+    proc = subprocess.run(
+        [*cmd, str(tiny_lm_dir), str(tmp_path)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    state = torch.load(
+        tmp_path / "straight" / "checkpoints" / "step_00000002" / "state.pt", weights_only=True
+    )
+    states = list(state["optimizers"]["model"]["state"].values())
+    assert states and all(s["master"].dtype == s["exp_avg"].dtype == torch.float32 for s in states)
+    a, b = (load_file(str(tmp_path / x / "model" / "model.safetensors")) for x in ("straight", "resumed"))
+    assert {t.dtype for t in a.values()} == {torch.bfloat16}
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
