@@ -77,7 +77,7 @@ class DemoConfig:
             task={"perturb_fraction": 0.3},
             train=TrainConfig(batch_size=32, max_length=48),
             optim=OptimConfig(lr=3e-4, warmup_steps=20),
-            run=RunConfig(steps=250, eval_every=50, save_every=125),
+            run=RunConfig(steps=150, eval_every=50, save_every=150),
             plots=False,
         )
     )
@@ -92,7 +92,7 @@ class DemoConfig:
             reward=RewardConfig(clip=5.0),
             optim=OptimConfig(lr=3e-5, warmup_steps=0, min_lr_ratio=1.0),
             critic_optim=OptimConfig(lr=3e-4, warmup_steps=0, min_lr_ratio=1.0),
-            run=RunConfig(steps=40, eval_every=10, save_every=50, log_every=1),
+            run=RunConfig(steps=30, eval_every=10, save_every=30, log_every=1),
             eval_size=128,
         )
     )
