@@ -1,7 +1,7 @@
 """`postrl demo`: the notes' whole pipeline on the built-in world, then a report.
 
-pretrain → SFT → reward model → PPO-RLHF → GRPO → continued SFT for each RL stage's time → evaluation of every
-checkpoint → report. The pretrained LM is the built-in base model that postrl ships (`postrl.lm.base_model`,
+pretrain → SFT → reward model → PPO-RLHF → DPO (on the reward model's pairs) → GRPO → continued SFT for each
+RL stage's time → evaluation of every checkpoint → report. The pretrained LM is the built-in base model that postrl ships (`postrl.lm.base_model`,
 made by `postrl pretrain` with the recipe in `DemoConfig.pretrain`); ``from_scratch`` (``--from-scratch``)
 runs that pretraining here instead. Each stage is an ordinary postrl run folder under RUN_DIR; a stage whose
 summary.json exists is skipped, one that was interrupted resumes from its last checkpoint, so rerunning the
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from postrl.lm import base_model
+from postrl.lm.dpo import DPOConfig, DPOLossConfig, run_dpo
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, run_grpo
 from postrl.lm.ppo import KLConfig, PPOConfig, PPOLossConfig, RewardConfig, run_ppo
 from postrl.lm.pretrain import PretrainConfig, run_pretrain
@@ -97,6 +98,20 @@ class DemoConfig:
         )
     )
     """Stage 4: PPO-RLHF against the reward model with a frozen reference."""
+    dpo: DPOConfig = field(
+        default_factory=lambda: DPOConfig(
+            data="task:reviews",
+            task={"perturb_fraction": 0.3},
+            dpo=DPOLossConfig(beta=0.1),
+            train=TrainConfig(batch_size=32, max_length=48),
+            optim=OptimConfig(lr=1e-4, warmup_steps=0, min_lr_ratio=1.0, betas=(0.9, 0.95)),
+            run=RunConfig(steps=200, eval_every=50, save_every=50, keep_last=0),
+            eval_samples=128,
+            sampling=SamplingConfig(max_new_tokens=24, temperature=1.0),
+        )
+    )
+    """Stage 4b: DPO on the reward model's own preference pairs, no reward model in the loop (its score of
+    the samples is logged beside the gold reward); configs/dpo-reviews.yaml."""
     grpo: GRPOConfig = field(
         default_factory=lambda: GRPOConfig(
             data="task:arithmetic",
@@ -146,6 +161,13 @@ def quick(cfg: DemoConfig) -> DemoConfig:
             run=r(cfg.rm.run, steps=60, eval_every=30, save_every=30),
         ),
         ppo=r(cfg.ppo, batch_size=32, eval_size=32, run=r(cfg.ppo.run, steps=12, eval_every=6, save_every=6)),
+        dpo=r(
+            cfg.dpo,
+            eval_size=128,
+            eval_samples=32,
+            train=r(cfg.dpo.train, batch_size=16),
+            run=r(cfg.dpo.run, steps=40, eval_every=20, save_every=20),
+        ),
         grpo=r(
             cfg.grpo,
             eval_size=64,
@@ -183,6 +205,7 @@ def stages(cfg: DemoConfig) -> list[Stage]:
         Stage("sft", run_sft, lambda c, out, done: c.sft, _steps(0.08, "sft", 8.0)),
         Stage("rm", run_rm, lambda c, out, done: c.rm, _steps(0.05, "rm", 5.0)),
         Stage("ppo", run_ppo, lambda c, out, done: c.ppo, _steps(0.5, "ppo", 5.0)),
+        Stage("dpo", run_dpo, lambda c, out, done: c.dpo, _steps(0.15, "dpo", 10.0)),
         Stage("grpo", run_grpo, lambda c, out, done: c.grpo, _steps(0.4, "grpo", 5.0)),
     ]
     if cfg.compare_sft:
@@ -330,6 +353,7 @@ def _headline(name: str, s: dict[str, Any]) -> str:
         "sft": ["heldout_loss", "heldout_accuracy"],
         "rm": ["heldout_accuracy"],
         "ppo": ["gold_reward", "rm_score", "kl_to_ref"],
+        "dpo": ["heldout_reward_accuracy", "heldout_gold_reward", "heldout_kl"],
         "grpo": ["heldout_accuracy", "kl_to_ref"],
     }.get(name.split("-")[0], ["heldout_loss"])
     text = ", ".join(f"{k} {s[k]:.3f}" for k in keys if isinstance(s.get(k), (int, float)))
@@ -405,6 +429,7 @@ def wire(cfg: DemoConfig, out: Path) -> DemoConfig:
         sft=r(cfg.sft, model=str(out / "pretrain" / "model"), run=run(cfg.sft.run)),
         rm=r(cfg.rm, model=sft_model, run=run(cfg.rm.run), norm=r(cfg.rm.norm, policy=sft_model)),
         ppo=r(cfg.ppo, model=sft_model, reward_model=rm_model, run=run(cfg.ppo.run)),
+        dpo=r(cfg.dpo, model=sft_model, reward_model=rm_model, run=run(cfg.dpo.run)),
         grpo=r(cfg.grpo, model=sft_model, run=run(cfg.grpo.run)),
     )
 
