@@ -18,6 +18,10 @@ from postrl.lm.vlm import TinyVLMConfig, VLMPretrainConfig, is_vlm, run_vlm_pret
 
 TINY = TinyVLMConfig(vision_hidden_size=32, hidden_size=64, intermediate_size=128, vocab_size=300)
 SHAPES = {"n_train": 64, "n_test": 16}
+# conversational prompts: completions are assistant turns
+LENGTH_REWARD = (
+    "def reward(completions, **kw):\n    return [float(len(c[-1]['content'])) for c in completions]\n"
+)
 
 
 def _run(steps: int, **kw) -> RunConfig:
@@ -72,8 +76,7 @@ def _grpo_cfg(model, data, **kw):
 def test_grpo_on_task_shapes(aligned, tmp_path, options) -> None:
     from postrl.lm.grpo import run_grpo
 
-    code = "def reward(completions, **kw):\n    return [float(len(c[-1]['content'])) for c in completions]\n"
-    (tmp_path / "length.py").write_text(code)  # conversational prompts: completions are assistant turns
+    (tmp_path / "length.py").write_text(LENGTH_REWARD)
     cfg = _grpo_cfg(aligned, "task:shapes", **options)  # a 3-step model: the verifier alone gives all zeros
     cfg = replace(cfg, rewards=["task:shapes", f"{tmp_path / 'length.py'}:reward"], verifier="task:shapes")
     summary = run_grpo(cfg, tmp_path / "run")
@@ -102,3 +105,42 @@ def test_grpo_on_trl_jsonl_needs_a_reward(aligned, tmp_path) -> None:
     assert summary["steps"] == 2 and 0 <= summary["heldout_accuracy"] <= 1
     with pytest.raises(UserError, match="dynamic_sampling"):
         run_grpo(_grpo_cfg(aligned, "task:shapes", dynamic_sampling=True), tmp_path / "other")
+
+
+def _weights(folder):
+    return AutoModelForImageTextToText.from_pretrained(folder).state_dict()
+
+
+@pytest.mark.parametrize("stage", ["sft", "grpo"])
+def test_resume_continues_exactly(aligned, tmp_path, stage) -> None:
+    # 4 steps straight == 2 steps, then --resume with run.steps=4: same weights and metrics rows (a constant
+    # lr: the cosine schedule's length is run.steps, which the resume changes)
+    from postrl.lm.grpo import run_grpo
+
+    optim = OptimConfig(lr=1e-3, warmup_steps=0, min_lr_ratio=1.0)
+
+    def config(steps: int):
+        run = RunConfig(steps=steps, eval_every=0, save_every=2, log_every=1, threads=1)
+        if stage == "sft":
+            return SFTConfig(
+                model=str(aligned), data="task:shapes", task=SHAPES, run=run, eval_size=4,
+                train=TrainConfig(batch_size=4, max_length=128), optim=optim,
+            )  # fmt: skip
+        rewards = ["task:shapes", f"{tmp_path / 'length.py'}:reward"]  # a signal a 3-step model can get
+        return replace(_grpo_cfg(aligned, "task:shapes"), run=run, eval_size=4, optim=optim, rewards=rewards)
+
+    (tmp_path / "length.py").write_text(LENGTH_REWARD)
+    trainer = run_sft if stage == "sft" else run_grpo
+    trainer(config(4), tmp_path / "straight")
+    trainer(config(2), tmp_path / "resumed")
+    trainer(config(4), tmp_path / "resumed", resume=True)
+    a, b = _weights(tmp_path / "straight" / "model"), _weights(tmp_path / "resumed" / "model")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], v) for k, v in _weights(aligned).items())  # it trained
+    rows = [(tmp_path / r / "metrics.jsonl").read_text().splitlines() for r in ("straight", "resumed")]
+    # the training rows (the 2-step invocation also evaluated at its end, step 2)
+    strip = [
+        [{k: v for k, v in json.loads(x).items() if "time" not in k and "per_second" not in k} for x in r]
+        for r in rows
+    ]
+    assert [r for r in strip[0] if "loss" in r] == [r for r in strip[1] if "loss" in r]
