@@ -151,16 +151,15 @@ def quick(cfg: DemoConfig) -> DemoConfig:
         sft=r(
             cfg.sft,
             eval_size=100,
-            run=r(cfg.sft.run, steps=150, eval_every=50, save_every=50),
+            run=r(cfg.sft.run, steps=100, eval_every=50, save_every=50),
         ),
         rm=r(
             cfg.rm,
             eval_size=128,
             norm=r(cfg.rm.norm, samples=32),
-            train=r(cfg.rm.train, batch_size=16),
-            run=r(cfg.rm.run, steps=60, eval_every=30, save_every=30),
+            run=r(cfg.rm.run, steps=80, eval_every=40, save_every=80),
         ),
-        ppo=r(cfg.ppo, batch_size=32, eval_size=32, run=r(cfg.ppo.run, steps=12, eval_every=6, save_every=6)),
+        ppo=r(cfg.ppo, eval_size=32, run=r(cfg.ppo.run, steps=10, eval_every=5, save_every=10)),
         dpo=r(
             cfg.dpo,
             eval_size=128,
@@ -171,11 +170,9 @@ def quick(cfg: DemoConfig) -> DemoConfig:
         grpo=r(
             cfg.grpo,
             eval_size=64,
-            run=r(cfg.grpo.run, steps=20, eval_every=10, save_every=10),
+            run=r(cfg.grpo.run, steps=24, eval_every=12, save_every=24),
             grpo=r(cfg.grpo.grpo, prompts_per_step=32, group_size=8),
         ),
-        eval_prompts=200,
-        eval_samples=128,
     )
 
 
