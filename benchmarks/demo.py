@@ -6,6 +6,14 @@ Runs ``postrl demo --out WORKDIR/seed-S seed=S`` one seed after another (a finis
 ``/usr/bin/time``-style accounting from the demo's own summary.json (wall and CPU seconds, peak memory, the
 load average before and after), then prints a Markdown table and ONE JSON line. The CPU seconds are what a
 one-thread demo takes on an idle machine; the wall seconds on a shared one are inflated by the load.
+
+Measured 2026-12-03 on the shared 2-core machine (load average 5-15), budgets of commit 9c02380 (RM 250 steps,
+PPO 40; the RM 150 / PPO 30 trim and the DPO stage came after), seeds 0 1 2: wall 769 / 1141 / 574 s, CPU
+226 / 250 / 237 s, peak RSS 576 / 576 / 572 MB; every comparison clear (margin > 2 SE) on 3/3 seeds; mean
+(min - max): SFT accuracy 0.000 -> 0.291 (0.258 - 0.332); RM pair accuracy 0.777 (0.755 - 0.792); PPO gold
+0.539 (0.371 - 0.624) vs SFT -0.188 and continued SFT -0.034, margin over continued SFT 0.573 (0.355 -
+0.712); GRPO accuracy 0.437 (0.364 - 0.502) vs SFT 0.291 and continued SFT 0.206, margin over continued SFT
+0.231 (0.206 - 0.272).
 """
 
 from __future__ import annotations
