@@ -480,6 +480,64 @@ def identical_batch(model: Path, train: Path, work: Path, member: str, args: arg
     }
 
 
+# postrl member → the keys where it differs from TRL's trainer on purpose (the DAPO preset: clip-higher 0.28,
+# dynamic sampling, the overlong penalty); every other resolved setting must equal TRL's
+SETTINGS_NOT_COMPARED = {"dapo": {"epsilon_high", "dynamic_sampling", "overlong_buffer"}}
+
+
+def _postrl_settings(run_dir: Path) -> dict:
+    """The settings of a `postrl grpo` run as it resolved them (its config.yaml and the optimiser and schedule
+    `make_optimizer` builds from it), in the keys `_trl_settings` gives TRL's: the side-by-side diff."""
+    import torch
+    import yaml
+
+    from postrl.lm.trainer import OptimConfig, make_optimizer
+
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    o, s, g, steps = cfg["optim"], cfg["sampling"], cfg["grpo"], cfg["run"]["steps"]
+    optim = OptimConfig(
+        lr=o["lr"], min_lr_ratio=o["min_lr_ratio"], warmup_steps=o["warmup_steps"],
+        weight_decay=o["weight_decay"], betas=tuple(o["betas"]), max_grad_norm=o["max_grad_norm"],
+    )  # fmt: skip
+    opt, sched = make_optimizer(torch.nn.Linear(2, 2), optim, steps)
+    return {
+        "optimizer": type(opt).__name__,
+        "lr": opt.defaults["lr"],
+        "betas": list(opt.defaults["betas"]),
+        "eps": opt.defaults["eps"],
+        "weight_decay": sorted({grp["weight_decay"] for grp in opt.param_groups}),
+        "lr_multiplier_first_mid_last": [
+            round(sched.lr_lambdas[0](k), 6) for k in (0, steps // 2, steps - 1)
+        ],
+        "max_grad_norm": o["max_grad_norm"],
+        "temperature": s["temperature"],
+        "top_k": s["top_k"],
+        "top_p": s["top_p"],
+        "max_new_tokens": s["max_new_tokens"],
+        "mask_truncated_completions": False,  # postrl has no such option: truncated completions are trained on
+        "advantage": g["advantage"],
+        "std_scaling": "group" if g["advantage"] == "grpo" and g["scale_rewards"] else "none",
+        "loss_aggregation": g["loss_type"],
+        "importance_level": g["importance_level"],
+        "epsilon": g["clip_eps"],
+        "epsilon_high": g["clip_eps_high"] if g["clip_eps_high"] is not None else g["clip_eps"],
+        "beta": g["beta"],
+        "iterations": g["epochs"],
+        "optimiser_steps_per_generation": g["minibatches"],
+        "generations": g["group_size"],
+        "prompts_per_step": g["prompts_per_step"],
+        "dynamic_sampling": g["dynamic_sampling"],
+        "overlong_buffer": g["overlong_buffer"],
+    }
+
+
+def settings_diff(trl: dict, postrl: dict, member: str) -> dict[str, tuple]:
+    """{key: (TRL's, postrl's)} where the two differ, less the keys ``member`` changes on purpose."""
+    skip = SETTINGS_NOT_COMPARED.get(member, set())
+    keys = (trl.keys() | postrl.keys()) - skip
+    return {k: (trl.get(k), postrl.get(k)) for k in sorted(keys) if trl.get(k) != postrl.get(k)}
+
+
 def bench_family(args: argparse.Namespace) -> dict:
     """RLOO and DAPO beside TRL on TRL's task at β 0: the identical-batch loss check, then ``--steps`` of
     each contender, ``len(args.order)`` seeds, contenders interleaved (rotated per seed)."""
@@ -503,17 +561,31 @@ def bench_family(args: argparse.Namespace) -> dict:
             if who == "postrl":
                 r = _postrl_on_trl_task(model, train, heldout, work / f"postrl_{m}_{k}", ns, FAMILY[m])
                 r.pop("summary")
+                r["settings"] = _postrl_settings(work / f"postrl_{m}_{k}")
             else:
                 r = _trl_run(model, train, heldout, work / f"trl_{m}_{k}.json", ns)
             r["loadavg"] = [round(before, 2), round(os.getloadavg()[0], 2)]
             runs.setdefault(f"{who}:{m}", []).append(r)
             print(f"{who}:{m} seed {ns.seed}: {r['step_time_median_s']:.4f} s/step, load {r['loadavg']}")
+    diffs = {}
+    for name, results in runs.items():  # the resolved settings of each postrl contender against TRL's
+        who, m = name.split(":")
+        if who == "postrl":
+            trl = runs[f"trl:{'dapo' if m == 'dapo_trl' else m}"][0]["settings"]
+            diffs[m] = settings_diff(trl, results[0]["settings"], m)
+            print(f"settings, postrl {m} vs TRL ({', '.join(sorted(SETTINGS_NOT_COMPARED.get(m, ()))) or 'all'}"
+                  f"{' differ on purpose' if m in SETTINGS_NOT_COMPARED else ' compared'}): "
+                  f"{diffs[m] or 'identical'} over {len(trl)} keys")  # fmt: skip
     summary = {}
     for name, results in runs.items():
         summary[name] = {
             "step_time_median_s": statistics.median(r["step_time_median_s"] for r in results),
             "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
             "accuracy_end": statistics.mean(r["accuracy_curve"][-1][2] for r in results),
+            "accuracy_end_per_seed": [r["accuracy_curve"][-1][2] for r in results],
+            "accuracy_mean_over_checks": statistics.mean(
+                statistics.mean(a for _, _, a in r["accuracy_curve"][1:]) for r in results
+            ),
             "loadavg": [r["loadavg"] for r in results],
         }
     print(f"\n{'':26}{'s/step':>10}{'steps/s':>10}{'peak RSS MB':>13}{'acc. end':>10}{'vs TRL':>9}")
@@ -522,7 +594,7 @@ def bench_family(args: argparse.Namespace) -> dict:
         speed = trl["step_time_median_s"] / r["step_time_median_s"] if trl else float("nan")
         print(f"{name:26}{r['step_time_median_s']:>10.4f}{1 / r['step_time_median_s']:>10.1f}"
               f"{r['peak_rss_mb']:>13.0f}{r['accuracy_end']:>10.3f}{speed:>8.2f}x")  # fmt: skip
-    return {"identical_batch": checks, "summary": summary, "runs": runs}
+    return {"identical_batch": checks, "settings_diff": diffs, "summary": summary, "runs": runs}
 
 
 # ---- TRL worker (runs inside the TRL virtual environment; imports nothing from postrl) --------------------------
@@ -580,6 +652,56 @@ def _dump_identical_batch(trainer, train: list[dict], rewards_seen: list, args: 
         f"grad.{n}": p.grad.detach().contiguous() for n, p in model.named_parameters() if p.grad is not None
     }
     save_file(out, args.identical_batch)
+
+
+def _trl_settings(trainer, steps: int) -> dict:
+    """TRL's resolved settings (the optimiser and schedule its Trainer builds from the arguments, the
+    generation config it samples with), in the keys of postrl's `_postrl_settings`."""
+    import torch
+    from transformers import get_scheduler
+
+    a, gen = trainer.args, trainer.generation_config
+    opt_cls, opt_kw = trainer.get_optimizer_cls_and_kwargs(a, trainer.model)
+    dummy = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = get_scheduler(
+        a.lr_scheduler_type, dummy, num_warmup_steps=a.get_warmup_steps(steps), num_training_steps=steps
+    )
+    rloo = type(trainer).__name__ == "RLOOTrainer"
+    if rloo:
+        std_scaling = "batch" if a.normalize_advantages else "none"
+    else:
+        std_scaling = {True: "group", False: "none"}.get(a.scale_rewards, a.scale_rewards)
+    return {
+        "optimizer": opt_cls.__name__,
+        "lr": opt_kw["lr"],
+        "betas": list(opt_kw["betas"]),
+        "eps": opt_kw["eps"],
+        "weight_decay": sorted({a.weight_decay, 0.0} if a.weight_decay else {0.0}),
+        "lr_multiplier_first_mid_last": [
+            round(sched.lr_lambdas[0](k), 6) for k in (0, steps // 2, steps - 1)
+        ],
+        "max_grad_norm": a.max_grad_norm,
+        "temperature": gen.temperature,
+        "top_k": gen.top_k or 0,
+        "top_p": gen.top_p if gen.top_p is not None else 1.0,
+        "max_new_tokens": gen.max_new_tokens,
+        "mask_truncated_completions": a.mask_truncated_completions,
+        "advantage": "rloo" if rloo else "grpo",
+        "std_scaling": std_scaling,
+        "loss_aggregation": "grpo"
+        if rloo
+        else {"dapo": "token", "bnpo": "token"}.get(a.loss_type, a.loss_type),
+        "importance_level": "sequence_sum" if rloo else a.importance_sampling_level,
+        "epsilon": a.epsilon,
+        "epsilon_high": a.epsilon_high if a.epsilon_high is not None else a.epsilon,
+        "beta": a.beta,
+        "iterations": a.num_iterations,
+        "optimiser_steps_per_generation": a.steps_per_generation,
+        "generations": a.num_generations,
+        "prompts_per_step": a.generation_batch_size // a.num_generations,
+        "dynamic_sampling": False,
+        "overlong_buffer": 0,
+    }
 
 
 def trl_worker(args: argparse.Namespace) -> None:
@@ -680,6 +802,7 @@ def trl_worker(args: argparse.Namespace) -> None:
         "generate_seconds": gen["seconds"],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "accuracy_curve": timer.curve,
+        "settings": _trl_settings(trainer, args.steps),
     }
     Path(args.json).write_text(json.dumps(result, indent=2))
 
