@@ -36,7 +36,7 @@ from postrl.lm.sft import SFTConfig, run_sft
 from postrl.lm.spine import RunConfig
 from postrl.lm.tasks import get_task
 from postrl.lm.trainer import OptimConfig, TrainConfig
-from postrl.report import evaluate_checkpoints, verdicts, write_report
+from postrl.report import evaluate_checkpoints, frontier, verdicts, write_report
 from postrl.runtime.checkpoint import atomic_write_text
 from postrl.runtime.config import save_config, validate
 from postrl.runtime.errors import UserError
@@ -131,6 +131,11 @@ class DemoConfig:
     """Held-out arithmetic prompts for exact match (greedy)."""
     eval_samples: int = 256
     """Held-out review responses for gold reward, RM score and KL (sampled at temperature 1)."""
+    frontier_max_n: int = 16
+    """Best-of-n on the report's gold-reward frontier: n = 1, 2, 4 … this, from the SFT policy ranked by the
+    reward model (0: no best-of-n points)."""
+    frontier_prompts: int = 64
+    """Held-out review prompts for best-of-n (each gets frontier_max_n samples)."""
     seed: int = 0
     """Seed of every stage."""
     threads: int | None = 1
@@ -138,7 +143,14 @@ class DemoConfig:
     little from a second, and a second CPU-bound process on the machine then slows the demo in proportion
     instead of several times over (oversubscribed threads wait on each other)."""
 
-    CHECKS = {"eval_prompts": ">= 1", "eval_samples": ">= 1", "seed": ">= 0", "threads": ">= 1"}
+    CHECKS = {
+        "eval_prompts": ">= 1",
+        "eval_samples": ">= 1",
+        "frontier_max_n": ">= 0",
+        "frontier_prompts": ">= 1",
+        "seed": ">= 0",
+        "threads": ">= 1",
+    }
 
 
 def quick(cfg: DemoConfig) -> DemoConfig:
@@ -148,6 +160,8 @@ def quick(cfg: DemoConfig) -> DemoConfig:
     r = dataclasses.replace
     return r(
         cfg,
+        frontier_max_n=8,
+        frontier_prompts=32,
         sft=r(
             cfg.sft,
             eval_size=100,
@@ -394,7 +408,11 @@ def run_demo(
     eval_started = time.perf_counter()
     evaluation = evaluate_checkpoints(cfg, out, [s.name for s in rows if s.name != "rm"])
     eval_seconds = time.perf_counter() - eval_started
+    started = time.perf_counter()
+    points = frontier(cfg, out, evaluation)
+    eval_seconds += time.perf_counter() - started
     summary = build_summary(done, evaluation, eval_seconds)
+    summary["frontier"] = points
     summary["cpu_seconds"] = round(cpu_seconds() - cpu_started, 1)
     summary["load_average"] = [round(x, 2) for x in load_before] + [round(x, 2) for x in os.getloadavg()]
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")

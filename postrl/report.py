@@ -141,6 +141,7 @@ def make_plots(out: Path) -> dict[str, Path]:
         "sft": ["loss", "heldout_loss", "heldout_accuracy"],
         "rm": ["loss", "heldout_accuracy"],
         "ppo": ["heldout_rm_score", "heldout_gold_reward", "heldout_kl"],
+        "dpo": ["loss", "heldout_reward_accuracy", "heldout_gold_reward", "heldout_kl"],
         "grpo": ["reward_mean", "heldout_accuracy", "kl"],
     }
     made: dict[str, Path] = {}
@@ -178,6 +179,9 @@ STAGE_TEXT = {
     "preferences with ties at 0.5 (the notes' reward-model section).",
     "ppo": "PPO-RLHF: actor, critic, frozen reward model and frozen reference; KL-shaped token rewards and "
     "GAE (the notes' PPO section). Gold reward is the hidden 'true preference'.",
+    "dpo": "DPO on the reward model's own preference pairs (Rafailov et al. 2023): the policy's log-ratio to "
+    "the SFT policy is the implicit reward, fitted to the pairs with the Bradley–Terry loss; no reward model "
+    "and no sampling in training (the RM only scores its samples for the report).",
     "grpo": "GRPO: G samples per prompt on the task's 5,000 train prompts (SFT saw a few hundred "
     "demonstrations: checking an answer is cheaper than writing one), group-normalised rewards from the "
     "arithmetic verifier as the baseline, no critic, k3 KL to the reference (the notes' GRPO section).",
@@ -191,6 +195,7 @@ COMPARISONS = (
     ("rm", "heldout_accuracy", "chance"),
     ("ppo", "gold_reward", "sft"),
     ("ppo", "gold_reward", "sft-vs-ppo"),
+    ("dpo", "gold_reward", "sft"),
     ("grpo", "heldout_accuracy", "sft"),
     ("grpo", "heldout_accuracy", "sft-vs-grpo"),
 )
@@ -325,9 +330,84 @@ def write_report(
         md += [f"### {stage}", "", text, ""]
         if stage in plots:
             md += [f"![{stage}]({plots[stage].relative_to(out)})", ""]
+    md += _frontier_md(out, summary.get("frontier") or [])
     md += ["## Samples before and after RL", "", *_samples_md(evaluation)]
     atomic_write_text(out / "report.md", "\n".join(md) + "\n")
     atomic_write_text(out / "report.html", _html(md, out))
+
+
+# ---- the gold-reward frontier of the review stages ------------------------------------------------------------
+def frontier(cfg: Any, out: Path, evaluation: dict[str, dict]) -> list[dict[str, Any]]:
+    """Points ``{"method", "kl", "gold", "proxy", "step" or "n"}`` on review prompts: the SFT policy (the common
+    evaluation, KL 0), every held-out check PPO and DPO logged while training (their trainer's evaluator, the
+    same on both: sampled responses, KL to the SFT policy summed over each response), and best-of-n from
+    the SFT policy ranked by the reward model (n = 1, 2, 4 … ``cfg.frontier_max_n``; KL log n − (n − 1)/n)."""
+    from postrl.lm.dpo.frontier import best_of_n
+
+    points: list[dict[str, Any]] = []
+    if "sft" in evaluation:
+        sft = evaluation["sft"]
+        points.append(
+            {"method": "sft", "step": 0, "kl": 0.0, "gold": sft["gold_reward"], "proxy": sft["rm_score"]}
+        )
+    keys = ("heldout_kl", "heldout_gold_reward", "heldout_rm_score")
+    for name, label in (("ppo", f"PPO (β {cfg.ppo.kl.beta:g})"), ("dpo", f"DPO (β {cfg.dpo.dpo.beta:g})")):
+        path = out / name / "metrics.jsonl"
+        for row in read_jsonl(path) if path.is_file() else []:
+            if all(isinstance(row.get(k), (int, float)) for k in keys):
+                kl, gold, proxy = (row[k] for k in keys)
+                points.append({"method": label, "step": row["step"], "kl": kl, "gold": gold, "proxy": proxy})
+    sft_model, rm_model = out / "sft" / "model", out / "rm" / "model"
+    if cfg.frontier_max_n and sft_model.is_dir() and rm_model.is_dir():
+        ns = [2**i for i in range(cfg.frontier_max_n.bit_length()) if 2**i <= cfg.frontier_max_n]
+        points += best_of_n(
+            sft_model,
+            rm_model,
+            get_task("reviews", **cfg.ppo.task),
+            ns=ns,
+            prompts=cfg.frontier_prompts,
+            max_new_tokens=cfg.ppo.sampling.max_new_tokens,
+            seed=cfg.seed,
+        )
+    return points
+
+
+def _frontier_md(out: Path, points: list[dict[str, Any]]) -> list[str]:
+    """The chart and what to read in it; nothing when the demo ran no review stage."""
+    if not any(p["method"] != "sft" for p in points):
+        return []
+    from postrl.lm.dpo.frontier import plot_frontier
+
+    png = plot_frontier(points, out / "plots" / "frontier.png")
+    bon = [p for p in points if p["method"] == "best-of-n"]
+    best = max(
+        (p for p in points if p["method"] not in ("sft", "best-of-n")), key=lambda p: p["gold"], default=None
+    )
+    lines = [
+        "## The gold-reward frontier (reviews)",
+        "",
+        "How far can a policy be pushed against a learned reward before it games it? Left: the hidden gold "
+        "reward; right: the reward model's score, the proxy the RL stages optimise; both against the KL to "
+        "the SFT policy. Where the two panels part, the policy is exploiting the reward model (Gao et al. "
+        "2022). PPO's and DPO's points are their trainers' held-out checks along training "
+        "(`ppo.eval_size` / `dpo.eval_samples` sampled responses, so noisier than the table above); "
+        "best-of-n samples n responses from the SFT policy and keeps the one the reward model likes best.",
+        "",
+        f"![frontier]({png.relative_to(out)})",
+        "",
+    ]
+    if bon and best is not None:
+        near = min(bon, key=lambda p: abs(p["kl"] - best["kl"]))
+        lines += [
+            f"The best trained point here, {best['method']} at step {best['step']}, reaches gold "
+            f"{best['gold']:.3f} at KL {best['kl']:.2f}; best-of-{near['n']} at KL {near['kl']:.2f} reaches "
+            f"{near['gold']:.3f}"
+            + (
+                " — sampling and reranking beats training at this KL." if near["gold"] > best["gold"] else "."
+            ),
+            "",
+        ]
+    return lines
 
 
 def _samples_md(ev: dict[str, dict]) -> list[str]:
