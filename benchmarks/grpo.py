@@ -52,7 +52,22 @@ every step, GRPOTrainer skips that at μ = 1, as postrl does), peak RSS 424 vs 4
 GRPOTrainer 0.559 (1.82x), 425 vs 498 MB; at GRPOTrainer's exact settings 0.345 (1.62x). Held-out greedy
 accuracy at step 60 (from 0.57; per-seed sd ~0.1): RLOO 0.387 vs 0.453, DAPO preset 0.357 and dapo_trl 0.347
 vs 0.470 — postrl lower in this small sample (as in the issue's one seed at β = 0) although the loss and
-gradient of one batch agree to 2e-7; not resolved here (ratios are 1 at μ = 1 to 2e-7, no clipping).
+gradient of one batch agree to 2e-7. More seeds (same day, load 4.5-7, ``--seed 3 --repeats 6 --eval-every 20``
+per member, then ``--members rloo --seed 9 --repeats 8 --steps 40 --eval-every 10``) show seed noise, not a
+gap: seeds 3-8 at step 60, DAPO preset 0.412 and dapo_trl 0.445 vs GRPOTrainer 0.410, RLOO 0.443 vs
+RLOOTrainer 0.420; pooled with seeds 0-2 (9 seeds, standard error ~0.025 each): dapo_trl 0.412 vs 0.430, RLOO
+0.424 vs 0.431; seeds 9-16 at step 40: RLOO 0.420 vs 0.438. Averaged over the checks from the first on,
+postrl sits 0.02-0.04 lower in each of these three samples (per-seed paired difference -0.021 ± 0.032 for
+the last), within noise and unexplained. The training statistics agree (mean over 60 steps x 6 seeds,
+postrl vs TRL: reward 0.485 vs 0.486 DAPO, 0.476 vs 0.489 RLOO; entropy 0.70 vs 0.70; length 3.44 vs 3.43).
+Ruled out one by one: the sampler (tests/lm/test_sampling_distribution.py: χ² of the continuations drawn
+by the fast and HF decoders against softmax(logits / τ); on this warm start 20,000 draws of 3 tokens per
+prompt give z -0.1 and -0.5, as HF ``generate``), the settings (printed side by side: 25 resolved keys
+identical, see `_postrl_settings`), the rewards and masks (postrl's reward path on TRL's sampled batch:
+|diff| 0), the evaluation (TRL's worker evaluation of postrl's nine final models gives postrl's accuracies
+exactly). Both trainers LOWER greedy accuracy from 0.57 while sampled accuracy stays ~0.25: the warm start's
+answers are nearly tied (median probability of the top first digit 0.36, a top-2 gap under 0.05 on 21% of
+the prompts), so 60 noisy steps at lr 1e-4 reshuffle the greedy answers; the reward does not yet move p(right).
 Where postrl's step goes at β = 0 on this task (CPU time per step, 60 steps, in-process): 27.1 ms = sampling
 and decoding 9.1, rewards 0.7, the rest of collect 1.0, training forward 5.8, backward 7.3, gradient clipping
 0.8, AdamW and bookkeeping 2.2; old-log-prob scoring is skipped at μ = 1 (the sampling log-probs are π_old:
