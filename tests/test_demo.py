@@ -1,6 +1,7 @@
 """`postrl demo --quick` end to end: every stage runs, the report and summary are complete."""
 
 import json
+import math
 
 import pytest
 
@@ -37,12 +38,29 @@ def test_report_has_table_plots_and_samples(demo_dir):
     report = (demo_dir / "report.md").read_text()
     assert "| checkpoint |" in report and "| grpo |" in report and "| sft-vs-ppo |" in report
     assert "## Samples before and after RL" in report and "continued SFT" in report
-    for stage in ("sft", "rm", "ppo", "grpo"):  # pretrain: the built-in base model, copied (no curves)
+    for stage in ("sft", "rm", "ppo", "dpo", "grpo", "frontier"):  # pretrain: the base model, copied
         assert (demo_dir / "plots" / f"{stage}.png").stat().st_size > 1000
     for stage in ("pretrain", "sft", "rm", "ppo", "grpo"):
         assert (demo_dir / stage / "model" / "config.json").is_file()
     page = (demo_dir / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 4 and "<table>" in page
+    assert page.count("data:image/png;base64,") == 6 and "<table>" in page
+    assert "## The gold-reward frontier (reviews)" in report
+
+
+def test_frontier_points_in_the_summary(demo_dir):
+    """The frontier has the SFT point from the common evaluation, PPO's and DPO's held-out checks along
+    training, and best-of-n at n = 1, 2, 4, 8 (the quick demo) with the analytic KL log n - (n - 1)/n."""
+    summary = json.loads((demo_dir / "summary.json").read_text())
+    points = summary["frontier"]
+    sft = [p for p in points if p["method"] == "sft"]
+    assert sft and sft[0]["gold"] == summary["stages"]["sft"]["gold_reward"] and sft[0]["kl"] == 0.0
+    assert any(p["method"].startswith("PPO") for p in points) and any(
+        p["method"].startswith("DPO") for p in points
+    )
+    bon = {p["n"]: p["kl"] for p in points if p["method"] == "best-of-n"}
+    assert sorted(bon) == [1, 2, 4, 8]
+    assert bon[4] == pytest.approx(math.log(4) - 3 / 4)
+    assert any(v["stage"] == "dpo" and v["baseline"] == "sft" for v in summary["verdicts"])
 
 
 def test_summary_and_report_table_are_one_evaluation(demo_dir):
