@@ -155,9 +155,9 @@ def make_plots(out: Path) -> dict[str, Path]:
 
 
 def _cell_md(text: str) -> str:
-    """A table cell's Markdown: one line, ``|`` escaped so it stays one cell, backticks escaped so a model's
-    text shows as written."""
-    return text.replace("\n", " ").replace("|", "\\|").replace("`", "\\`")
+    """A table cell's Markdown: one line, ``|`` escaped so it stays one cell, backticks and stars escaped so
+    a model's text shows as written."""
+    return text.replace("\n", " ").replace("|", "\\|").replace("`", "\\`").replace("*", "\\*")
 
 
 def _table_md(rows: list[list[str]]) -> list[str]:
@@ -427,9 +427,16 @@ _BLOCKS = {"|": "table", "- ": "list", "![": "image", "#": "heading"}
 
 
 def _inline(text: str) -> str:
-    """Escaped text with `code` spans as <code> (an escaped backtick is a literal one)."""
-    code = re.sub(r"(?<!\\)`(.+?)(?<!\\)`", r"<code>\1</code>", html.escape(text))
-    return code.replace("\\`", "`")
+    """Escaped text with `code` spans as <code> and **bold** as <strong> outside them (an escaped backtick
+    or star is a literal one)."""
+    parts = re.split(r"((?<!\\)`.+?(?<!\\)`)", html.escape(text))
+    out = []
+    for k, part in enumerate(parts):
+        if k % 2:  # a code span: its text as written
+            out.append(f"<code>{part[1:-1]}</code>")
+        else:
+            out.append(re.sub(r"(?<!\\)\*\*(.+?)(?<!\\)\*\*", r"<strong>\1</strong>", part))
+    return "".join(out).replace("\\`", "`").replace("\\*", "*")
 
 
 def _cells(line: str) -> list[str]:

@@ -156,3 +156,13 @@ def test_the_report_leads_with_the_failed_comparisons(tmp_path):
     report = (tmp_path / "report.md").read_text()
     lead = report.split("## Did each stage earn its place?")[1].split("##")[0]
     assert "**5 of 5 comparisons did not show a clear gain**" in lead and "DID NOT IMPROVE" in lead
+
+
+def test_bold_is_bold_in_html_and_a_samples_stars_stay_literal(tmp_path):
+    samples = {"reviews": [("Review: **great**", "it was **so** good")], "arithmetic": []}
+    evaluation = {name: {**_row(accuracy=0.5, gold=0.1), "samples": samples} for name in CHECKPOINTS}
+    evaluation["grpo"]["heldout_accuracy"] = 0.4
+    write_report(tmp_path, None, {}, evaluation, {"wall_seconds": 1.0, "peak_rss_mb": 1.0})
+    page = (tmp_path / "report.html").read_text()
+    assert "<strong>" in page and "comparisons did not show a clear gain</strong>" in page
+    assert "it was **so** good" in page and "<strong>so</strong>" not in page  # the model's text as written
