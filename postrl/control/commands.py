@@ -189,7 +189,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
         description="Run `postrl control train` for every seed of --seeds (OUT/seed-S), up to --workers at a "
         "time with one torch thread each, then write OUT/seeds.jsonl and seeds.csv (one row per seed: final "
         "evaluation mean ± std, env steps, wall and CPU seconds), OUT/summary.json (mean, std, median, "
-        "IQM with a 95%% stratified-bootstrap interval, fraction of seeds meeting the preset's target) and "
+        "IQM with a 95% stratified-bootstrap interval, fraction of seeds meeting the preset's target) and "
         "OUT/curves.png (every seed's learning curve, median, IQR and min-max bands). Rerunning the same "
         "command skips finished seeds and resumes interrupted ones. key=value overrides apply to every seed.",
     )
