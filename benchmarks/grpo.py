@@ -56,9 +56,11 @@ gradient of one batch agree to 2e-7. More seeds (same day, load 4.5-7, ``--seed 
 per member, then ``--members rloo --seed 9 --repeats 8 --steps 40 --eval-every 10``) show seed noise, not a
 gap: seeds 3-8 at step 60, DAPO preset 0.412 and dapo_trl 0.445 vs GRPOTrainer 0.410, RLOO 0.443 vs
 RLOOTrainer 0.420; pooled with seeds 0-2 (9 seeds, standard error ~0.025 each): dapo_trl 0.412 vs 0.430, RLOO
-0.424 vs 0.431; seeds 9-16 at step 40: RLOO 0.420 vs 0.438. Averaged over the checks from the first on,
-postrl sits 0.02-0.04 lower in each of these three samples (per-seed paired difference -0.021 ± 0.032 for
-the last), within noise and unexplained. The training statistics agree (mean over 60 steps x 6 seeds,
+0.424 vs 0.431; seeds 9-16 at step 40: RLOO 0.420 vs 0.438, dapo_trl 0.401 and DAPO preset 0.401 vs
+0.415. Averaged over the checks from the first on, postrl sits 0.02-0.04 lower in each of these four samples
+(per-seed paired differences -0.021 ± 0.032 RLOO, -0.019 ± 0.033 dapo_trl for seeds 9-16): about 1.5
+standard errors pooled, unexplained; postrl's low tail is heavier (2 of 17 dapo_trl runs near 0.20, TRL's
+lowest 0.29), which ~30 more seeds per side would settle. The training statistics agree (mean over 60 steps x 6 seeds,
 postrl vs TRL: reward 0.485 vs 0.486 DAPO, 0.476 vs 0.489 RLOO; entropy 0.70 vs 0.70; length 3.44 vs 3.43).
 Ruled out one by one: the sampler (tests/lm/test_sampling_distribution.py: χ² of the continuations drawn
 by the fast and HF decoders against softmax(logits / τ); on this warm start 20,000 draws of 3 tokens per
