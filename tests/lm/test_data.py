@@ -183,8 +183,9 @@ def test_overlong_sft_and_prompts(tiny_tokenizer, caplog) -> None:
     )
     assert len(tokenize_sft([short, rows[1]], tiny_tokenizer, max_length=n_prompt, overlong="truncate")) == 1
     long_prompt = {"prompt": "Review: the pasta at the cafe " * 3}
+    limit = len(tiny_tokenizer("What is 1+1?")["input_ids"]) + 1  # room for a BOS; the long prompt is 3x more
     kept, prompt_ids = tokenize_prompts(
-        [{"prompt": "What is 1+1?", "answer": "2"}, long_prompt], tiny_tokenizer, 8
+        [{"prompt": "What is 1+1?", "answer": "2"}, long_prompt], tiny_tokenizer, limit
     )
     assert kept == [{"prompt": "What is 1+1?", "answer": "2"}] and len(prompt_ids) == 1
 
