@@ -105,13 +105,14 @@ class DemoConfig:
             dpo=DPOLossConfig(beta=0.1),
             train=TrainConfig(batch_size=32, max_length=48),
             optim=OptimConfig(lr=1e-4, warmup_steps=0, min_lr_ratio=1.0, betas=(0.9, 0.95)),
-            run=RunConfig(steps=200, eval_every=50, save_every=50, keep_last=0),
+            run=RunConfig(steps=100, eval_every=25, save_every=25, keep_last=0),
             eval_samples=128,
             sampling=SamplingConfig(max_new_tokens=24, temperature=1.0),
         )
     )
     """Stage 4b: DPO on the reward model's own preference pairs, no reward model in the loop (its score of
-    the samples is logged beside the gold reward); configs/dpo-reviews.yaml."""
+    the samples is logged beside the gold reward); configs/dpo-reviews.yaml has 200 steps, the demo stops at
+    100 (held-out gold reward 0.439 at 100 vs 0.440 at 200 on seed 0)."""
     grpo: GRPOConfig = field(
         default_factory=lambda: GRPOConfig(
             data="task:arithmetic",
@@ -214,9 +215,9 @@ def stages(cfg: DemoConfig) -> list[Stage]:
     rows = [
         pretrain,
         Stage("sft", run_sft, lambda c, out, done: c.sft, _steps(0.08, "sft", 8.0)),
-        Stage("rm", run_rm, lambda c, out, done: c.rm, _steps(0.05, "rm", 5.0)),
+        Stage("rm", run_rm, lambda c, out, done: c.rm, _steps(0.12, "rm", 5.0)),
         Stage("ppo", run_ppo, lambda c, out, done: c.ppo, _steps(0.5, "ppo", 5.0)),
-        Stage("dpo", run_dpo, lambda c, out, done: c.dpo, _steps(0.15, "dpo", 10.0)),
+        Stage("dpo", run_dpo, lambda c, out, done: c.dpo, _steps(0.12, "dpo", 5.0)),
         Stage("grpo", run_grpo, lambda c, out, done: c.grpo, _steps(0.4, "grpo", 5.0)),
     ]
     if cfg.compare_sft:
