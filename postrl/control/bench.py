@@ -33,6 +33,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -302,6 +303,7 @@ def run_seeds(spec: BenchSpec, out: Path, workers: int, echo: Callable[[str], No
     running: dict[int, tuple[int, subprocess.Popen, float, Any]] = {}
     failed: list[int] = []
     env = _child_env()
+    previous = _stop_on_sigterm()
     try:
         while todo or running:
             while todo and len(running) < workers:
@@ -327,7 +329,7 @@ def run_seeds(spec: BenchSpec, out: Path, workers: int, echo: Callable[[str], No
                     echo(f"bench: seed {seed} failed (exit {proc.returncode}): {_last_line(out, seed)}")
                 else:
                     echo(f"bench: seed {seed} finished: {_row_text(seed_row(out, seed, spec.target))}")
-    finally:  # Ctrl-C: stop the children; their folders resume on the next run
+    finally:  # Ctrl-C or SIGTERM: stop the children; their folders resume on the next run
         for _seed, proc, _, log in running.values():
             proc.terminate()
             try:
@@ -335,7 +337,23 @@ def run_seeds(spec: BenchSpec, out: Path, workers: int, echo: Callable[[str], No
             except subprocess.TimeoutExpired:
                 proc.kill()
             log.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return sorted(failed)
+
+
+def _stop_on_sigterm() -> Any:
+    """While the seeds run, SIGTERM (a `kill`, a job scheduler) stops the bench as Ctrl-C does, so that its
+    children are stopped too instead of training on, orphaned; returns the handler to put back (None off the
+    main thread, where Python cannot install one)."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        return signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:
+        return None
 
 
 def _record_usage(out: Path, seed: int, code: int, wall: float, usage) -> None:

@@ -1,7 +1,11 @@
 """``postrl control bench`` (postrl.control.bench): seeds, aggregate statistics, resume, curves, errors."""
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -219,3 +223,31 @@ def test_bench_runs_seeds_in_parallel_skips_finished_ones_and_resumes(tmp_path, 
     assert (out / "seed-3.usage.json").read_text() == usage
     assert json.loads((out / "seed-4.usage.json").read_text())["attempts"] == 2
     assert json.loads((out / "summary.json").read_text())["seeds_finished"] == [3, 4, 5]
+
+
+def test_sigterm_stops_the_bench_and_its_children(tmp_path):
+    """A `kill` of the bench (SIGTERM) stops the seeds' processes too (they would otherwise train on, orphaned)."""
+    script = tmp_path / "bench_run.py"
+    pids = tmp_path / "pids"
+    script.write_text(
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from postrl.control import bench\n"
+        "bench.train_command = lambda spec, out, seed: [sys.executable, '-c', "
+        '\'import os, sys, time; open(sys.argv[1], "a").write(str(os.getpid()) + "\\\\n"); time.sleep(60)\', '
+        f"{str(pids)!r}]\n"
+        "spec = bench.BenchSpec('fake', Path('f.yaml'), 'ppo', 'CartPole-v1', (), (1, 2), 1.0)\n"
+        f"bench.run_seeds(spec, Path({str(tmp_path / 'b')!r}), workers=2, echo=lambda line: None)\n"
+    )
+    (tmp_path / "b").mkdir()
+    proc = subprocess.Popen([sys.executable, str(script)])
+    deadline = time.time() + 60
+    while time.time() < deadline and (not pids.is_file() or len(pids.read_text().split()) < 2):
+        time.sleep(0.1)
+    children = [int(x) for x in pids.read_text().split()]
+    assert len(children) == 2
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    for pid in children:  # reaped by the bench, so no such process is left
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
