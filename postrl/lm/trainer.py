@@ -250,6 +250,24 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float | None) -> float:
     return dist.grad_norm(model.parameters(), max_norm)
 
 
+def model_parts(
+    model: torch.nn.Module, optimizer: Any, scheduler: Any, tokenizer: Any, position: int
+) -> Parts:
+    """The checkpoint of a trainer of one model that reads its data in order (SFT, pretraining, RM, DPO): the
+    model, its optimiser and schedule, the data position; each checkpoint folder also holds the model's config
+    and the tokenizer, so that `from_pretrained` loads it."""
+    config = getattr(dist.unwrap(model), "config", None)
+
+    def hf_files(folder: Path) -> None:
+        if config is not None:
+            config.save_pretrained(str(folder))
+        tokenizer.save_pretrained(str(folder))
+
+    return Parts(
+        {"model": model}, {"model": optimizer}, {"sched": scheduler}, {"position": position}, hf_files
+    )
+
+
 class Supervised:
     """Next-token training on tokenised examples (pretraining and SFT) as a `postrl.lm.spine` algorithm."""
 
@@ -306,17 +324,7 @@ class Supervised:
         return self._should_stop is not None and self._should_stop(evals)
 
     def parts(self) -> Parts:
-        config = getattr(dist.unwrap(self.model), "config", None)
-
-        def hf_files(folder: Path) -> None:  # the checkpoint is also a folder from_pretrained loads
-            if config is not None:
-                config.save_pretrained(str(folder))
-            self.tokenizer.save_pretrained(str(folder))
-
-        return Parts(
-            {"model": self.model}, {"model": self.optimizer}, {"sched": self.scheduler},
-            {"position": self.position}, hf_files,
-        )  # fmt: skip
+        return model_parts(self.model, self.optimizer, self.scheduler, self.tokenizer, self.position)
 
     def load_extra(self, extra: dict[str, Any]) -> None:
         self.position = int(extra["position"])

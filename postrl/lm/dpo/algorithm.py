@@ -52,6 +52,7 @@ from postrl.lm.trainer import (
     iterate_batches,
     make_optimizer,
     micro_batches,
+    model_parts,
     set_threads,
 )
 from postrl.runtime import distributed as dist
@@ -191,17 +192,7 @@ class DPO:
         return out
 
     def parts(self) -> Parts:
-        config = getattr(dist.unwrap(self.model), "config", None)
-
-        def hf_files(folder: Path) -> None:  # the checkpoint is also a folder from_pretrained loads
-            if config is not None:
-                config.save_pretrained(str(folder))
-            self.tokenizer.save_pretrained(str(folder))
-
-        return Parts(
-            {"model": self.model}, {"model": self.optimizer}, {"sched": self.scheduler},
-            {"position": self.position}, hf_files,
-        )  # fmt: skip
+        return model_parts(self.model, self.optimizer, self.scheduler, self.tokenizer, self.position)
 
     def load_extra(self, extra: dict[str, Any]) -> None:
         self.position = int(extra["position"])
