@@ -26,6 +26,7 @@ from postrl.lm.vlm import (
     score,
     sft_batch,
 )
+from postrl.lm.vlm.rollout import shared_rows
 
 TINY = TinyVLMConfig(vision_hidden_size=32, hidden_size=64, intermediate_size=128, vocab_size=300)
 
@@ -126,6 +127,51 @@ def test_greedy_depends_on_the_picture(vlm, task) -> None:
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask, pixel_values=pixels).logits[:, -1]
     assert not torch.allclose(logits[0], logits[1])
+
+
+def test_shared_prompt_scoring_equals_the_plain_forward(vlm, task) -> None:
+    # 4 prompts × 3 answers; two prompts have the same text with different pictures (not one prompt)
+    model, processor = vlm
+    tok = processor.tokenizer
+    count = [r for r in task.prompt_rows("test") if r["kind"] == "count"][:2]
+    other = [r for r in task.prompt_rows("test") if r["kind"] != "count"][:2]
+    examples = encode_rows(processor, count + other, "prompts", 256)
+    ids, mask, pixels = prompt_batch(examples, tok.pad_token_id)
+    banned = [image_token_id(model, processor)]
+    rollout = generate(
+        model, ids, mask, {"pixel_values": pixels}, max_new_tokens=5, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, banned=banned, repeat=3, generator=torch.Generator().manual_seed(2),
+    )  # fmt: skip
+    rows = {"pixel_values": pixels.repeat_interleave(3, 0)}
+    args = (rollout.input_ids, rollout.attention_mask, rollout.prompt_len)
+    groups = shared_rows(*args, rows)
+    assert groups is not None and sorted(groups[0].tolist()) == [0, 3, 6, 9]
+    assert torch.equal(groups[1], groups[1][::3].repeat_interleave(3))
+    # rolled: rows 0, 3, 6, 9 get the previous row's picture; row 3 then asks row 1's question (the same
+    # count text) about row 1's picture: one prompt with rows 1, 2; the other three stand alone
+    moved = shared_rows(*args, {"pixel_values": rows["pixel_values"].roll(1, 0)})
+    assert len(set(moved[1].tolist())) == 7 and moved[1][3] == moved[1][1] != moved[1][0]
+    weights = torch.randn(rollout.response_mask.shape, generator=torch.Generator().manual_seed(3))
+    params = [p for p in model.parameters() if p.requires_grad]
+    calls: list[int] = []
+    handle = model.model.vision_tower.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+    try:
+        results = []
+        for share in (False, True):
+            calls.clear()
+            log_probs = score(model, *args, rows, banned=banned, share=share)
+            grads = torch.autograd.grad((log_probs * weights).sum(), params, allow_unused=True)
+            grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+            results.append((log_probs, grads, list(calls)))
+    finally:
+        handle.remove()
+    (plain, plain_grads, plain_calls), (shared, shared_grads, shared_calls) = results
+    assert plain_calls == [12] and shared_calls == [4]  # the vision encoder once per distinct prompt
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared, rollout.log_probs, atol=1e-5, rtol=1e-5)
+    for a, b in zip(shared_grads, plain_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert any(float(g.abs().sum()) > 0 for g in shared_grads[:10])  # the vision tower gets its gradient too
 
 
 def test_sft_batch_keeps_placeholders_out_of_the_completion(vlm, task) -> None:

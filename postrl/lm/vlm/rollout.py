@@ -22,6 +22,7 @@ from torch import Tensor
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.rollout import Rollout, mask_after_eos, sample_tokens
 from postrl.lm.rollout.decoders import cache_argument
+from postrl.runtime import distributed as dist
 
 
 def masked_logits(logits: Tensor, banned: Sequence[int]) -> Tensor:
@@ -134,24 +135,78 @@ def generate(
     )
 
 
+def shared_rows(input_ids: Tensor, attention_mask: Tensor, prompt_len: int, images: dict[str, Tensor]):
+    """(first row of each distinct prompt [U], row → distinct [B]) when the B rows hold U < B distinct prompts
+    (a GRPO group's G rows), else None. A prompt is its ids, mask and pictures: every tensor of ``images``
+    (leading dim B · n_images, row order), so the same question about another picture is another prompt."""
+    B, P = input_ids.shape[0], prompt_len
+    keys = [input_ids[:, :P], attention_mask[:, :P].to(input_ids.dtype)]
+    for value in images.values():
+        if not isinstance(value, Tensor) or value.shape[0] % max(B, 1):
+            return None
+        keys.append(torch.unique(value.reshape(B, -1), dim=0, return_inverse=True)[1][:, None])
+    inverse = torch.unique(torch.cat(keys, 1), dim=0, return_inverse=True)[1]
+    U = int(inverse.max()) + 1 if B else 0
+    if U == B:
+        return None
+    first = torch.full((U,), B, dtype=torch.long, device=inverse.device)
+    return first.scatter_reduce(0, inverse, torch.arange(B, device=inverse.device), "amin"), inverse
+
+
+def _rows_images(images: dict[str, Tensor], rows: Tensor, B: int) -> dict[str, Tensor]:
+    """The picture tensors of ``rows`` (leading dim B · n_images in row order)."""
+    return {k: v.reshape(B, -1, *v.shape[1:])[rows].flatten(0, 1) for k, v in images.items()}
+
+
+def _can_share(model: torch.nn.Module) -> bool:
+    """Two forwards per backward (prompt, then responses on its cache): not under DDP or FSDP, nor with
+    gradient checkpointing (the blocks drop the cache)."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or dist.is_sharded(model):
+        return False
+    return not (model.training and getattr(model, "is_gradient_checkpointing", False))
+
+
 def response_logits(
     model: torch.nn.Module,
     input_ids: Tensor,
     attention_mask: Tensor,
     prompt_len: int,
     images: dict[str, Tensor],
+    share: bool = True,
 ) -> Tensor:
-    """Teacher-forced logits predicting each response token: [B, P + T] with the rows' pictures → [B, T, V]."""
-    T = input_ids.shape[1] - prompt_len
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-        logits_to_keep=T + 1,
-        **images,
-    )
-    return out.logits[:, :-1]  # (B, T, V): position P − 1 + t predicts response token t
+    """Teacher-forced logits predicting each response token: [B, P + T] with the rows' pictures → [B, T, V].
+
+    Where rows share a prompt and its pictures (`shared_rows`: a GRPO group) and ``share``, each distinct
+    prompt runs once with its pictures (the vision encoder once per distinct prompt), every row gets its
+    prompt's KV cache (a gather: the backward sums a group's gradients into the shared prompt and the
+    vision parts), and only the T − 1 response tokens that are inputs run on top: the logits of the plain
+    forward to float32 rounding (tests/lm/test_vlm.py), for about U·P + B·T tokens instead of B·(P + T)."""
+    P, T = prompt_len, input_ids.shape[1] - prompt_len
+    positions = position_ids_from_mask(attention_mask)
+    groups = shared_rows(input_ids, attention_mask, P, images) if share and _can_share(model) else None
+    if groups is None:
+        out = model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
+            logits_to_keep=T + 1, **images,
+        )  # fmt: skip
+        return out.logits[:, :-1]  # (B, T, V): position P − 1 + t predicts response token t
+    first, inverse = groups
+    head = model(
+        input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
+        position_ids=positions[first, :P], use_cache=True, logits_to_keep=1,
+        **_rows_images(images, first, input_ids.shape[0]),
+    )  # fmt: skip
+    logits = head.logits[inverse, -1:]  # (B, 1, V): position P − 1 predicts response token 0
+    if T == 1:
+        return logits
+    cache = getattr(head, "cache", None) or head.past_key_values
+    cache.batch_select_indices(inverse)  # every row gets its prompt's keys and values (differentiable)
+    # no pictures: a response never holds an image placeholder (banned from sampling)
+    tail = model(
+        input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1], position_ids=positions[:, P:-1],
+        use_cache=True, **{cache_argument(model) or "past_key_values": cache},
+    )  # fmt: skip
+    return torch.cat((logits, tail.logits), dim=1)  # (B, T, V)
 
 
 def score(
@@ -164,11 +219,13 @@ def score(
     temperature: float = 1.0,
     banned: Sequence[int] = (),
     with_entropy: bool = False,
+    share: bool = True,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Teacher-forced log π_τ of the response tokens → [B, T] float32, 0 where masked (and, ``with_entropy``,
     the per-token entropy, detached). Runs under the caller's grad mode; ``images`` hold the pictures of the B
-    rows in row order."""
-    logits = masked_logits(response_logits(model, input_ids, attention_mask, prompt_len, images), banned)
+    rows in row order; rows that share a prompt and its pictures share its forward (`response_logits`)."""
+    logits = response_logits(model, input_ids, attention_mask, prompt_len, images, share)
+    logits = masked_logits(logits, banned)
     log_pi = torch.log_softmax(logits / temperature, dim=-1)  # (B, T, V)
     mask = attention_mask[:, prompt_len:].float()
     log_probs = log_pi.gather(-1, input_ids[:, prompt_len:, None]).squeeze(-1) * mask
