@@ -3,7 +3,12 @@ built-in tiny VLM (`run_vlm_pretrain`: captions of the shapes pictures) and SFT 
 `postrl sft` when ``--model`` is a VLM folder), with held-out loss and greedy exact-match accuracy.
 
 The loss is next-token cross-entropy on completion tokens only, as text SFT: the prompt, and therefore every
-image placeholder, is outside it (`postrl.lm.vlm.data.sft_batch`). One process (no DDP/FSDP for VLMs yet).
+image placeholder, is outside it (`postrl.lm.vlm.data.sft_batch`).
+
+Under torchrun, as the text trainers (`postrl.lm.trainer.train_step`): each rank takes its share of a step's
+rows (`micro_batches`), the loss is normalised by the global count of completion tokens, gradients are
+averaged by DDP (`wrap_vlm`) or FSDP2, and the held-out loss and accuracy are computed on shares of the
+held-out rows and gathered, so every rank takes the same stop decision; rank 0 writes.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from postrl.lm.trainer import (
     export_on_main,
     iterate_batches,
     make_optimizer,
+    micro_batches,
+    model_parts,
     set_threads,
 )
 from postrl.lm.vlm.data import VLMExample, encode_rows, load_vlm_rows, prompt_batch, sft_batch
@@ -66,13 +73,15 @@ def answer_accuracy(
     batch_size: int = 128,
 ) -> dict[str, float]:
     """Greedy completions of ``examples`` rewarded by ``reward`` (TRL's call, with the rows' columns):
-    ``heldout_accuracy`` overall and per ``kind`` column when the rows have one."""
+    ``heldout_accuracy`` overall and per ``kind`` column when the rows have one. Under torchrun every rank
+    calls it (with whole weights: `dist.gathered`), answers its share and gets everyone's result."""
     tok, device = processor.tokenizer, next(model.parameters()).device
     was_training = model.training
     model.eval()
     scores: list[float] = []
-    for start in range(0, len(examples), batch_size):
-        part = examples[start : start + batch_size]
+    mine = [examples[i] for i in dist.shard_range(len(examples))]
+    for start in range(0, len(mine), batch_size):
+        part = mine[start : start + batch_size]
         ids, mask, pixels = prompt_batch(part, tok.pad_token_id)
         rollout = generate(
             model, ids.to(device), mask.to(device), {"pixel_values": pixels.to(device)},
@@ -85,12 +94,23 @@ def answer_accuracy(
         }
         scores += reward(prompts=[e.row["prompt"] for e in part], completions=texts, **columns)
     model.train(was_training)
+    return accuracy_by_kind(examples, gather_shares(scores))
+
+
+def accuracy_by_kind(examples: Sequence[VLMExample], scores: Sequence[float]) -> dict[str, float]:
+    """``heldout_accuracy`` (the mean score) and ``heldout_accuracy/KIND`` per value of the rows' ``kind``."""
     out = {"heldout_accuracy": sum(scores) / max(1, len(scores))}
     kinds: dict[str, list[float]] = {}
     for e, s in zip(examples, scores, strict=True):
         if e.row.get("kind") is not None:
             kinds.setdefault(str(e.row["kind"]), []).append(s)
     return out | {f"heldout_accuracy/{k}": sum(v) / len(v) for k, v in sorted(kinds.items())}
+
+
+def gather_shares(values: list[Any]) -> list[Any]:
+    """Every rank's list (each rank's share of some items, `dist.shard_range`) joined in rank order: the
+    whole list, in item order, on every rank."""
+    return [v for part in dist.all_gather_object(values) for v in part]
 
 
 def decode(tokenizer: Any, response_ids: Tensor, lengths: Tensor) -> list[str]:
@@ -123,19 +143,30 @@ class VLMSupervised:
         self.cfg, self.optim, self.run, self._evaluate = cfg, optim, run, evaluate
         self.stop_accuracy = stop_accuracy
         self.device = next(model.parameters()).device
-        self.optimizer, self.scheduler = make_optimizer(model, optim, run.steps)
+        self.optimizer, self.scheduler = make_optimizer(dist.unwrap(model), optim, run.steps)
         self.position, self.tokens = 0, 0
         self.batches = iterate_batches(len(examples), cfg.batch_size, run.seed)
         model.train()
 
     def step(self, step: int) -> dict[str, float]:
+        """One optimiser step on the global batch ``indices``: this rank's share in micro-batches (weight 0:
+        a rank with no rows left runs one row for nothing, see `micro_batches`), the loss Σ NLL / the global
+        count of completion tokens, so N ranks take the step one process takes."""
         self.position, indices = next(self.batches)
         self.position += 1
         pad = self.processor.tokenizer.pad_token_id
-        micro = [indices[k :: self.cfg.grad_accum] for k in range(self.cfg.grad_accum)]
-        batches = [to_device(sft_batch([self.examples[i] for i in m], pad), self.device) for m in micro if m]
-        count = sum(int(b["attention_mask"][:, b["prompt_len"] :].sum()) for b in batches)
-        loss = accumulate([self.model], batches, lambda b: completion_nll(self.model, b)[0] / count)
+        batches = [
+            (to_device(sft_batch([self.examples[i] for i in m], pad), self.device), w)
+            for m, w in micro_batches(indices, self.cfg.grad_accum)
+        ]
+        local = sum(int(b["attention_mask"][:, b["prompt_len"] :].sum()) * w for b, w in batches)
+        count = int(dist.all_reduce_sum(torch.tensor(local)).item())
+        scale = dist.world_size()  # DDP and FSDP average gradients over ranks; the loss is a global sum
+
+        def share(batch: tuple[dict[str, Any], float]) -> Tensor:
+            return completion_nll(self.model, batch[0])[0] * (scale * batch[1] / count)
+
+        loss = float(dist.all_reduce_sum(torch.tensor(accumulate([self.model], batches, share) / scale)))
         grad_norm = clip_grad_norm(self.model, self.optim.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -149,38 +180,48 @@ class VLMSupervised:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        pad, total, count = self.processor.tokenizer.pad_token_id, 0.0, 0
-        for start in range(0, len(self.eval_examples), 64):
-            batch = to_device(sft_batch(self.eval_examples[start : start + 64], pad), self.device)
-            nll, n = completion_nll(self.model, batch)
-            total, count = total + float(nll), count + n
-        out = {"heldout_loss": total / max(1, count)}
-        return out | (self._evaluate(self.model) if self._evaluate is not None else {})
+        """Held-out loss over this rank's share of the rows, summed over ranks (and ``evaluate``'s metrics);
+        the same on every rank. The whole weights are used (`dist.gathered`): no collective inside."""
+        pad, model = self.processor.tokenizer.pad_token_id, dist.unwrap(self.model)
+        mine = [self.eval_examples[i] for i in dist.shard_range(len(self.eval_examples))]
+        sums = torch.zeros(2, dtype=torch.float64)  # Σ NLL, token count
+        with dist.gathered(self.model):
+            for start in range(0, len(mine), 64):
+                batch = to_device(sft_batch(mine[start : start + 64], pad), self.device)
+                nll, n = completion_nll(model, batch)
+                sums += torch.tensor([float(nll), n], dtype=torch.float64)
+            extra = self._evaluate(model) if self._evaluate is not None else {}
+        total, count = dist.all_reduce_sum(sums).tolist()
+        return {"heldout_loss": total / max(1, count)} | extra
 
     def should_stop(self, evals: dict[str, float]) -> bool:
         return self.stop_accuracy is not None and evals.get("heldout_accuracy", 0.0) >= self.stop_accuracy
 
-    def parts(self) -> Parts:
-        def hf_files(folder: Path) -> None:  # the checkpoint is also a folder from_pretrained loads
-            self.model.config.save_pretrained(str(folder))
-            self.processor.save_pretrained(str(folder))
-
-        extra = {"position": self.position}
-        return Parts(
-            {"model": self.model}, {"model": self.optimizer}, {"sched": self.scheduler}, extra, hf_files
-        )
+    def parts(self) -> Parts:  # each checkpoint is also a folder from_pretrained loads (config + processor)
+        return model_parts(self.model, self.optimizer, self.scheduler, self.processor, self.position)
 
     def load_extra(self, extra: dict[str, Any]) -> None:
         self.position = int(extra["position"])
         self.batches = iterate_batches(len(self.examples), self.cfg.batch_size, self.run.seed, self.position)
 
 
-def single_process(device: str) -> torch.device:
-    """The device of a one-process VLM run (torchrun is refused: no DDP/FSDP for VLMs yet)."""
-    info = dist.init_distributed(device)
-    if info.world_size > 1:
-        raise UserError("vision-language models train in one process for now; run without torchrun")
-    return info.device
+def start_processes(run: RunConfig) -> dist.DistInfo:
+    """Join torchrun's process group if there is one, set the threads, seed ``run.seed + rank``."""
+    info = dist.init_distributed(run.device)
+    set_threads(run.threads)
+    seed_everything(run.seed, info.rank)
+    return info
+
+
+def wrap_vlm(model: torch.nn.Module, info: dist.DistInfo, parallel: str) -> torch.nn.Module:
+    """``model`` for data-parallel training (`dist.wrap_model`); the model itself in one process. DDP is
+    told to look for unused parameters: a VLM's forward leaves some out of every loss (the tiny VLM's CLIP
+    tower has a ``post_layernorm`` for a pooled output LLaVA never reads); DDP leaves their gradients None,
+    as one process does, so AdamW skips them in both. Freeze parameters before this call."""
+    if info.world_size <= 1 or parallel != "ddp":
+        return dist.wrap_model(model, info, parallel)
+    ids = [info.device.index] if info.device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
 
 
 def train_and_export(algo: VLMSupervised, cfg: Any, run_dir: Path, resume: bool, overwrite: bool) -> dict:
@@ -219,10 +260,8 @@ def run_vlm_sft(
 ) -> dict[str, Any]:
     """`postrl sft` for a vision-language model (`postrl.lm.sft.SFTConfig`; the hook in `run_sft`)."""
     validate(cfg)
-    device = single_process(cfg.run.device)
-    set_threads(cfg.run.threads)
-    seed_everything(cfg.run.seed, 0)
-    model, processor = load_vlm(cfg.model, cfg.run.dtype, device, cfg.trust_remote_code)
+    info = start_processes(cfg.run)
+    model, processor = load_vlm(cfg.model, cfg.run.dtype, info.device, cfg.trust_remote_code)
     train, evals, verifier = sft_data(cfg, processor)
     evaluate = None
     if verifier is not None and cfg.eval_size > 0:
@@ -233,8 +272,8 @@ def run_vlm_sft(
             )
 
     algo = VLMSupervised(
-        model, processor, train, evals, cfg.train, cfg.optim, cfg.run, name="sft", evaluate=evaluate,
-        stop_accuracy=cfg.stop_accuracy,
+        wrap_vlm(model, info, cfg.run.parallel), processor, train, evals, cfg.train, cfg.optim, cfg.run,
+        name="sft", evaluate=evaluate, stop_accuracy=cfg.stop_accuracy,
     )  # fmt: skip
     return train_and_export(algo, cfg, Path(run_dir), resume, overwrite)
 
@@ -268,9 +307,7 @@ def run_vlm_pretrain(
 ) -> dict[str, Any]:
     """Build the tiny VLM (weights fixed by run.seed), align it on captions, export ``RUN_DIR/model``."""
     validate(cfg)
-    device = single_process(cfg.run.device)
-    set_threads(cfg.run.threads)
-    seed_everything(cfg.run.seed, 0)
+    info = start_processes(cfg.run)
     task = get_task("shapes", **cfg.task)
     tokenizer = build_vlm_tokenizer(task.corpus_lines(cfg.tokenizer_lines), cfg.model.vocab_size)
     model, processor = build_tiny_vlm(tokenizer, cfg.model, seed=cfg.run.seed)
@@ -282,7 +319,6 @@ def run_vlm_pretrain(
     size = cfg.train.max_length
     train = encode_rows(processor, task.caption_rows("train"), "sft", size)
     evals = encode_rows(processor, task.caption_rows("test"), "sft", size)
-    algo = VLMSupervised(
-        model.to(device), processor, train, evals, cfg.train, cfg.optim, cfg.run, name="align"
-    )
+    model = wrap_vlm(model.to(info.device), info, cfg.run.parallel)
+    algo = VLMSupervised(model, processor, train, evals, cfg.train, cfg.optim, cfg.run, name="align")
     return train_and_export(algo, cfg, Path(run_dir), resume, overwrite)
