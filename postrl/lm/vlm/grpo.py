@@ -8,7 +8,12 @@ One step, as `postrl.lm.grpo.algorithm`:
       ──reward fns (TRL's call; the rows' columns but not the pictures)──▶ r [B·G] ──grpo.advantage──▶ A
       ──μ epochs × minibatches × micro-batches: grpo_loss (clip ε / ε_high, β·k3 to the frozen reference)──▶ AdamW
 
-Not here yet: dynamic sampling (a config error), several processes.
+Under torchrun, as the text trainer: every rank draws the same global prompts and samples its share of whole
+groups with its own generator, the loss normaliser is the global count, gradients are averaged by DDP (or
+FSDP2, sampling and scoring then with whole weights: `dist.gathered`), metrics are averaged over ranks, the
+held-out prompts are shared out and the results gathered, and rank 0 writes.
+
+Not here yet: dynamic sampling (a config error).
 """
 
 from __future__ import annotations
@@ -29,16 +34,16 @@ from postrl.lm.grpo.config import GRPOConfig
 from postrl.lm.grpo.rollouts import PromptStream, compute_advantages
 from postrl.lm.rewards import TrainerState, combine, completion_ids_of, reward_terms
 from postrl.lm.rollout import Rollout
-from postrl.lm.spine import Parts, train_loop
-from postrl.lm.trainer import clip_grad_norm, export_on_main, make_optimizer, set_threads
+from postrl.lm.spine import Parts, accumulate, train_loop
+from postrl.lm.trainer import clip_grad_norm, export_on_main, make_optimizer
 from postrl.lm.vlm.data import VLMExample, encode_rows, load_vlm_rows, prompt_batch
 from postrl.lm.vlm.model import image_token_id, load_vlm
 from postrl.lm.vlm.rollout import generate, score
-from postrl.lm.vlm.train import decode, single_process
+from postrl.lm.vlm.train import accuracy_by_kind, decode, gather_shares, start_processes, wrap_vlm
+from postrl.runtime import distributed as dist
 from postrl.runtime.config import validate
 from postrl.runtime.errors import UserError
 from postrl.runtime.rundir import open_run
-from postrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
 HIDDEN_COLUMNS = ("prompt", "where", "base")
@@ -58,8 +63,8 @@ class VLMGRPO:
         self.cfg, self.model, self.ref, self.processor, self.fns = cfg, model, ref, processor, fns
         self.train, self.heldout = train, heldout
         self.device = next(model.parameters()).device
-        self.banned = [image_token_id(model, processor)]
-        self.optimizer, self.scheduler = make_optimizer(model, cfg.optim, cfg.run.steps)
+        self.banned = [image_token_id(dist.unwrap(model), processor)]
+        self.optimizer, self.scheduler = make_optimizer(dist.unwrap(model), cfg.optim, cfg.run.steps)
         self.stream = PromptStream(len(train), cfg.run.seed)
         self.generated_tokens = 0.0
 
@@ -69,16 +74,18 @@ class VLMGRPO:
     ) -> tuple[Rollout, list[str]]:
         tok = self.processor.tokenizer
         ids, mask, pixels = prompt_batch(examples, tok.pad_token_id)
-        was_training = self.model.training
-        self.model.eval()
-        rollout = generate(
-            self.model, ids.to(self.device), mask.to(self.device), {"pixel_values": pixels.to(self.device)},
-            max_new_tokens=sampling.max_new_tokens, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-            banned=self.banned, repeat=repeat, temperature=sampling.temperature, top_k=sampling.top_k,
-            top_p=sampling.top_p, greedy=sampling.greedy,
-            generator=torch.Generator(device=self.device).manual_seed(seed),
-        )  # fmt: skip
-        self.model.train(was_training)
+        model = dist.unwrap(self.model)
+        was_training = model.training
+        model.eval()
+        with dist.gathered(self.model):  # whole weights; ranks may decode different numbers of tokens
+            rollout = generate(
+                model, ids.to(self.device), mask.to(self.device), {"pixel_values": pixels.to(self.device)},
+                max_new_tokens=sampling.max_new_tokens, eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id, banned=self.banned, repeat=repeat,
+                temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                greedy=sampling.greedy, generator=torch.Generator(device=self.device).manual_seed(seed),
+            )  # fmt: skip
+        model.train(was_training)
         return rollout, decode(tok, rollout.response_ids, rollout.response_lengths)
 
     def rewards(self, rollout: Rollout, rows: list[VLMExample], texts: list[str], step: int | None):
@@ -96,13 +103,13 @@ class VLMGRPO:
     def step(self, step: int) -> dict[str, float]:
         g, sampling = self.cfg.grpo, self.cfg.sampling
         start = time.perf_counter()
-        examples = [
-            self.train[i] for i in self.stream.take(g.prompts_per_step, None if g.repeat_prompts else set())
-        ]
+        # the same global prompts on every rank; each samples its share of whole groups with its own seed
+        # (rank 0 with one process's)
+        chosen = self.stream.take(g.prompts_per_step, None if g.repeat_prompts else set())
+        examples = [self.train[chosen[i]] for i in dist.shard_range(len(chosen))]
         rows = [e for e in examples for _ in range(g.group_size)]
-        rollout, texts = self.sample(
-            examples, g.group_size, sampling, random.Random(f"{self.cfg.run.seed}:{step}").getrandbits(62)
-        )
+        seed = f"{self.cfg.run.seed}:{step}" + (f":{dist.rank()}" if dist.rank() else "")
+        rollout, texts = self.sample(examples, g.group_size, sampling, random.Random(seed).getrandbits(62))
         time_generate = time.perf_counter() - start
         terms = self.rewards(rollout, rows, texts, step)
         rewards = combine(self.fns, terms) + overlong_penalty(
@@ -116,9 +123,11 @@ class VLMGRPO:
             "pixels": pixels,
             "adv": advantages,
         }
-        with torch.no_grad():
+        with torch.no_grad(), dist.gathered(self.model):
             batch["old"] = (
-                rollout.log_probs if g.epochs == 1 else self.score(self.model, batch, rollout.prompt_len)
+                rollout.log_probs
+                if g.epochs == 1
+                else self.score(dist.unwrap(self.model), batch, rollout.prompt_len)
             )
             batch["ref"] = None if self.ref is None else self.score(self.ref, batch, rollout.prompt_len)
         middle = time.perf_counter()
@@ -138,9 +147,10 @@ class VLMGRPO:
             metrics["accuracy"] = float(accuracy.mean())
         metrics["time_step"] = time.perf_counter() - start
         metrics["tokens_per_second"] = metrics["generated_tokens"] / metrics["time_step"]
+        metrics = dist.reduce_metrics(metrics)  # means over ranks (each holds as many rows)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
-        self.generated_tokens += metrics["generated_tokens"]
+        self.generated_tokens += metrics["generated_tokens"] * dist.world_size()
         return metrics
 
     def score(
@@ -153,37 +163,45 @@ class VLMGRPO:
         )  # fmt: skip
 
     def optimise(self, batch: dict[str, Any], prompt_len: int) -> dict[str, float]:
-        """μ epochs × minibatches optimiser steps, micro-batches accumulated; stats averaged over steps."""
-        g, T = self.cfg.grpo, batch["ids"].shape[1] - prompt_len
-        n = batch["ids"].shape[0]
+        """μ epochs × minibatches optimiser steps; stats averaged over steps. Minibatch k takes every m-th row
+        from row k: the same split of the global batch at any number of ranks when m divides each rank's rows."""
+        g, n = self.cfg.grpo, batch["ids"].shape[0]
         history = []
         for _ in range(g.epochs):
             for k in range(min(g.minibatches, n)):
-                rows = torch.arange(k, n, min(g.minibatches, n))
-                response_mask = batch["mask"][rows, prompt_len:]
-                normalizer = {"grpo": len(rows), "token": int(response_mask.sum()), "dr_grpo": len(rows) * T}
-                stats: dict[str, float] = {"loss": 0.0}
-                size = g.micro_batch_size or len(rows)
-                for micro in torch.split(rows, size):
-                    log_probs, entropy = self.score(self.model, batch, prompt_len, micro, entropy=True)
-                    mask = batch["mask"][micro, prompt_len:]
-                    ref = None if batch["ref"] is None else batch["ref"][micro]
-                    loss, parts = grpo_loss(
-                        log_probs, batch["old"][micro], ref, batch["adv"][micro], mask, g.clip_eps, g.beta,
-                        g.loss_type, clip_eps_high=g.clip_eps_high, max_len=T,
-                        normalizer=float(normalizer[g.loss_type]), unbiased_kl=g.unbiased_kl,
-                        importance_level=g.importance_level,
-                    )  # fmt: skip
-                    loss.backward()
-                    share = float(mask.sum()) / max(1.0, float(response_mask.sum()))
-                    stats["loss"] += float(loss.detach())
-                    for key, value in {**parts, "entropy": masked_mean(entropy, mask)}.items():
-                        stats[key] = stats.get(key, 0.0) + float(value) * share
+                stats = self.backward_minibatch(batch, prompt_len, torch.arange(k, n, min(g.minibatches, n)))
                 stats["grad_norm"] = clip_grad_norm(self.model, self.cfg.optim.max_grad_norm)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 history.append(stats)
         return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+
+    def backward_minibatch(self, batch: dict[str, Any], prompt_len: int, rows: Tensor) -> dict[str, float]:
+        """The gradient of minibatch ``rows``, micro-batches accumulated (`spine.accumulate`), the loss
+        normalised by the global count (all ranks' rows); token-weighted stats of this rank's rows."""
+        g, T, world = self.cfg.grpo, batch["ids"].shape[1] - prompt_len, dist.world_size()
+        response_mask = batch["mask"][rows, prompt_len:]
+        local = {"grpo": len(rows), "token": int(response_mask.sum()), "dr_grpo": len(rows) * T}
+        normalizer = float(dist.all_reduce_sum(torch.tensor(float(local[g.loss_type]))))
+        stats: dict[str, float] = {}
+
+        def micro_loss(micro: Tensor) -> Tensor:
+            log_probs, entropy = self.score(self.model, batch, prompt_len, micro, entropy=True)
+            mask = batch["mask"][micro, prompt_len:]
+            ref = None if batch["ref"] is None else batch["ref"][micro]
+            loss, parts = grpo_loss(
+                log_probs, batch["old"][micro], ref, batch["adv"][micro], mask, g.clip_eps, g.beta, g.loss_type,
+                clip_eps_high=g.clip_eps_high, max_len=T, normalizer=normalizer, unbiased_kl=g.unbiased_kl,
+                importance_level=g.importance_level,
+            )  # fmt: skip
+            share = float(mask.sum()) / max(1.0, float(response_mask.sum()))
+            for key, value in {**parts, "entropy": masked_mean(entropy, mask)}.items():
+                stats[key] = stats.get(key, 0.0) + float(value) * share
+            # × world: DDP averages gradients over ranks; the ranks' mean of Σ loss is then the global loss
+            return loss * world
+
+        loss = accumulate([self.model], list(torch.split(rows, g.micro_batch_size or len(rows))), micro_loss)
+        return {"loss": loss, **stats}
 
     # ---- the spine's interface ---------------------------------------------------------------------------
     def bar(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -191,33 +209,28 @@ class VLMGRPO:
 
     @torch.no_grad()
     def evaluate(self, batch_size: int = 128) -> dict[str, float]:
-        """Held-out greedy reward (and accuracy where a verifier exists), per ``kind`` column too."""
+        """Held-out greedy reward (and accuracy where a verifier exists), per ``kind`` column too; each rank
+        answers its share of the prompts, every rank gets the whole result."""
         out: dict[str, float] = {}
         if not self.heldout:
             return out
         greedy = replace(self.cfg.sampling, greedy=True)
+        mine = [self.heldout[i] for i in dist.shard_range(len(self.heldout))]
         rewards, accuracy = [], []
-        for start in range(0, len(self.heldout), batch_size):
-            rows = self.heldout[start : start + batch_size]
+        for start in range(0, len(mine), batch_size):
+            rows = mine[start : start + batch_size]
             rollout, texts = self.sample(rows, 1, greedy, start)
             terms = self.rewards(rollout, rows, texts, None)
-            rewards.append(combine(self.fns, terms))
+            rewards += combine(self.fns, terms).tolist()
             if (acc := self.verifier(terms)) is not None:
-                accuracy.append(acc)
-        out["heldout_reward"] = float(torch.cat(rewards).mean())
-        if accuracy:
-            hits = torch.cat(accuracy)
-            out["heldout_accuracy"] = float(hits.mean())
-            kinds: dict[str, list[float]] = {}
-            for e, h in zip(self.heldout, hits.tolist(), strict=True):
-                if e.row.get("kind") is not None:
-                    kinds.setdefault(str(e.row["kind"]), []).append(h)
-            out |= {f"heldout_accuracy/{k}": sum(v) / len(v) for k, v in sorted(kinds.items())}
-        return out
+                accuracy += acc.tolist()
+        rewards, accuracy = gather_shares(rewards), gather_shares(accuracy)
+        out["heldout_reward"] = sum(rewards) / len(rewards)
+        return out | (accuracy_by_kind(self.heldout, accuracy) if accuracy else {})
 
     def parts(self) -> Parts:
         def hf_files(folder: Path) -> None:  # the checkpoint is also a folder from_pretrained loads
-            self.model.config.save_pretrained(str(folder))
+            dist.unwrap(self.model).config.save_pretrained(str(folder))
             self.processor.save_pretrained(str(folder))
 
         extra = {"position": self.stream.position, "generated_tokens": self.generated_tokens}
@@ -274,12 +287,11 @@ def run_vlm_grpo(
     VLM RL recipes commonly do (the verifier's reward says little about visual features; it also saves the
     tower's backward pass). Logged at info level."""
     validate(cfg)
-    check_config(cfg, 1)
     if cfg.grpo.dynamic_sampling:
         raise UserError("grpo.dynamic_sampling is not supported for vision-language models yet")
-    device = single_process(cfg.run.device)
-    set_threads(cfg.run.threads)
-    seed_everything(cfg.run.seed, 0)
+    info = start_processes(cfg.run)
+    check_config(cfg, info.world_size)
+    device = info.device
     model, processor = load_vlm(cfg.model, cfg.run.dtype, device, cfg.trust_remote_code)
     train, heldout, rows = load_prompts(cfg, processor)
     if len(train) < cfg.grpo.prompts_per_step and not cfg.grpo.repeat_prompts:
@@ -301,10 +313,10 @@ def run_vlm_grpo(
             "grpo: %d vision parameters frozen (the vision tower and projector); RL trains the language model",
             frozen,
         )
-    algo = VLMGRPO(cfg, model, ref, processor, fns, train, heldout)
+    algo = VLMGRPO(cfg, wrap_vlm(model, info, cfg.run.parallel), ref, processor, fns, train, heldout)
     logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.run.tensorboard)
     state = train_loop(algo, cfg.run, Path(run_dir), logger, ckpt, eval_at_start=cfg.eval_at_start)
-    export_on_main(model, processor, Path(run_dir) / "model")
+    export_on_main(algo.model, processor, Path(run_dir) / "model")
     start = {f"{k}_start": v for k, v in state.start_eval.items()}
     summary = {**state.last_eval, **start, "reward_mean": state.last_metrics.get("reward_mean")}
     summary |= {"steps": state.step, "train_seconds": round(state.train_seconds, 3)}
