@@ -5,10 +5,12 @@ RL stage's time → evaluation of every checkpoint → report. The pretrained LM
 made by `postrl pretrain` with the recipe in `DemoConfig.pretrain`); ``from_scratch`` (``--from-scratch``)
 runs that pretraining here instead. Each stage is an ordinary postrl run folder under RUN_DIR; a stage whose
 summary.json exists is skipped, one that was interrupted resumes from its last checkpoint, so rerunning the
-same command continues a killed demo.
+same command continues a killed demo. Stages that do not need each other run at the same time, each in a
+worker process with one thread (`postrl.demo_runner`; ``workers``).
 
-The stages are `Stage` rows of `stages()`: a name (the run folder), the trainer, and a function that makes the
-stage's config from the demo's (and from the summaries of the stages before it); a new stage is one more row.
+The stages are `Stage` rows of `stages()`: a name (the run folder), the trainer, a function that makes the
+stage's config from the demo's (and from the summaries of the stages before it), and the stages it needs
+(``after``); a new stage is one more row.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import resource
 import shutil
 import sys
 import time
@@ -25,6 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from postrl.demo_runner import (
+    Job,
+    MemorySampler,
+    Progress,
+    Stage,
+    Summaries,
+    auto_workers,
+    cpu_seconds,
+    run_jobs,
+    stage_jobs,
+)
 from postrl.lm import base_model
 from postrl.lm.dpo import DPOConfig, DPOLossConfig, run_dpo
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, run_grpo
@@ -143,6 +155,9 @@ class DemoConfig:
     """torch intra-op threads for every stage (null: torch's default). One thread: the tiny model gains
     little from a second, and a second CPU-bound process on the machine then slows the demo in proportion
     instead of several times over (oversubscribed threads wait on each other)."""
+    workers: int | None = None
+    """Stages run at the same time, each in a worker process (null: the cores the 1-minute load average
+    leaves free, at most 2; 1: one after another in this process)."""
 
     CHECKS = {
         "eval_prompts": ">= 1",
@@ -151,6 +166,7 @@ class DemoConfig:
         "frontier_prompts": ">= 1",
         "seed": ">= 0",
         "threads": ">= 1",
+        "workers": ">= 1",
     }
 
 
@@ -192,33 +208,19 @@ def quick(cfg: DemoConfig) -> DemoConfig:
 
 
 # ---- the stages ---------------------------------------------------------------------------------------------
-Summaries = dict[str, dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One row of the pipeline: run folder ``name``, ``run(config, run_dir, resume=...) -> summary``, and
-    ``config(demo config wired to RUN_DIR, RUN_DIR, summaries of the stages before) -> the stage's config``.
-    ``idle_seconds(demo config)`` is the expected time on an idle 2-core machine (for the progress line)."""
-
-    name: str
-    run: Callable[..., dict[str, Any]]
-    config: Callable[[DemoConfig, Path, Summaries], Any]
-    idle_seconds: Callable[[DemoConfig], float]
-
-
 def stages(cfg: DemoConfig) -> list[Stage]:
-    """The demo's pipeline, in order (the continued-SFT baselines need their RL stage's time)."""
+    """The demo's pipeline in dependency order: each row after the stages it needs (``after``: the reward
+    model starts from SFT, PPO and DPO use the reward model, continued SFT needs its RL stage's time)."""
     pretrain = Stage("pretrain", run_pretrain, lambda c, out, done: c.pretrain, _steps(0.14, "pretrain"))
     if not cfg.from_scratch:
         pretrain = Stage("pretrain", copy_base_model, lambda c, out, done: None, lambda c: 1.0)
     rows = [
         pretrain,
-        Stage("sft", run_sft, lambda c, out, done: c.sft, _steps(0.08, "sft", 8.0)),
-        Stage("rm", run_rm, lambda c, out, done: c.rm, _steps(0.12, "rm", 5.0)),
-        Stage("ppo", run_ppo, lambda c, out, done: c.ppo, _steps(0.5, "ppo", 5.0)),
-        Stage("dpo", run_dpo, lambda c, out, done: c.dpo, _steps(0.12, "dpo", 5.0)),
-        Stage("grpo", run_grpo, lambda c, out, done: c.grpo, _steps(0.4, "grpo", 5.0)),
+        Stage("sft", run_sft, lambda c, out, done: c.sft, _steps(0.08, "sft", 8.0), ("pretrain",)),
+        Stage("rm", run_rm, lambda c, out, done: c.rm, _steps(0.12, "rm", 5.0), ("sft",)),
+        Stage("ppo", run_ppo, lambda c, out, done: c.ppo, _steps(0.5, "ppo", 5.0), ("sft", "rm")),
+        Stage("dpo", run_dpo, lambda c, out, done: c.dpo, _steps(0.12, "dpo", 5.0), ("sft", "rm")),
+        Stage("grpo", run_grpo, lambda c, out, done: c.grpo, _steps(0.4, "grpo", 5.0), ("sft",)),
     ]
     if cfg.compare_sft:
         for rl in ("ppo", "grpo"):
@@ -228,6 +230,7 @@ def stages(cfg: DemoConfig) -> list[Stage]:
                     run_sft,
                     lambda c, out, done, rl=rl: continued_sft(c, out, rl_seconds(done[rl])),
                     lambda c, rl=rl: next(s for s in rows if s.name == rl).idle_seconds(c) * 0.8,
+                    (rl,),
                 )
             )
     return rows
@@ -314,64 +317,6 @@ def check_base_model(cfg: DemoConfig) -> None:
 
 
 # ---- running them -------------------------------------------------------------------------------------------
-class Progress:
-    """The demo's own progress line: stage k of n, its estimate and the time left, rescaled by how the
-    finished stages compared with their idle-machine estimates."""
-
-    def __init__(self, cfg: DemoConfig, rows: list[Stage]) -> None:
-        self.estimates = {s.name: s.idle_seconds(cfg) for s in rows}
-        self.names = [s.name for s in rows]
-        self.spent = 0.0
-        self.expected = 0.0
-
-    def start(self, name: str) -> str:
-        k = self.names.index(name)
-        pace = self.spent / self.expected if self.expected > 1.0 else 1.0
-        left = pace * sum(self.estimates[n] for n in self.names[k:])
-        return (
-            f"[demo] {k + 1}/{len(self.names)} {name}: about {pace * self.estimates[name]:.0f}s, "
-            f"about {left:.0f}s left for the stages"
-        )
-
-    def finish(self, name: str, seconds: float) -> None:
-        self.spent += seconds
-        self.expected += self.estimates[name]
-
-
-def run_stage(
-    name: str, out: Path, fn: Callable[..., dict[str, Any]], cfg: Any, label: str = ""
-) -> dict[str, Any]:
-    """Run one stage into ``out/name`` unless it already finished; resume it if it was interrupted."""
-    run_dir = out / name
-    done = run_dir / "summary.json"
-    if done.is_file():
-        summary = json.loads(done.read_text())
-        print(f"{label or f'[demo] {name}'}: already done ({run_dir}), skipped", file=sys.stderr)
-        return summary
-    resume = run_state(run_dir) == "interrupted"
-    print(f"{label or f'[demo] {name}'} → {run_dir}{' (resuming)' if resume else ''}", file=sys.stderr)
-    summary = fn(cfg, run_dir, resume=resume)
-    print(
-        f"[demo] {name}: done in {summary.get('wall_seconds', 0):.0f}s — {_headline(name, summary)}",
-        file=sys.stderr,
-    )
-    return summary
-
-
-def _headline(name: str, s: dict[str, Any]) -> str:
-    """The stage's own end-of-run numbers (its trainer's check; the report's table is the common evaluation)."""
-    keys = {
-        "pretrain": ["heldout_loss"],
-        "sft": ["heldout_loss", "heldout_accuracy"],
-        "rm": ["heldout_accuracy"],
-        "ppo": ["gold_reward", "rm_score", "kl_to_ref"],
-        "dpo": ["heldout_reward_accuracy", "heldout_gold_reward", "heldout_kl"],
-        "grpo": ["heldout_accuracy", "kl_to_ref"],
-    }.get(name.split("-")[0], ["heldout_loss"])
-    text = ", ".join(f"{k} {s[k]:.3f}" for k in keys if isinstance(s.get(k), (int, float)))
-    return (text + " (the stage's own check)") if text else "finished"
-
-
 def run_demo(
     cfg: DemoConfig, out: str | Path, resume: bool = False, overwrite: bool = False
 ) -> dict[str, Any]:
@@ -380,7 +325,7 @@ def run_demo(
     An interrupted demo is resumed by running it again; a finished one (``summary.json``) is only redone
     with ``resume`` (finished stages skipped, evaluation and report written again) or ``overwrite``."""
     out = Path(out)
-    cpu_started, load_before = cpu_seconds(), os.getloadavg()
+    wall_started, cpu_started, load_before = time.perf_counter(), cpu_seconds(), os.getloadavg()
     validate(cfg)
     state = run_state(out)
     if state == "interrupted" and not overwrite:
@@ -394,27 +339,29 @@ def run_demo(
     cfg = wire(cfg, out)
     save_config(cfg, out / "config.yaml")
     rows = stages(cfg)
-    progress = Progress(cfg, rows)
-    done: Summaries = {}
-    for stage in rows:
-        started = time.perf_counter()
-        done[stage.name] = run_stage(
-            stage.name, out, stage.run, stage.config(cfg, out, done), label=progress.start(stage.name)
-        )
-        progress.finish(stage.name, time.perf_counter() - started)
+    workers = cfg.workers or auto_workers()
+    names = [s.name for s in rows]
+    jobs = stage_jobs(rows, cfg, out, lambda name: progress.line(name)) + evaluation_jobs(cfg, out, names)
+    progress = Progress(jobs, workers, names)
+    print(
+        f"[demo] {len(rows)} stages in {workers} worker{'s' * (workers > 1)}, each checkpoint evaluated on "
+        "the same held-out prompts once it is trained",
+        file=sys.stderr,
+    )
+    with MemorySampler() as memory:
+        results = run_jobs(jobs, workers, progress)
+    done: Summaries = {s.name: results[s.name] for s in rows}
     if "rm" in done:  # the count behind the reward model's held-out accuracy (its verdict's standard error)
         pairs = get_task("reviews", **cfg.rm.task).config.n_pairs_test
         done["rm"] = {**done["rm"], "heldout_pairs": min(cfg.rm.eval_size or pairs, pairs)}
-    print("[demo] evaluating every checkpoint on the same held-out prompts", file=sys.stderr)
-    eval_started = time.perf_counter()
-    evaluation = evaluate_checkpoints(cfg, out, [s.name for s in rows if s.name != "rm"])
-    eval_seconds = time.perf_counter() - eval_started
-    started = time.perf_counter()
-    points = frontier(cfg, out, evaluation)
-    eval_seconds += time.perf_counter() - started
+    evaluation = {n: row for j in jobs if j.name.startswith("eval ") for n, row in results[j.name].items()}
+    eval_seconds = sum(t for n, t in progress.seconds.items() if n.startswith("eval ") or n == "frontier")
     summary = build_summary(done, evaluation, eval_seconds)
-    summary["frontier"] = points
+    summary["frontier"] = results.get("frontier", [])
+    summary["workers"] = workers
+    summary["wall_seconds"] = round(time.perf_counter() - wall_started, 2)
     summary["cpu_seconds"] = round(cpu_seconds() - cpu_started, 1)
+    summary["peak_rss_mb"] = round(max(summary["peak_rss_mb"], memory.peak_mb), 1)
     summary["load_average"] = [round(x, 2) for x in load_before] + [round(x, 2) for x in os.getloadavg()]
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     write_report(out, cfg, done, evaluation, summary)
@@ -424,11 +371,37 @@ def run_demo(
     return summary
 
 
-def cpu_seconds() -> float:
-    """User + system CPU time of this process and its finished children (what an idle machine's wall time
-    would be with one thread)."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+# The checkpoints the common evaluation compares (the reward model has its own pair accuracy).
+EVALUATED = ("pretrain", "sft", "ppo", "dpo", "grpo", "sft-vs-ppo", "sft-vs-grpo")
+
+
+def evaluation_jobs(cfg: DemoConfig, out: Path, names: list[str]) -> list[Job]:
+    """The common evaluation as jobs: each checkpoint of `EVALUATED` among ``names`` once it is trained
+    (against the SFT policy and the reward model), and the gold-reward frontier once SFT's row, PPO and DPO
+    are there. Each job's numbers are those of one `evaluate_checkpoints` over all of them."""
+    todo = [n for n in EVALUATED if n in names]
+    seconds = 1.0 + 0.004 * cfg.eval_prompts + 0.012 * cfg.eval_samples  # measured: see benchmarks/demo.py
+    jobs = [
+        Job(
+            f"eval {n}",
+            tuple(dict.fromkeys((n, "sft", "rm"))),
+            seconds,
+            lambda done, n=n: (evaluate_checkpoints, (cfg, out, [n])),
+        )
+        for n in todo
+        if {"sft", "rm"} <= set(names)
+    ]
+    if jobs and "eval sft" in {j.name for j in jobs}:
+        needs = ("eval sft", *(n for n in ("ppo", "dpo") if n in names))
+        jobs.append(
+            Job(
+                "frontier",
+                needs,
+                0.25 * cfg.frontier_prompts * cfg.frontier_max_n / 16,
+                lambda done: (frontier, (cfg, out, done["eval sft"])),
+            )
+        )
+    return jobs
 
 
 def wire(cfg: DemoConfig, out: Path) -> DemoConfig:
@@ -455,8 +428,8 @@ def build_summary(stages: Summaries, evaluation: dict[str, dict], eval_seconds: 
     number for number); the reward model's accuracy is its own held-out pair accuracy (the one number not in
     the table); ``verdicts`` says which stage beat its baseline.
 
-    ``wall_seconds`` adds up the stages' own wall times and the evaluation, so a resumed demo reports the
-    time of the whole pipeline, not of its last invocation."""
+    ``stage_seconds`` adds up the stages' own wall times and ``eval_seconds`` the evaluation's (the work:
+    stages run at the same time, and a resumed demo counts those of earlier invocations)."""
     per_stage: dict[str, dict[str, Any]] = {}
     for name, stage in stages.items():
         row = {k: v for k, v in evaluation.get(name, {}).items() if k != "samples"}
@@ -464,7 +437,7 @@ def build_summary(stages: Summaries, evaluation: dict[str, dict], eval_seconds: 
             row = {"heldout_accuracy": stages["rm"].get("heldout_accuracy")}
         per_stage[name] = {**row, "wall_seconds": stage.get("wall_seconds")}
     return {
-        "wall_seconds": round(eval_seconds + sum(s.get("wall_seconds", 0) for s in stages.values()), 2),
+        "stage_seconds": round(sum(s.get("wall_seconds", 0) for s in stages.values()), 2),
         "eval_seconds": round(eval_seconds, 2),
         "peak_rss_mb": round(max([peak_rss_mb()] + [s.get("peak_rss_mb", 0) for s in stages.values()]), 1),
         "stages": per_stage,

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from postrl.demo import DemoConfig, quick, run_demo, run_stage
+from postrl.demo import DemoConfig, quick, run_demo
+from postrl.demo_runner import run_stage
 
 REQUIRED = {
     "pretrain": ["heldout_loss"],

@@ -1,0 +1,320 @@
+"""Running the demo's stages: in dependency order, the ready ones at the same time in worker processes.
+
+A `Stage` names the stages it needs (``after``); `run_jobs` starts every job whose inputs are done, at most
+``workers`` at once, each in a process of a spawn-context pool with one torch thread (``workers=1``: one
+after another in this process). A worker dies with the demo (``PR_SET_PDEATHSIG`` on Linux), so a killed
+demo leaves no stage training on; Ctrl-C or SIGTERM stop the workers, and rerunning the demo resumes each
+interrupted stage from its last checkpoint and skips the finished ones (`run_stage`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import multiprocessing
+import os
+import resource
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Summaries = dict[str, dict[str, Any]]
+MAX_AUTO_WORKERS = 2  # the 1.5 GB memory goal: the demo and two workers, each with torch and a model or two
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One row of the pipeline: run folder ``name``, ``run(config, run_dir, resume=...) -> summary``, and
+    ``config(demo config wired to RUN_DIR, RUN_DIR, summaries of the stages before) -> the stage's config``.
+    ``idle_seconds(demo config)`` is the expected time on an idle 2-core machine with one thread (for the
+    progress line); ``after`` names the stages whose run folders or summaries it needs (each an earlier row).
+    ``run`` runs in a worker process: a module-level function, its config picklable (a dataclass)."""
+
+    name: str
+    run: Callable[..., dict[str, Any]]
+    config: Callable[[Any, Path, Summaries], Any]
+    idle_seconds: Callable[[Any], float]
+    after: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Job:
+    """A unit of the schedule: ``name``, the jobs it needs (``after``), its idle-machine estimate in
+    seconds, and ``call(results of the finished jobs) -> (function, args)``, made when the job is ready; the
+    function runs in a worker, so it and its args must pickle."""
+
+    name: str
+    after: tuple[str, ...]
+    seconds: float
+    call: Callable[[dict[str, Any]], tuple[Callable[..., Any], tuple]]
+
+
+def auto_workers(cpus: int | None = None, load: float | None = None) -> int:
+    """Processes for the stages: the cores the 1-minute load average leaves free, 1 to `MAX_AUTO_WORKERS`."""
+    cpus = cpus if cpus is not None else os.cpu_count() or 1
+    load = load if load is not None else os.getloadavg()[0]
+    return max(1, min(MAX_AUTO_WORKERS, cpus - round(load)))
+
+
+# ---- progress -----------------------------------------------------------------------------------------------
+class Progress:
+    """The demo's progress line: stage k of n, its estimate and the time left on ``workers`` lanes (the longer
+    of the remaining critical path and the remaining work shared by the lanes), rescaled by how the finished
+    jobs compared with their idle-machine estimates."""
+
+    def __init__(self, jobs: list[Job], workers: int, stages: list[str]) -> None:
+        self.estimates = {j.name: j.seconds for j in jobs}
+        self.after = {j.name: j.after for j in jobs}
+        self.stages, self.workers = stages, workers
+        self.started: dict[str, float] = {}
+        self.finished: set[str] = set()
+        self.seconds: dict[str, float] = {}
+        self.spent = self.expected = 0.0
+
+    def line(self, name: str) -> str:
+        """``[demo] k/n name: about Xs, about Ys left``, for the stage starting now."""
+        pace = self.spent / self.expected if self.expected > 1.0 else 1.0
+        k = len([n for n in self.started if n in self.stages]) + (name not in self.started)
+        return (
+            f"[demo] {k}/{len(self.stages)} {name}: about {pace * self.estimates[name]:.0f}s, "
+            f"about {pace * self.left():.0f}s left"
+        )
+
+    def left(self) -> float:
+        """Idle-machine seconds left: what remains of each unfinished job, laid on the lanes."""
+        now = time.perf_counter()
+        rest = {
+            n: max(0.0, s - (now - self.started[n] if n in self.started else 0.0))
+            for n, s in self.estimates.items()
+            if n not in self.finished
+        }
+        path: dict[str, float] = {}
+        for n, s in rest.items():  # the jobs are in dependency order
+            path[n] = s + max((path[a] for a in self.after[n] if a in path), default=0.0)
+        return max(max(path.values(), default=0.0), sum(rest.values()) / self.workers)
+
+    def start(self, name: str) -> None:
+        self.started[name] = time.perf_counter()
+
+    def finish(self, name: str) -> None:
+        self.finished.add(name)
+        self.seconds[name] = time.perf_counter() - self.started[name]
+        self.spent += self.seconds[name]
+        self.expected += self.estimates[name]
+
+
+# ---- one stage ----------------------------------------------------------------------------------------------
+def run_stage(
+    name: str, out: Path, fn: Callable[..., dict[str, Any]], cfg: Any, label: str = ""
+) -> dict[str, Any]:
+    """Run one stage into ``out/name`` unless it already finished; resume it if it was interrupted."""
+    from postrl.runtime.rundir import run_state  # deferred: torch, which a worker imports with its stage
+
+    run_dir = out / name
+    done = run_dir / "summary.json"
+    if done.is_file():
+        summary = json.loads(done.read_text())
+        print(f"{label or f'[demo] {name}'}: already done ({run_dir}), skipped", file=sys.stderr)
+        return summary
+    resume = run_state(run_dir) == "interrupted"
+    print(f"{label or f'[demo] {name}'} → {run_dir}{' (resuming)' if resume else ''}", file=sys.stderr)
+    summary = fn(cfg, run_dir, resume=resume)
+    print(
+        f"[demo] {name}: done in {summary.get('wall_seconds', 0):.0f}s — {_headline(name, summary)}",
+        file=sys.stderr,
+    )
+    return summary
+
+
+def _headline(name: str, s: dict[str, Any]) -> str:
+    """The stage's own end-of-run numbers (its trainer's check; the report's table is the common evaluation)."""
+    keys = {
+        "pretrain": ["heldout_loss"],
+        "sft": ["heldout_loss", "heldout_accuracy"],
+        "rm": ["heldout_accuracy"],
+        "ppo": ["gold_reward", "rm_score", "kl_to_ref"],
+        "dpo": ["heldout_reward_accuracy", "heldout_gold_reward", "heldout_kl"],
+        "grpo": ["heldout_accuracy", "kl_to_ref"],
+    }.get(name.split("-")[0], ["heldout_accuracy", "heldout_loss"])
+    text = ", ".join(f"{k} {s[k]:.3f}" for k in keys if isinstance(s.get(k), (int, float)))
+    return (text + " (the stage's own check)") if text else "finished"
+
+
+def stage_jobs(stages: list[Stage], cfg: Any, out: Path, progress: Callable[[str], str]) -> list[Job]:
+    """The stages as jobs: each runs `run_stage` with the config made from the summaries of those before it,
+    under the progress line ``progress(name)``."""
+
+    def job(s: Stage) -> Job:
+        def call(done: dict[str, Any]) -> tuple[Callable[..., Any], tuple]:
+            return run_stage, (s.name, out, s.run, s.config(cfg, out, done), progress(s.name))
+
+        return Job(s.name, s.after, s.idle_seconds(cfg), call)
+
+    return [job(s) for s in stages]
+
+
+# ---- the schedule -------------------------------------------------------------------------------------------
+def run_jobs(jobs: list[Job], workers: int, progress: Progress | None = None) -> dict[str, Any]:
+    """Run every job once its ``after`` jobs are done, at most ``workers`` at a time in worker processes
+    (``workers=1``: one after another in this process, in the list's order); returns each job's result by
+    name. A job that raises stops the others (their run folders resume on the next run) and its error is
+    raised here; so are Ctrl-C and SIGTERM."""
+    names = [j.name for j in jobs]
+    for k, j in enumerate(jobs):
+        if unknown := [a for a in j.after if a not in names[:k]]:
+            raise ValueError(f"job {j.name!r} needs {unknown}, which are not jobs before it")
+    results: dict[str, Any] = {}
+    if workers <= 1:
+        for j in jobs:
+            fn, args = j.call(results)
+            _mark(progress, "start", j.name)
+            results[j.name] = fn(*args)
+            _mark(progress, "finish", j.name)
+        return results
+    pending, running = list(jobs), {}
+    rank = {j.name: -seconds for j, seconds in zip(jobs, _longest_path_from(jobs), strict=True)}
+    ctx = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker, initargs=(os.getpid(),))
+    try:
+        with _sigterm_as_interrupt():
+            while pending or running:
+                ready = sorted(
+                    (j for j in pending if all(a in results for a in j.after)), key=lambda j: rank[j.name]
+                )
+                for j in ready[: workers - len(running)]:
+                    pending.remove(j)
+                    fn, args = j.call(results)
+                    _mark(progress, "start", j.name)
+                    running[pool.submit(fn, *args)] = j.name
+                finished, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    name = running.pop(future)
+                    results[name] = future.result()  # a job's error stops the demo here
+                    _mark(progress, "finish", name)
+    except BaseException:
+        stop_workers(pool, running)
+        raise
+    pool.shutdown()  # joined: their CPU time is now in RUSAGE_CHILDREN
+    return results
+
+
+def _longest_path_from(jobs: list[Job]) -> list[float]:
+    """Each job's estimate plus the longest chain of estimates that waits on it: the ready job with the longest
+    one starts first (the critical path sets the demo's wall time)."""
+    tail: dict[str, float] = {}
+    for j in reversed(jobs):
+        tail[j.name] = j.seconds + max((tail[k.name] for k in jobs if j.name in k.after), default=0.0)
+    return [tail[j.name] for j in jobs]
+
+
+def _mark(progress: Progress | None, what: str, name: str) -> None:
+    if progress is not None:
+        getattr(progress, what)(name)
+
+
+def stop_workers(pool: ProcessPoolExecutor, running: dict[Future, str]) -> None:
+    """Stop the pool's processes now (SIGTERM, then SIGKILL after 10 s): their stages resume on the next run."""
+    for future in running:
+        future.cancel()
+    children = multiprocessing.active_children()
+    for proc in children:
+        proc.terminate()
+    for proc in children:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def init_worker(parent: int) -> None:
+    """A worker's start: die with the demo (Linux: the kernel sends SIGKILL when the parent dies, even by
+    SIGKILL), and leave Ctrl-C to the demo, which stops its workers."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if os.getppid() != parent:  # the demo died before the line above: nothing would stop this worker
+            os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a `kill`, a job scheduler) stops the demo as Ctrl-C does, so that its workers are stopped
+    too (off the main thread, where Python cannot install a handler, nothing changes)."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:
+        previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+# ---- what it costs ------------------------------------------------------------------------------------------
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and its finished (joined) children: the workers' time counts
+    once the pool is shut down."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+class MemorySampler:
+    """The largest sum of resident memory of this process and its live child processes (the workers),
+    sampled every ``interval`` seconds in a thread (Linux: /proc; elsewhere only this process's peak)."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self.interval, self.peak_bytes = interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            pids = [os.getpid(), *child_pids(os.getpid())]
+            self.peak_bytes = max(self.peak_bytes, sum(rss_bytes(pid) for pid in pids))
+            if self._stop.wait(self.interval):
+                return
+
+    @property
+    def peak_mb(self) -> float:
+        return self.peak_bytes / 2**20
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (Linux /proc; [] elsewhere)."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(c) for c in f.read().split()]
+    return found
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of process ``pid`` now (0 when it is gone or /proc is missing)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -1,0 +1,137 @@
+"""The demo's scheduler (`postrl.demo_runner`) on stand-in stages that sleep: dependency order, a failing
+stage, a killed demo that leaves no worker behind and resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from postrl.demo_runner import Progress, Stage, auto_workers, run_jobs, stage_jobs
+from postrl.runtime.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fake_stage(cfg: dict, run_dir: Path, resume: bool = False) -> dict:
+    """A stand-in trainer: marks its run folder as started, logs the call, sleeps, fails or finishes."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "checkpoints").mkdir(exist_ok=True)  # an interrupted run from here on
+    started = time.time()
+    with open(run_dir.parent / "calls.jsonl", "a") as f:
+        f.write(json.dumps({"name": run_dir.name, "resume": resume, "pid": os.getpid(), "t": started}) + "\n")
+    while time.time() < started + cfg["seconds"]:
+        time.sleep(0.01)
+    meet = cfg.get("meet")  # wait (up to 60 s) until stage ``meet`` has started too: both run at once
+    while meet and not any(c["name"] == meet for c in calls(run_dir.parent)) and time.time() < started + 60:
+        time.sleep(0.01)
+    if cfg.get("fail"):
+        raise UserError(f"{run_dir.name} failed on purpose")
+    summary = {"wall_seconds": cfg["seconds"], "started": started, "ended": time.time()}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
+def rows(seconds: dict[str, float], fail: str = "", meet: bool = False) -> list[Stage]:
+    """a; b after a; c independent; d after b and c — each sleeping ``seconds[name]`` (``meet``: b and c
+    each wait for the other to start)."""
+    after = {"a": (), "b": ("a",), "c": (), "d": ("b", "c")}
+    other = {"b": "c", "c": "b"} if meet else {}
+
+    def config(name: str, s: float):
+        return lambda c, out, done: {"seconds": s, "fail": name == fail, "meet": other.get(name)}
+
+    return [Stage(n, fake_stage, config(n, s), lambda c: 1.0, after[n]) for n, s in seconds.items()]
+
+
+def run(out: Path, stages: list[Stage], workers: int = 2) -> dict:
+    names = [s.name for s in stages]
+    jobs = stage_jobs(stages, None, out, lambda name: progress.line(name))
+    progress = Progress(jobs, workers, names)
+    return run_jobs(jobs, workers, progress)
+
+
+def calls(out: Path) -> list[dict]:
+    path = out / "calls.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead: its parent has not reaped it yet
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_stages_start_after_what_they_need_and_run_side_by_side(tmp_path):
+    done = run(tmp_path, rows({"a": 0.2, "b": 0.1, "c": 0.1, "d": 0.1}, meet=True))
+    assert set(done) == {"a", "b", "c", "d"}
+    assert done["b"]["started"] >= done["a"]["ended"]
+    assert done["d"]["started"] >= max(done["b"]["ended"], done["c"]["ended"])
+    assert done["c"]["ended"] - done["c"]["started"] < 30 and done["b"]["ended"] - done["b"]["started"] < 30
+    assert len({c["pid"] for c in calls(tmp_path)}) == 2  # in two worker processes, not this one
+    assert os.getpid() not in {c["pid"] for c in calls(tmp_path)}
+
+
+def test_one_worker_runs_in_this_process_in_order(tmp_path):
+    done = run(tmp_path, rows({"a": 0.0, "b": 0.0, "c": 0.0, "d": 0.0}), workers=1)
+    assert [c["name"] for c in calls(tmp_path)] == ["a", "b", "c", "d"] and list(done) == ["a", "b", "c", "d"]
+    assert {c["pid"] for c in calls(tmp_path)} == {os.getpid()}
+
+
+def test_a_failing_stage_stops_the_demo_with_its_error(tmp_path):
+    with pytest.raises(UserError, match="b failed on purpose"):
+        run(tmp_path, rows({"a": 0.0, "b": 0.2, "c": 30.0, "d": 0.0}, fail="b"))
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["wall_seconds"] == 0.0  # left intact
+    assert not (tmp_path / "d").exists()
+    c = next(c for c in calls(tmp_path) if c["name"] == "c")
+    assert not alive(c["pid"])  # the stage beside it was stopped (it resumes on the next run), not left on
+
+
+def test_a_job_needing_a_later_one_is_refused():
+    with pytest.raises(ValueError, match="not jobs before it"):
+        run(Path("/nonexistent"), rows({"b": 0.0, "a": 0.0}))
+
+
+def test_auto_workers_leave_busy_cores_alone():
+    assert auto_workers(cpus=2, load=0.2) == 2
+    assert auto_workers(cpus=2, load=1.2) == 1 and auto_workers(cpus=2, load=5.0) == 1
+    assert auto_workers(cpus=16, load=0.0) == 2
+
+
+KILLED = """
+import sys
+from pathlib import Path
+from tests.test_demo_runner import rows, run
+run(Path(sys.argv[1]), rows({"a": 0.0, "b": float(sys.argv[2]), "c": float(sys.argv[2]), "d": 0.0}))
+"""
+
+
+def test_a_killed_demo_leaves_no_stage_running_and_resumes(tmp_path):
+    """SIGKILL the demo while b and c train in its workers: both die with it; the rerun skips a and resumes
+    b and c."""
+    demo = subprocess.Popen([sys.executable, "-c", KILLED, str(tmp_path), "60"], cwd=REPO)
+    try:
+        deadline = time.time() + 60
+        while len([c for c in calls(tmp_path) if c["name"] in "bc"]) < 2:
+            assert time.time() < deadline and demo.poll() is None, "b and c never started"
+            time.sleep(0.05)
+    finally:
+        demo.send_signal(signal.SIGKILL)
+        demo.wait()
+    workers = [c["pid"] for c in calls(tmp_path) if c["name"] in "bc"]
+    deadline = time.time() + 5
+    while any(alive(pid) for pid in workers) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in workers), "a stage trained on after the demo was killed"
+    subprocess.run([sys.executable, "-c", KILLED, str(tmp_path), "0"], cwd=REPO, check=True)
+    second = calls(tmp_path)[3:]
+    assert sorted((c["name"], c["resume"]) for c in second) == [("b", True), ("c", True), ("d", False)]
