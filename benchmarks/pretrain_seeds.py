@@ -1,0 +1,176 @@
+"""Does from-scratch pretraining reach the SFT band on every seed? (issue #23, item 1)
+
+For each pretraining seed S: `postrl pretrain` with the built-in base model's recipe (`base_model.recipe(S)`,
+= DemoConfig.pretrain), then the demo's SFT stage from that model (DemoConfig().sft wired as `postrl demo
+--from-scratch seed=S` wires it: model = the pretrained folder, run.seed = S, one thread). Beside them, the
+demo's SFT stage from the shipped base model (postrl/lm/base_model) on SFT seeds 0 1 2: the range of its
+held-out accuracy is "the SFT band", and a pretraining seed reaches the band when its SFT accuracy is at least
+the band's lower end.
+
+Per run: the pretraining's held-out loss (the tasks' test demonstrations in the question format, which the
+corpus never shows, hence a loss far above the corpus loss) and CPU seconds; the pretrained model's greedy
+exact match on 500 held-out sums written as bare equations ("47+38=", the corpus's format: did it learn the
+sums?) and on the task's questions ("What is 47+38?", expected ~0); after SFT, greedy exact match on the same
+500 held-out questions as the demo's report (8 new tokens) and SFT's own held-out loss.
+
+    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/pretrain_seeds.py \
+        [--seeds 0 1 2 3 4] [--shipped-seeds 0 1 2] [--workdir /tmp/postrl-pretrain-seeds]
+
+A finished run folder (summary.json) is reused, so the seeds can be run one invocation at a time. Prints a
+Markdown table and ends with ONE JSON line.
+
+Measured: see the table below (filled in from the run that this commit records).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+from postrl.demo import ARITHMETIC, DemoConfig, copy_base_model
+from postrl.lm import base_model
+from postrl.lm.models import load_causal_lm
+from postrl.lm.pretrain import run_pretrain
+from postrl.lm.rollout.evaluation import complete, evaluate_task
+from postrl.lm.sft import run_sft
+from postrl.lm.tasks import get_task
+from postrl.lm.tokenizer import load_tokenizer
+
+N_EVAL = 500  # held-out prompts, as the demo's report (DemoConfig.eval_prompts)
+
+
+def cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime
+
+
+def timed(fn, *args, **kwargs) -> tuple[Any, float]:
+    """``fn``'s result and the CPU seconds (user + system, this process) it took."""
+    started = cpu_seconds()
+    result = fn(*args, **kwargs)
+    return result, round(cpu_seconds() - started, 1)
+
+
+def cached(run_dir: Path, make) -> dict[str, Any]:
+    """``run_dir/bench.json`` if the run finished before, else ``make()`` recorded there."""
+    record = run_dir / "bench.json"
+    if (run_dir / "summary.json").is_file() and record.is_file():
+        return json.loads(record.read_text())
+    result = make()
+    record.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def accuracies(model_dir: Path) -> dict[str, float]:
+    """Greedy exact match on N_EVAL held-out sums: as questions (the task) and as bare equations (the corpus)."""
+    model, tokenizer = load_causal_lm(model_dir).eval(), load_tokenizer(model_dir)
+    task = get_task("arithmetic", **ARITHMETIC)
+    new_tokens = DemoConfig().grpo.sampling.max_new_tokens
+    question = evaluate_task(model, tokenizer, task, n=N_EVAL, max_new_tokens=new_tokens)["reward"]
+    problems = task.problems("test")[:N_EVAL]
+    texts = complete(model, tokenizer, [f"{a}{op}{b}=" for a, op, b in problems], max_new_tokens=new_tokens)
+    # the answer is the completion's first number (the model may go on with another equation)
+    firsts = [re.match(r"\s*(-?\d+)", t) for t in texts]
+    hits = [m is not None and int(m.group(1)) == a + b for m, (a, _, b) in zip(firsts, problems, strict=True)]
+    return {"accuracy": question, "equation_accuracy": sum(hits) / len(hits)}
+
+
+def pretrain(workdir: Path, seed: int) -> dict[str, Any]:
+    run_dir = workdir / f"pretrain-{seed}"
+
+    def make() -> dict[str, Any]:
+        load = os.getloadavg()[0]
+        summary, cpu = timed(run_pretrain, base_model.recipe(seed), run_dir, overwrite=True)
+        return {
+            "heldout_loss": summary["heldout_loss"],
+            "cpu_seconds": cpu,
+            "wall_seconds": summary["wall_seconds"],
+            "load_before": round(load, 2),
+            **accuracies(run_dir / "model"),
+        }
+
+    return cached(run_dir, make)
+
+
+def sft(workdir: Path, name: str, model_dir: Path, seed: int) -> dict[str, Any]:
+    """The demo's SFT stage (DemoConfig().sft wired as postrl.demo.wire does) from ``model_dir``."""
+    run_dir = workdir / name
+    r = dataclasses.replace
+    stage = DemoConfig().sft
+    cfg = r(stage, model=str(model_dir), run=r(stage.run, seed=seed, threads=1))
+
+    def make() -> dict[str, Any]:
+        summary, cpu = timed(run_sft, cfg, run_dir, overwrite=True)
+        return {
+            "sft_heldout_loss": summary["heldout_loss"],
+            "sft_own_accuracy": summary.get("heldout_accuracy"),
+            "sft_cpu_seconds": cpu,
+            **{f"sft_{k}": v for k, v in accuracies(run_dir / "model").items()},
+        }
+
+    return cached(run_dir, make)
+
+
+def shipped(workdir: Path) -> Path:
+    """The shipped base model copied as the demo copies it (its pretrain stage without --from-scratch)."""
+    run_dir = workdir / "shipped"
+    if not (run_dir / "summary.json").is_file():
+        copy_base_model(None, run_dir)
+    return run_dir / "model"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    cols = ["run", "heldout_loss", "cpu_seconds", "equation_accuracy", "accuracy", "sft_heldout_loss",
+            "sft_accuracy", "in_band"]  # fmt: skip
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in rows:
+        cells = [row.get(c) for c in cols]
+        lines.append("| " + " | ".join(f"{c:.3f}" if isinstance(c, float) else str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--shipped-seeds", type=int, nargs="*", default=[0, 1, 2])
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/postrl-pretrain-seeds"))
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    started, load = time.perf_counter(), os.getloadavg()
+    rows: list[dict[str, Any]] = []
+    base = shipped(args.workdir)
+    shipped_record = {"heldout_loss": base_model.provenance().get("heldout_loss"), **accuracies(base)}
+    for seed in args.shipped_seeds:
+        trained = sft(args.workdir, f"sft-shipped-{seed}", base, seed)
+        rows.append({"run": f"shipped, SFT seed {seed}", **shipped_record, **trained})
+    band = [r["sft_accuracy"] for r in rows]
+    for seed in args.seeds:
+        row = {"run": f"pretrain seed {seed}", **pretrain(args.workdir, seed)}
+        row.update(sft(args.workdir, f"sft-{seed}", args.workdir / f"pretrain-{seed}" / "model", seed))
+        rows.append(row)
+        print(f"seed {seed}: {json.dumps(row)}", flush=True)
+    for row in rows:
+        row["in_band"] = bool(band) and row["sft_accuracy"] >= min(band)
+    print(table(rows))
+    scratch = [r for r in rows if r["run"].startswith("pretrain")]
+    result = {
+        "band": [min(band), max(band)] if band else None,
+        "reached": sum(r["in_band"] for r in scratch),
+        "seeds": len(scratch),
+        "pretrain_cpu_seconds": [r["cpu_seconds"] for r in scratch],
+        "load_average": [round(x, 2) for x in load] + [round(x, 2) for x in os.getloadavg()],
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "rows": rows,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
