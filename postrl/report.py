@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from postrl.demo_vlm import report_md as vlm_report_md
 from postrl.lm.data import tokenize_sft
 from postrl.lm.models import load_causal_lm
 from postrl.lm.rewards import load_reward_fn
@@ -198,6 +199,9 @@ COMPARISONS = (
     ("dpo", "gold_reward", "sft"),
     ("grpo", "heldout_accuracy", "sft"),
     ("grpo", "heldout_accuracy", "sft-vs-grpo"),
+    ("vlm-sft", "heldout_accuracy", "vlm-align"),  # the vision branch (postrl.demo_vlm)
+    ("vlm-grpo", "heldout_accuracy", "vlm-sft"),
+    ("vlm-grpo", "heldout_accuracy", "vlm-sft-vs-grpo"),
 )
 BASELINE_TEXT = {
     "pretrain": "the pretrained model",
@@ -205,6 +209,9 @@ BASELINE_TEXT = {
     "chance": "chance",
     "sft-vs-ppo": "continued SFT for PPO's training time",
     "sft-vs-grpo": "continued SFT for GRPO's training time",
+    "vlm-align": "the aligned VLM",
+    "vlm-sft": "the VLM's SFT",
+    "vlm-sft-vs-grpo": "the VLM's continued SFT for GRPO's training time",
 }
 
 
@@ -331,6 +338,7 @@ def write_report(
         if stage in plots:
             md += [f"![{stage}]({plots[stage].relative_to(out)})", ""]
     md += _frontier_md(out, summary.get("frontier") or [])
+    md += vlm_report_md(out, summary)
     md += ["## Samples before and after RL", "", *_samples_md(evaluation)]
     atomic_write_text(out / "report.md", "\n".join(md) + "\n")
     atomic_write_text(out / "report.html", _html(md, out))

@@ -28,6 +28,7 @@ import shlex
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -72,8 +73,9 @@ def sha256(file: Path) -> str:
     return hashlib.sha256(file.read_bytes()).hexdigest()
 
 
-def overrides(cfg: PretrainConfig) -> list[str]:
-    """``key=value`` overrides of `postrl pretrain` that turn its defaults into ``cfg`` (nested keys dotted)."""
+def overrides(cfg: Any, defaults: Any = None) -> list[str]:
+    """``key=value`` overrides that turn ``defaults`` (a stage config; default: `postrl pretrain`'s) into
+    ``cfg`` (nested keys dotted)."""
     changed: list[str] = []
 
     def walk(ours: dict, defaults: dict, prefix: str) -> None:
@@ -84,13 +86,14 @@ def overrides(cfg: PretrainConfig) -> list[str]:
             elif value != default:
                 changed.append(f"{prefix}{key}={value if isinstance(value, str) else json.dumps(value)}")
 
-    walk(to_dict(cfg), to_dict(PretrainConfig()), "")
+    walk(to_dict(cfg), to_dict(PretrainConfig() if defaults is None else defaults), "")
     return changed
 
 
-def command(cfg: PretrainConfig) -> str:
-    """The shell command that runs ``cfg`` (each override quoted for the shell)."""
-    return " ".join(shlex.quote(part) for part in ["postrl", "pretrain", "--out", "RUN_DIR", *overrides(cfg)])
+def command(cfg: Any, stage: str = "pretrain", defaults: Any = None) -> str:
+    """The shell command `postrl STAGE` that runs ``cfg`` (each override quoted for the shell)."""
+    parts = ["postrl", stage, "--out", "RUN_DIR", *overrides(cfg, defaults)]
+    return " ".join(shlex.quote(part) for part in parts)
 
 
 def make(out: Path, seed: int = 0) -> dict[str, Any]:
@@ -98,26 +101,39 @@ def make(out: Path, seed: int = 0) -> dict[str, Any]:
     from postrl.lm.pretrain import run_pretrain  # deferred: torch and transformers
 
     cfg = recipe(seed)
+    return make_with(
+        out, cfg, run_pretrain, command(cfg), ("heldout_loss", "steps", "n_params", "peak_rss_mb")
+    )
+
+
+def make_with(
+    out: Path, cfg: Any, run: Callable[[Any, Path], dict[str, Any]], made_by: str, keys: tuple[str, ...]
+) -> dict[str, Any]:
+    """Run ``run(cfg, run_dir)`` in a temporary folder, copy its ``model`` into ``out`` and write
+    provenance.json: the command ``made_by``, the config, the summary's ``keys``, the time, the weights'
+    SHA-256. Returns the record."""
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="postrl-base-") as tmp:
         started = time.perf_counter()
-        summary = run_pretrain(cfg, Path(tmp) / "pretrain")
+        summary = run(cfg, Path(tmp) / "run")
         seconds = time.perf_counter() - started
-        for file in (Path(tmp) / "pretrain" / "model").iterdir():
+        for file in (Path(tmp) / "run" / "model").iterdir():
             shutil.copy2(file, out / file.name)
-    record = {
-        "command": command(cfg),
-        "config": to_dict(cfg),
-        "heldout_loss": summary.get("heldout_loss"),
-        "steps": summary.get("steps"),
-        "n_params": summary.get("n_params"),
-        "seconds": round(seconds, 1),
-        "peak_rss_mb": summary.get("peak_rss_mb"),
-        "torch": __import__("torch").__version__,
-        "sha256": sha256(out / WEIGHTS),
-    }
+    record = {"command": made_by, "config": to_dict(cfg), **{k: summary.get(k) for k in keys}}
+    record |= {"seconds": round(seconds, 1), "torch": __import__("torch").__version__}
+    record["sha256"] = sha256(out / WEIGHTS)
     (out / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def install(source: Path, run_dir: Path) -> None:
+    """Copy a shipped model folder ``source`` (its data files) to ``run_dir/model``, replacing any there."""
+    tmp = run_dir / ".tmp-model"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(run_dir / "model", ignore_errors=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(source, tmp, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    tmp.rename(run_dir / "model")
 
 
 def main(argv: list[str] | None = None) -> int:
