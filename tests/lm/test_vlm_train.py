@@ -71,15 +71,20 @@ def _grpo_cfg(model, data, **kw):
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"epochs": 2, "beta": 0.04, "micro_batch_size": 6, "advantage": "rloo"}]
+    ("options", "freeze"),
+    [({}, False), ({"epochs": 2, "beta": 0.04, "micro_batch_size": 6, "advantage": "rloo"}, True)],
 )
-def test_grpo_on_task_shapes(aligned, tmp_path, options) -> None:
+def test_grpo_on_task_shapes(aligned, tmp_path, options, freeze) -> None:
     from postrl.lm.grpo import run_grpo
+    from postrl.lm.vlm import run_vlm_grpo
 
     (tmp_path / "length.py").write_text(LENGTH_REWARD)
     cfg = _grpo_cfg(aligned, "task:shapes", **options)  # a 3-step model: the verifier alone gives all zeros
     cfg = replace(cfg, rewards=["task:shapes", f"{tmp_path / 'length.py'}:reward"], verifier="task:shapes")
-    summary = run_grpo(cfg, tmp_path / "run")
+    if freeze:
+        summary = run_vlm_grpo(cfg, tmp_path / "run", freeze_vision=True)
+    else:
+        summary = run_grpo(cfg, tmp_path / "run")  # as TRL: the whole model trains
     assert summary["steps"] == 2 and 0 <= summary["heldout_accuracy"] <= 1
     assert "heldout_accuracy_start" in summary and summary["tokens_per_second"] > 0
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -87,9 +92,9 @@ def test_grpo_on_task_shapes(aligned, tmp_path, options) -> None:
     trained = AutoModelForImageTextToText.from_pretrained(tmp_path / "run" / "model").state_dict()
     start = AutoModelForImageTextToText.from_pretrained(aligned).state_dict()
     changed = {k for k in start if not torch.equal(start[k], trained[k])}
-    assert changed and all(
-        ".language_model." in k or k.startswith("lm_head") for k in changed
-    )  # vision frozen
+    language = {k for k in changed if ".language_model." in k or k.startswith("lm_head")}
+    vision = {k for k in changed if ".vision_tower." in k or ".multi_modal_projector." in k}
+    assert language and (not vision if freeze else vision) and changed == language | vision
 
 
 def test_grpo_on_trl_jsonl_needs_a_reward(aligned, tmp_path) -> None:
