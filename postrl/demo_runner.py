@@ -75,7 +75,6 @@ class Progress:
         self.stages, self.workers = stages, workers
         self.started: dict[str, float] = {}
         self.finished: set[str] = set()
-        self.seconds: dict[str, float] = {}
         self.spent = self.expected = 0.0
 
     def line(self, name: str) -> str:
@@ -105,8 +104,7 @@ class Progress:
 
     def finish(self, name: str) -> None:
         self.finished.add(name)
-        self.seconds[name] = time.perf_counter() - self.started[name]
-        self.spent += self.seconds[name]
+        self.spent += time.perf_counter() - self.started[name]
         self.expected += self.estimates[name]
 
 
@@ -161,23 +159,26 @@ def stage_jobs(stages: list[Stage], cfg: Any, out: Path, progress: Callable[[str
 
 
 # ---- the schedule -------------------------------------------------------------------------------------------
-def run_jobs(jobs: list[Job], workers: int, progress: Progress | None = None) -> dict[str, Any]:
+def run_jobs(
+    jobs: list[Job], workers: int, progress: Progress | None = None
+) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """Run every job once its ``after`` jobs are done, at most ``workers`` at a time in worker processes
-    (``workers=1``: one after another in this process, in the list's order); returns each job's result by
-    name. A job that raises stops the others (their run folders resume on the next run) and its error is
-    raised here; so are Ctrl-C and SIGTERM."""
+    (``workers=1``: one after another in this process, in the list's order); returns each job's result and
+    its ``{"wall_seconds", "cpu_seconds"}`` by name. A job that raises stops the others (their run folders
+    resume on the next run) and its error is raised here; so are Ctrl-C and SIGTERM."""
     names = [j.name for j in jobs]
     for k, j in enumerate(jobs):
         if unknown := [a for a in j.after if a not in names[:k]]:
             raise ValueError(f"job {j.name!r} needs {unknown}, which are not jobs before it")
     results: dict[str, Any] = {}
+    usage: dict[str, dict[str, float]] = {}
     if workers <= 1:
         for j in jobs:
             fn, args = j.call(results)
             _mark(progress, "start", j.name)
-            results[j.name] = fn(*args)
+            results[j.name], usage[j.name] = timed(fn, *args)
             _mark(progress, "finish", j.name)
-        return results
+        return results, usage
     pending, running = list(jobs), {}
     rank = {j.name: -seconds for j, seconds in zip(jobs, _longest_path_from(jobs), strict=True)}
     ctx = multiprocessing.get_context("spawn")
@@ -192,17 +193,33 @@ def run_jobs(jobs: list[Job], workers: int, progress: Progress | None = None) ->
                     pending.remove(j)
                     fn, args = j.call(results)
                     _mark(progress, "start", j.name)
-                    running[pool.submit(fn, *args)] = j.name
+                    running[pool.submit(timed, fn, *args)] = j.name
                 finished, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
                 for future in finished:
                     name = running.pop(future)
-                    results[name] = future.result()  # a job's error stops the demo here
+                    results[name], usage[name] = future.result()  # a job's error stops the demo here
                     _mark(progress, "finish", name)
     except BaseException:
         stop_workers(pool, running)
         raise
     pool.shutdown()  # joined: their CPU time is now in RUSAGE_CHILDREN
-    return results
+    return results, usage
+
+
+def timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, float]]:
+    """``fn(*args)`` and its wall and CPU seconds (this process's: one job at a time runs in a worker)."""
+    wall, cpu = time.perf_counter(), _own_cpu_seconds()
+    result = fn(*args)
+    spent = {"wall_seconds": time.perf_counter() - wall, "cpu_seconds": _own_cpu_seconds() - cpu}
+    if sys.platform.startswith("linux"):  # hand the job's freed heap back, so the next one starts lean
+        with contextlib.suppress(AttributeError, OSError):
+            ctypes.CDLL(None).malloc_trim(0)
+    return result, {k: round(v, 2) for k, v in spent.items()}
+
+
+def _own_cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime
 
 
 def _longest_path_from(jobs: list[Job]) -> list[float]:
@@ -274,10 +291,11 @@ def cpu_seconds() -> float:
 
 class MemorySampler:
     """The largest sum of resident memory of this process and its live child processes (the workers),
-    sampled every ``interval`` seconds in a thread (Linux: /proc; elsewhere only this process's peak)."""
+    sampled every ``interval`` seconds in a thread (Linux: /proc; elsewhere only this process's peak); and
+    of their proportional share (PSS: a page that several of them map counts once in all)."""
 
     def __init__(self, interval: float = 0.2) -> None:
-        self.interval, self.peak_bytes = interval, 0
+        self.interval, self.peak_bytes, self.peak_pss_bytes = interval, 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -293,12 +311,17 @@ class MemorySampler:
         while True:
             pids = [os.getpid(), *child_pids(os.getpid())]
             self.peak_bytes = max(self.peak_bytes, sum(rss_bytes(pid) for pid in pids))
+            self.peak_pss_bytes = max(self.peak_pss_bytes, sum(pss_bytes(pid) for pid in pids))
             if self._stop.wait(self.interval):
                 return
 
     @property
     def peak_mb(self) -> float:
         return self.peak_bytes / 2**20
+
+    @property
+    def peak_pss_mb(self) -> float:
+        return self.peak_pss_bytes / 2**20
 
 
 def child_pids(pid: int) -> list[int]:
@@ -317,4 +340,13 @@ def rss_bytes(pid: int) -> int:
         with open(f"/proc/{pid}/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
+        return 0
+
+
+def pss_bytes(pid: int) -> int:
+    """Proportional resident memory of process ``pid`` now (0 when it is gone or /proc has no rollup)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+    except (OSError, ValueError, IndexError, StopIteration):
         return 0

@@ -296,6 +296,16 @@ def _verdict_md(found: list[dict[str, Any]]) -> list[str]:
     return [head, "", *(f"- {v['text']}" for v in found)]
 
 
+def _not_run_md(cfg: Any) -> list[str]:
+    """The comparisons the demo's config left out, named (the quick demo runs no continued-SFT baselines)."""
+    if getattr(cfg, "compare_sft", True):
+        return []
+    return [
+        "- ppo and grpo vs continued SFT for their training time: not run with --quick (`compare_sft: false`); "
+        "the full demo runs them."
+    ]
+
+
 def write_report(
     out: Path, cfg: Any, stages: dict[str, dict], evaluation: dict[str, dict], summary: dict[str, Any]
 ) -> None:
@@ -310,13 +320,16 @@ def write_report(
         "",
         f"Total {summary['wall_seconds']:.0f} s"
         + (f" ({cpu:.0f} s of CPU time in this invocation)" if isinstance(cpu, (int, float)) else "")
+        + (f" with {summary['workers']} stages at a time" if summary.get("workers", 1) > 1 else "")
         + f", peak memory {summary['peak_rss_mb']:.0f} MB"
+        + (" (all its processes together)" if summary.get("workers", 1) > 1 else "")
         + (_load(summary["load_average"]) if summary.get("load_average") else "")
         + ".",
         "",
         "## Did each stage earn its place?",
         "",
         *_verdict_md(found),
+        *_not_run_md(cfg),
         "",
         "## Held-out metrics per checkpoint",
         "",

@@ -54,7 +54,7 @@ def run(out: Path, stages: list[Stage], workers: int = 2) -> dict:
     names = [s.name for s in stages]
     jobs = stage_jobs(stages, None, out, lambda name: progress.line(name))
     progress = Progress(jobs, workers, names)
-    return run_jobs(jobs, workers, progress)
+    return run_jobs(jobs, workers, progress)[0]
 
 
 def calls(out: Path) -> list[dict]:
