@@ -205,12 +205,25 @@ class VLMSupervised:
         self.batches = iterate_batches(len(self.examples), self.cfg.batch_size, self.run.seed, self.position)
 
 
-def start_processes(run: RunConfig) -> dist.DistInfo:
-    """Join torchrun's process group if there is one, set the threads, seed ``run.seed + rank``."""
+def start_processes(run: RunConfig, trains_vision: bool = True) -> dist.DistInfo:
+    """Join torchrun's process group if there is one (`check_parallel`), set the threads, seed
+    ``run.seed + rank``."""
     info = dist.init_distributed(run.device)
+    check_parallel(run, info.world_size, trains_vision)
     set_threads(run.threads)
     seed_everything(run.seed, info.rank)
     return info
+
+
+def check_parallel(run: RunConfig, world_size: int, trains_vision: bool) -> None:
+    """``run.parallel=fsdp`` shards a VLM only when its vision parts are frozen (GRPO's default): a vision
+    tower has parameters no loss reaches (CLIP's ``post_layernorm``), which get no optimiser state, and a
+    sharded resume refuses a checkpoint without it."""
+    if world_size > 1 and run.parallel == "fsdp" and trains_vision:
+        raise UserError(
+            "run.parallel=fsdp with a vision-language model needs its vision tower frozen (postrl grpo "
+            "freezes it); SFT and alignment train it: use run.parallel=ddp"
+        )
 
 
 def wrap_vlm(model: torch.nn.Module, info: dist.DistInfo, parallel: str) -> torch.nn.Module:
