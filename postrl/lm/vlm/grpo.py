@@ -290,7 +290,7 @@ def run_vlm_grpo(
     validate(cfg)
     if cfg.grpo.dynamic_sampling:
         raise UserError("grpo.dynamic_sampling is not supported for vision-language models yet")
-    info = start_processes(cfg.run)
+    info = start_processes(cfg.run, trains_vision=not freeze_vision)
     check_config(cfg, info.world_size)
     device = info.device
     model, processor = load_vlm(cfg.model, cfg.run.dtype, device, cfg.trust_remote_code)
