@@ -102,9 +102,9 @@ def test_a_job_needing_a_later_one_is_refused():
 
 
 def test_auto_workers_leave_busy_cores_alone():
-    assert auto_workers(cpus=2, load=0.2) == 2
-    assert auto_workers(cpus=2, load=1.2) == 1 and auto_workers(cpus=2, load=5.0) == 1
-    assert auto_workers(cpus=16, load=0.0) == 2
+    assert auto_workers(cpus=2, load=0.2) == 2 and auto_workers(cpus=2, load=1.2) == 2  # one other process
+    assert auto_workers(cpus=2, load=2.0) == 1 and auto_workers(cpus=2, load=5.0) == 1  # every core busy
+    assert auto_workers(cpus=1, load=0.0) == 1 and auto_workers(cpus=16, load=0.0) == 2
 
 
 KILLED = """
