@@ -34,6 +34,7 @@ from postrl.demo_runner import (
     Summaries,
     auto_workers,
     cpu_seconds,
+    critical_path,
     run_jobs,
     stage_jobs,
 )
@@ -365,6 +366,10 @@ def run_demo(
     summary = build_summary(done, evaluation, sum(u["wall_seconds"] for u in evals))
     summary["eval_cpu_seconds"] = round(sum(u["cpu_seconds"] for u in evals), 1)
     summary["job_seconds"] = usage
+    chain, cpu = critical_path(
+        {n: u["cpu_seconds"] for n, u in usage.items()}, {j.name: j.after for j in jobs}
+    )
+    summary["critical_path"] = {"jobs": chain, "cpu_seconds": round(cpu, 1)}
     summary["frontier"] = results.get("frontier", [])
     summary["workers"] = workers
     summary["wall_seconds"] = round(time.perf_counter() - wall_started, 2)

@@ -97,10 +97,7 @@ class Progress:
             for n, s in self.estimates.items()
             if n not in self.finished
         }
-        path: dict[str, float] = {}
-        for n, s in rest.items():  # the jobs are in dependency order
-            path[n] = s + max((path[a] for a in self.after[n] if a in path), default=0.0)
-        return max(max(path.values(), default=0.0), sum(rest.values()) / self.workers)
+        return max(critical_path(rest, self.after)[1], sum(rest.values()) / self.workers)
 
     def start(self, name: str) -> None:
         self.started[name] = time.perf_counter()
@@ -109,6 +106,17 @@ class Progress:
         self.finished.add(name)
         self.spent += time.perf_counter() - self.started[name]
         self.expected += self.estimates[name]
+
+
+def critical_path(seconds: dict[str, float], after: dict[str, tuple[str, ...]]) -> tuple[list[str], float]:
+    """The chain of jobs (in dependency order, each after the one before) with the most ``seconds`` in all,
+    and that sum: the demo's wall time with unlimited lanes. Jobs missing from ``seconds`` count as done."""
+    best: dict[str, tuple[float, list[str]]] = {}
+    for name, s in seconds.items():  # in dependency order
+        before = max((best[a] for a in after.get(name, ()) if a in best), default=(0.0, []))
+        best[name] = (before[0] + s, [*before[1], name])
+    total, chain = max(best.values(), default=(0.0, []))
+    return chain, total
 
 
 # ---- one stage ----------------------------------------------------------------------------------------------

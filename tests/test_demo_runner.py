@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from postrl.demo_runner import Progress, Stage, auto_workers, run_jobs, stage_jobs
+from postrl.demo_runner import Progress, Stage, auto_workers, critical_path, run_jobs, stage_jobs
 from postrl.runtime.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,6 +105,13 @@ def test_auto_workers_leave_busy_cores_alone():
     assert auto_workers(cpus=2, load=0.2) == 2 and auto_workers(cpus=2, load=1.2) == 2  # one other process
     assert auto_workers(cpus=2, load=2.0) == 1 and auto_workers(cpus=2, load=5.0) == 1  # every core busy
     assert auto_workers(cpus=1, load=0.0) == 1 and auto_workers(cpus=16, load=0.0) == 2
+
+
+def test_critical_path_is_the_longest_chain():
+    after = {"b": ("a",), "d": ("b", "c")}
+    assert critical_path({"a": 1.0, "b": 2.0, "c": 5.0, "d": 1.0}, after) == (["c", "d"], 6.0)
+    assert critical_path({"a": 4.0, "b": 2.0, "c": 5.0, "d": 1.0}, after) == (["a", "b", "d"], 7.0)
+    assert critical_path({"b": 2.0, "d": 1.0}, after) == (["b", "d"], 3.0)  # a and c done already
 
 
 KILLED = """
