@@ -1,11 +1,13 @@
 """`postrl demo` on several seeds: each stage's headline number and each comparison's margin, mean and spread.
 
-    .venv/bin/python benchmarks/demo.py --seeds 0 1 2 [--quick] [--workdir /tmp/postrl-demo-seeds]
+    .venv/bin/python benchmarks/demo.py --seeds 0 1 2 [--quick] [--workdir /tmp/postrl-demo-seeds] [key=value ...]
 
-Runs ``postrl demo --out WORKDIR/seed-S seed=S`` one seed after another (a finished seed is reused), with
-``/usr/bin/time``-style accounting from the demo's own summary.json (wall and CPU seconds, peak memory, the
-load average before and after), then prints a Markdown table and ONE JSON line. The CPU seconds are what a
-one-thread demo takes on an idle machine; the wall seconds on a shared one are inflated by the load.
+Runs ``postrl demo --out WORKDIR/seed-S seed=S key=value ...`` one seed after another (a finished seed is
+reused), with ``/usr/bin/time``-style accounting from the demo's own summary.json (wall and CPU seconds,
+workers, peak memory, the load average before and after), then prints a Markdown table, each job's CPU
+seconds (mean over the seeds) with the critical path, and ONE JSON line. On an idle 2-core machine the
+demo's wall time is about the larger of its critical path and half its CPU seconds, plus the imports; the
+wall seconds on a shared machine are inflated by the load.
 
 Measured 2026-12-03 on the shared 2-core machine (load average 5-15), budgets of commit 9c02380 (RM 250 steps,
 PPO 40; the RM 150 / PPO 30 trim and the DPO stage came after), seeds 0 1 2: wall 769 / 1141 / 574 s, CPU
@@ -28,10 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_seed(workdir: Path, seed: int, quick: bool) -> dict:
+def run_seed(workdir: Path, seed: int, quick: bool, overrides: list[str]) -> dict:
     out = workdir / f"seed-{seed}"
     if not (out / "summary.json").is_file():
-        cmd = [sys.executable, "-m", "postrl.cli", "demo", "--out", str(out), f"seed={seed}"]
+        cmd = [sys.executable, "-m", "postrl.cli", "demo", "--out", str(out), f"seed={seed}", *overrides]
         subprocess.run([*cmd, "--quick"] if quick else cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return json.loads((out / "summary.json").read_text())
 
@@ -59,19 +61,42 @@ def table(summaries: dict[int, dict]) -> list[str]:
     return lines
 
 
+def job_cpu(summaries: dict[int, dict]) -> list[str]:
+    """Each job's CPU seconds (mean over seeds, one thread: its idle-machine time) and each seed's critical path."""
+    jobs = [s.get("job_seconds", {}) for s in summaries.values()]
+    names = list(dict.fromkeys(n for j in jobs for n in j))
+    mean = {n: statistics.fmean(j[n]["cpu_seconds"] for j in jobs if n in j) for n in names}
+    lines = ["", "CPU seconds per job (mean over seeds): " + ", ".join(f"{n} {mean[n]:.1f}" for n in names)]
+    lines.append(f"sum {sum(mean.values()):.1f}")
+    for seed, s in summaries.items():
+        path = s.get("critical_path") or {}
+        lines.append(
+            f"seed {seed}: critical path {' > '.join(path.get('jobs', []))}: {path.get('cpu_seconds')} CPU-s"
+        )
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--workdir", default="/tmp/postrl-demo-seeds")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="demo config overrides")
     args = parser.parse_args()
     workdir = Path(args.workdir) / ("quick" if args.quick else "full")
-    summaries = {seed: run_seed(workdir, seed, args.quick) for seed in args.seeds}
+    summaries = {seed: run_seed(workdir, seed, args.quick, args.overrides) for seed in args.seeds}
     print("\n".join(table(summaries)))
-    times = {
-        s: {k: v.get(k) for k in ("wall_seconds", "cpu_seconds", "peak_rss_mb", "load_average")}
-        for s, v in summaries.items()
-    }
+    print("\n".join(job_cpu(summaries)))
+    keys = (
+        "wall_seconds",
+        "cpu_seconds",
+        "workers",
+        "peak_rss_mb",
+        "peak_pss_mb",
+        "critical_path",
+        "load_average",
+    )
+    times = {s: {k: v.get(k) for k in keys} for s, v in summaries.items()}
     stage_seconds = {
         name: [v["stages"][name]["wall_seconds"] for v in summaries.values()]
         for name in next(iter(summaries.values()))["stages"]

@@ -122,9 +122,10 @@ run(Path(sys.argv[1]), rows({"a": 0.0, "b": float(sys.argv[2]), "c": float(sys.a
 """
 
 
-def test_a_killed_demo_leaves_no_stage_running_and_resumes(tmp_path):
-    """SIGKILL the demo while b and c train in its workers: both die with it; the rerun skips a and resumes
-    b and c."""
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_killed_demo_leaves_no_stage_running_and_resumes(tmp_path, sig):
+    """Kill the demo while b and c train in its workers: both die with it (SIGKILL: the kernel kills them;
+    SIGTERM: the demo stops them and exits); the rerun skips a and resumes b and c."""
     demo = subprocess.Popen([sys.executable, "-c", KILLED, str(tmp_path), "60"], cwd=REPO)
     try:
         deadline = time.time() + 60
@@ -132,13 +133,16 @@ def test_a_killed_demo_leaves_no_stage_running_and_resumes(tmp_path):
             assert time.time() < deadline and demo.poll() is None, "b and c never started"
             time.sleep(0.05)
     finally:
-        demo.send_signal(signal.SIGKILL)
-        demo.wait()
+        demo.send_signal(sig)
+        code = demo.wait(30)
+    assert code != 0
     workers = [c["pid"] for c in calls(tmp_path) if c["name"] in "bc"]
     deadline = time.time() + 5
     while any(alive(pid) for pid in workers) and time.time() < deadline:
         time.sleep(0.05)
     assert not any(alive(pid) for pid in workers), "a stage trained on after the demo was killed"
+    if sig == signal.SIGTERM:
+        return  # the resume is the SIGKILL case's
     subprocess.run([sys.executable, "-c", KILLED, str(tmp_path), "0"], cwd=REPO, check=True)
     second = calls(tmp_path)[3:]
     assert sorted((c["name"], c["resume"]) for c in second) == [("b", True), ("c", True), ("d", False)]
