@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from postrl import demo_vlm
 from postrl.demo_runner import (
     Job,
     MemorySampler,
@@ -38,6 +38,7 @@ from postrl.demo_runner import (
     run_jobs,
     stage_jobs,
 )
+from postrl.demo_vlm import VLMDemo
 from postrl.lm import base_model
 from postrl.lm.dpo import DPOConfig, DPOLossConfig, run_dpo
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, run_grpo
@@ -139,6 +140,9 @@ class DemoConfig:
         )
     )
     """Stage 5: GRPO on the arithmetic verifier."""
+    vlm: VLMDemo = field(default_factory=VLMDemo)
+    """The vision branch, beside the text stages: the tiny VLM on task:shapes, SFT → GRPO → continued SFT
+    (`postrl.demo_vlm`)."""
     compare_sft: bool = True
     """Also run continued SFT for each RL stage's training time (what RL adds beyond more supervision)."""
     eval_prompts: int = 500
@@ -157,8 +161,8 @@ class DemoConfig:
     little from a second, and a second CPU-bound process on the machine then slows the demo in proportion
     instead of several times over (oversubscribed threads wait on each other)."""
     workers: int | None = None
-    """Stages run at the same time, each in a worker process (null: the cores the 1-minute load average
-    leaves free, at most 2; 1: one after another in this process)."""
+    """Stages run at the same time, each in a worker process with `threads` threads (null: 2, or 1 when the
+    1-minute load average says every core is busy; 1: one after another in this process)."""
 
     CHECKS = {
         "eval_prompts": ">= 1",
@@ -211,6 +215,7 @@ def quick(cfg: DemoConfig) -> DemoConfig:
             run=r(cfg.grpo.run, steps=24, eval_every=24, save_every=24),
             grpo=r(cfg.grpo.grpo, prompts_per_step=32, group_size=8),
         ),
+        vlm=demo_vlm.quick(cfg.vlm),
     )
 
 
@@ -229,6 +234,7 @@ def stages(cfg: DemoConfig) -> list[Stage]:
         Stage("dpo", run_dpo, lambda c, out, done: c.dpo, _steps(0.12, "dpo", 5.0), ("sft", "rm")),
         Stage("grpo", run_grpo, lambda c, out, done: c.grpo, _steps(0.4, "grpo", 5.0), ("sft",)),
     ]
+    rows += demo_vlm.stages(cfg)
     if cfg.compare_sft:
         for rl in ("ppo", "grpo"):
             rows.append(
@@ -287,12 +293,7 @@ def copy_base_model(cfg: None, run_dir: Path, resume: bool = False) -> dict[str,
     started = time.perf_counter()
     source = base_model.path()
     record = base_model.provenance()
-    tmp = run_dir / ".tmp-model"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(run_dir / "model", ignore_errors=True)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(source, tmp, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
-    tmp.rename(run_dir / "model")
+    base_model.install(source, run_dir)
     summary = {
         "source": str(source),
         "command": record.get("command"),
@@ -308,6 +309,7 @@ def copy_base_model(cfg: None, run_dir: Path, resume: bool = False) -> dict[str,
 
 def check_base_model(cfg: DemoConfig) -> None:
     """Without ``from_scratch`` the built-in base model must be installed and made by the demo's recipe."""
+    demo_vlm.check(cfg)
     if cfg.from_scratch:
         return
     if not base_model.is_available():
@@ -370,6 +372,7 @@ def run_demo(
         {n: u["cpu_seconds"] for n, u in usage.items()}, {j.name: j.after for j in jobs}
     )
     summary["critical_path"] = {"jobs": chain, "cpu_seconds": round(cpu, 1)}
+    demo_vlm.add_to_summary(summary, done)
     summary["frontier"] = results.get("frontier", [])
     summary["workers"] = workers
     summary["wall_seconds"] = round(time.perf_counter() - wall_started, 2)

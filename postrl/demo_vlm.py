@@ -37,6 +37,9 @@ from postrl.runtime.errors import UserError
 
 SHAPES = {"difficulty": 1}
 """task:shapes as the presets have it (five kinds of question, difficulty 1)."""
+DEMOS = 100
+"""Demonstrations SFT sees (the first train scenes); GRPO's verifier checks answers to ten times as many
+pictures. Writing answers is the expensive part, checking them is cheap: the situation RL is for."""
 CHECKPOINTS = ("vlm-align", "vlm-sft", "vlm-grpo", "vlm-sft-vs-grpo")
 LABELS = {
     "vlm-align": "aligned VLM",
@@ -57,7 +60,7 @@ class VLMDemo:
     sft: SFTConfig = field(
         default_factory=lambda: SFTConfig(
             data="task:shapes",
-            task={**SHAPES, "n_train": 300, "n_test": 100},
+            task={**SHAPES, "n_train": DEMOS, "n_test": 100},
             train=TrainConfig(batch_size=32, max_length=128, eval_examples=64),
             optim=OptimConfig(lr=3e-4, warmup_steps=0, min_lr_ratio=1.0),
             run=RunConfig(steps=300, eval_every=10, save_every=0, log_every=5),
@@ -66,8 +69,9 @@ class VLMDemo:
             stop_accuracy=0.45,
         )
     )
-    """SFT on 300 demonstrations (the first train scenes), stopped once greedy accuracy on 100 held-out
-    scenes (checked every 10 steps) reaches the band: preset sft-shapes with a cheaper check."""
+    """SFT on `DEMOS` demonstrations (the first train scenes), stopped once greedy accuracy on 100 held-out
+    scenes (checked every 10 steps) reaches the band: preset sft-shapes with fewer demonstrations and a
+    cheaper check."""
     grpo: GRPOConfig = field(
         default_factory=lambda: GRPOConfig(
             data="task:shapes",
@@ -76,13 +80,13 @@ class VLMDemo:
             sampling=SamplingConfig(max_new_tokens=4, temperature=1.0, top_k=5),
             grpo=GRPOLossConfig(group_size=8, prompts_per_step=16, beta=0.0, loss_type="grpo"),
             optim=OptimConfig(lr=1e-4, warmup_steps=5, min_lr_ratio=1.0, betas=(0.9, 0.999)),
-            run=RunConfig(steps=40, eval_every=0, save_every=0, log_every=5),
+            run=RunConfig(steps=120, eval_every=0, save_every=0, log_every=5),
             eval_size=100,
             eval_at_start=False,
         )
     )
-    """GRPO on 1,000 train pictures, 16 prompts x G = 8 answers per step, the verifier as the only signal:
-    preset grpo-shapes for fewer steps."""
+    """GRPO on 1,000 train pictures (ten times the demonstrations; no answers shown), 16 prompts x G = 8
+    answers per step, the verifier as the only signal: preset grpo-shapes for 120 steps, warmup 5."""
     eval_scenes: int = 600
     """Held-out scenes every checkpoint answers (greedy; the same for all)."""
     samples: int = 6
@@ -96,7 +100,7 @@ class VLMDemo:
 def quick(v: VLMDemo) -> VLMDemo:
     """The branch at `postrl demo --quick`'s budget."""
     r = dataclasses.replace
-    return r(v, grpo=r(v.grpo, run=r(v.grpo.run, steps=24)), eval_scenes=400, compare_sft=False)
+    return r(v, grpo=r(v.grpo, run=r(v.grpo.run, steps=40)), eval_scenes=400, compare_sft=False)
 
 
 def check(cfg: Any) -> None:
@@ -310,7 +314,7 @@ def sample_grid(images: list[Any], samples: list[dict[str, Any]], path: Path) ->
 
     cols = min(3, len(images))
     rows = (len(images) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 3.9 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.5 * cols, 3.0 * rows), squeeze=False)
     for ax in axes.flat:
         ax.set_xticks([])
         ax.set_yticks([])
@@ -318,17 +322,17 @@ def sample_grid(images: list[Any], samples: list[dict[str, Any]], path: Path) ->
         ax.axis("off")
     for ax, image, s in zip(axes.flat, images, samples, strict=False):
         ax.imshow(image, interpolation="nearest")
-        ax.set_title(s["question"], fontsize=10)
+        ax.set_title(s["question"], fontsize=8)
         lines = [f"right answer: {s['answer']}"]
         for name in ("vlm-sft", "vlm-grpo"):
             if name in s["answers"]:
                 said = s["answers"][name].strip() or "(nothing)"
                 mark = "✓" if normalise(said) == normalise(s["answer"]) else "✗"
                 lines.append(f"{LABELS[name]}: {said} {mark}")
-        ax.set_xlabel("\n".join(lines), fontsize=10)
+        ax.set_xlabel("\n".join(lines), fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80, bbox_inches="tight")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -345,7 +349,19 @@ def add_to_summary(summary: dict[str, Any], done: Summaries) -> None:
     for name, row in found["evaluation"].items():
         summary["stages"].setdefault(name, {}).update(row)
     summary["vlm"] = {k: v for k, v in found.items() if k != "wall_seconds"}
+    summary["vlm"]["runs"] = {
+        n: {k: done[n].get(k) for k in ("steps", "train_seconds", "train_examples")}
+        for n in CHECKPOINTS[1:]
+        if n in done
+    }
     summary["verdicts"] = summary.get("verdicts", []) + verdicts(found["evaluation"], {})
+
+
+def _steps(runs: dict[str, dict], name: str) -> str:
+    run = runs.get(name)
+    if not run:
+        return "not run"
+    return f"{run.get('steps')} steps, {run.get('train_seconds') or 0:.0f} s of training"
 
 
 def report_md(out: Path, summary: dict[str, Any]) -> list[str]:
@@ -356,7 +372,7 @@ def report_md(out: Path, summary: dict[str, Any]) -> list[str]:
     vlm = summary.get("vlm")
     if not vlm:
         return []
-    ev, stages = vlm["evaluation"], summary.get("stages", {})
+    ev, stages, runs = vlm["evaluation"], summary.get("stages", {}), vlm.get("runs", {})
     kinds = list(vlm["scenes_by_kind"])
     rows = [["checkpoint", "stage seconds", "accuracy", "± SE", *kinds]]
     for name, row in ev.items():
@@ -373,10 +389,11 @@ def report_md(out: Path, summary: dict[str, Any]) -> list[str]:
         "",
         "The same recipe with pictures: a tiny LLaVA (CLIP vision tower, projector, 2-layer Llama), aligned on "
         "captions of rendered pictures (`postrl vlm-pretrain`; the shipped model unless --from-scratch), then "
-        f"SFT on {stages.get('vlm-sft', {}).get('train_examples', 'a few hundred')} demonstrations stopped at "
-        "a held-out accuracy band, then GRPO on the task's train pictures with the verifier as the only "
-        "signal, beside continued SFT for GRPO's training time. Questions: count the dots, the colour of a "
-        "shape, its side, the taller bar, a digit; the answer needs the picture.",
+        f"SFT on {runs.get('vlm-sft', {}).get('train_examples') or 'a few'} demonstrations stopped at a "
+        f"held-out accuracy band ({_steps(runs, 'vlm-sft')}), then GRPO on the task's train pictures with the "
+        f"verifier as the only signal ({_steps(runs, 'vlm-grpo')}), beside continued SFT on the same "
+        f"demonstrations for GRPO's training time ({_steps(runs, 'vlm-sft-vs-grpo')}). Questions: count the "
+        "dots, the colour of a shape, its side, the taller bar, a digit; the answer needs the picture.",
         "",
         *_table_md(rows),
         "",
