@@ -1,5 +1,5 @@
-"""VLM SFT and GRPO under ``torchrun --nproc_per_node 2`` (gloo; DDP, and FSDP2 for GRPO): on the same global
-batch, 2 ranks take the steps one process takes (weights after 2 and 4 steps), a resume at 2 processes ends on the straight
+"""VLM SFT and GRPO under ``torchrun --nproc_per_node 2`` (gloo; DDP, and FSDP2 for GRPO with the vision tower
+frozen): on the same global batch, 2 ranks take the steps one process takes (weights after 2 and 4 steps), a resume at 2 processes ends on the straight
 2-process run's weights bit for bit, and rank 0's checkpoints and export load in one process. This file is
 also the script torchrun runs.
 
@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ from postrl.lm.vlm import (
 )
 from postrl.lm.vlm import grpo as vlm_grpo
 from postrl.lm.vlm import train as vlm_train
-from postrl.lm.vlm.grpo import VLMGRPO
+from postrl.lm.vlm.grpo import VLMGRPO, run_vlm_grpo
 from postrl.lm.vlm.train import VLMSupervised, check_parallel, decode
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
@@ -138,10 +139,20 @@ def grpo_config(model: str, parallel: str) -> GRPOConfig:
     )  # fmt: skip
 
 
+# stage: (config, trainer, checkpoint file, a metric logged every step)
+STAGES = {
+    "sft": (sft_config, run_sft, "model", "loss"),
+    "grpo": (grpo_config, run_grpo, "policy", "reward_mean"),
+    "grpo-frozen": (grpo_config, partial(run_vlm_grpo, freeze_vision=True), "policy", "reward_mean"),
+}
+# FSDP shards a VLM only with its vision tower frozen (train.check_parallel)
+PARALLEL = {"ddp": ("sft", "grpo"), "fsdp": ("grpo-frozen",)}
+
+
 def straight_and_resumed(stage: str, model: str, out: Path, parallel: str = "ddp") -> None:
     """``out/straight`` (4 steps) and, under torchrun, ``out/resumed``: the same run resumed from its step-2
     checkpoint."""
-    config, train = (sft_config, run_sft) if stage == "sft" else (grpo_config, run_grpo)
+    config, train, _, _ = STAGES[stage]
     cfg = config(model, parallel)
     train(cfg, out / "straight")
     if dist.world_size() == 1:
@@ -155,15 +166,11 @@ def straight_and_resumed(stage: str, model: str, out: Path, parallel: str = "ddp
     train(cfg, out / "resumed", resume=True)
 
 
-# FSDP shards a VLM whose vision tower is frozen only (train.check_parallel): GRPO, not SFT
-STAGES = {"ddp": ("sft", "grpo"), "fsdp": ("grpo",)}
-
-
 def main(model: str, out: str, parallel: str) -> None:
     """The torchrun side."""
     for owner, name, double in DOUBLES:
         setattr(owner, name, double)
-    for stage in STAGES[parallel]:
+    for stage in PARALLEL[parallel]:
         straight_and_resumed(stage, model, Path(out) / stage, parallel)
     dist.cleanup()
 
@@ -181,13 +188,13 @@ def aligned(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def one_process(aligned: str, tmp_path_factory) -> Path:
-    """The reference: both stages in this process (``one/sft/straight``, ``one/grpo/straight``)."""
+    """The reference: every stage in this process (``one/STAGE/straight``)."""
     out = tmp_path_factory.mktemp("one")
     torch.set_num_threads(1)
     with pytest.MonkeyPatch.context() as patch:
         for owner, name, double in DOUBLES:
             patch.setattr(owner, name, double)
-        for stage in ("sft", "grpo"):
+        for stage in STAGES:
             straight_and_resumed(stage, aligned, out / stage)
     return out
 
@@ -213,8 +220,8 @@ def test_two_processes_match_one(parallel: str, aligned: str, one_process: Path,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     start = AutoModelForImageTextToText.from_pretrained(aligned).state_dict()
-    checks = {"sft": ("model", "loss"), "grpo": ("policy", "reward_mean")}
-    for stage, (name, metric) in [(s, checks[s]) for s in STAGES[parallel]]:
+    for stage in PARALLEL[parallel]:
+        _, _, name, metric = STAGES[stage]
         one, two = one_process / stage / "straight", tmp_path / "two" / stage / "straight"
         for step in (2, 4):
             a, b = _checkpoint(one, step, name), _checkpoint(two, step, name)
@@ -235,9 +242,9 @@ def test_two_processes_match_one(parallel: str, aligned: str, one_process: Path,
 
 # ---- CI-sized checks, in this process ----------------------------------------------------------------------
 def test_fsdp_needs_the_vision_tower_frozen() -> None:
-    with pytest.raises(UserError, match="run.parallel=fsdp with a vision-language model"):
+    with pytest.raises(UserError, match="run.parallel=fsdp is not supported"):
         check_parallel(RunConfig(parallel="fsdp"), 2, trains_vision=True)
-    check_parallel(RunConfig(parallel="fsdp"), 2, trains_vision=False)  # GRPO's frozen tower
+    check_parallel(RunConfig(parallel="fsdp"), 2, trains_vision=False)  # run_vlm_grpo(freeze_vision=True)
     check_parallel(RunConfig(parallel="ddp"), 2, trains_vision=True)
     check_parallel(RunConfig(parallel="fsdp"), 1, trains_vision=True)  # no effect in one process
 

@@ -216,13 +216,13 @@ def start_processes(run: RunConfig, trains_vision: bool = True) -> dist.DistInfo
 
 
 def check_parallel(run: RunConfig, world_size: int, trains_vision: bool) -> None:
-    """``run.parallel=fsdp`` shards a VLM only when its vision parts are frozen (GRPO's default): a vision
-    tower has parameters no loss reaches (CLIP's ``post_layernorm``), which get no optimiser state, and a
-    sharded resume refuses a checkpoint without it."""
+    """``run.parallel=fsdp`` shards a VLM only when its vision parts are frozen (`run_vlm_grpo`'s
+    ``freeze_vision``): a vision tower has parameters no loss reaches (CLIP's ``post_layernorm``), which get
+    no optimiser state, and a sharded resume refuses a checkpoint without it."""
     if world_size > 1 and run.parallel == "fsdp" and trains_vision:
         raise UserError(
-            "run.parallel=fsdp with a vision-language model needs its vision tower frozen (postrl grpo "
-            "freezes it); SFT and alignment train it: use run.parallel=ddp"
+            "run.parallel=fsdp is not supported for a vision-language model whose vision tower trains "
+            "(SFT, alignment, GRPO by default): use run.parallel=ddp"
         )
 
 
