@@ -181,7 +181,8 @@ class VLMSupervised:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Held-out loss over this rank's share of the rows, summed over ranks (and ``evaluate``'s metrics);
-        the same on every rank. The whole weights are used (`dist.gathered`): no collective inside."""
+        the same on every rank. The forwards read whole weights (`dist.gathered`), so the ranks may run
+        different numbers of them."""
         pad, model = self.processor.tokenizer.pad_token_id, dist.unwrap(self.model)
         mine = [self.eval_examples[i] for i in dist.shard_range(len(self.eval_examples))]
         sums = torch.zeros(2, dtype=torch.float64)  # Σ NLL, token count
