@@ -102,9 +102,10 @@ class Progress:
     def start(self, name: str) -> None:
         self.started[name] = time.perf_counter()
 
-    def finish(self, name: str) -> None:
+    def finish(self, name: str, seconds: float) -> None:
+        """``name`` took ``seconds`` (its own time: a new worker's start is not the job's pace)."""
         self.finished.add(name)
-        self.spent += time.perf_counter() - self.started[name]
+        self.spent += seconds
         self.expected += self.estimates[name]
 
 
@@ -188,7 +189,7 @@ def run_jobs(
             fn, args = j.call(results)
             _mark(progress, "start", j.name)
             results[j.name], usage[j.name] = timed(fn, *args)
-            _mark(progress, "finish", j.name)
+            _mark(progress, "finish", j.name, usage[j.name]["wall_seconds"])
         return results, usage
     pending, running = list(jobs), {}
     rank = {j.name: -seconds for j, seconds in zip(jobs, _longest_path_from(jobs), strict=True)}
@@ -209,7 +210,7 @@ def run_jobs(
                 for future in finished:
                     name = running.pop(future)
                     results[name], usage[name] = future.result()  # a job's error stops the demo here
-                    _mark(progress, "finish", name)
+                    _mark(progress, "finish", name, usage[name]["wall_seconds"])
     except BaseException:
         stop_workers(pool, running)
         raise
@@ -242,9 +243,9 @@ def _longest_path_from(jobs: list[Job]) -> list[float]:
     return [tail[j.name] for j in jobs]
 
 
-def _mark(progress: Progress | None, what: str, name: str) -> None:
+def _mark(progress: Progress | None, what: str, *args: Any) -> None:
     if progress is not None:
-        getattr(progress, what)(name)
+        getattr(progress, what)(*args)
 
 
 def stop_workers(pool: ProcessPoolExecutor, running: dict[Future, str]) -> None:

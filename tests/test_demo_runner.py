@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from postrl.demo_runner import Progress, Stage, auto_workers, critical_path, run_jobs, stage_jobs
+from postrl.demo_runner import Job, Progress, Stage, auto_workers, critical_path, run_jobs, stage_jobs
 from postrl.runtime.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,6 +112,16 @@ def test_critical_path_is_the_longest_chain():
     assert critical_path({"a": 1.0, "b": 2.0, "c": 5.0, "d": 1.0}, after) == (["c", "d"], 6.0)
     assert critical_path({"a": 4.0, "b": 2.0, "c": 5.0, "d": 1.0}, after) == (["a", "b", "d"], 7.0)
     assert critical_path({"b": 2.0, "d": 1.0}, after) == (["b", "d"], 3.0)  # a and c done already
+
+
+def test_progress_lays_the_time_left_on_the_lanes():
+    jobs = [Job("a", (), 10.0, None), Job("b", ("a",), 10.0, None), Job("c", (), 30.0, None)]
+    progress = Progress(jobs, 2, ["a", "b", "c"])
+    assert progress.left() == 30.0  # c alone is longer than a then b, and than half of all
+    assert Progress(jobs, 1, ["a", "b", "c"]).left() == 50.0
+    progress.start("a")
+    progress.finish("a", 5.0)  # twice as fast as estimated: what is left takes half as long
+    assert progress.line("b") == "[demo] 2/3 b: about 5s, about 15s left"
 
 
 KILLED = """
