@@ -9,13 +9,16 @@ Per seed, every stage through postrl's own entry points (`run_vlm_pretrain`, `po
 2. SFT on ``--sft-demos`` demonstrations (the first train scenes), stopped once held-out greedy accuracy
    reaches ``--band`` (checked every 10 steps);
 3. from that checkpoint, for ``--budget`` seconds of training each (evaluation excluded):
-   GRPO on every train prompt with the verifier as the only signal (no answers shown), and
-   continued SFT on the same demonstrations;
+   GRPO on every train prompt with the verifier as the only signal (no answers shown; the whole VLM trains,
+   as TRL's GRPOTrainer, the ``grpo-shapes`` preset's settings), and continued SFT on the same
+   demonstrations (``sft-shapes``'s);
 4. the image-free baseline: the aligned model fine-tuned on every train demonstration with blank pictures
    (``task.blank``) for the same budget, and the best image-free guess per question text
    (`ShapesTask.prior_accuracy`).
 
 Held-out accuracy: greedy, the first word of the answer against the truth, on ``--eval-size`` held-out scenes.
+The setting it measures: demonstrations are the scarce, expensive thing (``--sft-demos``: 100 written answers),
+a verifier is cheap and GRPO asks it about all 4,000 train pictures; continued SFT can only repeat the 100.
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/vlm.py --seeds 0 1 2 --budget 300
 
@@ -84,7 +87,9 @@ def stages(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         optim=OptimConfig(lr=args.grpo_lr, warmup_steps=args.grpo_warmup, min_lr_ratio=1.0, betas=(0.9, 0.999)),
         run=run(100_000, eval_every=0, max_seconds=args.budget),
     )  # fmt: skip
+    result["load_before_grpo"] = _load()
     grpo = run_grpo(grpo_cfg, out / "grpo", overwrite=True)
+    result["load_after_grpo"] = _load()
     result["grpo"] = {
         k: grpo.get(k)
         for k in ("heldout_accuracy_start", "heldout_accuracy", "steps", "train_seconds", "tokens_per_second")
@@ -100,6 +105,10 @@ def stages(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     )
     cont = run_sft(more, out / "continued_sft", overwrite=True)
     result["continued_sft"] = {k: cont.get(k) for k in ("heldout_accuracy", "steps", "train_seconds")}
+    result["continued_sft"]["by_kind"] = {
+        k[len("heldout_accuracy/") :]: v for k, v in cont.items() if "accuracy/" in k
+    }
+    result["load_after_continued_sft"] = _load()
 
     task = get_task("shapes", **shapes)
     result["image_free"] = {
@@ -133,7 +142,9 @@ def main() -> None:
     )
     parser.add_argument("--image-free-budget", type=float, default=None, help="seconds (default: --budget)")
     parser.add_argument("--align-steps", type=int, default=500)
-    parser.add_argument("--sft-demos", type=int, default=300)
+    parser.add_argument(
+        "--sft-demos", type=int, default=100, help="SFT's demonstrations (the first train scenes)"
+    )
     parser.add_argument("--sft-max-steps", type=int, default=400)
     parser.add_argument("--sft-lr", type=float, default=3e-4)
     parser.add_argument("--band", type=float, default=0.45, help="SFT stops at this held-out accuracy")
