@@ -2,10 +2,13 @@
 
 `generate` prefills each distinct prompt once with its pictures (the vision encoder runs once per prompt,
 never per generated token: a GRPO group's G rows share the prefilled KV cache), then decodes token ids only
-through the language model's cache. `score` runs the full forward teacher-forced. Both take log π_τ from
-the same masked logits: the image placeholder token (and any other ``banned`` id) gets −∞ before the softmax,
-so it is never drawn and the sampled log-probs equal the teacher-forced ones (tests/lm/test_vlm.py). Image
-placeholders are therefore only ever prompt tokens, outside every response mask and loss.
+through the language model's cache. `score` runs the forward teacher-forced, with or without gradients, the
+same way: each distinct prompt with its pictures once, a group's rows on its cache (`response_logits`; in
+a GRPO step the vision tower's forward and backward run once per picture, not once per answer). Both take
+log π_τ from the same masked logits: the image placeholder token (and any other ``banned`` id) gets −∞
+before the softmax, so it is never drawn and the sampled log-probs equal the teacher-forced ones
+(tests/lm/test_vlm.py). Image placeholders are therefore only ever prompt tokens, outside every response
+mask and loss.
 
 Layout and log-probs as `postrl.lm.rollout.engine`: prompts left-padded to P, responses right-padded to T,
 positions ``cumsum(mask) − 1`` from the mask; log-probs of the temperature-scaled policy before top-k/top-p.
