@@ -37,11 +37,13 @@ from typing import Any
 from postrl.demo import ARITHMETIC, DemoConfig, copy_base_model
 from postrl.lm import base_model
 from postrl.lm.models import load_causal_lm
-from postrl.lm.pretrain import run_pretrain
+from postrl.lm.pretrain import PretrainConfig, run_pretrain
 from postrl.lm.rollout.evaluation import complete, evaluate_task
 from postrl.lm.sft import run_sft
 from postrl.lm.tasks import get_task
 from postrl.lm.tokenizer import load_tokenizer
+from postrl.runtime.config import from_dict, merge_overrides
+from postrl.runtime.config_values import to_dict
 
 N_EVAL = 500  # held-out prompts, as the demo's report (DemoConfig.eval_prompts)
 
@@ -82,12 +84,17 @@ def accuracies(model_dir: Path) -> dict[str, float]:
     return {"accuracy": question, "equation_accuracy": sum(hits) / len(hits)}
 
 
-def pretrain(workdir: Path, seed: int) -> dict[str, Any]:
-    run_dir = workdir / f"pretrain-{seed}"
+def recipe(seed: int, overrides: list[str]) -> PretrainConfig:
+    """The base model's recipe on ``seed``, with ``key=value`` overrides as `postrl pretrain` takes them."""
+    return from_dict(PretrainConfig, merge_overrides(to_dict(base_model.recipe(seed)), overrides))
+
+
+def pretrain(workdir: Path, seed: int, overrides: list[str], tag: str) -> dict[str, Any]:
+    run_dir = workdir / f"pretrain{tag}-{seed}"
 
     def make() -> dict[str, Any]:
         load = os.getloadavg()[0]
-        summary, cpu = timed(run_pretrain, base_model.recipe(seed), run_dir, overwrite=True)
+        summary, cpu = timed(run_pretrain, recipe(seed, overrides), run_dir, overwrite=True)
         return {
             "heldout_loss": summary["heldout_loss"],
             "cpu_seconds": cpu,
@@ -140,6 +147,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2, 3, 4])
     parser.add_argument("--shipped-seeds", type=int, nargs="*", default=[0, 1, 2])
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="override the recipe (e.g. run.steps=1600)"
+    )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/postrl-pretrain-seeds"))
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -151,9 +161,12 @@ def main() -> None:
         trained = sft(args.workdir, f"sft-shipped-{seed}", base, seed)
         rows.append({"run": f"shipped, SFT seed {seed}", **shipped_record, **trained})
     band = [r["sft_accuracy"] for r in rows]
+    tag = "".join(f"-{o}" for o in args.set).replace("/", "_")  # the variant's run folders
     for seed in args.seeds:
-        row = {"run": f"pretrain seed {seed}", **pretrain(args.workdir, seed)}
-        row.update(sft(args.workdir, f"sft-{seed}", args.workdir / f"pretrain-{seed}" / "model", seed))
+        row = {"run": f"pretrain{tag} seed {seed}", **pretrain(args.workdir, seed, args.set, tag)}
+        row.update(
+            sft(args.workdir, f"sft{tag}-{seed}", args.workdir / f"pretrain{tag}-{seed}" / "model", seed)
+        )
         rows.append(row)
         print(f"seed {seed}: {json.dumps(row)}", flush=True)
     for row in rows:
