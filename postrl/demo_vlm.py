@@ -134,8 +134,8 @@ def stages(cfg: Any) -> list[Stage]:
         align = Stage("vlm-align", _run_align, lambda c, out, done: _align(c), lambda c: 3 + 0.17 * steps)
     rows = [
         align,
-        Stage("vlm-sft", run_sft, _sft, lambda c: 8 + 0.1 * c.vlm.sft.run.steps, ("vlm-align",)),
-        Stage("vlm-grpo", run_grpo, _grpo, lambda c: 6 + 0.3 * c.vlm.grpo.run.steps, ("vlm-sft",)),
+        Stage("vlm-sft", run_sft, _sft, lambda c: 9.0, ("vlm-align",)),
+        Stage("vlm-grpo", run_grpo, _grpo, lambda c: 2 + 0.18 * c.vlm.grpo.run.steps, ("vlm-sft",)),
     ]
     if cfg.compare_sft and v.compare_sft:
         rows.append(
@@ -143,13 +143,13 @@ def stages(cfg: Any) -> list[Stage]:
                 "vlm-sft-vs-grpo",
                 run_sft,
                 lambda c, out, done: continued_sft(c, out, done["vlm-grpo"]),
-                lambda c: 3 + 0.3 * c.vlm.grpo.run.steps,
+                lambda c: 1 + 0.18 * c.vlm.grpo.run.steps,
                 ("vlm-grpo",),
             )
         )
     names = tuple(s.name for s in rows)
     rows.append(
-        Stage("vlm-eval", evaluate, _eval, lambda c: 3 + 0.006 * c.vlm.eval_scenes * len(names), names)
+        Stage("vlm-eval", evaluate, _eval, lambda c: 1 + 0.003 * c.vlm.eval_scenes * len(names), names)
     )
     return rows
 
@@ -314,7 +314,9 @@ def sample_grid(images: list[Any], samples: list[dict[str, Any]], path: Path) ->
 
     cols = min(3, len(images))
     rows = (len(images) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(2.5 * cols, 3.0 * rows), squeeze=False)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(2.6 * cols, 3.3 * rows), squeeze=False, layout="constrained"
+    )
     for ax in axes.flat:
         ax.set_xticks([])
         ax.set_yticks([])
@@ -330,7 +332,6 @@ def sample_grid(images: list[Any], samples: list[dict[str, Any]], path: Path) ->
                 mark = "✓" if normalise(said) == normalise(s["answer"]) else "✗"
                 lines.append(f"{LABELS[name]}: {said} {mark}")
         ax.set_xlabel("\n".join(lines), fontsize=9)
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -415,7 +416,7 @@ def report_md(out: Path, summary: dict[str, Any]) -> list[str]:
                 "the same time did as well or better."
             )
     lines.append("")
-    for name, keys in (("vlm-sft", ["loss", "heldout_accuracy"]), ("vlm-grpo", ["reward_mean", "loss"])):
+    for name, keys in (("vlm-sft", ["loss", "heldout_accuracy"]), ("vlm-grpo", ["reward_mean"])):
         path = out / name / "metrics.jsonl"
         png = (
             plot_curves(read_jsonl(path), keys, out / "plots" / f"{name}.png", title=name)
