@@ -7,11 +7,11 @@ import dataclasses
 import fnmatch
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from postrl import demo_vlm
+from postrl.demo import DemoConfig, quick, stages
 from postrl.lm import base_model
 from postrl.lm.tasks.shapes import KINDS
 from postrl.lm.vlm import base_model as vlm_base
@@ -22,8 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def demo_config(**kw):
-    """What the branch reads of the demo's config."""
-    return SimpleNamespace(**({"vlm": demo_vlm.VLMDemo(), "from_scratch": False, "compare_sft": True} | kw))
+    return dataclasses.replace(DemoConfig(), **kw)
 
 
 def test_the_shipped_vlm_loads_with_auto_classes_and_was_made_by_the_recipe():
@@ -65,6 +64,12 @@ def test_the_branch_checks_the_shipped_model_against_its_recipe():
     assert demo_vlm.stages(demo_config(vlm=demo_vlm.VLMDemo(enabled=False))) == []
     names = [s.name for s in demo_vlm.stages(demo_config(from_scratch=True))]
     assert names == ["vlm-align", "vlm-sft", "vlm-grpo", "vlm-sft-vs-grpo", "vlm-eval"]
+    assert demo_vlm.stages(demo_config(from_scratch=True))[0].run.__name__ == "_run_align"
+    in_demo = {s.name: s for s in stages(quick(DemoConfig()))}  # the demo's rows, --quick: no continued SFT
+    assert {"vlm-align", "vlm-sft", "vlm-grpo", "vlm-eval"} <= set(
+        in_demo
+    ) and "vlm-sft-vs-grpo" not in in_demo
+    assert in_demo["vlm-eval"].after == ("vlm-align", "vlm-sft", "vlm-grpo")
 
 
 def tiny() -> demo_vlm.VLMDemo:
