@@ -45,7 +45,7 @@ def test_report_has_table_plots_and_samples(demo_dir):
     for stage in ("pretrain", "sft", "rm", "ppo", "grpo"):
         assert (demo_dir / stage / "model" / "config.json").is_file()
     page = (demo_dir / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 6 and "<table>" in page
+    assert page.count("data:image/png;base64,") == 6 + 3 and "<table>" in page  # + the VLM branch's 3
     assert "## The gold-reward frontier (reviews)" in report
 
 
@@ -83,7 +83,13 @@ def test_quick_demo_shows_every_stage_learning(demo_dir):
     """The quick demo's point: each stage moves its number past its baseline (the report says so)."""
     summary = json.loads((demo_dir / "summary.json").read_text())
     found = {(v["stage"], v["baseline"]): v for v in summary["verdicts"]}
-    for key in (("sft", "pretrain"), ("rm", "chance"), ("ppo", "sft"), ("grpo", "sft")):
+    for key in (
+        ("sft", "pretrain"),
+        ("rm", "chance"),
+        ("ppo", "sft"),
+        ("grpo", "sft"),
+        ("vlm-grpo", "vlm-sft"),
+    ):
         assert found[key]["margin"] > 0, found[key]["text"]
     assert "## Did each stage earn its place?" in (demo_dir / "report.md").read_text()
 
