@@ -401,7 +401,10 @@ def report_md(out: Path, summary: dict[str, Any]) -> list[str]:
         f"Greedy answers to the same {vlm['scenes']} held-out scenes, scored by the verifier (the answer's "
         "first word); per-kind columns: accuracy on that kind's scenes "
         f"({', '.join(f'{k} {v}' for k, v in vlm['scenes_by_kind'].items())}). Without the picture: chance "
-        f"{vlm['chance']:.3f}, the best image-free guess per question text {vlm['image_free_best_guess']:.3f}.",
+        f"{vlm['chance']:.3f}, the best image-free guess per question text {vlm['image_free_best_guess']:.3f}. "
+        'The aligned model answers every question with a caption ("3 red dots"), whose first word is right '
+        "for the count questions only. Continued SFT gets GRPO's training seconds by the wall clock, so on a "
+        "busy machine the two may get different CPU time (their steps above).",
         "",
     ]
     mine = [v for v in summary.get("verdicts", []) if v["stage"].startswith("vlm")]
