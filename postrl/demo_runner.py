@@ -103,10 +103,12 @@ class Progress:
         self.started[name] = time.perf_counter()
 
     def finish(self, name: str, seconds: float) -> None:
-        """``name`` took ``seconds`` (its own time: a new worker's start is not the job's pace)."""
+        """``name`` took ``seconds`` (its own time: a new worker's start is not the job's pace). A copy (an
+        estimate under 2 s) or a stage already done (under a tenth of its estimate) does not set the pace."""
         self.finished.add(name)
-        self.spent += seconds
-        self.expected += self.estimates[name]
+        if self.estimates[name] >= 2.0 and seconds >= 0.1 * self.estimates[name]:
+            self.spent += seconds
+            self.expected += self.estimates[name]
 
 
 def critical_path(seconds: dict[str, float], after: dict[str, tuple[str, ...]]) -> tuple[list[str], float]:

@@ -120,6 +120,8 @@ def test_progress_lays_the_time_left_on_the_lanes():
     assert progress.left() == 30.0  # c alone is longer than a then b, and than half of all
     assert Progress(jobs, 1, ["a", "b", "c"]).left() == 50.0
     progress.start("a")
+    progress.finish("a", 0.2)  # already done: says nothing about the pace
+    assert progress.line("b") == "[demo] 2/3 b: about 10s, about 30s left"
     progress.finish("a", 5.0)  # twice as fast as estimated: what is left takes half as long
     assert progress.line("b") == "[demo] 2/3 b: about 5s, about 15s left"
 
