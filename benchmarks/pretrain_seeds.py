@@ -19,7 +19,25 @@ sums?) and on the task's questions ("What is 47+38?", expected ~0); after SFT, g
 A finished run folder (summary.json) is reused, so the seeds can be run one invocation at a time. Prints a
 Markdown table and ends with ONE JSON line.
 
-Measured: see the table below (filled in from the run that this commit records).
+Measured 2026-12-03 on the shared 2-core machine, load average 7-16 throughout (CPU seconds are one thread's,
+inflated by the load; wall ~2.2x CPU), code of commit 0f3f038, SFT band = 0.258 - 0.332:
+
+| run | pretrain held-out loss | pretrain CPU s | equation acc. | question acc. | SFT held-out loss | SFT acc. (500) | in band |
+|---|---|---|---|---|---|---|---|
+| shipped base, SFT seed 0 | 11.668 | - | 0.586 | 0.000 | 0.837 | 0.282 | yes |
+| shipped base, SFT seed 1 | 11.668 | - | 0.586 | 0.000 | 0.687 | 0.332 | yes |
+| shipped base, SFT seed 2 | 11.668 | - | 0.586 | 0.000 | 0.885 | 0.258 | yes |
+| pretrain seed 0 (= shipped, same SHA-256) | 11.668 | 292.8 | 0.586 | 0.000 | 0.837 | 0.282 | yes |
+| pretrain seed 1 | 9.397 | 287.0 | 0.058 | 0.002 | 1.252 | 0.078 | **no** |
+| pretrain seed 2 | 10.076 | 278.8 | 0.948 | 0.000 | 0.269 | 0.652 | yes (far above) |
+| pretrain seed 1, --set run.steps=1600 | 9.623 | 592.1 | 0.426 | 0.000 | 1.594 | 0.086 | **no** |
+
+Seeds 3 and 4 were not measured (stopped for lack of time once seed 1 had missed). The recipe reaches the band
+on 2 of the 3 seeds measured, and the SFT accuracy after it spans 0.08 - 0.65: the seed decides whether the
+sums are learnt at all (equation accuracy 0.06 / 0.59 / 0.95), and even learnt sums need not carry over to
+the question format (seed 1 at 1600 steps: equations 0.43, SFT 0.09; seed 0: equations 0.59, SFT 0.28). SFT
+itself erases the equation skill (0.02 - 0.04 after it on every run). The pretraining held-out loss (question
+format, never in the corpus) does not predict any of this: seed 1 has the lowest.
 """
 
 from __future__ import annotations
