@@ -92,7 +92,6 @@ def main() -> int:
         "cpu_seconds",
         "workers",
         "peak_rss_mb",
-        "peak_pss_mb",
         "critical_path",
         "load_average",
     )

@@ -381,7 +381,6 @@ def run_demo(
     summary["wall_seconds"] = round(time.perf_counter() - wall_started, 2)
     summary["cpu_seconds"] = round(cpu_seconds() - cpu_started, 1)
     summary["peak_rss_mb"] = round(max(summary["peak_rss_mb"], memory.peak_mb), 1)
-    summary["peak_pss_mb"] = round(memory.peak_pss_mb, 1)
     summary["load_average"] = [round(x, 2) for x in load_before] + [round(x, 2) for x in os.getloadavg()]
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     write_report(out, cfg, done, evaluation, summary)
