@@ -20,7 +20,7 @@ A finished run folder (summary.json) is reused, so the seeds can be run one invo
 Markdown table and ends with ONE JSON line.
 
 Measured 2026-12-03 on the shared 2-core machine, load average 7-16 throughout (CPU seconds are one thread's,
-inflated by the load; wall ~2.2x CPU), code of commit 0f3f038, SFT band = 0.258 - 0.332:
+inflated by the load; wall ~2.2x CPU), code of commit 0f3f038 (seed 3: load 13 → 8), SFT band = 0.258 - 0.332:
 
 | run | pretrain held-out loss | pretrain CPU s | equation acc. | question acc. | SFT held-out loss | SFT acc. (500) | in band |
 |---|---|---|---|---|---|---|---|
@@ -30,11 +30,12 @@ inflated by the load; wall ~2.2x CPU), code of commit 0f3f038, SFT band = 0.258 
 | pretrain seed 0 (= shipped, same SHA-256) | 11.668 | 292.8 | 0.586 | 0.000 | 0.837 | 0.282 | yes |
 | pretrain seed 1 | 9.397 | 287.0 | 0.058 | 0.002 | 1.252 | 0.078 | **no** |
 | pretrain seed 2 | 10.076 | 278.8 | 0.948 | 0.000 | 0.269 | 0.652 | yes (far above) |
+| pretrain seed 3 | 9.819 | 294.1 | 0.326 | 0.010 | 1.125 | 0.164 | **no** |
 | pretrain seed 1, --set run.steps=1600 | 9.623 | 592.1 | 0.426 | 0.000 | 1.594 | 0.086 | **no** |
 
-Seeds 3 and 4 were not measured (stopped for lack of time once seed 1 had missed). The recipe reaches the band
-on 2 of the 3 seeds measured, and the SFT accuracy after it spans 0.08 - 0.65: the seed decides whether the
-sums are learnt at all (equation accuracy 0.06 / 0.59 / 0.95), and even learnt sums need not carry over to
+Seed 4 was not measured (no time left). The recipe reaches the band on 2 of the 4 seeds measured (0 and 2;
+1 and 3 miss), and the SFT accuracy after it spans 0.08 - 0.65: the seed decides how well the sums are
+learnt (equation accuracy 0.59 / 0.06 / 0.95 / 0.33 on seeds 0-3), and even learnt sums need not carry over to
 the question format (seed 1 at 1600 steps: equations 0.43, SFT 0.09; seed 0: equations 0.59, SFT 0.28). SFT
 itself erases the equation skill (0.02 - 0.04 after it on every run). The pretraining held-out loss (question
 format, never in the corpus) does not predict any of this: seed 1 has the lowest.
