@@ -9,13 +9,21 @@ seconds (mean over the seeds) with the critical path, and ONE JSON line. On an i
 demo's wall time is about the larger of its critical path and half its CPU seconds, plus the imports; the
 wall seconds on a shared machine are inflated by the load.
 
-Measured 2026-12-03 on the shared 2-core machine (load average 5-15), budgets of commit 9c02380 (RM 250 steps,
-PPO 40; the RM 150 / PPO 30 trim and the DPO stage came after), seeds 0 1 2: wall 769 / 1141 / 574 s, CPU
-226 / 250 / 237 s, peak RSS 576 / 576 / 572 MB; every comparison clear (margin > 2 SE) on 3/3 seeds; mean
-(min - max): SFT accuracy 0.000 -> 0.291 (0.258 - 0.332); RM pair accuracy 0.777 (0.755 - 0.792); PPO gold
-0.539 (0.371 - 0.624) vs SFT -0.188 and continued SFT -0.034, margin over continued SFT 0.573 (0.355 -
-0.712); GRPO accuracy 0.437 (0.364 - 0.502) vs SFT 0.291 and continued SFT 0.206, margin over continued SFT
-0.231 (0.206 - 0.272).
+Measured 2026-12-03 on the shared 2-core machine, stages in 2 workers (load average 8-15 throughout, so
+wall times are not the idle ones; CPU seconds are inflated by the load too):
+
+--quick (commit 3790937, with the VLM branch), seeds 0 1 2 (seeds 1, 2 resumed from their SFT and reward
+model): SFT, RM, PPO and GRPO clear on 3/3 seeds, DPO within the noise on 3/3; mean (min - max): RM pair
+accuracy 0.702 (0.691 - 0.707); PPO gold 0.161 (-0.001 - 0.402) vs SFT -0.173, margin 0.334 (0.238 -
+0.513); GRPO accuracy 0.358 (0.300 - 0.388) vs SFT 0.265, margin 0.093 (0.072 - 0.126). Seed 0's jobs,
+CPU-s: sft 13.7, rm 14.8, ppo 13.8, dpo 13.6, grpo 15.8, the five evaluations 8.9 and the frontier 0.5
+(text 81.0), VLM branch 24.1: 105.1 in all; critical path sft > rm > ppo > eval ppo 44.1 CPU-s; peak
+RSS of all processes together 1451 MB. Idle estimate: max(44, 105 / 2) + imports and report, about 60 s.
+
+Full demo (commit 78b2f46 + the VLM rows, full config unchanged since), seed 0: every comparison clear (RM 0.755; PPO gold 0.509
+vs SFT -0.169 and continued SFT -0.011; DPO 0.436; GRPO 0.502 vs SFT 0.282 and continued SFT 0.256; VLM
+GRPO 0.698 vs SFT 0.530 and continued SFT 0.622); jobs 272.3 CPU-s (text 201.8, VLM 70.5); critical
+path sft > rm > ppo > sft-vs-ppo > eval 117.2 CPU-s; peak RSS of all processes together 1502 MB.
 """
 
 from __future__ import annotations
