@@ -20,10 +20,11 @@ CPU-s: sft 13.7, rm 14.8, ppo 13.8, dpo 13.6, grpo 15.8, the five evaluations 8.
 (text 81.0), VLM branch 24.1: 105.1 in all; critical path sft > rm > ppo > eval ppo 44.1 CPU-s; peak
 RSS of all processes together 1451 MB. Idle estimate: max(44, 105 / 2) + imports and report, about 60 s.
 
-Full demo (commit 78b2f46 + the VLM rows, full config unchanged since), seed 0: every comparison clear (RM 0.755; PPO gold 0.509
-vs SFT -0.169 and continued SFT -0.011; DPO 0.436; GRPO 0.502 vs SFT 0.282 and continued SFT 0.256; VLM
-GRPO 0.698 vs SFT 0.530 and continued SFT 0.622); jobs 272.3 CPU-s (text 201.8, VLM 70.5); critical
-path sft > rm > ppo > sft-vs-ppo > eval 117.2 CPU-s; peak RSS of all processes together 1502 MB.
+Full demo (commit 78b2f46 + the VLM rows; the full config is unchanged since), seed 0: every comparison
+clear (RM 0.755; PPO gold 0.509 vs SFT -0.169 and continued SFT -0.011; DPO 0.436; GRPO 0.502 vs SFT
+0.282 and continued SFT 0.256; VLM GRPO 0.698 vs SFT 0.530 and continued SFT 0.622); jobs 272.3 CPU-s
+(text 201.8, VLM 70.5); critical path sft > rm > ppo > sft-vs-ppo > eval 117.2 CPU-s; peak RSS of all
+processes together 1502 MB (their proportional share, PSS, 1215 MB).
 """
 
 from __future__ import annotations
