@@ -44,6 +44,9 @@ class PretrainConfig:
     """BPE vocabulary size of the built tokenizer."""
     corpus_lines: int = 20000
     """Lines of generated text (arithmetic, reviews, generic)."""
+    corpus_mix: tuple[float, float, float] = (0.4, 0.4, 0.2)
+    """Shares of the corpus lines (arithmetic equations, review text, generic sentences), normalised by their
+    sum."""
     arithmetic: dict[str, Any] = field(default_factory=dict)
     """Options of the arithmetic task whose train split feeds the corpus (e.g. {digits: 3})."""
     reviews: dict[str, Any] = field(default_factory=dict)
@@ -59,14 +62,16 @@ class PretrainConfig:
     run: RunConfig = field(default_factory=lambda: RunConfig(steps=600, eval_every=200, save_every=200))
     """Steps, seed, logging, evaluation and checkpoint cadence, device, threads, parallelism."""
 
-    CHECKS = {"vocab_size": ">= 1", "corpus_lines": ">= 1"}
+    CHECKS = {"vocab_size": ">= 1", "corpus_lines": ">= 1", "corpus_mix": ">= 0"}
     RENAMED = TRAIN_RENAMED
 
 
 def corpus_and_heldout(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
     """Train text (the corpus) and held-out text (the tasks' test-split demonstrations)."""
     arith, reviews = get_task("arithmetic", **cfg.arithmetic), get_task("reviews", **cfg.reviews)
-    corpus = build_corpus(cfg.corpus_lines, cfg.run.seed, arithmetic=arith.config, reviews=reviews.config)
+    corpus = build_corpus(
+        cfg.corpus_lines, cfg.run.seed, cfg.corpus_mix, arithmetic=arith.config, reviews=reviews.config
+    )
     heldout = [r["prompt"] + r["completion"] for t in (arith, reviews) for r in t.sft_rows("test")]
     return corpus, heldout
 
@@ -81,6 +86,9 @@ def run_pretrain(
     run = cfg.run
     if run.lora.enabled:
         raise UserError("run.lora.enabled: pretraining builds a new model; LoRA adapts an existing one")
+    if len(cfg.corpus_mix) != 3 or sum(cfg.corpus_mix) <= 0:
+        shares = list(cfg.corpus_mix)
+        raise UserError(f"corpus_mix: three shares (arithmetic, reviews, generic), not all 0; got {shares}")
     info = dist.init_distributed(run.device)
     set_threads(run.threads)
     seed_everything(run.seed, info.rank)
