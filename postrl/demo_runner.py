@@ -58,12 +58,33 @@ class Job:
 
 def auto_workers(cpus: int | None = None, load: float | None = None) -> int:
     """Processes for the stages, 1 to `MAX_AUTO_WORKERS` and at most one per core: the cores plus one, less
-    the 1-minute load average. One other CPU-bound process on a 2-core machine still leaves two lanes (the
-    demo then gets 4/3 of a core, 1.5x its idle time, where one lane would take 2x); only when every core
-    is busy do the stages run one at a time."""
+    the cores busy now (``load``; default `busy_cores`). One other CPU-bound process on a 2-core machine
+    still leaves two lanes (the demo then gets 4/3 of a core, 1.5x its idle time, where one lane would take
+    2x); only when every core is busy do the stages run one at a time."""
     cpus = cpus if cpus is not None else os.cpu_count() or 1
-    load = load if load is not None else os.getloadavg()[0]
+    load = load if load is not None else busy_cores()
     return max(1, min(MAX_AUTO_WORKERS, cpus, cpus + 1 - round(load)))
+
+
+def busy_cores(window: float = 0.5) -> float:
+    """How many cores other processes keep busy now: the non-idle share of the CPU time over ``window``
+    seconds (Linux /proc/stat) times the cores. Not the 1-minute load average, which still counts a job that
+    just ended (a demo run right after another one saw load 1.7 on an idle machine and took one lane)."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields[:8]), idle  # user nice system idle iowait irq softirq steal (guest is in user)
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(window)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return os.getloadavg()[0]
+    spent = total1 - total0
+    return (os.cpu_count() or 1) * (spent - (idle1 - idle0)) / spent if spent > 0 else 0.0
 
 
 # ---- progress -----------------------------------------------------------------------------------------------

@@ -80,13 +80,14 @@ class VLMDemo:
             sampling=SamplingConfig(max_new_tokens=4, temperature=1.0, top_k=5),
             grpo=GRPOLossConfig(group_size=8, prompts_per_step=16, beta=0.0, loss_type="grpo"),
             optim=OptimConfig(lr=1e-4, warmup_steps=5, min_lr_ratio=1.0, betas=(0.9, 0.999)),
-            run=RunConfig(steps=120, eval_every=0, save_every=0, log_every=5),
+            run=RunConfig(steps=240, eval_every=0, save_every=0, log_every=5),
             eval_size=100,
             eval_at_start=False,
         )
     )
     """GRPO on 1,000 train pictures (ten times the demonstrations; no answers shown), 16 prompts x G = 8
-    answers per step, the verifier as the only signal: preset grpo-shapes for 120 steps, warmup 5."""
+    answers per step, the verifier as the only signal: preset grpo-shapes for 240
+    steps, warmup 5 (at 120 its lead over continued SFT was clear on 1 of 3 seeds: +0.03 to +0.14)."""
     eval_scenes: int = 600
     """Held-out scenes every checkpoint answers (greedy; the same for all)."""
     samples: int = 6

@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from postrl.demo_runner import Job, Progress, Stage, auto_workers, critical_path, run_jobs, stage_jobs
+from postrl.demo_runner import (
+    Job,
+    Progress,
+    Stage,
+    auto_workers,
+    busy_cores,
+    critical_path,
+    run_jobs,
+    stage_jobs,
+)
 from postrl.runtime.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,6 +114,19 @@ def test_auto_workers_leave_busy_cores_alone():
     assert auto_workers(cpus=2, load=0.2) == 2 and auto_workers(cpus=2, load=1.2) == 2  # one other process
     assert auto_workers(cpus=2, load=2.0) == 1 and auto_workers(cpus=2, load=5.0) == 1  # every core busy
     assert auto_workers(cpus=1, load=0.0) == 1 and auto_workers(cpus=16, load=0.0) == 2
+
+
+@pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="reads Linux /proc/stat")
+def test_busy_cores_sees_a_busy_process_now_not_the_load_average():
+    """A process spinning now counts as (about) one busy core; the 1-minute load average would lag."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        busy = busy_cores(window=0.5)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert 0.7 <= busy <= (os.cpu_count() or 1) + 0.01
 
 
 def test_critical_path_is_the_longest_chain():
