@@ -166,7 +166,10 @@ def _can_share(model: torch.nn.Module) -> bool:
     gradient checkpointing (the blocks drop the cache)."""
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) or dist.is_sharded(model):
         return False
-    return not (model.training and getattr(model, "is_gradient_checkpointing", False))
+    if not model.training:
+        return True
+    flag = getattr(model, "is_activation_checkpointing", None)  # transformers 5; the older name warns there
+    return not (getattr(model, "is_gradient_checkpointing", False) if flag is None else flag)
 
 
 def response_logits(
