@@ -384,7 +384,7 @@ def run_demo(
     summary["peak_rss_mb"] = round(max(summary["peak_rss_mb"], memory.peak_mb), 1)
     summary["load_average"] = [round(x, 2) for x in load_before] + [round(x, 2) for x in os.getloadavg()]
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-    write_report(out, cfg, done, evaluation, summary)
+    write_report(out, cfg, done, evaluation, summary, demo_vlm.report_md(out, summary))
     for line in summary["verdicts"]:
         print(f"[demo] {line['text']}", file=sys.stderr)
     print(f"[demo] report: {(out / 'report.md').resolve()} (and report.html)", file=sys.stderr)

@@ -384,7 +384,7 @@ def report_md(out: Path, summary: dict[str, Any]) -> list[str]:
             [LABELS[name], f"{seconds:.0f}" if isinstance(seconds, (int, float)) else "–", f"{p:.3f}"]
             + [f"{(p * (1 - p) / n) ** 0.5:.3f}", *(f"{row['by_kind'].get(k, 0):.2f}" for k in kinds)]
         )
-    from postrl.report import _table_md  # the report's own table writer
+    from postrl.report import table_md  # the report's own table writer
 
     lines = [
         "## A policy that sees: the tiny VLM on task:shapes",
@@ -397,7 +397,7 @@ def report_md(out: Path, summary: dict[str, Any]) -> list[str]:
         f"demonstrations for GRPO's training time ({_steps(runs, 'vlm-sft-vs-grpo')}). Questions: count the "
         "dots, the colour of a shape, its side, the taller bar, a digit; the answer needs the picture.",
         "",
-        *_table_md(rows),
+        *table_md(rows),
         "",
         f"Greedy answers to the same {vlm['scenes']} held-out scenes, scored by the verifier (the answer's "
         "first word); per-kind columns: accuracy on that kind's scenes "
@@ -437,5 +437,5 @@ def report_md(out: Path, summary: dict[str, Any]) -> list[str]:
         lines += ["### Pictures and answers: SFT → GRPO", ""]
         if vlm.get("samples_png"):
             lines += [f"![sample pictures]({vlm['samples_png']})", ""]
-        lines += [*_table_md(table), ""]
+        lines += [*table_md(table), ""]
     return lines

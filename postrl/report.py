@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from postrl.demo_vlm import report_md as vlm_report_md
 from postrl.lm.data import tokenize_sft
 from postrl.lm.models import load_causal_lm
 from postrl.lm.rewards import load_reward_fn
@@ -161,7 +160,7 @@ def _cell_md(text: str) -> str:
     return text.replace("\n", " ").replace("|", "\\|").replace("`", "\\`").replace("*", "\\*")
 
 
-def _table_md(rows: list[list[str]]) -> list[str]:
+def table_md(rows: list[list[str]]) -> list[str]:
     """A Markdown table, one line per row: the header, the separator, the data rows."""
     lines = ["| " + " | ".join(_cell_md(c) for c in rows[0]) + " |", "|" + "---|" * len(rows[0])]
     return lines + ["| " + " | ".join(_cell_md(c) for c in r) + " |" for r in rows[1:]]
@@ -307,10 +306,16 @@ def _not_run_md(cfg: Any) -> list[str]:
 
 
 def write_report(
-    out: Path, cfg: Any, stages: dict[str, dict], evaluation: dict[str, dict], summary: dict[str, Any]
+    out: Path,
+    cfg: Any,
+    stages: dict[str, dict],
+    evaluation: dict[str, dict],
+    summary: dict[str, Any],
+    sections: Sequence[str] = (),
 ) -> None:
     """report.md (images beside it) and report.html (images inline). The table and the verdicts come from
-    ``evaluation``, the same numbers as summary.json's ``stages``."""
+    ``evaluation``, the same numbers as summary.json's ``stages``; ``sections`` (Markdown lines, e.g. the
+    vision branch's, `postrl.demo_vlm.report_md`) go before the samples."""
     plots = make_plots(out)
     table = metrics_table(evaluation, stages)
     found = summary.get("verdicts") or verdicts(evaluation, stages)
@@ -333,7 +338,7 @@ def write_report(
         "",
         "## Held-out metrics per checkpoint",
         "",
-        *_table_md(table),
+        *table_md(table),
         "",
         "`heldout_accuracy`: arithmetic exact match, greedy, on the held-out prompts; `gold_reward`, "
         "`rm_score`, `kl_to_ref`: review prompts, sampled at temperature 1, KL to the SFT policy; "
@@ -351,7 +356,7 @@ def write_report(
         if stage in plots:
             md += [f"![{stage}]({plots[stage].relative_to(out)})", ""]
     md += _frontier_md(out, summary.get("frontier") or [])
-    md += vlm_report_md(out, summary)
+    md += list(sections)
     md += ["## Samples before and after RL", "", *_samples_md(evaluation)]
     atomic_write_text(out / "report.md", "\n".join(md) + "\n")
     atomic_write_text(out / "report.html", _html(md, out))
@@ -439,7 +444,7 @@ def _samples_md(ev: dict[str, dict]) -> list[str]:
         before, later = ev["sft"]["samples"][task], ev[after]["samples"][task]
         rows = [["prompt", "SFT", after]]
         rows += [[prompt, a, b] for (prompt, a), (_, b) in zip(before, later, strict=False)]
-        lines += [f"### {task}: SFT → {after}", "", *_table_md(rows), ""]
+        lines += [f"### {task}: SFT → {after}", "", *table_md(rows), ""]
     return lines
 
 
