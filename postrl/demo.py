@@ -161,8 +161,8 @@ class DemoConfig:
     little from a second, and a second CPU-bound process on the machine then slows the demo in proportion
     instead of several times over (oversubscribed threads wait on each other)."""
     workers: int | None = None
-    """Stages run at the same time, each in a worker process with `threads` threads (null: 2, or 1 when the
-    1-minute load average says every core is busy; 1: one after another in this process)."""
+    """Stages run at the same time, each in a worker process with `threads` threads (null: 2, or 1 when other
+    processes keep every core busy right now; 1: one after another in this process)."""
 
     CHECKS = {
         "eval_prompts": ">= 1",
