@@ -15,7 +15,7 @@ from postrl.demo import DemoConfig, quick, stages
 from postrl.lm import base_model
 from postrl.lm.tasks.shapes import KINDS
 from postrl.lm.vlm import base_model as vlm_base
-from postrl.report import _html
+from postrl.report_html import to_html
 from postrl.runtime.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,5 +119,5 @@ def test_the_branch_end_to_end_with_verdicts_and_sample_pictures(tmp_path):
     assert "![sample pictures](vlm-eval/samples/samples.png)" in text
     assert (tmp_path / "vlm-eval" / "samples" / "samples.png").stat().st_size > 1000
     assert samples[0]["question"] in text and "vlm-grpo: heldout_accuracy" in text
-    page = _html(lines, tmp_path)
+    page = to_html(lines, tmp_path)
     assert page.count('<img src="data:image/png;base64,') >= 2  # the curves and the pictures, inline
