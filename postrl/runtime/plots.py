@@ -31,7 +31,9 @@ def plot_curves(
     fig, axes = plt.subplots(len(keys), 1, figsize=(7, 2.6 * len(keys)), squeeze=False, sharex=True)
     for ax, key in zip(axes[:, 0], keys, strict=True):
         pts = [(r[x], r[key]) for r in rows if r.get(key) is not None and r.get(x) is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.5)
+        # a metric checked once or twice: points, not a line too short to see
+        marker = "o" if len(pts) < 3 else None
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.5, marker=marker)
         ax.set_ylabel(key)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel(x)
