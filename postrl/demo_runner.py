@@ -1,9 +1,10 @@
 """Running the demo's stages: in dependency order, the ready ones at the same time in worker processes.
 
 A `Stage` names the stages it needs (``after``); `run_jobs` starts every job whose inputs are done, at most
-``workers`` at once, each in a process of a spawn-context pool with one torch thread (``workers=1``: one
-after another in this process). A worker dies with the demo (``PR_SET_PDEATHSIG`` on Linux), so a killed
-demo leaves no stage training on; Ctrl-C or SIGTERM stop the workers, and rerunning the demo resumes each
+``workers`` at once on as many lanes: one is a thread of this process (which has torch imported already),
+the others are processes of a spawn-context pool, each job with one torch thread (``workers=1``: one after
+another in this process). A worker dies with the demo (``PR_SET_PDEATHSIG`` on Linux), so a killed demo
+leaves no stage training on; Ctrl-C or SIGTERM stop the lanes, and rerunning the demo resumes each
 interrupted stage from its last checkpoint and skips the finished ones (`run_stage`).
 """
 
@@ -217,7 +218,8 @@ def run_jobs(
     pending, running = list(jobs), {}
     rank = {j.name: -seconds for j, seconds in zip(jobs, _longest_path_from(jobs), strict=True)}
     ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker, initargs=(os.getpid(),))
+    pool = ProcessPoolExecutor(workers - 1, mp_context=ctx, initializer=init_worker, initargs=(os.getpid(),))
+    here = ThreadLane()
     try:
         with _sigterm_as_interrupt():
             while pending or running:
@@ -228,21 +230,62 @@ def run_jobs(
                     pending.remove(j)
                     fn, args = j.call(results)
                     _mark(progress, "start", j.name)
-                    running[pool.submit(timed, fn, *args)] = j.name
+                    lane = here if here.free else pool  # the longest ready chain here: no process to start
+                    running[lane.submit(timed, fn, *args)] = j.name
                 finished, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
                 for future in finished:
                     name = running.pop(future)
                     results[name], usage[name] = future.result()  # a job's error stops the demo here
                     _mark(progress, "finish", name, usage[name]["wall_seconds"])
     except BaseException:
+        here.stop()
         stop_workers(pool, running)
         raise
     pool.shutdown()  # joined: their CPU time is now in RUSAGE_CHILDREN
     return results, usage
 
 
+class ThreadLane:
+    """One lane of the schedule in this process: a job at a time in a thread, as a worker process runs one,
+    but without a process of its own to start and to fill with torch and transformers (~340 MB, which this
+    process has imported already). `stop` interrupts the job as Ctrl-C would (its stage resumes on the next
+    run)."""
+
+    def __init__(self) -> None:
+        self.future: Future | None = None
+        self.thread: threading.Thread | None = None
+
+    @property
+    def free(self) -> bool:
+        return self.future is None or self.future.done()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+
+        def run() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as error:  # noqa: BLE001 - the scheduler raises it (KeyboardInterrupt too)
+                    future.set_exception(error)
+
+        self.future, self.thread = future, threading.Thread(target=run, name="demo-lane", daemon=True)
+        self.thread.start()
+        return future
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Raise KeyboardInterrupt in the running job (at its next Python line) and wait for it to end."""
+        thread = self.thread
+        if thread is None or not thread.is_alive() or thread.ident is None:
+            return
+        raise_in = ctypes.pythonapi.PyThreadState_SetAsyncExc
+        raise_in(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
+        thread.join(timeout)
+
+
 def timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, float]]:
-    """``fn(*args)`` and its wall and CPU seconds (this process's: one job at a time runs in a worker)."""
+    """``fn(*args)`` and its wall and CPU seconds (its process's, one job at a time in a worker; its thread's
+    in this process's lane)."""
     wall, cpu = time.perf_counter(), _own_cpu_seconds()
     result = fn(*args)
     spent = {"wall_seconds": time.perf_counter() - wall, "cpu_seconds": _own_cpu_seconds() - cpu}
@@ -253,7 +296,11 @@ def timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, float]]:
 
 
 def _own_cpu_seconds() -> float:
-    own = resource.getrusage(resource.RUSAGE_SELF)
+    """This process's CPU seconds, or this thread's off the main thread (the demo's own lane)."""
+    who = resource.RUSAGE_SELF
+    if threading.current_thread() is not threading.main_thread():
+        who = getattr(resource, "RUSAGE_THREAD", who)
+    own = resource.getrusage(who)
     return own.ru_utime + own.ru_stime
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from postrl.demo_runner import (
     Job,
     Progress,
     Stage,
+    ThreadLane,
     auto_workers,
     busy_cores,
     critical_path,
@@ -86,8 +88,8 @@ def test_stages_start_after_what_they_need_and_run_side_by_side(tmp_path):
     assert done["b"]["started"] >= done["a"]["ended"]
     assert done["d"]["started"] >= max(done["b"]["ended"], done["c"]["ended"])
     assert done["c"]["ended"] - done["c"]["started"] < 30 and done["b"]["ended"] - done["b"]["started"] < 30
-    assert len({c["pid"] for c in calls(tmp_path)}) == 2  # in two worker processes, not this one
-    assert os.getpid() not in {c["pid"] for c in calls(tmp_path)}
+    pids = {c["pid"] for c in calls(tmp_path)}
+    assert len(pids) == 2 and os.getpid() in pids  # one lane is this process (a thread), one a worker process
 
 
 def test_one_worker_runs_in_this_process_in_order(tmp_path):
@@ -102,7 +104,24 @@ def test_a_failing_stage_stops_the_demo_with_its_error(tmp_path):
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["wall_seconds"] == 0.0  # left intact
     assert not (tmp_path / "d").exists()
     c = next(c for c in calls(tmp_path) if c["name"] == "c")
-    assert not alive(c["pid"])  # the stage beside it was stopped (it resumes on the next run), not left on
+    # the stage beside it was stopped (it resumes on the next run), not left on: its worker or this lane
+    assert not (c["pid"] != os.getpid() and alive(c["pid"]))
+    assert not any(t.name == "demo-lane" and t.is_alive() for t in threading.enumerate())
+    assert not (tmp_path / "c" / "summary.json").exists()
+
+
+def test_this_process_lane_is_stopped_like_ctrl_c(tmp_path):
+    """The job in this process's lane gets a KeyboardInterrupt and ends; its folder resumes next time."""
+    lane = ThreadLane()
+    future = lane.submit(fake_stage, {"seconds": 60.0}, tmp_path / "x")
+    deadline = time.time() + 10
+    while not calls(tmp_path) and time.time() < deadline:
+        time.sleep(0.01)
+    started = time.time()
+    lane.stop()
+    assert time.time() - started < 5 and not lane.thread.is_alive() and lane.free
+    assert isinstance(future.exception(), KeyboardInterrupt)
+    assert not (tmp_path / "x" / "summary.json").exists()
 
 
 def test_a_job_needing_a_later_one_is_refused():
