@@ -50,7 +50,7 @@ from postrl.lm.sft import SFTConfig, run_sft
 from postrl.lm.spine import RunConfig
 from postrl.lm.tasks import get_task
 from postrl.lm.trainer import OptimConfig, TrainConfig
-from postrl.report import evaluate_checkpoints, frontier, verdicts, write_report
+from postrl.report import PER_ITEM, evaluate_checkpoints, frontier, verdicts, write_report
 from postrl.runtime.checkpoint import atomic_write_text
 from postrl.runtime.config import save_config, validate
 from postrl.runtime.errors import UserError
@@ -452,7 +452,7 @@ def build_summary(stages: Summaries, evaluation: dict[str, dict], eval_seconds: 
     stages run at the same time, and a resumed demo counts those of earlier invocations)."""
     per_stage: dict[str, dict[str, Any]] = {}
     for name, stage in stages.items():
-        row = {k: v for k, v in evaluation.get(name, {}).items() if k != "samples"}
+        row = {k: v for k, v in evaluation.get(name, {}).items() if k not in ("samples", *PER_ITEM.values())}
         if name == "rm":
             row = {"heldout_accuracy": stages["rm"].get("heldout_accuracy")}
         per_stage[name] = {**row, "wall_seconds": stage.get("wall_seconds")}

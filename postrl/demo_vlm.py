@@ -241,12 +241,14 @@ def evaluate(cfg: EvalConfig, run_dir: Path, resume: bool = False) -> dict[str, 
     for name in cfg.names:
         model, processor = load_vlm(str(Path(cfg.out) / name / "model"), "float32", torch.device("cpu"))
         answers: list[str] = []
+        rewards: list[float] = []
         examples = encode_rows(processor, rows, "prompts", 64)
-        scored = _recording(task.reward_fn, answers)
+        scored = _recording(task.reward_fn, answers, rewards)
         accuracy = answer_accuracy(model.eval(), processor, examples, scored, max_new_tokens=4)
         results[name] = {
             "heldout_accuracy": accuracy["heldout_accuracy"],
             "heldout_accuracy_n": len(rows),
+            "heldout_rewards": rewards,
             "by_kind": {k: accuracy[f"heldout_accuracy/{k}"] for k in rows_by_kind},
             "answers": answers,
         }
@@ -282,13 +284,16 @@ def evaluate(cfg: EvalConfig, run_dir: Path, resume: bool = False) -> dict[str, 
     return summary
 
 
-def _recording(reward: Any, answers: list[str]) -> Any:
+def _recording(reward: Any, answers: list[str], rewards: list[float] | None = None) -> Any:
     """``reward`` that also keeps the completions it scores in ``answers`` (the samples come from the same
-    evaluation as the accuracy)."""
+    evaluation as the accuracy) and their scores in ``rewards`` (per scene, for paired comparisons)."""
 
     def fn(prompts: Any, completions: list[str], **columns: Any) -> list[float]:
         answers.extend(completions)
-        return reward(prompts, completions, **columns)
+        scores = reward(prompts, completions, **columns)
+        if rewards is not None:
+            rewards.extend(scores)
+        return scores
 
     return fn
 
@@ -348,8 +353,10 @@ def add_to_summary(summary: dict[str, Any], done: Summaries) -> None:
     found = done.get("vlm-eval")
     if not found:
         return
-    for name, row in found["evaluation"].items():
-        summary["stages"].setdefault(name, {}).update(row)
+    for name, row in found["evaluation"].items():  # the per-scene scores stay in summary["vlm"]["evaluation"]
+        summary["stages"].setdefault(name, {}).update(
+            {k: v for k, v in row.items() if k != "heldout_rewards"}
+        )
     summary["vlm"] = {k: v for k, v in found.items() if k != "wall_seconds"}
     summary["vlm"]["runs"] = {
         n: {k: done[n].get(k) for k in ("steps", "train_seconds", "train_examples")}

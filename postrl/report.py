@@ -88,6 +88,8 @@ def evaluate_checkpoint(model: torch.nn.Module, held: HeldOut, cfg: Any) -> dict
         "gold_reward": prefs["gold_reward"],
         "gold_reward_sd": prefs.get("gold_reward_sd"),
         "gold_reward_n": cfg.eval_samples,
+        "heldout_rewards": arith["rewards"],  # per prompt, and per response below: for paired comparisons
+        "gold_rewards": prefs["gold_rewards"],
         "rm_score": prefs["rm_score"],
         "kl_to_ref": prefs["kl_to_ref"],
         "kl_to_ref_arithmetic": arith_kl["kl_to_ref"],
@@ -212,6 +214,22 @@ BASELINE_TEXT = {
 }
 
 
+PER_ITEM = {"heldout_accuracy": "heldout_rewards", "gold_reward": "gold_rewards"}
+"""Where a row keeps a metric's per-prompt values (the same held-out prompts, in the same order, for every
+checkpoint), so that two checkpoints compare prompt by prompt."""
+
+
+def _paired_standard_error(metric: str, row: dict[str, Any], base_row: dict[str, Any]) -> float | None:
+    """The standard error of the mean per-prompt difference between two checkpoints (a paired comparison:
+    prompts that are hard for both do not count as noise), or None without per-prompt values of both."""
+    xs, ys = row.get(PER_ITEM.get(metric, "")), base_row.get(PER_ITEM.get(metric, ""))
+    if not isinstance(xs, list) or not isinstance(ys, list) or len(xs) != len(ys) or len(xs) < 2:
+        return None
+    d = [x - y for x, y in zip(xs, ys, strict=True)]
+    mean = sum(d) / len(d)
+    return (sum((v - mean) ** 2 for v in d) / (len(d) - 1) / len(d)) ** 0.5
+
+
 def _standard_error(metric: str, row: dict[str, Any], value: float) -> float | None:
     """The standard error of one checkpoint's mean: binomial for an accuracy, sd/√n for the gold reward."""
     if metric == "heldout_accuracy" and row.get("heldout_accuracy_n"):
@@ -228,7 +246,8 @@ def _rm_row(stages: dict[str, dict]) -> dict[str, Any]:
 
 def verdicts(evaluation: dict[str, dict[str, Any]], stages: dict[str, dict]) -> list[dict[str, Any]]:
     """For each row of `COMPARISONS` whose numbers exist: the two values, the margin, two standard errors of
-    the difference (unpaired) and a verdict — ``clear`` (margin above 2 SE), ``within noise`` (above 0, not
+    the difference (paired, prompt by prompt, where both rows keep per-prompt values; else unpaired, from each
+    mean's own standard error) and a verdict — ``clear`` (margin above 2 SE), ``within noise`` (above 0, not
     above 2 SE) or ``no`` (not above 0) — with a sentence that says it plainly."""
     out = []
     for stage, metric, base in COMPARISONS:
@@ -242,8 +261,11 @@ def verdicts(evaluation: dict[str, dict[str, Any]], stages: dict[str, dict]) -> 
         if not isinstance(value, (int, float)) or not isinstance(base_value, (int, float)):
             continue
         margin = value - base_value
+        paired = _paired_standard_error(metric, row, base_row)
         ses = [_standard_error(metric, row, value), _standard_error(metric, base_row, base_value)]
         two_se = 2 * sum(se**2 for se in ses if se is not None) ** 0.5 if ses[0] is not None else None
+        if paired is not None:
+            two_se = 2 * paired
         if margin <= 0:
             verdict = "no"
         elif two_se is not None and margin <= two_se:
@@ -251,7 +273,11 @@ def verdicts(evaluation: dict[str, dict[str, Any]], stages: dict[str, dict]) -> 
         else:
             verdict = "clear"
         what = "held-out pair accuracy" if stage == "rm" else metric
-        noise = f"2 SE {two_se:.3f}" if two_se is not None else "no standard error"
+        noise = (
+            f"2 SE {two_se:.3f}{', paired' * (paired is not None)}"
+            if two_se is not None
+            else "no standard error"
+        )
         plain = {
             "clear": f"better by {margin:+.3f} ({noise})",
             "within noise": f"ahead by {margin:+.3f}, within the noise ({noise}): not a clear gain",
@@ -267,6 +293,7 @@ def verdicts(evaluation: dict[str, dict[str, Any]], stages: dict[str, dict]) -> 
                 "baseline_value": base_value,
                 "margin": margin,
                 "two_se": two_se,
+                "paired": paired is not None,
                 "verdict": verdict,
                 "text": text,
             }

@@ -166,3 +166,23 @@ def test_bold_is_bold_in_html_and_a_samples_stars_stay_literal(tmp_path):
     page = (tmp_path / "report.html").read_text()
     assert "<strong>" in page and "comparisons did not show a clear gain</strong>" in page
     assert "it was **so** good" in page and "<strong>so</strong>" not in page  # the model's text as written
+
+
+def test_checkpoints_with_per_prompt_scores_are_compared_prompt_by_prompt():
+    """Paired: the SE of the mean per-prompt difference. By hand: d = (0, 0, 1, 0), mean 0.25, sample
+    variance 0.25, SE √(0.25/4) = 0.25, 2 SE 0.5 (unpaired: 2·√(0.75·0.25/4 + 0.5·0.5/4) = 0.661)."""
+    grpo = {**_row(accuracy=0.75, n=4), "heldout_rewards": [1.0, 0.0, 1.0, 1.0]}
+    base = {**_row(accuracy=0.5, n=4), "heldout_rewards": [1.0, 0.0, 0.0, 1.0]}
+    found = {(v["stage"], v["baseline"]): v for v in verdicts({"grpo": grpo, "sft": base}, {})}
+    assert found["grpo", "sft"]["paired"] and abs(found["grpo", "sft"]["two_se"] - 0.5) < 1e-12
+    assert "2 SE 0.500, paired" in found["grpo", "sft"]["text"]
+    # gold reward: the same responses' rewards shifted by 0.1 differ by exactly 0.1 on every prompt: no noise
+    gold = [0.3, -1.2, 2.0, 0.5]
+    ev = {
+        "ppo": {**_row(gold=0.5), "gold_rewards": [g + 0.1 for g in gold]},
+        "sft": {**_row(gold=0.4), "gold_rewards": gold},
+    }
+    assert verdicts(ev, {})[0]["two_se"] < 1e-12 and verdicts(ev, {})[0]["verdict"] == "clear"
+    del base["heldout_rewards"][0]  # lengths differ (not the same prompts): unpaired
+    v = verdicts({"grpo": grpo, "sft": base}, {})[0]
+    assert not v["paired"] and abs(v["two_se"] - 2 * (0.75 * 0.25 / 4 + 0.25 / 4) ** 0.5) < 1e-12

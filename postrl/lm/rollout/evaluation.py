@@ -55,7 +55,8 @@ def evaluate_task(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Complete ``n`` held-out prompts of ``task``; ``reward`` is the mean task reward (for a verifier task
-    with 0/1 rewards, the exact-match accuracy) and ``gold_reward`` the mean hidden gold reward."""
+    with 0/1 rewards, the exact-match accuracy; ``rewards`` each prompt's) and ``gold_reward`` the mean hidden
+    gold reward."""
     rows = task.prompt_rows(split)[:n]
     prompts = [r["prompt"] for r in rows]
     texts = complete(
@@ -74,6 +75,7 @@ def evaluate_task(
         "reward": sum(rewards) / max(1, len(rewards)),
         "gold_reward": sum(gold) / max(1, len(gold)),
         "n": len(rows),
+        "rewards": list(rewards),  # per prompt, in order: two policies compare prompt by prompt (paired)
         "samples": list(zip(prompts[:5], texts[:5], strict=True)),
     }
 
@@ -136,6 +138,7 @@ def evaluate_preference_policy(
     return {
         "gold_reward": mean(gold),
         "gold_reward_sd": sd(gold),
+        "gold_rewards": gold,  # per response, prompt i's at i: paired with another policy's on the same prompts
         "rm_score": mean(rm),
         "kl_to_ref": mean(kl),
         "samples": list(zip(prompts[:5], texts[:5], strict=True)),
