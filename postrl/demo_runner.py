@@ -68,24 +68,27 @@ def auto_workers(cpus: int | None = None, load: float | None = None) -> int:
 
 
 def busy_cores(window: float = 0.5) -> float:
-    """How many cores other processes keep busy now: the non-idle share of the CPU time over ``window``
-    seconds (Linux /proc/stat) times the cores. Not the 1-minute load average, which still counts a job that
-    just ended (a demo run right after another one saw load 1.7 on an idle machine and took one lane)."""
+    """How many cores other processes keep busy now: the busy share of the CPU time over ``window`` seconds
+    (Linux /proc/stat) times the cores. Not the 1-minute load average, which still counts a job that just
+    ended (a demo run right after another one saw load 1.7 on an idle machine and took one lane). Time of
+    niced processes counts as free: they yield their core to the demo (two jobs under ``nice -n 15`` made a
+    demo take one lane and run 95 s where two lanes would have taken ~55)."""
 
     def sample() -> tuple[int, int]:
         with open("/proc/stat") as f:
             fields = [int(x) for x in f.readline().split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        return sum(fields[:8]), idle  # user nice system idle iowait irq softirq steal (guest is in user)
+        # user nice system idle iowait irq softirq steal (guest is in user); free: idle, iowait, nice
+        free = fields[1] + fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return sum(fields[:8]), free
 
     try:
-        total0, idle0 = sample()
+        total0, free0 = sample()
         time.sleep(window)
-        total1, idle1 = sample()
+        total1, free1 = sample()
     except (OSError, ValueError, IndexError):
         return os.getloadavg()[0]
     spent = total1 - total0
-    return (os.cpu_count() or 1) * (spent - (idle1 - idle0)) / spent if spent > 0 else 0.0
+    return (os.cpu_count() or 1) * (spent - (free1 - free0)) / spent if spent > 0 else 0.0
 
 
 # ---- progress -----------------------------------------------------------------------------------------------
