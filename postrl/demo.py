@@ -105,13 +105,15 @@ class DemoConfig:
             ppo=PPOLossConfig(minibatches=4),
             kl=KLConfig(beta=0.1),
             reward=RewardConfig(clip=5.0),
-            optim=OptimConfig(lr=3e-5, warmup_steps=0, min_lr_ratio=1.0),
+            optim=OptimConfig(lr=6e-5, warmup_steps=0, min_lr_ratio=1.0),
             critic_optim=OptimConfig(lr=3e-4, warmup_steps=0, min_lr_ratio=1.0),
             run=RunConfig(steps=30, eval_every=10, save_every=30, log_every=1),
             eval_size=128,
         )
     )
-    """Stage 4: PPO-RLHF against the reward model with a frozen reference."""
+    """Stage 4: PPO-RLHF against the reward model with a frozen reference. Actor lr 6e-5: held-out gold
+    reward 0.70 / 0.55 / 0.47 on seeds 0 / 1 / 2 after 30 steps, where 3e-5 reached 0.51 / 0.11 / 0.35 (not
+    clearly above continued SFT on seed 1) and 1e-4 games the reward model (seeds 1, 2: 0.16, 0.33 at KL 6-7)."""
     dpo: DPOConfig = field(
         default_factory=lambda: DPOConfig(
             data="task:reviews",
