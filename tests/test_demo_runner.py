@@ -100,7 +100,7 @@ def test_one_worker_runs_in_this_process_in_order(tmp_path):
 
 def test_a_failing_stage_stops_the_demo_with_its_error(tmp_path):
     with pytest.raises(UserError, match="b failed on purpose"):
-        run(tmp_path, rows({"a": 0.0, "b": 0.2, "c": 30.0, "d": 0.0}, fail="b"))
+        run(tmp_path, rows({"a": 0.0, "b": 0.2, "c": 30.0, "d": 0.0}, fail="b", meet=True))  # c has started
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["wall_seconds"] == 0.0  # left intact
     assert not (tmp_path / "d").exists()
     c = next(c for c in calls(tmp_path) if c["name"] == "c")
