@@ -20,14 +20,16 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from postrl.runtime.interrupts import sigterm_as_interrupt
+
 Summaries = dict[str, dict[str, Any]]
-MAX_AUTO_WORKERS = 2  # the 1.5 GB memory goal: the demo and two workers, each with torch and a model or two
+MAX_AUTO_WORKERS = 2  # the 1.5 GB memory goal: two lanes (the demo, a worker), each with torch and a model
 
 
 @dataclass(frozen=True)
@@ -224,7 +226,7 @@ def run_jobs(
     pool = ProcessPoolExecutor(workers - 1, mp_context=ctx, initializer=init_worker, initargs=(os.getpid(),))
     here = ThreadLane()
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             while pending or running:
                 ready = sorted(
                     (j for j in pending if all(a in results for a in j.after)), key=lambda j: rank[j.name]
@@ -345,25 +347,6 @@ def init_worker(parent: int) -> None:
         if os.getppid() != parent:  # the demo died before the line above: nothing would stop this worker
             os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a `kill`, a job scheduler) stops the demo as Ctrl-C does, so that its workers are stopped
-    too (off the main thread, where Python cannot install a handler, nothing changes)."""
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:
-        previous = None
-    try:
-        yield
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 # ---- what it costs ------------------------------------------------------------------------------------------

@@ -33,7 +33,6 @@ import math
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from postrl.runtime.config import ConfigError, read_yaml
+from postrl.runtime.interrupts import sigterm_as_interrupt
 from postrl.runtime.presets import config_file
 
 __all__ = [
@@ -303,57 +303,41 @@ def run_seeds(spec: BenchSpec, out: Path, workers: int, echo: Callable[[str], No
     running: dict[int, tuple[int, subprocess.Popen, float, Any]] = {}
     failed: list[int] = []
     env = _child_env()
-    previous = _stop_on_sigterm()
-    try:
-        while todo or running:
-            while todo and len(running) < workers:
-                seed = todo.pop(0)
-                resumed = seed_dir(out, seed).exists()
-                log = open(out / f"seed-{seed}.log", "a")  # noqa: SIM115 (closed when the child ends)
-                proc = subprocess.Popen(
-                    train_command(spec, out, seed), stdout=subprocess.DEVNULL, stderr=log, env=env
-                )
-                running[proc.pid] = (seed, proc, time.perf_counter(), log)
-                echo(f"bench: seed {seed} {'resumed' if resumed else 'started'} (pid {proc.pid})")
-            time.sleep(0.05)
-            for pid in list(running):
-                got, status, usage = os.wait4(pid, os.WNOHANG)
-                if got == 0:
-                    continue
-                seed, proc, start, log = running.pop(pid)
-                proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen.wait
+    with sigterm_as_interrupt():
+        try:
+            while todo or running:
+                while todo and len(running) < workers:
+                    seed = todo.pop(0)
+                    resumed = seed_dir(out, seed).exists()
+                    log = open(out / f"seed-{seed}.log", "a")  # noqa: SIM115 (closed when the child ends)
+                    proc = subprocess.Popen(
+                        train_command(spec, out, seed), stdout=subprocess.DEVNULL, stderr=log, env=env
+                    )
+                    running[proc.pid] = (seed, proc, time.perf_counter(), log)
+                    echo(f"bench: seed {seed} {'resumed' if resumed else 'started'} (pid {proc.pid})")
+                time.sleep(0.05)
+                for pid in list(running):
+                    got, status, usage = os.wait4(pid, os.WNOHANG)
+                    if got == 0:
+                        continue
+                    seed, proc, start, log = running.pop(pid)
+                    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen.wait
+                    log.close()
+                    _record_usage(out, seed, proc.returncode, time.perf_counter() - start, usage)
+                    if proc.returncode != 0:
+                        failed.append(seed)
+                        echo(f"bench: seed {seed} failed (exit {proc.returncode}): {_last_line(out, seed)}")
+                    else:
+                        echo(f"bench: seed {seed} finished: {_row_text(seed_row(out, seed, spec.target))}")
+        finally:  # Ctrl-C or SIGTERM: stop the children; their folders resume on the next run
+            for _seed, proc, _, log in running.values():
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
                 log.close()
-                _record_usage(out, seed, proc.returncode, time.perf_counter() - start, usage)
-                if proc.returncode != 0:
-                    failed.append(seed)
-                    echo(f"bench: seed {seed} failed (exit {proc.returncode}): {_last_line(out, seed)}")
-                else:
-                    echo(f"bench: seed {seed} finished: {_row_text(seed_row(out, seed, spec.target))}")
-    finally:  # Ctrl-C or SIGTERM: stop the children; their folders resume on the next run
-        for _seed, proc, _, log in running.values():
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-    return sorted(failed)
-
-
-def _stop_on_sigterm() -> Any:
-    """While the seeds run, SIGTERM (a `kill`, a job scheduler) stops the bench as Ctrl-C does, so that its
-    children are stopped too instead of training on, orphaned; returns the handler to put back (None off the
-    main thread, where Python cannot install one)."""
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    try:
-        return signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:
-        return None
+        return sorted(failed)
 
 
 def _record_usage(out: Path, seed: int, code: int, wall: float, usage) -> None:
