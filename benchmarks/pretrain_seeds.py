@@ -63,6 +63,35 @@ SFT 0.08; weight decay, seed 1: equations 0.31, SFT 0.61). corpus_mix on seeds 0
 2.0 - 2.5) loses both (SFT 0.156 and 0.168; seed 2 learns 97% of the equations): it reaches the band on 1 of
 4 seeds, worse than the recipe (2 of 4). Not measured: seed 4, lower lr and weight decay 0.3 on seeds 0, 2,
 combinations, more steps with a variant.
+
+Measured 2026-12-03 17:38-18:23 UTC (code of commit 79985ad and after; the stages used here did not change),
+two runs at a time under `nice -n 15`, load 1.4-3.6:
+
+| run | equation acc. | SFT acc. (500) | in band |
+|---|---|---|---|
+| pretrain seed 4 (the recipe) | 0.306 | 0.770 | yes |
+| seed 1, equations in 5 surface forms* | 0.116 | 0.170 | **no** |
+| seed 3, equations in 5 surface forms* | 0.210 | 0.102 | **no** |
+| seed 0, --set run.steps=1600 corpus_mix=[0.6,0.3,0.1] | 0.882 | 0.128 | **no** |
+| seed 1, the same | 0.576 | 0.252 | **no** (by 0.006) |
+| seed 2, the same | 0.990 | 0.478 | yes |
+| seed 3, the same | 0.828 | 0.418 | yes |
+
+(*) "47+38=85", "38+47=85", "47 + 38 = 85", "47 plus 38 equals 85", "the sum of 47 and 38 equals 85", drawn
+at random per line (a patched `equation_lines`, not kept): a sum circuit that is not tied to one surface form
+might carry over to the question better; it did not. The recipe reaches the band on **3 of 5 seeds** (0, 2,
+4); twice the steps with 60% arithmetic (535-545 CPU-s a run, twice the recipe's) on 2 of 4 (seed 4 not
+run). Which seeds fail moves with the recipe; how many does not.
+
+Where the lottery is: SFT seeds on the same pretrained model move its SFT accuracy by at most 0.07 (shipped
+0.282 / 0.332 / 0.258 on SFT seeds 0 / 1 / 2; recipe seed 1's model 0.078 / 0.054 / 0.062 on SFT seeds 1 / 2 /
+0; recipe seed 3's 0.164 / 0.226 / 0.232 on 3 / 0 / 1; the 1600-step seed 0's 0.128 / 0.136 / 0.200 on 0 / 1 /
+2), so it is the pretrained model that decides, and not through its equation accuracy (0.88 → 0.13 and 0.31 →
+0.77 above). SFT changes do not rescue a failing model: lr 3e-4 instead of 1e-3 (seed 1 0.074, seed 3 0.112,
+seed 3 at lr 1e-3 + warmup 200: 0.080, seed 1 at 1600 steps: 0.066) and 1,000 demonstrations instead of 200
+(seed 1 0.088, seed 3 0.382, seed 0 0.668: the ranking of the models stays). Next to try: a wider or deeper
+model (the 2-layer, d = 128 Llama may be at the edge of what carries most-significant-digit-first sums with
+carries), which changes the shipped base model and the cost of every demo stage.
 """
 
 from __future__ import annotations
