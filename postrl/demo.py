@@ -52,7 +52,8 @@ from postrl.lm.tasks import get_task
 from postrl.lm.trainer import OptimConfig, TrainConfig
 from postrl.report import PER_ITEM, evaluate_checkpoints, frontier, verdicts, write_report
 from postrl.runtime.checkpoint import atomic_write_text
-from postrl.runtime.config import save_config, validate
+from postrl.runtime.config import read_yaml, save_config, validate
+from postrl.runtime.config_values import changed_keys, to_dict
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import peak_rss_mb
 from postrl.runtime.rundir import check_run_dir, remove_run, run_state
@@ -346,6 +347,8 @@ def run_demo(
     if state == "interrupted" and not overwrite:
         resume = True  # rerunning the demo resumes it, as `make demo` promises
     mode = check_run_dir(out, resume=resume, overwrite=overwrite)
+    if mode == "resume":
+        check_same_config(cfg, out)
     check_base_model(cfg)
     if mode == "overwrite":
         remove_run(out)
@@ -366,8 +369,8 @@ def run_demo(
     with MemorySampler() as memory:
         results, usage = run_jobs(jobs, workers, progress)
     done: Summaries = {s.name: results[s.name] for s in rows}
-    if "rm" in done:  # the count behind the reward model's held-out accuracy (its verdict's standard error)
-        pairs = get_task("reviews", **cfg.rm.task).config.n_pairs_test
+    if "rm" in done and "heldout_pairs" not in done["rm"]:  # a reward model from before its stage said
+        pairs = get_task("reviews", **cfg.rm.task).config.n_pairs_test  # the count behind its accuracy
         done["rm"] = {**done["rm"], "heldout_pairs": min(cfg.rm.eval_size or pairs, pairs)}
     evaluation = {n: row for j in jobs if j.name.startswith("eval ") for n, row in results[j.name].items()}
     evals = [u for n, u in usage.items() if n.startswith("eval ") or n == "frontier"]
@@ -391,6 +394,26 @@ def run_demo(
         print(f"[demo] {line['text']}", file=sys.stderr)
     print(f"[demo] report: {(out / 'report.md').resolve()} (and report.html)", file=sys.stderr)
     return summary
+
+
+def check_same_config(cfg: DemoConfig, out: Path) -> None:
+    """A demo resumes with the config it started with (``out/config.yaml``): its finished stages are skipped,
+    so a changed key (``--quick`` on a full demo, or the other way round; a stage's steps) would leave a
+    folder whose stages and report disagree. ``workers`` may change (it only sets how many run at once), and
+    so may the folder's path (the paths `wire` derives from it: a moved folder resumes)."""
+    saved = out / "config.yaml"
+    if not saved.is_file():
+        return
+    derived = set(changed_keys(to_dict(wire(cfg, Path("/a"))), to_dict(wire(cfg, Path("/b")))))
+    changed = changed_keys(read_yaml(saved), to_dict(wire(cfg, out)))
+    changed = [k for k in changed if k not in derived and k != "workers"]
+    if changed:
+        keys = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+        raise UserError(
+            f"{out} was started with another config ({keys} {'differs' if len(changed) == 1 else 'differ'} from "
+            f"{saved}): resume it with the same "
+            "flags and overrides (e.g. --quick), or pass --overwrite to start over"
+        )
 
 
 # The checkpoints the common evaluation compares (the reward model has its own pair accuracy).

@@ -320,6 +320,16 @@ def _verdict_md(found: list[dict[str, Any]]) -> list[str]:
     return [head, "", *(f"- {v['text']}" for v in found)]
 
 
+def _paired_md(found: list[dict[str, Any]]) -> list[str]:
+    if not any(v.get("paired") for v in found):
+        return []
+    return [
+        "",
+        "Paired: both checkpoints answered the same held-out prompts, and 2 SE is twice the standard error of "
+        "the mean per-prompt difference (prompts hard for both do not count as noise).",
+    ]
+
+
 def _not_run_md(cfg: Any) -> list[str]:
     """The comparisons the demo's config left out, named (the quick demo runs no continued-SFT baselines)."""
     if getattr(cfg, "compare_sft", True):
@@ -360,6 +370,7 @@ def write_report(
         "",
         *_verdict_md(found),
         *_not_run_md(cfg),
+        *_paired_md(found),
         "",
         "## Held-out metrics per checkpoint",
         "",

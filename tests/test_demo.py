@@ -1,5 +1,6 @@
 """`postrl demo --quick` end to end: every stage runs, the report and summary are complete."""
 
+import dataclasses
 import json
 import math
 
@@ -103,3 +104,22 @@ def test_finished_stages_are_skipped_and_unfinished_ones_resume(tmp_path):
     run_stage("x", tmp_path, stage, None)
     run_stage("x", tmp_path, stage, None)  # finished: skipped
     assert calls == [True]
+
+
+def test_a_demo_resumes_only_with_the_config_it_started_with(tmp_path):
+    """Its finished stages are skipped on resume, so another config would leave stages and report at odds:
+    refused (naming the keys) before anything is written; another `workers` or a moved folder is fine."""
+    from postrl.demo import check_same_config, wire
+    from postrl.runtime.config import save_config
+    from postrl.runtime.errors import UserError
+
+    cfg = DemoConfig()
+    save_config(wire(cfg, tmp_path / "before"), tmp_path / "config.yaml")  # then moved to tmp_path
+    check_same_config(cfg, tmp_path)
+    check_same_config(dataclasses.replace(cfg, workers=1), tmp_path)
+    with pytest.raises(UserError, match=r"compare_sft, .* --quick"):
+        check_same_config(quick(cfg), tmp_path)
+    steps = dataclasses.replace(cfg.grpo.run, steps=70)
+    with pytest.raises(UserError, match=r"\(grpo\.run\.steps differs from"):
+        check_same_config(dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, run=steps)), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]

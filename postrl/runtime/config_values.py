@@ -253,6 +253,18 @@ def _plain(x: Any) -> Any:
     return x
 
 
+def changed_keys(before: Mapping[str, Any], now: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two plain configs (`to_dict`), among the keys both have."""
+    changed: list[str] = []
+    for key in before.keys() & now.keys():
+        a, b = before[key], now[key]
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            changed += changed_keys(a, b, f"{prefix}{key}.")
+        elif _plain(a) != _plain(b):
+            changed.append(f"{prefix}{key}")
+    return sorted(changed)
+
+
 def deep_merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     """``a`` updated with ``b``, nested mappings merged key by key (neither is modified)."""
     out = dict(a)

@@ -244,6 +244,7 @@ def test_run_rm_folder_and_exact_resume(tiny_lm_dir: Path, tmp_path: Path) -> No
     for key in ("heldout_accuracy", "heldout_ece", "gold_accuracy", "sft_score_mean", "sft_score_std"):
         assert key in summary
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["steps"] == 4
+    assert summary["heldout_pairs"] == 24  # n_pairs_test, all under eval_size: behind heldout_accuracy's SE
     rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "heldout_loss" in r] == [2, 4]  # run.eval_every, the last step once
     assert rows[-1]["heldout_accuracy"] == summary["heldout_accuracy"]

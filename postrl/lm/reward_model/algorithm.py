@@ -257,6 +257,7 @@ def run_rm(
     if info.is_main and cfg.plots:
         plot_rm(run_dir)
     summary = {**state.last_eval, "steps": state.step, "train_pairs": len(train), "loss_type": loss}
+    summary["heldout_pairs"] = len(evals)  # behind heldout_accuracy: its standard error
     if norm is not None:
         summary.update({f"sft_score_{k}": v for k, v in norm.items() if k in ("mean", "std")})
         summary.update({f"sft_{k}": v for k, v in norm.items() if k.startswith("gold")})
