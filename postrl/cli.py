@@ -98,7 +98,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # stage bars; the user can turn them back on by setting the variable to 0.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may also come after a flag (`--out D seed=1 --resume grpo.run.steps=70`), which
+    # argparse leaves over once the positional list has been read
+    if extra and isinstance(getattr(args, "overrides", None), list):
+        args.overrides += [e for e in extra if "=" in e and not e.startswith("-")]
+        extra = [e for e in extra if not ("=" in e and not e.startswith("-"))]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.handler(args) or 0)
     except UserError as err:

@@ -111,3 +111,14 @@ def test_list_keys_prints_the_defaults_a_run_uses(argv, module, cls, capsys):
     for key, value in resolved.items():
         shown = printed[key]
         assert shown == repr(value), key
+
+
+def test_overrides_may_come_after_a_flag(tmp_path, capsys):
+    """`--out D a=1 --resume b=2`: argparse leaves b=2 over; it is an override as a=1 is (an unknown key here,
+    so the config's own error, not argparse's "unrecognized arguments", shows it was read as one)."""
+    code = main(["sft", "--out", str(tmp_path / "r"), "--overwrite", "run.seedz=1"])
+    assert code == 2 and "unknown config key 'run.seedz'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["sft", "--out", str(tmp_path / "r"), "run.steps=3", "--bogus"])
+    assert stop.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
