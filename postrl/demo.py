@@ -50,7 +50,15 @@ from postrl.lm.sft import SFTConfig, run_sft
 from postrl.lm.spine import RunConfig
 from postrl.lm.tasks import get_task
 from postrl.lm.trainer import OptimConfig, TrainConfig
-from postrl.report import PER_ITEM, evaluate_checkpoints, frontier, verdicts, write_report
+from postrl.report import (
+    PER_ITEM,
+    PLOTTED,
+    evaluate_checkpoints,
+    frontier,
+    plot_stage,
+    verdicts,
+    write_report,
+)
 from postrl.runtime.checkpoint import atomic_write_text
 from postrl.runtime.config import read_yaml, save_config, validate
 from postrl.runtime.config_values import changed_keys, to_dict
@@ -416,6 +424,16 @@ def check_same_config(cfg: DemoConfig, out: Path) -> None:
         )
 
 
+def evaluate_and_plot(cfg: DemoConfig, out: Path, name: str) -> dict[str, dict[str, Any]]:
+    """`evaluate_checkpoints` of checkpoint ``name``, then its stage's learning curves (with SFT's, the reward
+    model's too), drawn here beside the training instead of all after the last stage (the report keeps them)."""
+    found = evaluate_checkpoints(cfg, out, [name])
+    for stage in (name, "rm") if name == "sft" else (name,):
+        if stage in PLOTTED:
+            plot_stage(out, stage)
+    return found
+
+
 # The checkpoints the common evaluation compares (the reward model has its own pair accuracy).
 EVALUATED = ("pretrain", "sft", "ppo", "dpo", "grpo", "sft-vs-ppo", "sft-vs-grpo")
 
@@ -431,7 +449,7 @@ def evaluation_jobs(cfg: DemoConfig, out: Path, names: list[str]) -> list[Job]:
             f"eval {n}",
             tuple(dict.fromkeys((n, "sft", "rm"))),
             seconds,
-            lambda done, n=n: (evaluate_checkpoints, (cfg, out, [n])),
+            lambda done, n=n: (evaluate_and_plot, (cfg, out, n)),
         )
         for n in todo
         if {"sft", "rm"} <= set(names)

@@ -133,25 +133,31 @@ def metrics_table(evaluation: dict[str, dict[str, Any]], stages: dict[str, dict]
     return rows
 
 
+PLOTTED = {
+    "pretrain": ["loss", "heldout_loss"],
+    "sft": ["loss", "heldout_loss", "heldout_accuracy"],
+    "rm": ["loss", "heldout_accuracy"],
+    "ppo": ["heldout_rm_score", "heldout_gold_reward", "heldout_kl"],
+    "dpo": ["loss", "heldout_reward_accuracy", "heldout_gold_reward", "heldout_kl"],
+    "grpo": ["reward_mean", "heldout_accuracy", "kl"],
+}
+"""The learning curves the report shows per stage: the metrics drawn, one panel each."""
+
+
+def plot_stage(out: Path, stage: str) -> Path | None:
+    """``stage``'s learning curves (`PLOTTED`) as ``out/plots/STAGE.png``; a PNG newer than the stage's
+    metrics is kept (the demo draws each stage's curves beside the training, once it is done)."""
+    metrics, png = out / stage / "metrics.jsonl", out / "plots" / f"{stage}.png"
+    if not metrics.is_file():
+        return None
+    if png.is_file() and png.stat().st_mtime >= metrics.stat().st_mtime:
+        return png
+    return plot_curves(read_jsonl(metrics), PLOTTED[stage], png, title=stage)
+
+
 def make_plots(out: Path) -> dict[str, Path]:
     """Learning curves of each stage and PPO's RM score vs gold reward vs KL, as PNGs in ``out/plots``."""
-    plots = out / "plots"
-    wanted = {
-        "pretrain": ["loss", "heldout_loss"],
-        "sft": ["loss", "heldout_loss", "heldout_accuracy"],
-        "rm": ["loss", "heldout_accuracy"],
-        "ppo": ["heldout_rm_score", "heldout_gold_reward", "heldout_kl"],
-        "dpo": ["loss", "heldout_reward_accuracy", "heldout_gold_reward", "heldout_kl"],
-        "grpo": ["reward_mean", "heldout_accuracy", "kl"],
-    }
-    made: dict[str, Path] = {}
-    for stage, keys in wanted.items():
-        path = out / stage / "metrics.jsonl"
-        if path.is_file():
-            png = plot_curves(read_jsonl(path), keys, plots / f"{stage}.png", title=stage)
-            if png is not None:
-                made[stage] = png
-    return made
+    return {stage: png for stage in PLOTTED if (png := plot_stage(out, stage)) is not None}
 
 
 def _cell_md(text: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from html.parser import HTMLParser
 
-from postrl.report import CHECKPOINTS, COLUMNS, metrics_table, verdicts, write_report
+from postrl.report import CHECKPOINTS, COLUMNS, metrics_table, plot_stage, verdicts, write_report
 
 SAMPLES = {
     "arithmetic": [("What is 2+3?", " 5"), ("What is 7*8?", " 56")],
@@ -186,3 +186,21 @@ def test_checkpoints_with_per_prompt_scores_are_compared_prompt_by_prompt():
     del base["heldout_rewards"][0]  # lengths differ (not the same prompts): unpaired
     v = verdicts({"grpo": grpo, "sft": base}, {})[0]
     assert not v["paired"] and abs(v["two_se"] - 2 * (0.75 * 0.25 / 4 + 0.25 / 4) ** 0.5) < 1e-12
+
+
+def test_a_stage_plot_drawn_beside_the_training_is_kept_until_its_metrics_change(tmp_path):
+    """The demo draws each stage's curves once the stage is done; the report keeps that PNG, and draws it
+    again only when the stage's metrics are newer (a resumed stage)."""
+    import os
+
+    metrics = tmp_path / "sft" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    metrics.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 6)))
+    png = plot_stage(tmp_path, "sft")
+    assert png == tmp_path / "plots" / "sft.png" and png.stat().st_size > 1000
+    os.utime(png, (1e9, 1e9))
+    os.utime(metrics, (1e9 - 10, 1e9 - 10))
+    assert plot_stage(tmp_path, "sft").stat().st_mtime == 1e9  # kept
+    os.utime(metrics, (1e9 + 10, 1e9 + 10))
+    assert plot_stage(tmp_path, "sft").stat().st_mtime > 1e9 + 10  # the metrics changed: drawn again
+    assert plot_stage(tmp_path, "ppo") is None  # no metrics, no plot
