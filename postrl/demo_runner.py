@@ -1,4 +1,4 @@
-"""Running the demo's stages: in dependency order, the ready ones at the same time in worker processes.
+"""Running the demo's stages: in dependency order, the ready ones at the same time on parallel lanes.
 
 A `Stage` names the stages it needs (``after``); `run_jobs` starts every job whose inputs are done, at most
 ``workers`` at once on as many lanes: one is a thread of this process (which has torch imported already),
