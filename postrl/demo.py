@@ -60,11 +60,11 @@ from postrl.report import (
     write_report,
 )
 from postrl.runtime.checkpoint import atomic_write_text
-from postrl.runtime.config import read_yaml, save_config, validate
+from postrl.runtime.config import save_config, validate
 from postrl.runtime.config_values import changed_keys, to_dict
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import peak_rss_mb
-from postrl.runtime.rundir import check_run_dir, remove_run, run_state
+from postrl.runtime.rundir import check_resume_config, check_run_dir, remove_run, run_state
 
 # The arithmetic the demo measures: 2-digit sums, asked as "What is 47+38?". The base model's corpus holds
 # the train problems only as bare equations, so pretraining knows sums but not this question format.
@@ -405,23 +405,11 @@ def run_demo(
 
 
 def check_same_config(cfg: DemoConfig, out: Path) -> None:
-    """A demo resumes with the config it started with (``out/config.yaml``): its finished stages are skipped,
-    so a changed key (``--quick`` on a full demo, or the other way round; a stage's steps) would leave a
-    folder whose stages and report disagree. ``workers`` may change (it only sets how many run at once), and
-    so may the folder's path (the paths `wire` derives from it: a moved folder resumes)."""
-    saved = out / "config.yaml"
-    if not saved.is_file():
-        return
-    derived = set(changed_keys(to_dict(wire(cfg, Path("/a"))), to_dict(wire(cfg, Path("/b")))))
-    changed = changed_keys(read_yaml(saved), to_dict(wire(cfg, out)))
-    changed = [k for k in changed if k not in derived and k != "workers"]
-    if changed:
-        keys = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
-        raise UserError(
-            f"{out} was started with another config ({keys} {'differs' if len(changed) == 1 else 'differ'} from "
-            f"{saved}): resume it with the same "
-            "flags and overrides (e.g. --quick), or pass --overwrite to start over"
-        )
+    """A demo resumes with the config it started with: its finished stages are skipped, so a changed key
+    (``--quick`` on a full demo, or the other way round; a stage's steps) would leave a folder whose stages and
+    report disagree. ``workers`` may change, and the paths `wire` derives from the folder (a moved one)."""
+    derived = changed_keys(to_dict(wire(cfg, Path("/a"))), to_dict(wire(cfg, Path("/b"))))
+    check_resume_config(out, to_dict(wire(cfg, out)), {*derived, "workers"}, hint=" (e.g. --quick)")
 
 
 def evaluate_and_plot(cfg: DemoConfig, out: Path, name: str) -> dict[str, dict[str, Any]]:

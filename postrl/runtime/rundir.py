@@ -19,11 +19,14 @@ aside (one atomic step) and then removed, so a crash leaves either the old run o
 from __future__ import annotations
 
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
 from postrl.runtime import distributed as dist
 from postrl.runtime.checkpoint import clean_leftovers, clean_run_leftovers, delete_folder, latest_checkpoint
+from postrl.runtime.config import read_yaml
+from postrl.runtime.config_values import changed_keys
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import RunLogger
 
@@ -72,6 +75,23 @@ def check_run_dir(path: str | Path, *, resume: bool = False, overwrite: bool = F
         f"{path} holds an interrupted run (no {FINISHED}); pass --resume to continue from its last "
         "checkpoint or --overwrite to start over"
     )
+
+
+def check_resume_config(
+    run_dir: Path, now: dict[str, Any], ignore: Collection[str] = (), hint: str = ""
+) -> None:
+    """A run resumes with the config it started with (``run_dir/config.yaml``, compared with the plain config
+    ``now``, `to_dict`): a :class:`UserError` names the keys that differ, except those in ``ignore``."""
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        return
+    changed = [k for k in changed_keys(read_yaml(saved), now) if k not in ignore]
+    if changed:
+        keys = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+        raise UserError(
+            f"{run_dir} was started with another config ({keys} {'differs' if len(changed) == 1 else 'differ'} "
+            f"from {saved}): resume it with the same flags and overrides{hint}, or pass --overwrite to start over"
+        )
 
 
 def remove_run(path: Path) -> None:
