@@ -5,8 +5,9 @@ RL stage's time → evaluation of every checkpoint → report. The pretrained LM
 made by `postrl pretrain` with the recipe in `DemoConfig.pretrain`); ``from_scratch`` (``--from-scratch``)
 runs that pretraining here instead. Each stage is an ordinary postrl run folder under RUN_DIR; a stage whose
 summary.json exists is skipped, one that was interrupted resumes from its last checkpoint, so rerunning the
-same command continues a killed demo. Stages that do not need each other run at the same time, each in a
-worker process with one thread (`postrl.demo_runner`; ``workers``).
+same command continues a killed demo. Stages that do not need each other run at the same time on lanes
+with one thread each, one in this process and the others worker processes (`postrl.demo_runner`;
+``workers``).
 
 The stages are `Stage` rows of `stages()`: a name (the run folder), the trainer, a function that makes the
 stage's config from the demo's (and from the summaries of the stages before it), and the stages it needs
@@ -172,8 +173,9 @@ class DemoConfig:
     little from a second, and a second CPU-bound process on the machine then slows the demo in proportion
     instead of several times over (oversubscribed threads wait on each other)."""
     workers: int | None = None
-    """Stages run at the same time, each in a worker process with `threads` threads (null: 2, or 1 when other
-    processes keep every core busy right now; 1: one after another in this process)."""
+    """Stages run at the same time, on lanes with `threads` threads each: one in this process, the others
+    worker processes (null: 2, or 1 when other processes, niced ones aside, keep every core busy right now;
+    1: one after another in this process)."""
 
     CHECKS = {
         "eval_prompts": ">= 1",
