@@ -101,9 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may also come after a flag (`--out D seed=1 --resume grpo.run.steps=70`), which
     # argparse leaves over once the positional list has been read
-    if extra and isinstance(getattr(args, "overrides", None), list):
-        args.overrides += [e for e in extra if "=" in e and not e.startswith("-")]
-        extra = [e for e in extra if not ("=" in e and not e.startswith("-"))]
+    late = [e for e in extra if "=" in e and not e.startswith("-")]
+    if late and isinstance(getattr(args, "overrides", None), list):
+        args.overrides += late
+        extra = [e for e in extra if e not in late]
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
