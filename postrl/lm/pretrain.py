@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from postrl.lm.data import tokenize_sft
 from postrl.lm.models import TinyLMConfig, build_tiny_lm
@@ -47,6 +47,11 @@ class PretrainConfig:
     corpus_mix: tuple[float, float, float] = (0.4, 0.4, 0.2)
     """Shares of the corpus lines (arithmetic equations, review text, generic sentences), normalised by their
     sum."""
+    equations: Literal["draws", "rounds"] = "draws"
+    """How the corpus writes the sums: "draws" (the built-in base model's) draws train problems with repeats,
+    "47+38=85"; "rounds" writes each train problem once per round, "47+38= 85" with "=", ":" or ";" at
+    random, and with weight decay 0.3 makes the demo's SFT land at 0.73 - 0.98 on every pretraining seed tried
+    (postrl.lm.tasks.corpus)."""
     arithmetic: dict[str, Any] = field(default_factory=dict)
     """Options of the arithmetic task whose train split feeds the corpus (e.g. {digits: 3})."""
     reviews: dict[str, Any] = field(default_factory=dict)
@@ -70,7 +75,12 @@ def corpus_and_heldout(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
     """Train text (the corpus) and held-out text (the tasks' test-split demonstrations)."""
     arith, reviews = get_task("arithmetic", **cfg.arithmetic), get_task("reviews", **cfg.reviews)
     corpus = build_corpus(
-        cfg.corpus_lines, cfg.run.seed, cfg.corpus_mix, arithmetic=arith.config, reviews=reviews.config
+        cfg.corpus_lines,
+        cfg.run.seed,
+        cfg.corpus_mix,
+        arithmetic=arith.config,
+        reviews=reviews.config,
+        equations=cfg.equations,
     )
     heldout = [r["prompt"] + r["completion"] for t in (arith, reviews) for r in t.sft_rows("test")]
     return corpus, heldout

@@ -1,15 +1,18 @@
-"""PretrainConfig.corpus_mix: the default is the corpus the base model was made from; a share changes the
-corpus; bad shares are one user error before the run folder exists."""
+"""PretrainConfig.corpus_mix and .equations: the defaults are the corpus the base model was made from; a
+share changes the corpus; "rounds" writes every train problem once per round with a random sign before the
+result; bad values are one user error before the run folder exists."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
 from postrl.lm import base_model
 from postrl.lm.pretrain import PretrainConfig, corpus_and_heldout, run_pretrain
 from postrl.lm.tasks import build_corpus, get_task
+from postrl.lm.tasks.corpus import RESULT_SIGNS, equation_lines
 from postrl.runtime.config import ConfigError, from_dict
 from postrl.runtime.errors import UserError
 
@@ -38,4 +41,45 @@ def test_bad_mix_is_a_user_error_before_the_run_folder(tmp_path) -> None:
     for mix in ((0, 0, 0), (0.5, 0.5)):
         with pytest.raises(UserError, match="corpus_mix"):
             run_pretrain(small(corpus_mix=mix), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+EQUATION = re.compile(r"(?P<a>\d+)\+(?P<b>\d+)(?P<sign>[=:;]) (?P<sum>\d+)")
+
+
+def test_rounds_write_every_train_problem_once_per_round_with_every_sign() -> None:
+    task = get_task("arithmetic", digits=2, ops="+", n_train=300)
+    lines = equation_lines(task, 750, seed=3, equations="rounds")
+    matches = [EQUATION.fullmatch(line) for line in lines]
+    assert len(lines) == 750 and all(matches)
+    assert all(int(m["a"]) + int(m["b"]) == int(m["sum"]) for m in matches)
+    problems = [(int(m["a"]), "+", int(m["b"])) for m in matches]
+    train = sorted(task.problems("train"))
+    # two whole rounds, each every train problem once in its own order, then half a round without repeats
+    first, second = problems[:300], problems[300:600]
+    assert sorted(first) == train == sorted(second) and first != second
+    assert len(set(problems[600:])) == 150
+    signs = [m["sign"] for m in matches]
+    assert all(signs.count(sign) > 200 for sign in RESULT_SIGNS)
+    assert lines == equation_lines(task, 750, seed=3, equations="rounds")
+    assert lines != equation_lines(task, 750, seed=4, equations="rounds")
+    drawn = equation_lines(task, 750, seed=3)  # the default, "draws": repeats, "=" right before the result
+    assert all(re.fullmatch(r"\d+\+\d+=\d+", line) for line in drawn) and len(set(drawn)) < 300
+
+
+def test_rounds_is_a_pretrain_option_that_keeps_held_out_problems_out() -> None:
+    cfg = small(equations="rounds")
+    corpus, _ = corpus_and_heldout(cfg)
+    equations = [m for m in map(EQUATION.fullmatch, corpus) if m]
+    assert len(equations) == 400 and corpus != corpus_and_heldout(small())[0]
+    held_out = {(a, b) for a, _, b in get_task("arithmetic", **cfg.arithmetic).problems("test")}
+    assert not any((int(m["a"]), int(m["b"])) in held_out for m in equations)
+    assert "equations=rounds" in base_model.command(cfg)
+
+
+def test_bad_equations_is_a_user_error_before_the_run_folder(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="equations"):
+        from_dict(PretrainConfig, {"equations": "shuffled"})
+    with pytest.raises(ValueError, match="equations must be one of draws, rounds"):
+        equation_lines(get_task("arithmetic"), 3, equations="shuffled")
     assert not (tmp_path / "run").exists()

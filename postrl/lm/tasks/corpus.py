@@ -6,6 +6,14 @@ The arithmetic lines are equations of the task's train problems, "47+38=85", not
 answer ("What is 47+38? 85"): pretraining learns the sums, and the question format is left for SFT to
 teach, so a pretrained model does not already solve the task that SFT and RL are measured on (it scores
 about 0 on the questions until SFT shows it the format).
+
+How the equations are written (``equations``): "draws", the built-in base model's, draws them from the
+train problems with repeats ("47+38=85"); whether the sums then carry over to the questions is a lottery on
+the pretraining seed (the demo's SFT reaches 0.08 - 0.77 held-out accuracy on seeds 0 - 4). "rounds" writes
+every train problem once per round, in a fresh order each round, with the result after a space, as the
+task writes its answers, and after "=", ":" or ";" at random ("47+38; 85"), so the sums do not hang on one
+sign and SFT only has to show that a question's "?" is one more: with weight decay 0.3 the same SFT reaches
+0.73 - 0.98 on seeds 0 - 4 (benchmarks/pretrain_seeds.py has both tables).
 """
 
 from __future__ import annotations
@@ -15,15 +23,31 @@ from postrl.lm.tasks.base import split_rng
 from postrl.lm.tasks.review_language import generic_sentence
 from postrl.lm.tasks.reviews import ReviewsConfig, ReviewsTask
 
+EQUATIONS = ("draws", "rounds")
+"""How the corpus writes its equations (see the module's docstring)."""
+RESULT_SIGNS = ("=", ":", ";")
+"""What a "rounds" equation writes between a sum and its result, one drawn per line."""
 
-def equation_lines(task: ArithmeticTask, n: int, seed: int = 0) -> list[str]:
-    """``n`` equations "47+38=85" drawn from ``task``'s train problems (with repeats when n is large)."""
-    problems = task.problems("train")
+
+def equation_lines(task: ArithmeticTask, n: int, seed: int = 0, equations: str = "draws") -> list[str]:
+    """``n`` equations of ``task``'s train problems: "draws" = drawn with repeats, "47+38=85"; "rounds" =
+    rounds of all of them, each round in a fresh random order (the last one cut short), "47+38= 85" with
+    the "=" one of `RESULT_SIGNS` drawn per line."""
+    if equations not in EQUATIONS:
+        raise ValueError(f"equations must be one of {', '.join(EQUATIONS)}; got {equations!r}")
+    problems = list(task.problems("train"))
+    if n > 0 and not problems:
+        raise ValueError("the arithmetic task has no train problems to write equations of")
     rng = split_rng(seed, "train", "corpus-arithmetic")
-    lines = []
-    for a, op, b in (rng.choice(problems) for _ in range(n)):
-        lines.append(f"{a}{op}{b}={OPS[op](a, b)}")
-    return lines
+    if equations == "draws":
+        return [f"{a}{op}{b}={OPS[op](a, b)}" for a, op, b in (rng.choice(problems) for _ in range(n))]
+    chosen: list[tuple[int, str, int]] = []
+    while len(chosen) < n:
+        round_ = problems[:]
+        rng.shuffle(round_)
+        chosen += round_[: n - len(chosen)]
+    signs = split_rng(seed, "train", "corpus-arithmetic-sep")
+    return [f"{a}{op}{b}{signs.choice(RESULT_SIGNS)} {OPS[op](a, b)}" for a, op, b in chosen]
 
 
 def build_corpus(
@@ -32,8 +56,10 @@ def build_corpus(
     mix: tuple[float, float, float] = (0.4, 0.4, 0.2),
     arithmetic: ArithmeticConfig | None = None,
     reviews: ReviewsConfig | None = None,
+    equations: str = "draws",
 ) -> list[str]:
-    """``n_lines`` lines of text, shares ``mix`` = (arithmetic, reviews, generic), shuffled.
+    """``n_lines`` lines of text, shares ``mix`` = (arithmetic, reviews, generic), shuffled; ``equations``:
+    how the arithmetic lines are written (`equation_lines`).
 
     Each task contributes only its train split, so held-out problems and prompts never leak into pretraining.
     """
@@ -42,7 +68,7 @@ def build_corpus(
     n_arith = round(n_lines * mix[0] / sum(mix))
     n_reviews = round(n_lines * mix[1] / sum(mix))
     rng = split_rng(seed, "train", "corpus-generic")
-    lines = equation_lines(ArithmeticTask(arithmetic), n_arith, seed)
+    lines = equation_lines(ArithmeticTask(arithmetic), n_arith, seed, equations)
     lines += ReviewsTask(reviews).corpus_lines(n_reviews, seed)
     lines += [generic_sentence(rng) for _ in range(n_lines - n_arith - n_reviews)]
     rng.shuffle(lines)
