@@ -112,6 +112,59 @@ Even coverage on every seed (19:33-19:40 UTC, two at a time, load 1-2; 253-272 C
 **4 of 5 seeds**, the best recipe measured (the current one: 3 of 5), at the same cost; seed 0's model (the
 one that would be shipped) lands at 0.274, next to today's 0.282. Not adopted in the session that measured it:
 it remakes the shipped base model and so every number of the demo, and seed 1 still misses.
+
+Why seeds fail (2026-12-03 20:20-21:30 UTC, next session; code of commit f94325d with a patched
+`equation_lines`, two runs at a time under `nice -n 5`, load 0.2-2): the answers of SFT'd models that fail
+have the right length and first digit but a wrong last digit (recipe seed 1: last digit right on 0.17 of
+the questions; seed 2, in the band: 0.95), so the units-digit sum does not carry over from "47+38=85" to
+"What is 47+38? 85". Two failure modes, told apart by an SFT whose questions end in "=" instead of "?"
+(`task.arithmetic.prompt_format="What is {a}{op}{b}="`): a model that learnt the sums but not for "?"
+(even coverage + space, weight decay 0.3, seed 4: 0.24 with "?", 0.87-0.91 with "="), and one that did
+not learn them (the same with 3-digit sums added, seed 1: 0.16 with "?", 0.31 with "="). Neither SFT lr
+3e-4 (seed 4: 0.24, seed 1: 0.47) nor 400 SFT steps (0.24, 0.14) rescues either.
+
+| variant (800 steps unless said) | seed | equation acc. | SFT acc. (500) |
+|---|---|---|---|
+| even coverage + result after a space ("47+38= 85", as the task writes " 85") | 1 | 0.514 | 0.114 |
+| the same | 3 | 0.364 | 0.870 |
+| the same, 1200 / 1600 steps | 1 | 0.396 / 0.068 | 0.130 / 0.120 |
+| the same + half the lines 3-digit sums | 1 | 0.100 | 0.722 |
+| even + space, weight decay 0.3 | 0 1 2 3 4 | 0.39 0.09 0.55 0.20 0.53 | 0.704 0.844 0.828 0.952 **0.240** |
+| even + space + 3-digit sums, weight decay 0.3 | 1 4 | 0.07 0.19 | **0.156** 0.838 |
+| **even + space, the sign before the result "=", ":" or ";" at random, weight decay 0.3** | 0 1 2 3 4 | 0.98 0.01 0.92 0.23 0.99 | 0.794 0.984 0.728 0.862 0.736 |
+
+(equation accuracy is greedy on "47+38=" with no line before it, which some models that answer questions
+well do not complete: seed 1's 0.01 then SFT 0.98; it is a weak signal.) The last is `--set
+equations=rounds optim.weight_decay=0.3` now (PretrainConfig.equations, "rounds"; the runs above used a
+patched `equation_lines` that writes the same lines, checked line for line on seeds 0, 1, 4): the sign
+drawn per line makes the sums not hang on "=", so a question's "?" is one more sign for SFT to map. Every
+seed's SFT lands at 0.73 - 0.98 (the recipe's: 0.08 - 0.77), and every pretrained model still scores 0.000
+- 0.016 on the questions, so pretraining does not solve the task. Seed 0's model (the one that would be
+shipped) on SFT seeds 0 / 1 / 2: 0.794 / 0.882 / 0.816, so two seeds land below that range (seed 2 0.728,
+seed 4 0.736), from SFT's noisy end rather than the model (held-out accuracy every 25 steps, constant lr
+1e-3, seed 4: 0.88 0.945 0.93 0.955 0.96 0.94 0.91 0.73; every seed is at 0.87 - 0.90 after 25 steps).
+
+Not adopted, because of what it does to the rest of the demo: `postrl demo` on seeds 0 1 2 from that model
+(`python benchmarks/demo.py`, the model and provenance copied into a clone, 21:27 - 21:41 UTC, beside
+other runs: load 1.3 - 3.2), mean (min - max), against the README's table from the shipped model:
+
+| comparison | this base | shipped base (README) |
+|---|---|---|
+| SFT accuracy vs pretrained | 0.831 (0.794 - 0.882), 3/3 | 0.291 (0.258 - 0.332), 3/3 |
+| RM pair accuracy | 0.761 (0.746 - 0.778), 3/3 | 0.758 (0.748 - 0.771), 3/3 |
+| PPO gold gain over SFT | 0.620 (0.170 - 0.917), **2/3** | 0.763 (0.667 - 0.868), 3/3 |
+| PPO gold gain over continued SFT | 0.646 (0.271 - 0.969), 3/3 | 0.685 (0.525 - 0.841), 3/3 |
+| DPO gold gain over SFT | 0.397 (0.337 - 0.439), 3/3 | 0.519 (0.476 - 0.605), 3/3 |
+| GRPO accuracy gain over SFT | 0.139 (0.076 - 0.178), 3/3 (GRPO 0.970) | 0.147 (0.106 - 0.220), 3/3 |
+| GRPO accuracy gain over continued SFT | 0.073 (0.042 - 0.112), 3/3 | 0.215 (0.170 - 0.274), 3/3 |
+
+An SFT at 0.83 leaves GRPO 0.17 to gain, and continued SFT keeps most of it (0.90), so its margin over
+continued SFT falls to a third; PPO games the reward model on seed 2 (responses of 5.5 tokens, RM score 4.6,
+gold -0.03). PPO with KL beta 0.2 on the same SFT and reward models (beside them, the stage's own 128
+prompts): gain over SFT 0.622 / 0.609 / 0.529, over continued SFT 0.674 / 0.535 / 0.630, clear on 3/3
+(with actor lr 3e-5 instead: seed 2 +0.175 against 2 SE 0.162). Adopting this pretraining means
+re-balancing the demo's RL stages around a strong SFT (a harder RL task for GRPO, PPO's beta), which the
+README's numbers would then have to be measured again for.
 """
 
 from __future__ import annotations
