@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from postrl import __version__
 from postrl.control.commands import add_parser as control
@@ -19,16 +20,17 @@ from postrl.runtime.errors import UserError
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with a suggestion for a mistyped subcommand."""
+    """argparse whose errors are one `postrl: error:` line (like every other user error) that points at
+    the command's --help instead of printing its usage, with a suggestion for a mistyped subcommand."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
         if "invalid choice" in message and self._subparsers is not None:
             choices = [c for a in self._subparsers._group_actions for c in (a.choices or {})]
             bad = message.split("'")[1] if "'" in message else ""
             close = difflib.get_close_matches(bad, choices, n=1)
             if close:
                 message += f"; did you mean '{close[0]}'?"
-        super().error(message)
+        self.exit(2, f"postrl: error: {message} (`{self.prog} --help` lists the options)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,8 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if late and isinstance(getattr(args, "overrides", None), list):
         args.overrides += late
         extra = [e for e in extra if e not in late]
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:  # the command's own parser says it, so the hint names `postrl COMMAND --help`
+        commands = parser._subparsers._group_actions[0].choices if parser._subparsers else {}
+        commands.get(getattr(args, "command", None), parser).error(
+            f"unrecognized arguments: {' '.join(extra)}"
+        )
     try:
         return int(args.handler(args) or 0)
     except UserError as err:

@@ -113,6 +113,27 @@ def test_list_keys_prints_the_defaults_a_run_uses(argv, module, cls, capsys):
         assert shown == repr(value), key
 
 
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["demo", "--out", "D", "--resume", "--bogus"], "`postrl demo --help`"),
+        (["sft", "--out"], "`postrl sft --help`"),
+        (["gpro"], "`postrl --help`"),
+        ([], "`postrl --help`"),
+        (["control", "ppo"], "`postrl control --help`"),
+    ],
+)
+def test_a_command_line_error_is_one_line_naming_the_help(argv, hint, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert stop.value.code == 2 and captured.out == "" and len(lines) == 1, lines
+    assert lines[0].startswith("postrl: error: ") and lines[0].endswith(f"({hint} lists the options)")
+    assert not (tmp_path / "D").exists()
+
+
 def test_overrides_may_come_after_a_flag(tmp_path, capsys):
     """`--out D a=1 --resume b=2`: argparse leaves b=2 over; it is an override as a=1 is (an unknown key here,
     so the config's own error, not argparse's "unrecognized arguments", shows it was read as one)."""
