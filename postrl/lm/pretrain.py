@@ -50,8 +50,8 @@ class PretrainConfig:
     equations: Literal["draws", "rounds"] = "draws"
     """How the corpus writes the sums: "draws" (the built-in base model's) draws train problems with repeats,
     "47+38=85"; "rounds" writes each train problem once per round, "47+38= 85" with "=", ":" or ";" at
-    random, and with weight decay 0.3 makes the demo's SFT land at 0.73 - 0.98 on every pretraining seed tried
-    (postrl.lm.tasks.corpus)."""
+    random, after which the demo's SFT lands at 0.66 - 0.94 on pretraining seeds 0 - 4 where "draws" gives
+    0.08 - 0.77 (postrl.lm.tasks.corpus)."""
     arithmetic: dict[str, Any] = field(default_factory=dict)
     """Options of the arithmetic task whose train split feeds the corpus (e.g. {digits: 3})."""
     reviews: dict[str, Any] = field(default_factory=dict)

@@ -12,8 +12,8 @@ train problems with repeats ("47+38=85"); whether the sums then carry over to th
 the pretraining seed (the demo's SFT reaches 0.08 - 0.77 held-out accuracy on seeds 0 - 4). "rounds" writes
 every train problem once per round, in a fresh order each round, with the result after a space, as the
 task writes its answers, and after "=", ":" or ";" at random ("47+38; 85"), so the sums do not hang on one
-sign and SFT only has to show that a question's "?" is one more: with weight decay 0.3 the same SFT reaches
-0.73 - 0.98 on seeds 0 - 4 (benchmarks/pretrain_seeds.py has both tables).
+sign and SFT only has to show that a question's "?" is one more: the same SFT reaches 0.66 - 0.94 on seeds
+0 - 4, 0.73 - 0.98 with weight decay 0.3 (benchmarks/pretrain_seeds.py has the tables).
 """
 
 from __future__ import annotations
