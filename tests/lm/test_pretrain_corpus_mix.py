@@ -81,5 +81,5 @@ def test_bad_equations_is_a_user_error_before_the_run_folder(tmp_path) -> None:
     with pytest.raises(ConfigError, match="equations"):
         from_dict(PretrainConfig, {"equations": "shuffled"})
     with pytest.raises(ValueError, match="equations must be one of draws, rounds"):
-        equation_lines(get_task("arithmetic"), 3, equations="shuffled")
+        run_pretrain(small(equations="shuffled"), tmp_path / "run")
     assert not (tmp_path / "run").exists()
