@@ -227,14 +227,18 @@ def _check_value(value: Any, spec: str | None, key: str) -> None:
 
 def validate(cfg: T, prefix: str = "") -> T:
     """Check every numeric field of config ``cfg`` (and of its nested configs) against its class's
-    ``CHECKS`` ranges, and that no float is NaN; raise :class:`ConfigError` naming the dotted key.
+    ``CHECKS`` ranges, that no float is NaN and that a ``Literal`` field holds one of its values (a config
+    built in Python skips `coerce`); raise :class:`ConfigError` naming the dotted key.
     Returns ``cfg``, so ``cfg = validate(Config(...))`` reads naturally."""
     checks: Mapping[str, str] = getattr(type(cfg), "CHECKS", {})
+    types = field_types(type(cfg))
     for f in dataclasses.fields(cfg):  # type: ignore[arg-type]
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             validate(value, prefix=f"{prefix}{f.name}.")
         else:
+            if typing.get_origin(types[f.name]) is typing.Literal:
+                coerce(value, types[f.name], prefix + f.name)
             _check_value(value, checks.get(f.name), prefix + f.name)
     return cfg
 

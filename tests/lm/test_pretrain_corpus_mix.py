@@ -80,6 +80,8 @@ def test_rounds_is_a_pretrain_option_that_keeps_held_out_problems_out() -> None:
 def test_bad_equations_is_a_user_error_before_the_run_folder(tmp_path) -> None:
     with pytest.raises(ConfigError, match="equations"):
         from_dict(PretrainConfig, {"equations": "shuffled"})
+    with pytest.raises(ConfigError, match="'equations': 'shuffled' is not one of 'draws', 'rounds'"):
+        run_pretrain(small(equations="shuffled"), tmp_path / "run")  # built in Python: validate() checks it
     with pytest.raises(ValueError, match="equations must be one of draws, rounds"):
-        run_pretrain(small(equations="shuffled"), tmp_path / "run")
+        equation_lines(get_task("arithmetic"), 3, equations="shuffled")
     assert not (tmp_path / "run").exists()

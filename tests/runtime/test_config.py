@@ -167,6 +167,9 @@ def test_validate_checks_a_config_built_in_python():
     assert validate(Holder()).inner.lr == 1e-3
     with pytest.raises(ConfigError, match="'inner.gamma'"):
         validate(Holder(inner=Ranged(gamma=-0.1)))
+    assert validate(Cfg(kind="token")).kind == "token"
+    with pytest.raises(ConfigError, match="'kind': 'tokens' is not one of 'grpo', 'token'"):
+        validate(Cfg(kind="tokens"))  # type: ignore[arg-type]
 
 
 def test_help_shows_the_range():
