@@ -367,6 +367,10 @@ def run_demo(
     cfg = wire(cfg, out)
     save_config(cfg, out / "config.yaml")
     rows = stages(cfg)
+    # stages an earlier invocation finished: skipped here, so this invocation's time leaves them out
+    finished_before = {
+        s.name: _stage_seconds(out / s.name) for s in rows if (out / s.name / "summary.json").is_file()
+    }
     workers = cfg.workers or auto_workers()
     names = [s.name for s in rows]
     jobs = stage_jobs(rows, cfg, out, lambda name: progress.line(name)) + evaluation_jobs(cfg, out, names)
@@ -394,6 +398,7 @@ def run_demo(
     demo_vlm.add_to_summary(summary, done)
     summary["frontier"] = results.get("frontier", [])
     summary["workers"] = workers
+    summary["finished_before"] = finished_before
     summary["wall_seconds"] = round(time.perf_counter() - wall_started, 2)
     summary["cpu_seconds"] = round(cpu_seconds() - cpu_started, 1)
     summary["peak_rss_mb"] = round(max(summary["peak_rss_mb"], memory.peak_mb), 1)
@@ -404,6 +409,14 @@ def run_demo(
         print(f"[demo] {line['text']}", file=sys.stderr)
     print(f"[demo] report: {(out / 'report.md').resolve()} (and report.html)", file=sys.stderr)
     return summary
+
+
+def _stage_seconds(run_dir: Path) -> float:
+    """A finished stage's own wall seconds, from its summary.json (0 when it does not say)."""
+    try:
+        return float(json.loads((run_dir / "summary.json").read_text()).get("wall_seconds") or 0.0)
+    except (OSError, ValueError, AttributeError):
+        return 0.0
 
 
 def check_same_config(cfg: DemoConfig, out: Path) -> None:

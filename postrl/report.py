@@ -313,6 +313,18 @@ def _load(values: list[float]) -> str:
     return f", load average {before} before and {after} after (1/5/15 min)"
 
 
+def _resumed(finished: dict[str, float], n_stages: int) -> str:
+    """The header's note on a demo resumed by this invocation: which stages an earlier one finished, and
+    their own time, which "Total" leaves out."""
+    if not finished:
+        return ""
+    names = ", ".join(finished)
+    return (
+        f" This invocation resumed the demo: {len(finished)} of {n_stages} stages ({names}) had finished "
+        f"before it, in {sum(finished.values()):.0f} s of their own, not counted in the total above."
+    )
+
+
 def _verdict_md(found: list[dict[str, Any]]) -> list[str]:
     if not found:
         return ["No stage could be compared with its baseline (their checkpoints are missing)."]
@@ -370,7 +382,8 @@ def write_report(
         + f", peak memory {summary['peak_rss_mb']:.0f} MB"
         + (" (all its processes together)" if summary.get("workers", 1) > 1 else "")
         + (_load(summary["load_average"]) if summary.get("load_average") else "")
-        + ".",
+        + "."
+        + _resumed(summary.get("finished_before") or {}, len(stages)),
         "",
         "## Did each stage earn its place?",
         "",

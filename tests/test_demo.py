@@ -3,10 +3,11 @@
 import dataclasses
 import json
 import math
+import shutil
 
 import pytest
 
-from postrl.demo import DemoConfig, quick, run_demo
+from postrl.demo import DemoConfig, quick, run_demo, stages
 from postrl.demo_runner import run_stage
 
 REQUIRED = {
@@ -89,6 +90,24 @@ def test_quick_demo_shows_every_stage_learning(demo_dir):
         assert found[key]["verdict"] == "clear", found[key]["text"]
     assert found[("vlm-grpo", "vlm-sft")]["margin"] > 0, found[("vlm-grpo", "vlm-sft")]["text"]
     assert "## Did each stage earn its place?" in (demo_dir / "report.md").read_text()
+
+
+def test_a_resumed_demo_says_which_stages_finished_before_it(demo_dir, tmp_path):
+    """The report's total is this invocation's time: a resume names the stages an earlier one finished and
+    their own time, which the total leaves out; a demo run in one go says nothing of the kind."""
+    assert "resumed the demo" not in (demo_dir / "report.md").read_text()
+    assert json.loads((demo_dir / "summary.json").read_text())["finished_before"] == {}
+    copy = tmp_path / "demo"
+    shutil.copytree(demo_dir, copy)
+    cfg = quick(DemoConfig(threads=1))
+    summary = run_demo(cfg, copy, resume=True)  # every stage finished before: all skipped
+    names = [s.name for s in stages(cfg)]
+    assert list(summary["finished_before"]) == names
+    own = sum(json.loads((copy / n / "summary.json").read_text())["wall_seconds"] for n in names)
+    assert sum(summary["finished_before"].values()) == pytest.approx(own) and own > 10
+    header = (copy / "report.md").read_text().split("## Did each stage")[0]
+    assert f"This invocation resumed the demo: {len(names)} of {len(names)} stages (pretrain, sft, rm" in header
+    assert f"in {own:.0f} s of their own" in header
 
 
 def test_finished_stages_are_skipped_and_unfinished_ones_resume(tmp_path):
