@@ -106,7 +106,9 @@ def test_a_resumed_demo_says_which_stages_finished_before_it(demo_dir, tmp_path)
     own = sum(json.loads((copy / n / "summary.json").read_text())["wall_seconds"] for n in names)
     assert sum(summary["finished_before"].values()) == pytest.approx(own) and own > 10
     header = (copy / "report.md").read_text().split("## Did each stage")[0]
-    assert f"This invocation resumed the demo: {len(names)} of {len(names)} stages (pretrain, sft, rm" in header
+    assert (
+        f"This invocation resumed the demo: {len(names)} of {len(names)} stages (pretrain, sft, rm" in header
+    )
     assert f"in {own:.0f} s of their own" in header
 
 
