@@ -208,6 +208,27 @@ CASES: list[Case] = [
         "ct_unknown_key.yaml",
         flags={"--config": "{ws}/configs/ct_unknown_key.yaml"},
     ),
+    C("ct-lr-inf", CT, "ppo.lr", "inf", "finite", overrides={"ppo.lr": "inf"}),
+    C("ct-activation", CT, "policy.activation", "gelu", "tanh", overrides={"policy.activation": "gelu"}),
+    C("ct-discrete-obs", CT, "FrozenLake-v1", "Discrete(16)", "one-hot", flags={"--env": "FrozenLake-v1"}),
+    C("ct-tuple-obs", CT, "Blackjack-v1", "Tuple(", flags={"--env": "Blackjack-v1"}),
+    C(
+        "ct-env-kwarg-value",
+        CT,
+        "env.kwargs",
+        "max_episode_steps",
+        overrides={"env.kwargs": "{{max_episode_steps: -5}}"},
+    ),
+    C("ct-config-not-utf8", CT, "not_utf8.yaml", "UTF-8", flags={"--config": "{ws}/configs/not_utf8.yaml"}),
+    C(
+        "ct-config-bad-yaml",
+        CT,
+        "broken.yaml:3:1",
+        "starts at line 2",
+        "invalid YAML",
+        flags={"--config": "{ws}/configs/broken.yaml"},
+    ),
+    C("ct-config-directory", CT, "is a directory", flags={"--config": "{ws}/configs"}),
     C("ct-resume-corrupt-checkpoint", CT, "step_00000001", out="interrupted", resume=True, overwrite=False),
     # ---- control prefs and control eval -------------------------------------------------------------------
     C("prefs-noise-above-1", "control prefs", ("labeller.flip_prob", "--noise"), flags={"--noise": "1.5"}),
@@ -632,6 +653,8 @@ def write_inputs(ws: Path) -> None:
 
     # the keys these set are outside every budget, whose overrides would otherwise mask them
     (configs / "ct_unknown_key.yaml").write_text("ppo:\n  clip_epss: 0.1\n")
+    (configs / "not_utf8.yaml").write_bytes(b"\xff\xfe ppo: 1\n")
+    (configs / "broken.yaml").write_text("ppo:\n  lr: [0.1\n")
     (configs / "sft_wrong_type.yaml").write_text("run:\n  log_every: ten\n")
     (configs / "grpo_bad_range.yaml").write_text("grpo:\n  clip_eps: 0\n")
     (configs / "ct_old_key.yaml").write_text("run:\n  keep_checkpoints: 3\n")

@@ -85,6 +85,8 @@ def make_env(env_id: str, **kwargs: Any) -> gym.Env:
             raise
         valid = ", ".join(_valid_kwargs(spec))
         raise UserError(f"env.kwargs: {env_id} takes no keyword '{bad.group(1)}'; valid: {valid}") from err
+    except (ValueError, AssertionError) as err:  # a keyword's value the env refuses (gymnasium's own checks)
+        raise UserError(f"env.kwargs: {env_id} refuses {kwargs}: {' '.join(str(err).split())}") from err
 
 
 def _registered_spec(env_id: str) -> EnvSpec:
@@ -166,12 +168,36 @@ class StepResult:
     """(env index, raw return, length) of every episode that ended in this step."""
 
 
+def check_spaces(env_id: str, obs_space: gym.Space, action_space: gym.Space) -> None:
+    """The spaces postrl.control's MLP policies take: a flat Box observation, a Discrete or 1-D Box action;
+    anything else is a UserError naming the env (before the run folder is made)."""
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        hint = (
+            " (one-hot encode it with a gymnasium ObservationWrapper and register that env)"
+            if isinstance(obs_space, gym.spaces.Discrete)
+            else ""
+        )
+        raise UserError(
+            f"env.id={env_id!r} has observation space {obs_space}; postrl.control's MLP policies take a flat "
+            f"Box (a vector of numbers){hint}"
+        )
+    if not isinstance(action_space, gym.spaces.Discrete) and not (
+        isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
+    ):
+        raise UserError(
+            f"env.id={env_id!r} has action space {action_space}; postrl.control's policies take Discrete or "
+            "a 1-D Box"
+        )
+
+
 class VecEnv:
     """A Gymnasium vector env in SAME_STEP autoreset mode, with episode statistics and normalisation."""
 
     def __init__(self, cfg: EnvConfig, seed: int, training: bool = True):
         kwargs = dict(cfg.kwargs)
-        make_env(cfg.id, **kwargs).close()  # validates the id with a readable error
+        probe = make_env(cfg.id, **kwargs)  # validates the id with a readable error
+        probe.close()
+        check_spaces(cfg.id, probe.observation_space, probe.action_space)
         mode = "async" if cfg.async_ else "sync"
         self.env = gym.make_vec(
             cfg.id,

@@ -228,7 +228,7 @@ def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, lo
 
 
 def _finish(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, logger, threshold) -> dict:
-    """Final evaluation (excluded from steps_per_second), optional GIF, summary.json and curves.png (rank
+    """Final evaluation (excluded from steps_per_second), optional GIF, curves.png and summary.json, last (rank
     0; the other ranks return its summary)."""
     if not is_main():
         env.close()
@@ -251,9 +251,10 @@ def _finish(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, 
         "threshold": threshold,
         "steps_to_threshold": progress.steps_to_threshold,
     }
-    summary = logger.finish(summary)
     title = f"{cfg.algo} on {cfg.env.id} (seed {cfg.run.seed})"
+    # the curves before summary.json, which marks the run done (a kill in between leaves it to resume)
     write_curves(run_dir, ["train_return_ma20", "eval_return"], title=title)
+    summary = logger.finish(summary)
     return broadcast_object(summary)
 
 

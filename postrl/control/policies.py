@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import gymnasium as gym
 import torch
@@ -49,7 +50,7 @@ _ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "elu": F.elu}
 class PolicyConfig:
     hidden: tuple[int, ...] = (64, 64)
     """Hidden layer sizes of the actor and of the critic MLPs (separate networks)."""
-    activation: str = "tanh"
+    activation: Literal["tanh", "relu", "elu"] = "tanh"
     """Hidden activation: tanh, relu or elu."""
     log_std_init: float = 0.0
     """Initial log σ of the Gaussian policy (Box action spaces)."""

@@ -225,7 +225,7 @@ def save(run_dir: Path, algo: Algorithm, state: LoopState, keep_last: int, metri
     rng_ranks = dist.all_gather_object(get_rng_state())
     if dist.is_main():
         loop = {"step": state.step, "train_seconds": state.train_seconds, "start_eval": state.start_eval}
-        loop |= {"last_eval": state.last_eval}
+        loop |= {"last_eval": state.last_eval, "last_metrics": _numbers(state.last_metrics)}
         save_checkpoint(
             run_dir / "checkpoints",
             state.step,
@@ -272,9 +272,24 @@ def restore(path: Path, algo: Algorithm) -> tuple[LoopState, int | None]:
     algo.load_extra(dict(extra["algorithm"]))
     loop = extra["loop"]
     state = LoopState(
-        int(loop["step"]), float(loop["train_seconds"]), dict(loop["start_eval"]), dict(loop["last_eval"])
+        int(loop["step"]),
+        float(loop["train_seconds"]),
+        dict(loop["start_eval"]),
+        dict(loop["last_eval"]),
+        dict(loop.get("last_metrics", {})),  # the last step's numbers: a summary that reports them has them
     )
     return state, extra.get("metrics_rows")
+
+
+def _numbers(metrics: dict[str, Any]) -> dict[str, float | int]:
+    """The plain numbers of a step's metrics (what a checkpoint keeps of them)."""
+    out: dict[str, float | int] = {}
+    for key, value in metrics.items():
+        if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+            value = value.item()
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = value
+    return out
 
 
 def _log_eval(algo: Algorithm, state: LoopState, logger: RunLogger, bar: Progress) -> dict[str, float]:

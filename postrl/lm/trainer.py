@@ -297,7 +297,7 @@ class Supervised:
             for i in range(0, min(len(eval_examples), cfg.eval_examples), 64)
         ]
         self.eval_batches = [to_device(b, device) for b in batches]
-        self.position, self.tokens, self.seconds = 0, 0, 0.0  # tokens and seconds of this invocation
+        self.position, self.tokens, self.seconds = 0, 0, 0.0  # tokens and seconds trained (checkpointed)
         self.batches = iterate_batches(len(examples), cfg.batch_size, run.seed)
         model.train()
 
@@ -324,10 +324,13 @@ class Supervised:
         return self._should_stop is not None and self._should_stop(evals)
 
     def parts(self) -> Parts:
-        return model_parts(self.model, self.optimizer, self.scheduler, self.tokenizer, self.position)
+        parts = model_parts(self.model, self.optimizer, self.scheduler, self.tokenizer, self.position)
+        parts.extra |= {"tokens": self.tokens, "seconds": self.seconds}  # the summary's tokens per second
+        return parts
 
     def load_extra(self, extra: dict[str, Any]) -> None:
         self.position = int(extra["position"])
+        self.tokens, self.seconds = int(extra.get("tokens", 0)), float(extra.get("seconds", 0.0))
         self.batches = iterate_batches(len(self.examples), self.cfg.batch_size, self.run.seed, self.position)
 
 

@@ -90,16 +90,34 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping (safe loader) from a file or a shipped preset's name; errors name the file."""
     path = config_file(path)  # a file, else a shipped preset of that name
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory, not a YAML file") from None
+    except OSError as err:
+        raise ConfigError(f"config file {path} cannot be read: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}): a config is a YAML file") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: invalid YAML: {err}") from None
+        raise ConfigError(_yaml_error(path, err)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
     return data
+
+
+def _yaml_error(path: Path, err: yaml.YAMLError) -> str:
+    """One line for a YAML syntax error: ``path:line:column: invalid YAML: what`` (PyYAML's own message
+    spans several lines and names "<unicode string>" instead of the file)."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and start is not None and mark is not None and start.line != mark.line:
+        context += f" (it starts at line {start.line + 1}, column {start.column + 1})"
+    what = "; ".join(str(part) for part in (context, getattr(err, "problem", None)) if part)
+    return f"{where}: invalid YAML: {what or ' '.join(str(err).split())}"
 
 
 def load_config(

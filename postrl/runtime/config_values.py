@@ -219,15 +219,16 @@ def _check_value(value: Any, spec: str | None, key: str) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return
-    if isinstance(value, float) and math.isnan(value):
-        raise ConfigError(f"'{key}' is NaN" + (f"; it must be {spec}" if spec else ""))
+    if isinstance(value, float) and not math.isfinite(value):  # inf passes "> 0", and trains on NaN
+        what = "NaN" if math.isnan(value) else repr(value)
+        raise ConfigError(f"'{key}' is {what}; it must be a finite number" + (f" {spec}" if spec else ""))
     if spec is not None and not _in_range(value, spec):
         raise ConfigError(f"'{key}' must be {spec}, got {value!r}")
 
 
 def validate(cfg: T, prefix: str = "") -> T:
     """Check every numeric field of config ``cfg`` (and of its nested configs) against its class's
-    ``CHECKS`` ranges, that no float is NaN and that a ``Literal`` field holds one of its values (a config
+    ``CHECKS`` ranges, that every float is finite and that a ``Literal`` field holds one of its values (a config
     built in Python skips `coerce`); raise :class:`ConfigError` naming the dotted key.
     Returns ``cfg``, so ``cfg = validate(Config(...))`` reads naturally."""
     checks: Mapping[str, str] = getattr(type(cfg), "CHECKS", {})

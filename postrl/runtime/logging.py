@@ -17,6 +17,7 @@ from typing import Any
 
 from postrl.runtime.checkpoint import atomic_write_text
 from postrl.runtime.config import save_config
+from postrl.runtime.errors import UserError
 
 
 def peak_rss_mb() -> float:
@@ -47,8 +48,11 @@ def read_run_rows(path: Path) -> list[dict[str, Any]]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
-            if lineno < len(lines):
-                raise ValueError(f"{path}:{lineno}: malformed JSON") from None
+            if lineno < len(lines):  # not a line torn by a kill: the file was edited or damaged
+                raise UserError(
+                    f"{path}:{lineno}: malformed JSON (only the last line may be torn by a kill); repair that "
+                    "line, or pass --overwrite to start the run over"
+                ) from None
     return rows
 
 

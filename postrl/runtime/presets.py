@@ -46,6 +46,8 @@ def config_file(value: str | Path) -> Path:
     path = Path(value).expanduser()
     if path.is_file():
         return path
+    if path.is_dir() and path.name.removesuffix(".yaml") not in preset_names():
+        raise ConfigError(f"--config {value} is a directory; it takes a YAML file or a preset's name")
     if path.parent != Path(".") and path.parent.name != "configs":
         raise ConfigError(f"config file not found: {value}")
     return preset_path(path.name)

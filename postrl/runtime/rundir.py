@@ -26,7 +26,7 @@ from typing import Any, Literal
 from postrl.runtime import distributed as dist
 from postrl.runtime.checkpoint import clean_leftovers, clean_run_leftovers, delete_folder, latest_checkpoint
 from postrl.runtime.config import read_yaml
-from postrl.runtime.config_values import changed_keys
+from postrl.runtime.config_values import changed_keys, to_dict
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import RunLogger
 
@@ -75,6 +75,14 @@ def check_run_dir(path: str | Path, *, resume: bool = False, overwrite: bool = F
         f"{path} holds an interrupted run (no {FINISHED}); pass --resume to continue from its last "
         "checkpoint or --overwrite to start over"
     )
+
+
+RESUME_MAY_CHANGE = frozenset(
+    {"run.device", "run.threads", "run.tensorboard", "run.max_seconds", "run.steps"}
+    | {"run.eval_every", "run.save_every", "run.keep_last", "run.log_every", "run.eval_episodes", "run.gif"}
+)
+"""Keys a resumed run may change: where it runs, how long (more steps for a finished run, as TRL's and
+SB3's resumes allow) and how often it logs, evaluates and saves; not what a step computes."""
 
 
 def check_resume_config(
@@ -126,9 +134,14 @@ def open_run(
     if main and mode == "overwrite":
         remove_run(path)
         print(f"postrl: --overwrite: removed the previous run in {path}", file=sys.stderr)
+    if mode == "resume" and config is not None:  # its checkpoint holds another model, optimiser, schedule
+        check_resume_config(path, to_dict(config), RESUME_MAY_CHANGE)
     if main and mode == "resume":  # what a killed write or delete left behind, before anything writes
         clean_run_leftovers(path)
         clean_leftovers(path / "checkpoints")
+        # a finished run being redone is unfinished until it ends again: a kill while it re-exports its model
+        # leaves a run that the same command resumes, not a "finished" one without its model
+        (path / "summary.json").unlink(missing_ok=True)
     # rank 0 picks (and verifies) the checkpoint; a corrupt one is reported once, the others take its pick
     ckpt = None
     if mode == "resume":

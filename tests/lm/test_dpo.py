@@ -159,6 +159,25 @@ def test_resume_is_exact_and_reads_the_stored_reference(
     assert loaded.config.vocab_size == straight.config.vocab_size
 
 
+def test_a_run_resumed_from_its_last_checkpoint_has_the_same_summary(
+    tiny_lm_dir: Path, tmp_path: Path
+) -> None:
+    """Killed after its last checkpoint, before summary.json: the resume trains no step, and its summary still
+    holds the last step's numbers (loss, reward accuracy), which the checkpoint keeps."""
+    cfg = _cfg(tiny_lm_dir)
+    straight = run_dpo(cfg, tmp_path / "a")
+    run_dpo(cfg, tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "model")
+    (tmp_path / "b" / "summary.json").unlink()
+    resumed = run_dpo(cfg, tmp_path / "b", resume=True)
+
+    def numbers(summary: dict) -> dict:
+        timing = ("seconds", "per_second", "peak_rss")
+        return {k: v for k, v in summary.items() if not any(t in k for t in timing)}
+
+    assert straight["loss"] is not None and numbers(resumed) == numbers(straight)
+
+
 def _jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

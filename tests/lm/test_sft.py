@@ -118,11 +118,16 @@ def test_resume_is_exact(tiny_lm_dir, tiny_tokenizer, tmp_path):
     torch.manual_seed(123)  # a different process: nothing may depend on the RNG left behind
     resumed = load_causal_lm(tiny_lm_dir)
     logger = RunLogger(tmp_path / "b", resume=True)
-    run_training(_algo(resumed, tiny_tokenizer, examples), tmp_path / "b", logger, resume=True)
+    finished = _algo(resumed, tiny_tokenizer, examples)
+    run_training(finished, tmp_path / "b", logger, resume=True)
     for a, b in zip(straight.parameters(), resumed.parameters(), strict=True):
         assert torch.equal(a, b)
     steps = [r["step"] for r in read_jsonl(tmp_path / "b" / "metrics.jsonl") if "loss" in r]
     assert steps == [1, 2, 3, 4, 5, 6]
+    # resumed from its last checkpoint, nothing left to train: the rate is the checkpointed steps' own
+    again = _algo(load_causal_lm(tiny_lm_dir), tiny_tokenizer, examples)
+    summary = run_training(again, tmp_path / "b", RunLogger(tmp_path / "b", resume=True), resume=True)
+    assert again.tokens == finished.tokens > 0 and summary["train_tokens_per_second"] > 0
 
 
 def test_short_sft_lowers_heldout_loss(tiny_lm_dir, tiny_tokenizer, tmp_path):

@@ -10,6 +10,7 @@ from postrl.runtime.config import (
     from_dict,
     load_config,
     parse_override,
+    read_yaml,
     to_dict,
 )
 
@@ -149,6 +150,9 @@ class Holder:
         ("inner.clip=10", r"'inner.clip' must be \(0, 10\)"),
         ("inner.hidden=[64,0]", r"'inner.hidden\[1\]' must be >= 1"),
         ("inner.free=.nan", r"'inner.free' is NaN"),
+        ("inner.lr=.inf", r"'inner.lr' is inf; it must be a finite number > 0"),  # inf is > 0
+        ("inner.lr=inf", r"'inner.lr' is inf"),
+        ("inner.free=-.inf", r"'inner.free' is -inf; it must be a finite number$"),
     ],
 )
 def test_values_outside_their_range_name_the_key(override, message):
@@ -218,3 +222,41 @@ def test_an_error_is_blamed_on_the_file_only_when_it_is_the_files(tmp_path):
     path.write_text("inner:\n  lr: -1\n")
     with pytest.raises(ConfigError, match=r"'inner.lr' must be > 0.*\(in .*c.yaml\)"):
         load_config(Holder, path)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "a:\n  b: 1\n c: 2\n",
+            r"bad\.yaml:3:2: invalid YAML: while parsing a block mapping \(it starts at line 1, column 1\); expected <block end>",
+        ),
+        ("a: [1, 2\n", r"bad\.yaml:2:1: invalid YAML: .*expected ',' or '\]'"),
+        (
+            "a: !!python/object:os.system x\n",
+            r"bad\.yaml:1:4: invalid YAML: could not determine a constructor",
+        ),
+        (b"\xff\xfe bad", r"bad\.yaml: not UTF-8 text \(byte 0\)"),
+    ],
+)
+def test_a_broken_yaml_file_is_one_line_naming_file_line_and_column(tmp_path, text, message):
+    """PyYAML's own message is several lines and names "<unicode string>"; ours is path:line:column."""
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config(Holder, path)
+    assert "\n" not in str(err.value)
+
+
+def test_a_directory_as_config_says_so(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="is a directory; it takes a YAML file or a preset's name"):
+        load_config(Holder, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sft-arithmetic").mkdir()  # e.g. a run folder named like a preset: the preset wins
+    assert read_yaml("sft-arithmetic")
+
+
+def test_a_yaml_file_with_a_byte_order_mark_reads(tmp_path):
+    path = tmp_path / "bom.yaml"
+    path.write_bytes("\ufeffinner:\n  lr: 0.5\n".encode())
+    assert load_config(Holder, path).inner.lr == 0.5

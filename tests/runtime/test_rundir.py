@@ -108,3 +108,53 @@ def test_resume_cuts_metrics_back_to_the_checkpoints_row_count(tmp_path):
     # a checkpoint of an older postrl (no row count): rows up to its step are kept
     logger.resume_at(1)
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1]
+
+
+@dataclass(frozen=True)
+class RunCfg:
+    threads: int = 1
+
+
+@dataclass(frozen=True)
+class Full:
+    a: int = 1
+    run: RunCfg = RunCfg()
+
+
+def test_a_resume_with_another_config_is_refused_before_anything_changes(tmp_path):
+    """Its checkpoint holds another model, optimiser or schedule: a traceback (or worse, a silent mix) and a
+    rewritten config.yaml that breaks every later resume. Where and how fast it runs may change."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("a: 1\nrun:\n  threads: 1\n")
+    (run / "metrics.jsonl").write_text('{"step": 1, "time": 0.1, "loss": 2.0}\n')
+    save_checkpoint(run / "checkpoints", 1, modules={}, extra={"metrics_rows": 1})
+    before = _snapshot(run)
+    with pytest.raises(UserError, match=r"started with another config \(a differs from .*config.yaml\)"):
+        open_run(run, Full(a=2), resume=True)
+    assert _snapshot(run) == before
+    logger, ckpt = open_run(run, Full(run=RunCfg(threads=2)), resume=True)
+    assert ckpt is not None and "threads: 2" in (run / "config.yaml").read_text()
+
+
+def test_a_malformed_metrics_line_before_the_last_is_a_user_error(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("a: 1\n")
+    (run / "metrics.jsonl").write_text(
+        '{"step": 1, "time": 0.1}\n{"step": 2, oops\n{"step": 3, "time": 0.3}\n'
+    )
+    save_checkpoint(run / "checkpoints", 1, modules={}, extra={"metrics_rows": 1})
+    with pytest.raises(UserError, match=r"metrics.jsonl:2: malformed JSON"):
+        open_run(run, Cfg(1), resume=True)
+
+
+def test_a_finished_run_being_resumed_is_unfinished_until_it_ends_again(tmp_path):
+    """A kill while it re-exports its model must leave a run the same command resumes, not a finished one
+    without its model."""
+    run = _finished(tmp_path / "run")
+    save_checkpoint(run / "checkpoints", 1, modules={}, extra={"metrics_rows": 1})
+    logger, ckpt = open_run(run, Cfg(1), resume=True)
+    assert ckpt is not None and run_state(run) == "interrupted"
+    logger.finish({"loss": 1.0})
+    assert run_state(run) == "finished"

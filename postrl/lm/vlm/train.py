@@ -199,10 +199,12 @@ class VLMSupervised:
         return self.stop_accuracy is not None and evals.get("heldout_accuracy", 0.0) >= self.stop_accuracy
 
     def parts(self) -> Parts:  # each checkpoint is also a folder from_pretrained loads (config + processor)
-        return model_parts(self.model, self.optimizer, self.scheduler, self.processor, self.position)
+        parts = model_parts(self.model, self.optimizer, self.scheduler, self.processor, self.position)
+        parts.extra["tokens"] = self.tokens  # the summary's tokens per second
+        return parts
 
     def load_extra(self, extra: dict[str, Any]) -> None:
-        self.position = int(extra["position"])
+        self.position, self.tokens = int(extra["position"]), int(extra.get("tokens", 0))
         self.batches = iterate_batches(len(self.examples), self.cfg.batch_size, self.run.seed, self.position)
 
 
