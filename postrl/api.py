@@ -182,6 +182,8 @@ def run_stage(
         raise UserError(f"unknown stage {stage!r}; the stages: {', '.join(stages())}")
     if out is None:
         raise UserError(f"postrl.{stage}: out= is required (the run folder: a new one, or a run to resume)")
+    if not isinstance(out, (str, os.PathLike)):
+        raise UserError(f"postrl.{stage}: out= is the run folder's path, got {type(out).__name__} {out!r}")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # as the command does
     from postrl.runtime import callbacks
     from postrl.runtime import distributed as dist  # deferred: torch
@@ -201,34 +203,43 @@ def run_stage(
     return Result(run_dir, summary, model if model.is_dir() else None, cfg)
 
 
+def _call(stage: str, config: Any, kwargs: dict[str, Any]) -> Result:
+    """`run_stage` for ``postrl.<stage>(config, **kwargs)``, the config also taken as ``config=``."""
+    if "config" in kwargs:
+        if config is not None:
+            raise UserError(f"postrl.{stage}: the config is given twice (first argument and config=)")
+        config = kwargs.pop("config")
+    return run_stage(stage, config, **kwargs)
+
+
 def pretrain(config: Any = None, /, **kwargs: Any) -> Result:
     """Pretrain the built-in tiny LM and its tokenizer from scratch (``postrl pretrain``)."""
-    return run_stage("pretrain", config, **kwargs)
+    return _call("pretrain", config, kwargs)
 
 
 def sft(config: Any = None, /, **kwargs: Any) -> Result:
     """Supervised fine-tuning on prompt/completion, messages or text rows (``postrl sft``)."""
-    return run_stage("sft", config, **kwargs)
+    return _call("sft", config, kwargs)
 
 
 def rm(config: Any = None, /, **kwargs: Any) -> Result:
     """Train a Bradley-Terry reward model on preference pairs (``postrl rm``)."""
-    return run_stage("rm", config, **kwargs)
+    return _call("rm", config, kwargs)
 
 
 def ppo(config: Any = None, /, **kwargs: Any) -> Result:
     """PPO-based RLHF against a reward model or reward functions (``postrl ppo``)."""
-    return run_stage("ppo", config, **kwargs)
+    return _call("ppo", config, kwargs)
 
 
 def grpo(config: Any = None, /, **kwargs: Any) -> Result:
     """GRPO with reward functions, the group's rewards as the baseline (``postrl grpo``)."""
-    return run_stage("grpo", config, **kwargs)
+    return _call("grpo", config, kwargs)
 
 
 def dpo(config: Any = None, /, **kwargs: Any) -> Result:
     """DPO/IPO on preference pairs against a frozen reference (``postrl dpo``)."""
-    return run_stage("dpo", config, **kwargs)
+    return _call("dpo", config, kwargs)
 
 
 def __getattr__(name: str) -> Callable[..., Result]:

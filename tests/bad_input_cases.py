@@ -316,6 +316,62 @@ CASES: list[Case] = [
         overrides={"eval_data": D + "sft_bad_json.jsonl"},
     ),
     C("sft-batch-size-0", "sft", "train.batch_size", overrides={"train.batch_size": 0}),
+    C("sft-lr-inf", "sft", "optim.lr", "inf", overrides={"optim.lr": "inf"}),
+    C("sft-betas-one-value", "sft", "optim.betas", "expected 2 values", overrides={"optim.betas": "[0.9]"}),
+    C("sft-device-unknown", "sft", "run.device", "gpu", overrides={"run.device": "gpu"}),
+    C("sft-override-below-a-scalar", "sft", "run.steps", overrides={"run.steps.x": 1}),
+    C(
+        "sft-task-option-type",
+        "sft",
+        "arithmetic.digits",
+        "abc",
+        flags={"--data": "task:arithmetic"},
+        overrides={"task.digits": "abc"},
+    ),  # fmt: skip
+    C(
+        "sft-task-option-range",
+        "sft",
+        "n_train",
+        ">= 1",
+        flags={"--data": "task:arithmetic"},
+        overrides={"task.n_train": -5},
+    ),  # fmt: skip
+    C(
+        "sft-task-options-not-a-mapping",
+        "sft",
+        "task.arithmetic",
+        "mapping",
+        flags={"--data": "task:arithmetic,task:reviews"},
+        overrides={"task.arithmetic": 5},
+    ),  # fmt: skip
+    C(
+        "sft-lora-bad-regex",
+        "sft",
+        "run.lora.target_modules",
+        overrides={"run.lora.enabled": True, "run.lora.target_modules": "'(['"},
+    ),  # fmt: skip
+    C("sft-config-int-key", "sft", "config key 1", flags={"--config": "{ws}/configs/int_key.yaml"}),
+    C(
+        "sft-config-duplicate-key",
+        "sft",
+        "dup_key.yaml:3",
+        "given twice",
+        flags={"--config": "{ws}/configs/dup_key.yaml"},
+    ),
+    C(
+        "sft-out-under-a-file",
+        "sft",
+        "is a file, not a folder",
+        flags={"--out": "{ws}/data/sft.jsonl/run"},
+        overwrite=False,
+    ),
+    C(
+        "pretrain-heads",
+        PT,
+        "hidden_size",
+        "n_heads",
+        overrides={"model.hidden_size": 32, "model.n_heads": 3},
+    ),
     C("sft-lr-nan", "sft", "optim.lr", overrides={"optim.lr": "nan"}),
     C("sft-grad-accum-0", "sft", "train.grad_accum", overrides={"train.grad_accum": 0}),
     C("sft-max-length-over-context", "sft", "train.max_length", CONTEXT, overrides={"train.max_length": 200}),
@@ -654,6 +710,8 @@ def write_inputs(ws: Path) -> None:
     # the keys these set are outside every budget, whose overrides would otherwise mask them
     (configs / "ct_unknown_key.yaml").write_text("ppo:\n  clip_epss: 0.1\n")
     (configs / "not_utf8.yaml").write_bytes(b"\xff\xfe ppo: 1\n")
+    (configs / "int_key.yaml").write_text("1: 2\n")
+    (configs / "dup_key.yaml").write_text("run:\n  steps: 2\n  steps: 5\n")
     (configs / "broken.yaml").write_text("ppo:\n  lr: [0.1\n")
     (configs / "sft_wrong_type.yaml").write_text("run:\n  log_every: ten\n")
     (configs / "grpo_bad_range.yaml").write_text("grpo:\n  clip_eps: 0\n")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -35,6 +36,16 @@ def run_data_export(args: argparse.Namespace) -> int:
     """Write one task's rows (``--kind``, ``--split``) as JSONL with TRL's columns."""
     from postrl.lm.data import write_jsonl  # deferred: data imports torch, which `postrl --help` must not
 
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"postrl data export --limit must be >= 1, got {args.limit}")
+    from postrl.runtime.rundir import check_can_create  # deferred: torch
+
+    out = Path(args.out)
+    if out.is_dir():
+        raise UserError(
+            f"postrl data export --out {out} is a folder; give a file name (e.g. {out}/rows.jsonl)"
+        )
+    check_can_create(out, "postrl data export --out")
     task = get_task(args.task, **dict(args.option))
     rows = task.rows(args.kind, args.split)
     if args.limit is not None:

@@ -24,7 +24,7 @@ from postrl.lm.trainer import (
 )
 from postrl.runtime import distributed as dist
 from postrl.runtime.config import validate
-from postrl.runtime.errors import UserError
+from postrl.runtime.errors import ConfigError, UserError
 from postrl.runtime.rundir import open_run
 from postrl.runtime.seeding import seed_everything
 
@@ -72,7 +72,10 @@ class SFTConfig:
 def task_options(cfg_task: dict[str, Any], name: str, n_tasks: int) -> dict[str, Any]:
     """The options of built-in task ``name``: ``cfg_task[name]`` when keyed by task, else all of it."""
     if any(k in list_tasks() for k in cfg_task):
-        return dict(cfg_task.get(name) or {})
+        options = cfg_task.get(name) or {}
+        if not isinstance(options, dict):
+            raise ConfigError(f"'task.{name}' must be a mapping of the task's options, got {options!r}")
+        return dict(options)
     return dict(cfg_task) if n_tasks == 1 else {}
 
 
@@ -122,7 +125,7 @@ def run_sft(
 
     Everything is loaded and checked before the run folder is touched (`postrl.runtime.rundir`)."""
     # deferred: transformers takes seconds to import; SFTConfig (--list-keys, config errors) needs none of it
-    from postrl.lm.models import apply_lora, load_causal_lm, resolve_dtype
+    from postrl.lm.models import apply_lora, check_vocab, load_causal_lm, resolve_dtype
     from postrl.lm.tokenizer import load_tokenizer
     from postrl.lm.vlm import is_vlm, run_vlm_sft  # a vision-language model: pictures in the prompts
 
@@ -142,8 +145,14 @@ def run_sft(
     )
     model = apply_lora(model, run)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
+    check_vocab(model, tokenizer, "tokenizer" if cfg.tokenizer else "model")
     check_train_length(model, cfg.train)
     rows, heldout, tasks = load_sft_rows(cfg, tokenizer)
+    if not rows:
+        held = (
+            f" ({len(heldout)} held out for evaluation: give eval_data= to keep them all)" if heldout else ""
+        )
+        raise UserError(f"data={cfg.data!r}: no training rows{held}")
     train = prepare_examples(
         tokenize_sft(rows, tokenizer, cfg.train.max_length, cfg.train.overlong), cfg.train
     )

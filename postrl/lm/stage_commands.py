@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -162,16 +163,21 @@ def _chat_prompts(tokenizer: Any, prompts: Sequence[str], system: str | None, fl
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from postrl.lm.models import load_causal_lm
+    from postrl.lm.models import check_vocab, load_causal_lm
     from postrl.lm.rollout.evaluation import complete
     from postrl.lm.tokenizer import load_tokenizer
 
+    if args.max_new_tokens < 1:
+        raise UserError(f"postrl generate --max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise UserError(f"postrl generate --temperature must be a finite number >= 0, got {args.temperature}")
     tokenizer = load_tokenizer(args.tokenizer or args.model, trust_remote_code=args.trust_remote_code)
     prompts: Sequence[str] = args.prompt
     if args.chat or args.system is not None:
         flag = "--system" if args.system is not None and not args.chat else "--chat"
         prompts = _chat_prompts(tokenizer, prompts, args.system, flag)
     model = load_causal_lm(args.model, trust_remote_code=args.trust_remote_code)
+    check_vocab(model, tokenizer, "--tokenizer" if args.tokenizer else "--model")
     texts = complete(
         model,
         tokenizer,

@@ -156,6 +156,8 @@ def load_tokenizer(
                 f"{what} '{path_or_name}': converting this tokenizer needs sentencepiece: pip install sentencepiece"
             ) from err
         raise load_error(what, path_or_name, local, err) from err
+    except (TypeError, AttributeError, KeyError) as err:  # e.g. a config.json that is not a mapping
+        raise ModelError(f"{what} '{path_or_name}': cannot load it (a damaged folder?): {err}") from err
     if tokenizer.eos_token_id is None:
         raise ModelError(
             f"{what} '{path_or_name}' has no eos_token; postrl needs one to end completions "

@@ -68,9 +68,12 @@ def merge_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     for text in overrides:
         path, value = parse_override(text)
         node = merged
-        for part in path[:-1]:
+        for depth, part in enumerate(path[:-1]):
             child = node.get(part)
             if not isinstance(child, dict):
+                if child is not None and not dataclasses.is_dataclass(child) and not isinstance(child, Mapping):
+                    key = ".".join(path[: depth + 1])
+                    raise ConfigError(f"{text}: '{key}' is a value ({child!r}), not a section with keys")
                 child = {} if child is None else _as_dict(child)
                 node[part] = child
             node = child
@@ -90,7 +93,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping (safe loader) from a file or a shipped preset's name; errors name the file."""
     path = config_file(path)  # a file, else a shipped preset of that name
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8-sig"))
+        data = yaml.load(path.read_text(encoding="utf-8-sig"), Loader=_UniqueKeyLoader)  # noqa: S506 (safe)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except IsADirectoryError:
@@ -106,6 +109,25 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
     return data
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (it would keep the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"the key '{key}' is given twice",
+                    key_node.start_mark,
+                )
+            if isinstance(key, str):
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _yaml_error(path: Path, err: yaml.YAMLError) -> str:

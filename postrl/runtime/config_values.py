@@ -75,6 +75,8 @@ def _coerce_sequence(value: Any, tp: Any, key: str) -> Any:
     if not isinstance(value, (list, tuple)):
         raise ConfigError(f"'{key}': expected a list, got {value!r}")
     item_tp, *rest = typing.get_args(tp) or (Any,)
+    if typing.get_origin(tp) is tuple and rest and rest != [Ellipsis] and len(value) != len(rest) + 1:
+        raise ConfigError(f"'{key}': expected {len(rest) + 1} values, got {len(value)}: {list(value)!r}")
     items = [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
     return tuple(items) if typing.get_origin(tp) is tuple or rest else items
 
@@ -156,6 +158,8 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     its field's type; ``prefix`` (e.g. ``"ppo."``) is the dotted path named in errors. Ranges are not checked
     here (:func:`validate`)."""
     types_ = field_types(cls)
+    for odd in (k for k in data if not isinstance(k, str)):  # YAML's `1: 2` or `null: x`
+        raise ConfigError(f"config key {odd!r} under '{prefix.rstrip('.') or 'the top level'}' is not a name")
     for key, value in data.items():  # old names, also under a section that still exists (train.max_steps)
         _check_renamed(cls, key, value, prefix)
     unknown = [k for k in data if k not in types_]

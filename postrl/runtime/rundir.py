@@ -18,6 +18,7 @@ aside (one atomic step) and then removed, so a crash leaves either the old run o
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Collection
 from pathlib import Path
@@ -60,6 +61,8 @@ def check_run_dir(path: str | Path, *, resume: bool = False, overwrite: bool = F
     if state == "foreign":
         what = "a file" if path.exists() and not path.is_dir() else "a folder that is not a postrl run"
         raise UserError(f"--out {path} is {what}; refusing to write there: choose a new or empty folder")
+    if state == "missing":
+        check_can_create(path)
     if state in ("missing", "empty"):
         return "new"
     if resume:
@@ -75,6 +78,48 @@ def check_run_dir(path: str | Path, *, resume: bool = False, overwrite: bool = F
         f"{path} holds an interrupted run (no {FINISHED}); pass --resume to continue from its last "
         "checkpoint or --overwrite to start over"
     )
+
+
+def check_can_create(path: Path, flag: str = "--out") -> None:
+    """``path`` can be made: its nearest existing parent is a folder this process may write into."""
+    parent = path.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: cannot create it, {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK) or _read_only_fs(parent):
+        raise UserError(f"{flag} {path}: cannot create it, {parent} is not writable")
+
+
+def _read_only_fs(folder: Path) -> bool:
+    """Whether ``folder`` is on a file system that refuses new entries whatever the permissions (/proc, /sys,
+    a read-only mount)."""
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY) or folder.parts[1:2] in (("proc",), ("sys",))
+    except OSError:
+        return False
+
+
+def check_inputs_outside(run_dir: Path, config: dict[str, Any], prefix: str = "") -> None:
+    """--overwrite deletes ``run_dir``: no input of the run (a model, data or tokenizer path in ``config``)
+    may live inside it (e.g. ``--model RUN/model --out RUN --overwrite``)."""
+    root = run_dir.resolve()
+    for key, value in config.items():
+        if isinstance(value, dict):
+            check_inputs_outside(run_dir, value, f"{prefix}{key}.")
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            for part in str(item).split(",") if isinstance(item, str) else []:
+                candidate = Path(part.strip()).expanduser()
+                if (
+                    part.strip()
+                    and candidate.exists()
+                    and root in (candidate.resolve(), *candidate.resolve().parents)
+                ):
+                    raise UserError(
+                        f"--overwrite would delete {prefix}{key}={part.strip()}, which is inside {run_dir}: copy it "
+                        "elsewhere first, or choose another --out"
+                    )
 
 
 RESUME_MAY_CHANGE = frozenset(
@@ -131,6 +176,8 @@ def open_run(
     mode = check_run_dir(path, resume=resume, overwrite=overwrite)
     dist.barrier()  # every rank has read the folder's state before rank 0 changes it
     main = dist.is_main()
+    if mode == "overwrite" and config is not None:
+        check_inputs_outside(path, to_dict(config))
     if main and mode == "overwrite":
         remove_run(path)
         print(f"postrl: --overwrite: removed the previous run in {path}", file=sys.stderr)

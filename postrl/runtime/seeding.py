@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from postrl.runtime.errors import UserError
+
 
 def seed_everything(seed: int, rank: int = 0) -> int:
     """Seed python, numpy and torch (CPU and CUDA) with ``seed + rank``; return the seed used.
@@ -25,9 +27,14 @@ def seed_everything(seed: int, rank: int = 0) -> int:
 def resolve_device(name: str = "auto") -> torch.device:
     """``"auto"`` → CUDA when available, else MPS when available, else CPU; any other name as given."""
     if name != "auto":
-        device = torch.device(name)
+        try:
+            device = torch.device(name)
+        except (RuntimeError, TypeError) as err:
+            raise UserError(
+                f"run.device={name!r} is not a device: use auto, cpu, cuda, cuda:N or mps"
+            ) from err
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"device '{name}' was asked for but CUDA is not available")
+            raise UserError(f"run.device={name!r} was asked for but CUDA is not available on this machine")
         return device
     if torch.cuda.is_available():
         return torch.device("cuda")

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from postrl.runtime.errors import UserError
 from postrl.runtime.logging import RunLogger, read_jsonl
 from postrl.runtime.plots import plot_curves
 from postrl.runtime.progress import Progress
@@ -70,8 +71,10 @@ def test_device_choice():
     assert resolve_device("cpu").type == "cpu"
     assert resolve_device("auto").type in ("cpu", "cuda", "mps")
     if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError, match="CUDA"):
+        with pytest.raises(UserError, match=r"run.device='cuda' was asked for but CUDA is not available"):
             resolve_device("cuda")
+    with pytest.raises(UserError, match=r"run.device='gpu' is not a device: use auto, cpu, cuda"):
+        resolve_device("gpu")
 
 
 def test_progress_is_quiet_off_tty(capsys):

@@ -222,6 +222,7 @@ def run_dpo(
         adapter_free_reference,
         apply_lora,
         check_context,
+        check_vocab,
         load_causal_lm,
         resolve_dtype,
     )
@@ -244,6 +245,7 @@ def run_dpo(
     check_backend(policy, cfg.sampling.backend)
     check_context(policy, cfg.train.max_length, f"train.max_length ({cfg.train.max_length})")
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
+    check_vocab(policy, tokenizer, "tokenizer" if cfg.tokenizer else "model")
     train, evals, task = load_pairs(cfg, tokenizer)
     what = "ref_model" if cfg.ref_model else "model"
     if run.lora.enabled and not cfg.ref_model:  # the base model: the policy with its adapters disabled

@@ -13,7 +13,14 @@ import torch
 from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_train_heldout, render_rows
 from postrl.lm.grpo.config import GRPOConfig
 from postrl.lm.grpo.rollouts import Prompts, Run
-from postrl.lm.models import adapter_free_reference, apply_lora, check_context, load_causal_lm, resolve_dtype
+from postrl.lm.models import (
+    adapter_free_reference,
+    apply_lora,
+    check_context,
+    check_vocab,
+    load_causal_lm,
+    resolve_dtype,
+)
 from postrl.lm.rewards import RewardFunction, load_reward_fns
 from postrl.lm.rollout.decoders import check_backend
 from postrl.lm.tokenizer import load_tokenizer
@@ -88,6 +95,7 @@ def build_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
     p, t = cfg.max_prompt_length, cfg.sampling.max_new_tokens
     check_context(policy, p + t, f"max_prompt_length ({p}) + sampling.max_new_tokens ({t})")
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
+    check_vocab(policy, tokenizer, "tokenizer" if cfg.tokenizer else "model")
     train, heldout = load_prompts(cfg, tokenizer)
     if len(train.rows) < cfg.grpo.prompts_per_step and not cfg.grpo.repeat_prompts:
         raise UserError(

@@ -13,6 +13,7 @@ The fused decode-only forwards of GPT-2 and Llama are in `postrl.lm.fast`; the t
 
 from postrl.lm.models.context import CONTEXT_KEYS as CONTEXT_KEYS
 from postrl.lm.models.context import check_context as check_context
+from postrl.lm.models.context import check_vocab as check_vocab
 from postrl.lm.models.context import context_length as context_length
 from postrl.lm.models.heads import HEAD_CONFIG as HEAD_CONFIG
 from postrl.lm.models.heads import HEAD_FORMAT as HEAD_FORMAT

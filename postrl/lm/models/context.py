@@ -70,3 +70,16 @@ def check_context(model_or_config: Any, needed: int, what: str) -> None:
         raise ModelError(
             f"{what} = {needed} exceeds the model's context ({limit} positions, {key} in {where})"
         )
+
+
+def check_vocab(model: Any, tokenizer: Any, what: str = "tokenizer") -> None:
+    """Raise `ModelError` when ``tokenizer`` has more tokens than ``model`` has embedding rows: an id past
+    them indexes outside the table (an IndexError deep in a forward, after the run began). ``what`` names
+    the key that chose the tokenizer."""
+    embeddings = getattr(model, "get_input_embeddings", lambda: None)()
+    rows = getattr(embeddings, "num_embeddings", None)
+    if rows is not None and len(tokenizer) > rows:
+        raise ModelError(
+            f"{what}: the tokenizer has {len(tokenizer)} tokens but the model's embeddings have {rows} rows "
+            "(ids past them index outside the table): use the model's own tokenizer"
+        )

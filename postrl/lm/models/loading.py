@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 import torch
 from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import HFValidationError
+from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
@@ -153,6 +154,12 @@ def load_pretrained(
         return auto_cls.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as err:  # transformers' and the hub's errors for a bad path, name or file
         raise load_error(what, path_or_name, local, err) from err
+    # a damaged folder: weights cut short, weights of other shapes than config.json's, a config that is not
+    # a mapping (safetensors', torch's and transformers' own errors)
+    except (SafetensorError, RuntimeError, TypeError, AttributeError, KeyError) as err:
+        raise ModelError(
+            f"{what} '{path_or_name}': cannot load it (a damaged model folder?): {_first_line(err)}"
+        ) from err
 
 
 def load_causal_lm(

@@ -23,6 +23,7 @@ import contextlib
 import copy
 import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,7 @@ def apply_lora(model: nn.Module, run: Any, *, rl: bool = False) -> nn.Module:
     config = peft_config(settings, causal_lm=target is model and hasattr(model, "generate"))
     try:
         peft.inject_adapter_in_model(config, target)
-    except ValueError as err:  # peft: "Target modules {...} not found in the base model"
+    except (ValueError, re.error) as err:  # peft: "Target modules {...} not found", or a broken regex
         first = str(err).strip().splitlines()[0]
         raise ConfigError(f"run.lora.target_modules={settings.target_modules!r}: {first}") from None
     for name, param in target.named_parameters():

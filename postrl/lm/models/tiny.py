@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from postrl.runtime.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class TinyLMConfig:
@@ -30,6 +32,17 @@ class TinyLMConfig:
         "intermediate_size": ">= 1",
         "max_position_embeddings": ">= 2",
     }
+
+    def __post_init__(self) -> None:
+        check_heads(self.hidden_size, self.n_heads, "hidden_size")
+
+
+def check_heads(width: int, heads: int, key: str) -> None:
+    """A width splits evenly into attention heads (transformers refuses the model otherwise)."""
+    if isinstance(width, int) and isinstance(heads, int) and heads >= 1 and width % heads:
+        raise ConfigError(
+            f"'{key}' ({width}) must be a multiple of 'n_heads' ({heads}): each head gets width/n_heads"
+        )
 
 
 def build_tiny_lm(

@@ -27,6 +27,7 @@ from postrl.lm.models import (
     adapter_free_reference,
     apply_lora,
     check_context,
+    check_vocab,
     load_causal_lm,
     resolve_dtype,
 )
@@ -258,6 +259,7 @@ def build_models(cfg: PPOConfig, info: dist.DistInfo) -> tuple[Roles, Any]:
         raise UserError("ptx with critic=shared is single-process only; use critic=reward_model or sft")
     roles = build_roles(cfg, info.device)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
+    check_vocab(roles.actor, tokenizer, "tokenizer" if cfg.tokenizer else "model")
     if cfg.run.parallel == "fsdp":
         for model in (roles.actor, roles.critic, roles.reference, roles.reward_model):
             if model is not None:  # (the reward model's score runs it too)

@@ -215,7 +215,7 @@ def run_rm(
 ) -> dict[str, Any]:
     """Train the reward model, export ``RUN_DIR/model`` (+ ``reward_norm.json``), return the summary.
     The model and the pairs are loaded and checked before the run folder is touched."""
-    from postrl.lm.models import ScalarHeadModel, apply_lora, resolve_dtype  # transformers: seconds
+    from postrl.lm.models import ScalarHeadModel, apply_lora, check_vocab, resolve_dtype  # transformers
     from postrl.lm.tokenizer import load_tokenizer
 
     run_dir = Path(run_dir)
@@ -237,6 +237,7 @@ def run_rm(
     rm = apply_lora(rm, run)  # (run.lora: adapters on the trunk, the head trained in full)
     check_train_length(rm, cfg.train)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
+    check_vocab(rm, tokenizer, "tokenizer" if cfg.tokenizer else "model")
     train, evals, loss, task = load_pairs(cfg, tokenizer)
     evaluate = heldout_evaluation(rm, evals, task, loss, tokenizer.pad_token_id, info.device, cfg.ece_bins)
     logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=run.tensorboard)

@@ -14,6 +14,7 @@ margins, else soft.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -62,8 +63,10 @@ def tokenize_pairs(
         if room <= 0:
             continue
         margin = kept[i].get("margin")
-        if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
-            raise DataError(f"row {i}: field 'margin': expected a number, got {margin!r}")
+        if margin is not None and (
+            isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin)
+        ):
+            raise DataError(f"row {i}: field 'margin': expected a finite number, got {margin!r}")
         out.append(
             {
                 "prompt_ids": prompt_ids[i],

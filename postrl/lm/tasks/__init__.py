@@ -32,7 +32,11 @@ def get_task(name: str, **kwargs: Any) -> Task:
     if name not in TASKS:
         raise TaskError(f"unknown task {name!r}; available: {', '.join(list_tasks())}")
     task_cls, config_cls = TASKS[name]
-    return task_cls(build_config(config_cls, kwargs))
+    config = build_config(config_cls, kwargs, f"{name}.")
+    try:
+        return task_cls(config)
+    except ValueError as err:  # a combination of options the task refuses (its own checks)
+        raise TaskError(f"task {name}: {err}") from None
 
 
 __all__ = [

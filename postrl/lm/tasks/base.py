@@ -16,7 +16,7 @@ import random
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from postrl.runtime.errors import UserError
+from postrl.runtime.errors import ConfigError, UserError
 
 Split = Literal["train", "test"]
 SPLITS: tuple[str, ...] = ("train", "test")
@@ -69,15 +69,22 @@ def prompt_text(prompt: Any) -> str:
     return str(prompt)
 
 
-def build_config(cls: type, kwargs: dict[str, Any]) -> Any:
-    """``cls(**kwargs)`` for a config dataclass, with an error that names an unknown key and suggests one."""
+def build_config(cls: type, kwargs: dict[str, Any], prefix: str = "") -> Any:
+    """``cls(**kwargs)`` for a config dataclass, with an error that names an unknown key and suggests one, a
+    value of the wrong type or outside the class's ``CHECKS`` (``prefix``, e.g. "arithmetic.", before the
+    key in the message)."""
+    from postrl.runtime.config_values import from_mapping, validate  # deferred: the config machinery
+
     names = [f.name for f in dataclasses.fields(cls)]
     for key in kwargs:
         if key not in names:
-            close = difflib.get_close_matches(key, names, n=1)
+            close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid options: {', '.join(names)}"
             raise TaskError(f"unknown option {key!r} for {cls.__name__}{hint}")
-    return cls(**kwargs)
+    try:
+        return validate(from_mapping(cls, kwargs, prefix))
+    except ConfigError as err:
+        raise TaskError(str(err)) from None
 
 
 class Task(abc.ABC):

@@ -28,6 +28,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_
 
 from postrl.lm.models import ModelError, hub_reachable, load_error, model_source, set_dropout_off
 from postrl.lm.models.loading import load_pretrained
+from postrl.lm.models.tiny import check_heads
 from postrl.lm.tokenizer import ROLE_TOKENS, build_tokenizer
 
 IMAGE_TOKEN = "<image>"
@@ -76,6 +77,10 @@ class TinyVLMConfig:
     """BPE vocabulary of the tokenizer (bytes, special tokens, merges)"""
 
     CHECKS = {"image_size": ">= 8", "patch_size": ">= 1", "vocab_size": ">= 265"}
+
+    def __post_init__(self) -> None:
+        check_heads(self.hidden_size, self.n_heads, "hidden_size")
+        check_heads(self.vision_hidden_size, self.n_heads, "vision_hidden_size")
 
 
 def build_vlm_tokenizer(corpus: list[str], vocab_size: int = 320) -> Any:
@@ -173,10 +178,10 @@ def is_vlm(path_or_name: str | Path) -> bool:
     if not config.is_file():
         return False
     try:
-        model_type = json.loads(config.read_text()).get("model_type")
+        data = json.loads(config.read_text())
     except (OSError, ValueError):
         return False
-    return model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    return isinstance(data, dict) and data.get("model_type") in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 
 def load_processor(path_or_name: str | Path, trust_remote_code: bool = False, *, what: str = "model") -> Any:
