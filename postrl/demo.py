@@ -68,7 +68,8 @@ from postrl.runtime.logging import peak_rss_mb
 from postrl.runtime.rundir import check_resume_config, check_run_dir, remove_run, run_state
 
 # The arithmetic the demo measures: 2-digit sums, asked as "What is 47+38?". The base model's corpus holds
-# the train problems only as bare equations, so pretraining knows sums but not this question format.
+# the train problems only as bare equations, and none that carry from the units digits (47+38), so
+# pretraining knows how to add without carrying, but neither this question format nor the carry.
 ARITHMETIC = {"digits": 2, "ops": "+"}
 # SFT sees this many demonstrations of it; GRPO's verifier scores any of the task's 5,000 train prompts.
 # Checking an answer is cheaper than writing one: the situation RL with a verifier is for.
@@ -101,12 +102,15 @@ class DemoConfig:
             data="task:reviews",
             task={"perturb_fraction": 0.3},
             train=TrainConfig(batch_size=32, max_length=48),
-            optim=OptimConfig(lr=3e-4, warmup_steps=20),
-            run=RunConfig(steps=150, eval_every=50, save_every=150),
+            optim=OptimConfig(lr=5e-4, warmup_steps=20),
+            run=RunConfig(steps=200, eval_every=50, save_every=200),
             plots=False,
         )
     )
-    """Stage 3: the Bradley–Terry reward model on the synthetic labeller's preferences."""
+    """Stage 3: the Bradley–Terry reward model on the synthetic labeller's preferences. 200 steps at lr 5e-4:
+    held-out pair accuracy 0.784 / 0.748 / 0.759 on seeds 0 / 1 / 2, where 150 at 3e-4 reached 0.738 / 0.738
+    / 0.711 and 150 at 1e-3 0.803 / 0.751 / 0.738, but PPO against that sharper one gained only 0.62 / 0.63
+    / 0.33 over SFT (against this one, PPO alone: 0.66 / 0.66 / 0.74)."""
     ppo: PPOConfig = field(
         default_factory=lambda: PPOConfig(
             data="task:reviews",
@@ -115,15 +119,18 @@ class DemoConfig:
             ppo=PPOLossConfig(minibatches=4),
             kl=KLConfig(beta=0.1),
             reward=RewardConfig(clip=5.0),
-            optim=OptimConfig(lr=6e-5, warmup_steps=0, min_lr_ratio=1.0),
+            optim=OptimConfig(lr=8e-5, warmup_steps=0, min_lr_ratio=1.0),
             critic_optim=OptimConfig(lr=3e-4, warmup_steps=0, min_lr_ratio=1.0),
             run=RunConfig(steps=30, eval_every=10, save_every=30, log_every=1),
             eval_size=128,
         )
     )
-    """Stage 4: PPO-RLHF against the reward model with a frozen reference. Actor lr 6e-5: held-out gold
-    reward 0.70 / 0.55 / 0.47 on seeds 0 / 1 / 2 after 30 steps, where 3e-5 reached 0.51 / 0.11 / 0.35 (not
-    clearly above continued SFT on seed 1) and 1e-4 games the reward model (seeds 1, 2: 0.16, 0.33 at KL 6-7)."""
+    """Stage 4: PPO-RLHF against the reward model with a frozen reference. Actor lr 8e-5: held-out gold
+    reward gain over SFT 0.66 / 0.66 / 0.74 on seeds 0 / 1 / 2 after 30 steps (PPO alone, from the demo's SFT
+    and reward model); against the 150-step lr-3e-4 reward model 8e-5 gained 0.75 / 0.69 / 0.72, where 6e-5
+    gained 0.79 / 0.56 / 0.38 and 1e-4 with KL beta 0.15 0.73 / 0.61 / 0.63 (on the base model made without
+    carries; on the earlier one 6e-5 was the choice: 3e-5 fell within the noise of continued SFT on seed 1,
+    1e-4 gamed the reward model)."""
     dpo: DPOConfig = field(
         default_factory=lambda: DPOConfig(
             data="task:reviews",
@@ -191,8 +198,9 @@ class DemoConfig:
 def quick(cfg: DemoConfig) -> DemoConfig:
     """The same stages with small budgets: under a minute on an idle 2-core machine with two workers (the
     test suite runs this end to end). Each stage checks itself once, at its end, and still moves its number
-    clearly past its baseline: the reward model and PPO learn faster (lr 1e-3 and 1e-4, PPO's KL β 0.2 to
-    keep it from gaming the younger reward model) to make up for fewer steps; GRPO takes 40 smaller steps
+    clearly past its baseline: PPO learns faster (lr 1.5e-4: gold-reward gain over SFT 0.30 / 0.58 / 0.48 on
+    seeds 0 / 1 / 2, where 1e-4 gained 0.16 / -0.05 / 0.49; KL β 0.2 to keep it from gaming the younger
+    reward model, whose 80 steps at lr 1e-3 reach 0.67 - 0.71) to make up for fewer steps; GRPO takes 40 smaller steps
     (lr 1e-4: at 2e-4 its reward peaks by step 13 and falls back). DPO gets 20 steps: at 30 and 40 its
     gold reward stayed within the noise of SFT's on 3 seeds, so the quick demo keeps it for its curve and
     frontier points. The continued-SFT baselines are left out (``compare_sft``: the full demo's question).
@@ -216,7 +224,7 @@ def quick(cfg: DemoConfig) -> DemoConfig:
             cfg.ppo,
             eval_size=32,
             kl=r(cfg.ppo.kl, beta=0.2),
-            optim=r(cfg.ppo.optim, lr=1e-4),
+            optim=r(cfg.ppo.optim, lr=1.5e-4),
             run=r(cfg.ppo.run, steps=10, eval_every=10, save_every=10),
         ),
         dpo=r(

@@ -174,9 +174,10 @@ def table_md(rows: list[list[str]]) -> list[str]:
 
 STAGE_TEXT = {
     "pretrain": "Next-token prediction from scratch on the generated corpus (sums as bare equations "
-    '"47+38=85", reviews, generic sentences): the tiny Llama learns the world\'s language and its sums, '
-    "but never sees the arithmetic task's question format (the notes' starting point: a pretrained LM). "
-    "By default the built-in base model that postrl ships, made by the same `postrl pretrain` config.",
+    '"41+38: 79", none that carries from its units digits, reviews, generic sentences): the tiny Llama '
+    "learns the world's language and to add without carrying, but never sees the arithmetic task's question "
+    "format nor a carry (the notes' starting point: a pretrained LM). By default the built-in base model "
+    "that postrl ships, made by the same `postrl pretrain` config.",
     "sft": "Supervised fine-tuning on a few hundred demonstrations of the question format and on reviews, loss "
     "on completion tokens only, until the demonstrations are used up: held-out accuracy peaks, then the "
     "held-out loss turns up (the notes' SFT stage, π_SFT). Continued SFT from here is the RL stages' "

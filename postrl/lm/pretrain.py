@@ -48,10 +48,14 @@ class PretrainConfig:
     """Shares of the corpus lines (arithmetic equations, review text, generic sentences), normalised by their
     sum."""
     equations: Literal["draws", "rounds"] = "draws"
-    """How the corpus writes the sums: "draws" (the built-in base model's) draws train problems with repeats,
-    "47+38=85"; "rounds" writes each train problem once per round, "47+38= 85" with "=", ":" or ";" at
-    random, after which the demo's SFT lands at 0.66 - 0.94 on pretraining seeds 0 - 4 where "draws" gives
-    0.08 - 0.77 (postrl.lm.tasks.corpus)."""
+    """How the corpus writes the sums: "draws" draws train problems with repeats, "47+38=85"; "rounds" (the
+    built-in base model's, with carries=false) writes each train problem once per round, "47+38= 85" with
+    "=", ":" or ";" at random, after which the demo's SFT lands at 0.66 - 0.94 on pretraining seeds 0 - 4
+    where "draws" gives 0.08 - 0.77 (postrl.lm.tasks.corpus)."""
+    carries: bool = True
+    """false: the corpus leaves out the sums that carry from their units digits (47+38=85), so pretraining
+    learns to add without carrying and the task's questions that need a carry are left for SFT and RL (the
+    built-in base model's recipe; postrl.lm.tasks.corpus)."""
     arithmetic: dict[str, Any] = field(default_factory=dict)
     """Options of the arithmetic task whose train split feeds the corpus (e.g. {digits: 3})."""
     reviews: dict[str, Any] = field(default_factory=dict)
@@ -81,6 +85,7 @@ def corpus_and_heldout(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
         arithmetic=arith.config,
         reviews=reviews.config,
         equations=cfg.equations,
+        carries=cfg.carries,
     )
     heldout = [r["prompt"] + r["completion"] for t in (arith, reviews) for r in t.sft_rows("test")]
     return corpus, heldout

@@ -1,6 +1,7 @@
-"""PretrainConfig.corpus_mix and .equations: the defaults are the corpus the base model was made from; a
+"""PretrainConfig.corpus_mix, .equations and .carries: the recipe is the corpus the base model was made from; a
 share changes the corpus; "rounds" writes every train problem once per round with a random sign before the
-result; bad values are one user error before the run folder exists."""
+result; carries=false leaves out the sums that carry; bad values are one user error before the run folder
+exists."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from postrl.lm import base_model
 from postrl.lm.pretrain import PretrainConfig, corpus_and_heldout, run_pretrain
 from postrl.lm.tasks import build_corpus, get_task
-from postrl.lm.tasks.corpus import RESULT_SIGNS, equation_lines
+from postrl.lm.tasks.corpus import RESULT_SIGNS, equation_lines, units_carry
 from postrl.runtime.config import ConfigError, from_dict
 from postrl.runtime.errors import UserError
 
@@ -24,15 +25,30 @@ def small(**changes) -> PretrainConfig:
 def test_default_mix_is_the_base_models_corpus() -> None:
     cfg = small()
     arith = get_task("arithmetic", **cfg.arithmetic).config
-    assert corpus_and_heldout(cfg)[0] == build_corpus(1000, 1, arithmetic=arith)
+    expected = build_corpus(1000, 1, arithmetic=arith, equations="rounds", carries=False)
+    assert corpus_and_heldout(cfg)[0] == expected
     assert "corpus_mix" not in base_model.command(base_model.recipe())
 
 
 def test_mix_sets_the_arithmetic_share() -> None:
     corpus, _ = corpus_and_heldout(small(corpus_mix=(0.6, 0.3, 0.1)))
-    assert len(corpus) == 1000 and sum("=" in line for line in corpus) == 600
+    assert len(corpus) == 1000 and sum(bool(EQUATION.fullmatch(line)) for line in corpus) == 600
     corpus, _ = corpus_and_heldout(small(corpus_mix=(1, 0, 0)))
-    assert all("=" in line for line in corpus)
+    assert all(EQUATION.fullmatch(line) for line in corpus)
+
+
+def test_without_carries_the_corpus_holds_every_sum_that_does_not_carry() -> None:
+    """The base model's recipe: 47+38 (7 + 8 carries) is left for SFT and RL, 41+38 is in the corpus."""
+    task = get_task("arithmetic", digits=2, ops="+", n_train=400)
+    lines = equation_lines(task, 1000, seed=2, equations="rounds", carries=False)
+    problems = {(int(m["a"]), int(m["b"])) for m in map(EQUATION.fullmatch, lines)}
+    plain = {(a, b) for a, _, b in task.problems("train") if a % 10 + b % 10 < 10}
+    assert problems == plain and 0 < len(plain) < 400
+    assert not any(units_carry(a, "+", b) for a, b in problems)
+    assert units_carry(47, "+", 38) and not units_carry(41, "+", 38) and not units_carry(47, "-", 38)
+    assert "carries=false" in base_model.command(base_model.recipe())
+    drawn = equation_lines(task, 500, seed=2, carries=False)  # draws too
+    assert all(a % 10 + b % 10 < 10 for a, b in (map(int, re.split(r"[+=]", x)[:2]) for x in drawn))
 
 
 def test_bad_mix_is_a_user_error_before_the_run_folder(tmp_path) -> None:
@@ -68,10 +84,10 @@ def test_rounds_write_every_train_problem_once_per_round_with_every_sign() -> No
 
 
 def test_rounds_is_a_pretrain_option_that_keeps_held_out_problems_out() -> None:
-    cfg = small(equations="rounds")
+    cfg = small(carries=True)
     corpus, _ = corpus_and_heldout(cfg)
     equations = [m for m in map(EQUATION.fullmatch, corpus) if m]
-    assert len(equations) == 400 and corpus != corpus_and_heldout(small())[0]
+    assert len(equations) == 400 and corpus != corpus_and_heldout(small(equations="draws"))[0]
     held_out = {(a, b) for a, _, b in get_task("arithmetic", **cfg.arithmetic).problems("test")}
     assert not any((int(m["a"]), int(m["b"])) in held_out for m in equations)
     assert "equations=rounds" in base_model.command(cfg)

@@ -13,10 +13,12 @@ resolved config, the held-out loss, the time and the weights' SHA-256. To make t
 On one thread of the same torch build the run is deterministic, so the weights' checksum repeats.
 
 What it knows: the corpus (`postrl.lm.tasks.corpus`) holds the arithmetic task's train problems as bare
-equations, "47+38=85", beside review text and generic sentences. The base model has learnt 2-digit sums and
-the reviews' language, but has never seen the task's question format ("What is 47+38?" → " 85"), so it
-scores about 0 on the task until SFT shows it the format: pretraining does not already solve the task that
-SFT and RL are measured on.
+equations, "41+38: 79" (every one once per round, a random sign before the result), beside review text and
+generic sentences, but not the sums that carry from their units digits (47+38). The base model has learnt
+to add 2-digit numbers without carrying and the reviews' language, but has never seen the task's question
+format ("What is 47+38?" → " 85"), so it scores about 0 on the task until SFT shows it the format, and the
+sums that carry are left for SFT and RL to teach: pretraining does not already solve the task that SFT and
+RL are measured on.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def recipe(seed: int = 0) -> PretrainConfig:
     """The pretraining config of the built-in base model (and of `postrl demo --from-scratch`)."""
     return PretrainConfig(
         arithmetic={"digits": 2, "ops": "+"},
+        equations="rounds",
+        carries=False,
         train=TrainConfig(batch_size=32, max_length=128, packing=True),
         optim=OptimConfig(lr=3e-3, warmup_steps=50, weight_decay=0.1),
         run=RunConfig(steps=800, eval_every=200, save_every=200, seed=seed, threads=1),

@@ -7,13 +7,19 @@ answer ("What is 47+38? 85"): pretraining learns the sums, and the question form
 teach, so a pretrained model does not already solve the task that SFT and RL are measured on (it scores
 about 0 on the questions until SFT shows it the format).
 
-How the equations are written (``equations``): "draws", the built-in base model's, draws them from the
-train problems with repeats ("47+38=85"); whether the sums then carry over to the questions is a lottery on
-the pretraining seed (the demo's SFT reaches 0.08 - 0.77 held-out accuracy on seeds 0 - 4). "rounds" writes
+How the equations are written (``equations``): "draws", the built-in base model's until it left out the
+carries (below), draws them from the train problems with repeats ("47+38=85"); whether the sums then carry
+over to the questions is a lottery on the pretraining seed (the demo's SFT reaches 0.08 - 0.77 held-out accuracy on seeds 0 - 4). "rounds" writes
 every train problem once per round, in a fresh order each round, with the result after a space, as the
 task writes its answers, and after "=", ":" or ";" at random ("47+38; 85"), so the sums do not hang on one
 sign and SFT only has to show that a question's "?" is one more: the same SFT reaches 0.66 - 0.94 on seeds
 0 - 4, 0.73 - 0.98 with weight decay 0.3 (benchmarks/pretrain_seeds.py has the tables).
+
+``carries=False`` (the built-in base model's recipe, with "rounds") leaves out the sums whose units digits
+carry (47+38: 7 + 8 ≥ 10; 44% of the 2-digit sums): pretraining learns to add without carrying, reliably on
+every seed, and the questions that need a carry are left for SFT's 200 demonstrations and GRPO's verifier to
+teach. SFT then lands at 0.54 - 0.70 on pretraining seeds 0 - 4, where what a seed decides is no longer
+whether the sums were learnt at all.
 """
 
 from __future__ import annotations
@@ -29,13 +35,21 @@ RESULT_SIGNS = ("=", ":", ";")
 """What a "rounds" equation writes between a sum and its result, one drawn per line."""
 
 
-def equation_lines(task: ArithmeticTask, n: int, seed: int = 0, equations: str = "draws") -> list[str]:
+def units_carry(a: int, op: str, b: int) -> bool:
+    """Whether the sum ``a + b`` carries from its units digits (47+38: 7 + 8 ≥ 10); False for other ops."""
+    return op == "+" and abs(a) % 10 + abs(b) % 10 >= 10
+
+
+def equation_lines(
+    task: ArithmeticTask, n: int, seed: int = 0, equations: str = "draws", carries: bool = True
+) -> list[str]:
     """``n`` equations of ``task``'s train problems: "draws" = drawn with repeats, "47+38=85"; "rounds" =
     rounds of all of them, each round in a fresh random order (the last one cut short), "47+38= 85" with
-    the "=" one of `RESULT_SIGNS` drawn per line."""
+    the "=" one of `RESULT_SIGNS` drawn per line. ``carries=False`` leaves out the sums that carry from their
+    units digits (`units_carry`)."""
     if equations not in EQUATIONS:
         raise ValueError(f"equations must be one of {', '.join(EQUATIONS)}; got {equations!r}")
-    problems = list(task.problems("train"))
+    problems = [p for p in task.problems("train") if carries or not units_carry(*p)]
     if n > 0 and not problems:
         raise ValueError("the arithmetic task has no train problems to write equations of")
     rng = split_rng(seed, "train", "corpus-arithmetic")
@@ -57,9 +71,10 @@ def build_corpus(
     arithmetic: ArithmeticConfig | None = None,
     reviews: ReviewsConfig | None = None,
     equations: str = "draws",
+    carries: bool = True,
 ) -> list[str]:
     """``n_lines`` lines of text, shares ``mix`` = (arithmetic, reviews, generic), shuffled; ``equations``:
-    how the arithmetic lines are written (`equation_lines`).
+    how the arithmetic lines are written, ``carries``: whether they include the sums that carry (`equation_lines`).
 
     Each task contributes only its train split, so held-out problems and prompts never leak into pretraining.
     """
@@ -68,7 +83,7 @@ def build_corpus(
     n_arith = round(n_lines * mix[0] / sum(mix))
     n_reviews = round(n_lines * mix[1] / sum(mix))
     rng = split_rng(seed, "train", "corpus-generic")
-    lines = equation_lines(ArithmeticTask(arithmetic), n_arith, seed, equations)
+    lines = equation_lines(ArithmeticTask(arithmetic), n_arith, seed, equations, carries)
     lines += ReviewsTask(reviews).corpus_lines(n_reviews, seed)
     lines += [generic_sentence(rng) for _ in range(n_lines - n_arith - n_reviews)]
     rng.shuffle(lines)
