@@ -71,7 +71,11 @@ def merge_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         for depth, part in enumerate(path[:-1]):
             child = node.get(part)
             if not isinstance(child, dict):
-                if child is not None and not dataclasses.is_dataclass(child) and not isinstance(child, Mapping):
+                if (
+                    child is not None
+                    and not dataclasses.is_dataclass(child)
+                    and not isinstance(child, Mapping)
+                ):
                     key = ".".join(path[: depth + 1])
                     raise ConfigError(f"{text}: '{key}' is a value ({child!r}), not a section with keys")
                 child = {} if child is None else _as_dict(child)
