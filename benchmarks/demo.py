@@ -31,6 +31,15 @@ paired 2 SE), one seed after another on the otherwise idle machine (load 1.7 - 2
 in the demo, 295 CPU-s each, critical path 113 - 115 CPU-s, peak RSS of both processes together 1148 - 1189
 MB; every comparison clear on 3/3 seeds (PPO gold 0.575 (0.474 - 0.699) vs continued SFT -0.109, margin
 0.685 (0.525 - 0.841)); the README's table.
+
+The review stages re-tuned for the base model without carries (2026-12-04, seeds 0 1 2, the stage alone
+from the demo's other stages, evaluated as the report does): the reward model's held-out pair accuracy
+with 200 steps at lr 5e-4 (the config) 0.784 / 0.748 / 0.759, 150 at 3e-4 0.738 / 0.738 / 0.711, 150 at
+1e-3 0.803 / 0.751 / 0.738 (but PPO against that sharper one gained only 0.62 / 0.63 / 0.33 over SFT). PPO's
+gold-reward gain over SFT with actor lr 8e-5 (the config) 0.66 / 0.66 / 0.74; against the 150-step lr-3e-4
+reward model: 8e-5 0.75 / 0.69 / 0.72, 6e-5 0.79 / 0.56 / 0.38, 1e-4 with KL beta 0.15 0.73 / 0.61 / 0.63.
+On the earlier base model 6e-5 was the choice (3e-5 fell within the noise of continued SFT on seed 1, 1e-4
+gamed the reward model).
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from postrl.demo_runner import (
     auto_workers,
     cpu_seconds,
     critical_path,
+    finished_stages,
     run_jobs,
     stage_jobs,
 )
@@ -68,8 +69,7 @@ from postrl.runtime.logging import peak_rss_mb
 from postrl.runtime.rundir import check_resume_config, check_run_dir, remove_run, run_state
 
 # The arithmetic the demo measures: 2-digit sums, asked as "What is 47+38?". The base model's corpus holds
-# the train problems only as bare equations, and none that carry from the units digits (47+38), so
-# pretraining knows how to add without carrying, but neither this question format nor the carry.
+# the train problems that do not carry as bare equations: it adds, but knows neither this format nor carrying.
 ARITHMETIC = {"digits": 2, "ops": "+"}
 # SFT sees this many demonstrations of it; GRPO's verifier scores any of the task's 5,000 train prompts.
 # Checking an answer is cheaper than writing one: the situation RL with a verifier is for.
@@ -107,10 +107,7 @@ class DemoConfig:
             plots=False,
         )
     )
-    """Stage 3: the Bradley–Terry reward model on the synthetic labeller's preferences. 200 steps at lr 5e-4:
-    held-out pair accuracy 0.784 / 0.748 / 0.759 on seeds 0 / 1 / 2, where 150 at 3e-4 reached 0.738 / 0.738
-    / 0.711 and 150 at 1e-3 0.803 / 0.751 / 0.738, but PPO against that sharper one gained only 0.62 / 0.63
-    / 0.33 over SFT (against this one, PPO alone: 0.66 / 0.66 / 0.74)."""
+    """Stage 3: the Bradley–Terry reward model on the labeller's preferences (tuned: benchmarks/demo.py)."""
     ppo: PPOConfig = field(
         default_factory=lambda: PPOConfig(
             data="task:reviews",
@@ -125,12 +122,8 @@ class DemoConfig:
             eval_size=128,
         )
     )
-    """Stage 4: PPO-RLHF against the reward model with a frozen reference. Actor lr 8e-5: held-out gold
-    reward gain over SFT 0.66 / 0.66 / 0.74 on seeds 0 / 1 / 2 after 30 steps (PPO alone, from the demo's SFT
-    and reward model); against the 150-step lr-3e-4 reward model 8e-5 gained 0.75 / 0.69 / 0.72, where 6e-5
-    gained 0.79 / 0.56 / 0.38 and 1e-4 with KL beta 0.15 0.73 / 0.61 / 0.63 (on the base model made without
-    carries; on the earlier one 6e-5 was the choice: 3e-5 fell within the noise of continued SFT on seed 1,
-    1e-4 gamed the reward model)."""
+    """Stage 4: PPO-RLHF against the reward model with a frozen reference (actor lr 8e-5: measured against
+    6e-5 and 1e-4 in benchmarks/demo.py)."""
     dpo: DPOConfig = field(
         default_factory=lambda: DPOConfig(
             data="task:reviews",
@@ -198,14 +191,12 @@ class DemoConfig:
 def quick(cfg: DemoConfig) -> DemoConfig:
     """The same stages with small budgets: under a minute on an idle 2-core machine with two workers (the
     test suite runs this end to end). Each stage checks itself once, at its end, and still moves its number
-    clearly past its baseline: PPO learns faster (lr 1.5e-4: gold-reward gain over SFT 0.30 / 0.58 / 0.48 on
-    seeds 0 / 1 / 2, where 1e-4 gained 0.16 / -0.05 / 0.49; KL β 0.2 to keep it from gaming the younger
-    reward model, whose 80 steps at lr 1e-3 reach 0.67 - 0.71) to make up for fewer steps; GRPO takes 40 smaller steps
-    (lr 1e-4: at 2e-4 its reward peaks by step 13 and falls back). DPO gets 20 steps: at 30 and 40 its
-    gold reward stayed within the noise of SFT's on 3 seeds, so the quick demo keeps it for its curve and
-    frontier points. The continued-SFT baselines are left out (``compare_sft``: the full demo's question).
-    Pretraining keeps its recipe: a smaller one would not learn the sums (with ``from_scratch`` it takes
-    minutes)."""
+    clearly past its baseline: PPO learns faster (lr 1.5e-4, gain over SFT 0.30 / 0.58 / 0.48 on seeds 0-2
+    where 1e-4 gained 0.16 / -0.05 / 0.49; KL β 0.2 against the younger reward model, 80 steps at lr 1e-3);
+    GRPO takes 40 smaller steps (lr 1e-4: at 2e-4 its reward peaks by step 13 and falls back). DPO gets 20
+    steps (at 30 and 40 its gold reward stayed within the noise of SFT's on 3 seeds): its curve and frontier
+    points. The continued-SFT baselines are left out (``compare_sft``: the full demo's question). Pretraining
+    keeps its recipe (a smaller one would not learn the sums)."""
     r = dataclasses.replace
     return r(
         cfg,
@@ -375,10 +366,7 @@ def run_demo(
     cfg = wire(cfg, out)
     save_config(cfg, out / "config.yaml")
     rows = stages(cfg)
-    # stages an earlier invocation finished: skipped here, so this invocation's time leaves them out
-    finished_before = {
-        s.name: _stage_seconds(out / s.name) for s in rows if (out / s.name / "summary.json").is_file()
-    }
+    finished_before = finished_stages(out, [s.name for s in rows])  # skipped here: not in this time
     workers = cfg.workers or auto_workers()
     names = [s.name for s in rows]
     jobs = stage_jobs(rows, cfg, out, lambda name: progress.line(name)) + evaluation_jobs(cfg, out, names)
@@ -417,14 +405,6 @@ def run_demo(
         print(f"[demo] {line['text']}", file=sys.stderr)
     print(f"[demo] report: {(out / 'report.md').resolve()} (and report.html)", file=sys.stderr)
     return summary
-
-
-def _stage_seconds(run_dir: Path) -> float:
-    """A finished stage's own wall seconds, from its summary.json (0 when it does not say)."""
-    try:
-        return float(json.loads((run_dir / "summary.json").read_text()).get("wall_seconds") or 0.0)
-    except (OSError, ValueError, AttributeError):
-        return 0.0
 
 
 def check_same_config(cfg: DemoConfig, out: Path) -> None:

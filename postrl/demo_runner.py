@@ -186,6 +186,15 @@ def _headline(name: str, s: dict[str, Any]) -> str:
     return (text + " (the stage's own check)") if text else "finished"
 
 
+def finished_stages(out: Path, names: list[str]) -> dict[str, float]:
+    """The stages of ``names`` that an earlier run finished under ``out`` (their summary.json), with the wall
+    seconds each took: a rerun skips them, so its own time leaves them out."""
+    done = {name: out / name / "summary.json" for name in names}
+    return {
+        n: float(json.loads(f.read_text()).get("wall_seconds") or 0.0) for n, f in done.items() if f.is_file()
+    }
+
+
 def stage_jobs(stages: list[Stage], cfg: Any, out: Path, progress: Callable[[str], str]) -> list[Job]:
     """The stages as jobs: each runs `run_stage` with the config made from the summaries of those before it,
     under the progress line ``progress(name)``."""

@@ -173,11 +173,10 @@ def table_md(rows: list[list[str]]) -> list[str]:
 
 
 STAGE_TEXT = {
-    "pretrain": "Next-token prediction from scratch on the generated corpus (sums as bare equations "
-    '"41+38: 79", none that carries from its units digits, reviews, generic sentences): the tiny Llama '
-    "learns the world's language and to add without carrying, but never sees the arithmetic task's question "
-    "format nor a carry (the notes' starting point: a pretrained LM). By default the built-in base model "
-    "that postrl ships, made by the same `postrl pretrain` config.",
+    "pretrain": "Next-token prediction from scratch on the generated corpus (sums without a carry as bare "
+    'equations "41+38: 79", reviews, generic sentences): the tiny Llama learns the world\'s language and '
+    "to add without carrying, but never sees the question format nor a carry (the notes' starting point: a "
+    "pretrained LM). By default the built-in base model that postrl ships, made by the same config.",
     "sft": "Supervised fine-tuning on a few hundred demonstrations of the question format and on reviews, loss "
     "on completion tokens only, until the demonstrations are used up: held-out accuracy peaks, then the "
     "held-out loss turns up (the notes' SFT stage, π_SFT). Continued SFT from here is the RL stages' "
@@ -314,16 +313,12 @@ def _load(values: list[float]) -> str:
     return f", load average {before} before and {after} after (1/5/15 min)"
 
 
-def _resumed(finished: dict[str, float], n_stages: int) -> str:
-    """The header's note on a demo resumed by this invocation: which stages an earlier one finished, and
-    their own time, which "Total" leaves out."""
-    if not finished:
+def _resumed(done: dict[str, float], n: int) -> str:
+    """The header's note on a resumed demo: the stages an earlier invocation finished, and their time."""
+    if not done:
         return ""
-    names = ", ".join(finished)
-    return (
-        f" This invocation resumed the demo: {len(finished)} of {n_stages} stages ({names}) had finished "
-        f"before it, in {sum(finished.values()):.0f} s of their own, not counted in the total above."
-    )
+    text = f" This invocation resumed the demo: {len(done)} of {n} stages ({', '.join(done)}) had finished "
+    return text + f"before it, in {sum(done.values()):.0f} s of their own, not counted in the total above."
 
 
 def _verdict_md(found: list[dict[str, Any]]) -> list[str]:

@@ -35,7 +35,7 @@ import torch
 from postrl.runtime import callbacks
 from postrl.runtime import distributed as dist
 from postrl.runtime.checkpoint import STATE_FILE, load_checkpoint, save_checkpoint
-from postrl.runtime.logging import RunLogger
+from postrl.runtime.logging import RunLogger, jsonable
 from postrl.runtime.progress import Progress
 from postrl.runtime.seeding import get_rng_state, set_rng_state
 
@@ -282,14 +282,9 @@ def restore(path: Path, algo: Algorithm) -> tuple[LoopState, int | None]:
 
 
 def _numbers(metrics: dict[str, Any]) -> dict[str, float | int]:
-    """The plain numbers of a step's metrics (what a checkpoint keeps of them)."""
-    out: dict[str, float | int] = {}
-    for key, value in metrics.items():
-        if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
-            value = value.item()
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[key] = value
-    return out
+    """The plain numbers of a step's metrics (what a checkpoint keeps of them), as metrics.jsonl has them."""
+    plain = jsonable(metrics)
+    return {k: v for k, v in plain.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _log_eval(algo: Algorithm, state: LoopState, logger: RunLogger, bar: Progress) -> dict[str, float]:

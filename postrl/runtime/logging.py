@@ -56,16 +56,16 @@ def read_run_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """Tensors and numpy numbers → python; NaN/inf → None (JSON has no NaN)."""
     if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     return value
 
 
@@ -127,7 +127,7 @@ class RunLogger:
         """Append one row ``{"step", "time", **metrics}`` to metrics.jsonl (and TensorBoard)."""
         if not self.enabled:
             return
-        row = {"step": int(step), "time": round(self.elapsed, 4), **_jsonable(metrics)}
+        row = {"step": int(step), "time": round(self.elapsed, 4), **jsonable(metrics)}
         with open(self.metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         self.rows += 1
@@ -139,7 +139,7 @@ class RunLogger:
     def finish(self, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write summary.json: ``metrics`` plus ``wall_seconds`` and ``peak_rss_mb``; return it."""
         summary = {
-            **_jsonable(dict(metrics or {})),
+            **jsonable(dict(metrics or {})),
             "wall_seconds": round(self.elapsed, 3),
             "peak_rss_mb": round(peak_rss_mb(), 1),
         }
