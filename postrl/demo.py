@@ -131,7 +131,7 @@ class DemoConfig:
             dpo=DPOLossConfig(beta=0.1),
             train=TrainConfig(batch_size=32, max_length=48),
             optim=OptimConfig(lr=1e-4, warmup_steps=0, min_lr_ratio=1.0, betas=(0.9, 0.95)),
-            run=RunConfig(steps=100, eval_every=25, save_every=25, keep_last=0),
+            run=RunConfig(steps=100, eval_every=50, save_every=50, keep_last=0),
             eval_samples=128,
             sampling=SamplingConfig(max_new_tokens=24, temperature=1.0),
         )
@@ -145,13 +145,16 @@ class DemoConfig:
             task=ARITHMETIC,
             max_prompt_length=256,
             sampling=SamplingConfig(max_new_tokens=8),
-            grpo=GRPOLossConfig(group_size=8, prompts_per_step=32, beta=0.04, loss_type="grpo"),
+            grpo=GRPOLossConfig(
+                group_size=8, prompts_per_step=32, beta=0.04, loss_type="grpo", minibatches=2
+            ),
             optim=OptimConfig(lr=2e-4, warmup_steps=0, min_lr_ratio=1.0),
-            run=RunConfig(steps=60, eval_every=20, save_every=60, log_every=1),
+            run=RunConfig(steps=120, eval_every=30, save_every=120, log_every=1),
             eval_size=200,
         )
     )
-    """Stage 5: GRPO on the arithmetic verifier."""
+    """Stage 5: GRPO on the arithmetic verifier, each sampled batch used for 2 updates of half its groups
+    (tuned: benchmarks/demo.py)."""
     vlm: VLMDemo = field(default_factory=VLMDemo)
     """The vision branch, beside the text stages: the tiny VLM on task:shapes, SFT → GRPO → continued SFT
     (`postrl.demo_vlm`)."""
@@ -228,6 +231,7 @@ def quick(cfg: DemoConfig) -> DemoConfig:
         grpo=r(
             cfg.grpo,
             eval_size=64,
+            grpo=r(cfg.grpo.grpo, minibatches=1),
             optim=r(cfg.grpo.optim, lr=1e-4),
             run=r(cfg.grpo.run, steps=40, eval_every=40, save_every=40),
         ),
@@ -246,9 +250,9 @@ def stages(cfg: DemoConfig) -> list[Stage]:
         pretrain,
         Stage("sft", run_sft, lambda c, out, done: c.sft, _steps(0.08, "sft", 8.0), ("pretrain",)),
         Stage("rm", run_rm, lambda c, out, done: c.rm, _steps(0.12, "rm", 5.0), ("sft",)),
-        Stage("ppo", run_ppo, lambda c, out, done: c.ppo, _steps(0.5, "ppo", 5.0), ("sft", "rm")),
+        Stage("ppo", run_ppo, lambda c, out, done: c.ppo, _steps(0.75, "ppo", 5.0), ("sft", "rm")),
         Stage("dpo", run_dpo, lambda c, out, done: c.dpo, _steps(0.12, "dpo", 5.0), ("sft", "rm")),
-        Stage("grpo", run_grpo, lambda c, out, done: c.grpo, _steps(0.4, "grpo", 5.0), ("sft",)),
+        Stage("grpo", run_grpo, lambda c, out, done: c.grpo, _steps(0.24, "grpo", 5.0), ("sft",)),
     ]
     rows += demo_vlm.stages(cfg)
     if cfg.compare_sft:
@@ -258,7 +262,7 @@ def stages(cfg: DemoConfig) -> list[Stage]:
                     f"sft-vs-{rl}",
                     run_sft,
                     lambda c, out, done, rl=rl: continued_sft(c, out, rl_seconds(done[rl])),
-                    lambda c, rl=rl: next(s for s in rows if s.name == rl).idle_seconds(c) * 0.8,
+                    lambda c, rl=rl: next(s for s in rows if s.name == rl).idle_seconds(c) * 0.95,
                     (rl,),
                 )
             )

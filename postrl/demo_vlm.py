@@ -136,7 +136,7 @@ def stages(cfg: Any) -> list[Stage]:
     rows = [
         align,
         Stage("vlm-sft", run_sft, _sft, lambda c: 9.0, ("vlm-align",)),
-        Stage("vlm-grpo", run_grpo, _grpo, lambda c: 2 + 0.18 * c.vlm.grpo.run.steps, ("vlm-sft",)),
+        Stage("vlm-grpo", run_grpo, _grpo, lambda c: 2 + 0.135 * c.vlm.grpo.run.steps, ("vlm-sft",)),
     ]
     if cfg.compare_sft and v.compare_sft:
         rows.append(
@@ -144,7 +144,7 @@ def stages(cfg: Any) -> list[Stage]:
                 "vlm-sft-vs-grpo",
                 run_sft,
                 lambda c, out, done: continued_sft(c, out, done["vlm-grpo"]),
-                lambda c: 1 + 0.18 * c.vlm.grpo.run.steps,
+                lambda c: 1 + 0.135 * c.vlm.grpo.run.steps,
                 ("vlm-grpo",),
             )
         )
