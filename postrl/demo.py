@@ -153,8 +153,8 @@ class DemoConfig:
             eval_size=200,
         )
     )
-    """Stage 5: GRPO on the arithmetic verifier, each sampled batch used for 2 updates of half its groups
-    (tuned: benchmarks/demo.py)."""
+    """Stage 5: GRPO on the arithmetic verifier, each sampled batch used for 2 updates, each on half of every
+    group's samples (tuned: benchmarks/demo.py)."""
     vlm: VLMDemo = field(default_factory=VLMDemo)
     """The vision branch, beside the text stages: the tiny VLM on task:shapes, SFT → GRPO → continued SFT
     (`postrl.demo_vlm`)."""
