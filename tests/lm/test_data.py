@@ -54,6 +54,8 @@ GOOD = json.dumps({"prompt": "What is 1+1?", "completion": " 2"})
         ),
         ('{"prompt": "a", "chosen": "b"}', "prefs", r"data.jsonl:3: missing field 'rejected'"),
         ('{"prompt": "a", "chosen": "b", "rejected": "c", "target": 2}', "prefs", r":3: field 'target'"),
+        ('{"prompt": "a", "chosen": "b", "rejected": "c", "margin": "1"}', "prefs", r":3: field 'margin'"),
+        ('{"prompt": "a", "chosen": "b", "rejected": "c", "margin": NaN}', "prefs", r":3: field 'margin'"),
         ('{"text": 5}', "sft", r":3: field 'text': expected a string, got int"),
         ('{"answer": "2"}', "prompts", r":3: missing field 'prompt' \(has: answer\)"),
     ],

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -262,6 +263,13 @@ def validate_record(record: dict[str, Any], kind: str, where: str) -> None:
         isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 <= target <= 1
     ):
         raise DataError(f"{where}: field 'target': expected a number in [0, 1], got {target!r}")
+    margin = record.get("margin")
+    if kind == "prefs" and margin is not None and not _finite_number(margin):
+        raise DataError(f"{where}: field 'margin': expected a finite number, got {margin!r}")
+
+
+def _finite_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _common_start(a: str | list[Any], b: str | list[Any]) -> int:
