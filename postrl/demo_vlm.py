@@ -150,7 +150,7 @@ def stages(cfg: Any) -> list[Stage]:
         )
     names = tuple(s.name for s in rows)
     rows.append(
-        Stage("vlm-eval", evaluate, _eval, lambda c: 1 + 0.003 * c.vlm.eval_scenes * len(names), names)
+        Stage("vlm-eval", evaluate, _eval, lambda c: 1 + 0.0017 * c.vlm.eval_scenes * len(names), names)
     )
     return rows
 
