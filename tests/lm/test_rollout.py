@@ -341,6 +341,22 @@ def test_engine_left_pads_text_prompts_and_decodes_responses(tiny_lm, tiny_token
     assert (out.log_probs - ref).abs().max() < TOL
 
 
+def test_the_path_log_forgets_a_freed_model():
+    """The one-line-per-model log of the sampling path is keyed by the model itself, weakly: a freed model's
+    entry goes with it (an id() key let a new model at the same address stay silent: a flaky test)."""
+    import gc
+
+    from postrl.lm.rollout import decoders
+
+    model = torch.nn.Linear(1, 1)
+    decoders._say(model, "a path", "a reason")
+    assert model in decoders._SAID
+    before = len(decoders._SAID)
+    del model
+    gc.collect()
+    assert len(decoders._SAID) == before - 1
+
+
 def test_sampling_backend_switch_picks_the_path_and_says_so(caplog):
     """sampling.backend: auto takes the fast decoder where it runs the model, hf forces the Hugging Face
     forward (same samples to float32 rounding), fast on a model it cannot run is a config error; the path

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import weakref
 from typing import Any
 
 import torch
@@ -82,12 +83,15 @@ def fast_decoder(model: torch.nn.Module) -> Any | None:
     return next((cls(model, checked=True) for cls, why in FAST_DECODERS.items() if why(model) is None), None)
 
 
-_SAID: set[tuple[int, str]] = set()  # (model, path) pairs already logged: one line per model, not per call
+# the paths already logged per model: one line per model, not per call (weak keys: a new model at a freed
+# model's address is a new model; an id() key would keep it quiet)
+_SAID: weakref.WeakKeyDictionary[torch.nn.Module, set[str]] = weakref.WeakKeyDictionary()
 
 
 def _say(model: torch.nn.Module, path: str, why: str) -> None:
-    if (id(model), path) not in _SAID:
-        _SAID.add((id(model), path))
+    said = _SAID.setdefault(model, set())
+    if path not in said:
+        said.add(path)
         log.info("%s runs through %s (%s)", type(model).__name__, path, why)
 
 
