@@ -196,7 +196,7 @@ def quick(cfg: DemoConfig) -> DemoConfig:
     test suite runs this end to end). Each stage checks itself once, at its end, and still moves its number
     clearly past its baseline: PPO learns faster (lr 1.5e-4, gain over SFT 0.30 / 0.58 / 0.48 on seeds 0-2
     where 1e-4 gained 0.16 / -0.05 / 0.49; KL β 0.2 against the younger reward model, 80 steps at lr 1e-3);
-    GRPO takes 40 smaller steps (lr 1e-4: at 2e-4 its reward peaks by step 13 and falls back). DPO gets 20
+    GRPO takes 40 smaller steps, one update per batch (lr 1e-4: at 2e-4 its reward peaks by step 13). DPO gets 20
     steps (at 30 and 40 its gold reward stayed within the noise of SFT's on 3 seeds): its curve and frontier
     points. The continued-SFT baselines are left out (``compare_sft``: the full demo's question). Pretraining
     keeps its recipe (a smaller one would not learn the sums)."""
