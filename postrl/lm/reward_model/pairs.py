@@ -14,7 +14,6 @@ margins, else soft.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +21,6 @@ import torch
 
 from postrl.core import pairwise_loss, preference_loss
 from postrl.lm.data import (
-    DataError,
     apply_length_limit,
     collate_preferences,
     encode_completions,
@@ -62,11 +60,7 @@ def tokenize_pairs(
         room = max_length - len(prompt_ids[i])
         if room <= 0:
             continue
-        margin = kept[i].get("margin")
-        if margin is not None and (
-            isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin)
-        ):
-            raise DataError(f"row {i}: field 'margin': expected a finite number, got {margin!r}")
+        margin = kept[i].get("margin")  # a finite number: checked when the rows were read (validate_record)
         out.append(
             {
                 "prompt_ids": prompt_ids[i],
