@@ -122,8 +122,7 @@ class DemoConfig:
             eval_size=128,
         )
     )
-    """Stage 4: PPO-RLHF against the reward model with a frozen reference (actor lr 8e-5: measured against
-    6e-5 and 1e-4 in benchmarks/demo.py)."""
+    """Stage 4: PPO-RLHF against the reward model with a frozen reference (tuned: benchmarks/demo.py)."""
     dpo: DPOConfig = field(
         default_factory=lambda: DPOConfig(
             data="task:reviews",
@@ -145,19 +144,15 @@ class DemoConfig:
             task=ARITHMETIC,
             max_prompt_length=256,
             sampling=SamplingConfig(max_new_tokens=8),
-            grpo=GRPOLossConfig(
-                group_size=8, prompts_per_step=32, beta=0.04, loss_type="grpo", minibatches=2
-            ),
+            grpo=GRPOLossConfig(group_size=8, beta=0.04, loss_type="grpo", minibatches=2),  # 32 prompts
             optim=OptimConfig(lr=2e-4, warmup_steps=0, min_lr_ratio=1.0),
             run=RunConfig(steps=120, eval_every=30, save_every=120, log_every=1),
             eval_size=200,
         )
     )
-    """Stage 5: GRPO on the arithmetic verifier, each sampled batch used for 2 updates, each on half of every
-    group's samples (tuned: benchmarks/demo.py)."""
+    """Stage 5: GRPO on the arithmetic verifier, 2 updates per sampled batch (tuned: benchmarks/demo.py)."""
     vlm: VLMDemo = field(default_factory=VLMDemo)
-    """The vision branch, beside the text stages: the tiny VLM on task:shapes, SFT → GRPO → continued SFT
-    (`postrl.demo_vlm`)."""
+    """The vision branch beside the text stages: the tiny VLM on task:shapes (`postrl.demo_vlm`)."""
     compare_sft: bool = True
     """Also run continued SFT for each RL stage's training time (what RL adds beyond more supervision)."""
     eval_prompts: int = 500
