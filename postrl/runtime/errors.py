@@ -11,3 +11,7 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
     """A config file or override that does not match the config's dataclass."""
+
+
+class ModelError(UserError, ValueError):
+    """A model path, hub name or setting that cannot be loaded; the message names it and what would work."""

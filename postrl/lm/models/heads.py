@@ -18,9 +18,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, PreTrainedModel
 
-from postrl.lm.models import lora
 from postrl.lm.models.layout import gather_last, position_ids_from_mask
 from postrl.lm.models.loading import ModelError, load_causal_lm, load_pretrained, set_dropout_off
+from postrl.lm.models.lora import has_lora, save_merged
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +92,10 @@ def _head_values(head: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def _save_hf(model: PreTrainedModel, path: str | Path) -> None:
-    """``save_pretrained``, or for a model with LoRA adapters its merged weights (`lora.save_merged`): a trunk
+    """``save_pretrained``, or for a model with LoRA adapters its merged weights (`save_merged`): a trunk
     and its head load as one model, without peft."""
-    if lora.has_lora(model):
-        lora.save_merged(model, path)
+    if has_lora(model):
+        save_merged(model, path)
     else:
         model.save_pretrained(str(path))
 

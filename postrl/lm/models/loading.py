@@ -23,8 +23,8 @@ from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from postrl.lm.models import lora  # (lora imports this module: names read at call time)
-from postrl.runtime.errors import UserError
+from postrl.lm.models.lora import is_adapter_folder, load_adapter_folder
+from postrl.runtime.errors import ModelError as ModelError
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +36,6 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
-
-
-class ModelError(UserError, ValueError):
-    """A model path, hub name or setting that cannot be loaded; the message names it and what would work."""
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, key: str = "dtype") -> torch.dtype | str:
@@ -183,8 +179,8 @@ def load_causal_lm(
     def load_base(source: str | Path, key: str) -> PreTrainedModel:
         return load_pretrained(AutoModelForCausalLM, source, key, dtype, trust_remote_code)
 
-    if lora.is_adapter_folder(path_or_name):  # a LoRA run's export: its base model, the adapter merged in
-        model = lora.load_adapter_folder(path_or_name, what, load_base).to(device)
+    if is_adapter_folder(path_or_name):  # a LoRA run's export: its base model, the adapter merged in
+        model = load_adapter_folder(path_or_name, what, load_base).to(device)
     else:
         model = load_base(path_or_name, what).to(device)
     if disable_dropout:

@@ -32,9 +32,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from postrl.lm.models import loading  # (loading imports this module: names read at call time)
 from postrl.runtime.checkpoint import write_dir_atomically
-from postrl.runtime.errors import ConfigError
+from postrl.runtime.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ def _peft(key: str = "run.lora.enabled") -> Any:
     try:
         import peft
     except ImportError:
-        raise loading.ModelError(
+        raise ModelError(
             f"{key} needs peft: pip install 'postrl[lora]' (or pip install peft)"
         ) from None
     return peft
@@ -308,25 +307,25 @@ def merge_into_base(model: nn.Module) -> nn.Module:
 
 def load_adapter_folder(path: str | Path, what: str, load_base: Any) -> nn.Module:
     """The model of adapter folder ``path``: its base model (``load_base(name_or_path, what)``) with the
-    adapter merged in. A base that cannot be found, or weights that do not fit it, are `loading.ModelError`s."""
+    adapter merged in. A base that cannot be found, or weights that do not fit it, are `ModelError`s."""
     peft = _peft(what)
     path = Path(path).expanduser()
     try:
         config = peft.LoraConfig.from_pretrained(str(path))
     except (ValueError, TypeError, json.JSONDecodeError) as err:
-        raise loading.ModelError(
+        raise ModelError(
             f"{what} '{path}': {ADAPTER_CONFIG} is not a LoRA adapter's: {err}"
         ) from None
     base = config.base_model_name_or_path
     if not base:
-        raise loading.ModelError(f"{what} '{path}': {ADAPTER_CONFIG} names no base_model_name_or_path")
+        raise ModelError(f"{what} '{path}': {ADAPTER_CONFIG} names no base_model_name_or_path")
     model = load_base(base, f"{what} '{path}' base_model_name_or_path")
     config.inference_mode = False
     peft.inject_adapter_in_model(config, model)
     tensors = {k.removeprefix(PEFT_PREFIX): v for k, v in load_file(str(path / ADAPTER_WEIGHTS)).items()}
     result = peft.set_peft_model_state_dict(model, tensors)
     if result.unexpected_keys:
-        raise loading.ModelError(
+        raise ModelError(
             f"{what} '{path}': {ADAPTER_WEIGHTS} does not fit its base model {base} (e.g. "
             f"{result.unexpected_keys[0]})"
         )
