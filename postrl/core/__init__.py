@@ -1,13 +1,14 @@
 """postrl.core: the math of the notes as pure functions on torch tensors.
 
 No I/O, no models, no global state; time on the last dimension (``[..., T]``); inputs never modified.
-See DESIGN.md, "The core API" and "Core additions (wave 2)".
+See DESIGN.md, "The core API" and "Core additions" (waves 2 and 3).
 """
 
 from postrl.core.distributions import diag_gaussian_entropy, diag_gaussian_log_prob
 from postrl.core.dpo import DPO_LOSS_TYPES, dpo_loss
 from postrl.core.estimators import overlong_penalty, reinforce_pp_advantages, rloo_advantages
 from postrl.core.grpo import GRPO_LOSS_TYPES, IMPORTANCE_LEVELS, group_advantages, grpo_loss
+from postrl.core.importance import IS_LEVELS, truncated_is_weights
 from postrl.core.kl import (
     KL_KINDS,
     AdaptiveKLController,
@@ -15,6 +16,7 @@ from postrl.core.kl import (
     kl_estimate,
     kl_shaped_rewards,
 )
+from postrl.core.kto import kto_loss
 from postrl.core.policy_gradient import (
     clipped_surrogate,
     entropy_from_logits,
@@ -37,6 +39,7 @@ __all__ = [
     "DPO_LOSS_TYPES",
     "GRPO_LOSS_TYPES",
     "IMPORTANCE_LEVELS",
+    "IS_LEVELS",
     "KL_KINDS",
     "AdaptiveKLController",
     "FixedKLController",
@@ -55,6 +58,7 @@ __all__ = [
     "grpo_loss",
     "kl_estimate",
     "kl_shaped_rewards",
+    "kto_loss",
     "masked_mean",
     "masked_sum",
     "masked_whiten",
@@ -67,5 +71,6 @@ __all__ = [
     "rloo_advantages",
     "set_flat_params",
     "td_errors",
+    "truncated_is_weights",
     "value_loss",
 ]

@@ -48,6 +48,16 @@ DESIGN_SIGNATURES = {
         "loss_type",
         "target",
     ],  # fmt: skip
+    "kto_loss": [
+        "logps",
+        "ref_logps",
+        "desirable",
+        "kl",
+        "beta",
+        "desirable_weight",
+        "undesirable_weight",
+    ],  # fmt: skip
+    "truncated_is_weights": ["logps", "behaviour_logps", "mask", "cap", "level"],
     "conjugate_gradient": ["Avp", "b", "iters", "residual_tol"],
     "backtracking_line_search": [
         "f",

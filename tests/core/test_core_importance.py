@@ -1,0 +1,73 @@
+import math
+
+import pytest
+import torch
+from core_helpers import GARBAGE, PROP, ragged_mask, rand, t, with_garbage
+from hypothesis import given
+from hypothesis import strategies as st
+
+from postrl.core import truncated_is_weights
+
+
+def _inputs():
+    logps = t([[-1.0, -2.0, -0.5], [-1.0, -1.0, 0.0]])
+    behaviour = t([[-1.5, -1.0, -0.5], [-2.0, -1.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    return logps, behaviour, mask
+
+
+def test_token_level_hand_values():
+    w = truncated_is_weights(*_inputs(), cap=2.0)
+    # log ratios [[0.5, -1, 0], [1, 0, ·]] -> [[e^0.5, e^-1, 1], [min(e, 2), 1, 0]]
+    assert w.tolist()[0] == pytest.approx([math.exp(0.5), math.exp(-1.0), 1.0], abs=1e-12)
+    assert w.tolist()[1] == pytest.approx([2.0, 1.0, 0.0], abs=1e-12)
+
+
+def test_sequence_level_hand_values():
+    w = truncated_is_weights(*_inputs(), cap=2.0, level="sequence")
+    # sums: row 0: 0.5 - 1 + 0 = -0.5 -> e^-0.5 on every token; row 1: 1 + 0 = 1 -> min(e, 2) = 2 on 2 tokens
+    assert w.tolist()[0] == pytest.approx([math.exp(-0.5)] * 3, abs=1e-12)
+    assert w.tolist()[1] == pytest.approx([2.0, 2.0, 0.0], abs=1e-12)
+
+
+def test_weights_are_detached_and_arguments_checked():
+    logps, behaviour, mask = _inputs()
+    w = truncated_is_weights(logps.requires_grad_(), behaviour, mask, cap=2.0)
+    assert not w.requires_grad
+    with pytest.raises(ValueError, match="cap"):
+        truncated_is_weights(logps, behaviour, mask, cap=0.0)
+    with pytest.raises(ValueError, match="level"):
+        truncated_is_weights(logps, behaviour, mask, cap=1.0, level="turn")
+    with pytest.raises(ValueError, match="shape"):
+        truncated_is_weights(logps, behaviour[:, :2], mask, cap=1.0)
+
+
+@PROP
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    width=st.integers(1, 6),
+    level=st.sampled_from(["token", "sequence"]),
+    garbage=st.sampled_from(GARBAGE),
+    cap=st.floats(0.5, 10),
+)
+def test_masked_positions_never_change_a_weight_and_weights_lie_in_0_cap(seed, width, level, garbage, cap):
+    gen = torch.Generator().manual_seed(seed)
+    logps, behaviour = rand(gen, 4, width), rand(gen, 4, width)
+    mask = ragged_mask(gen, 4, width)
+    w = truncated_is_weights(logps, behaviour, mask, cap, level)
+    dirty = truncated_is_weights(
+        with_garbage(logps, mask, garbage), with_garbage(behaviour, mask, garbage), mask, cap, level
+    )
+    assert torch.equal(w, dirty)
+    assert bool((w[~mask] == 0).all()) and bool((w[mask] > 0).all()) and bool((w <= cap).all())
+
+
+@PROP
+@given(seed=st.integers(0, 2**31 - 1), width=st.integers(1, 6))
+def test_on_policy_samples_weigh_one(seed, width):
+    """μ = π: every weight on a response token is exactly 1 at either level (cap ≥ 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    logps, mask = rand(gen, 3, width), ragged_mask(gen, 3, width)
+    for level in ("token", "sequence"):
+        w = truncated_is_weights(logps, logps.clone(), mask, 1.0, level)
+        assert torch.equal(w, mask.to(w.dtype))
