@@ -15,3 +15,7 @@ class ConfigError(UserError, ValueError):
 
 class ModelError(UserError, ValueError):
     """A model path, hub name or setting that cannot be loaded; the message names it and what would work."""
+
+
+class DataError(UserError, ValueError):
+    """A data source or record is unusable; the message names the file, line and field."""

@@ -3,7 +3,9 @@
     sources.py   JSONL / JSON / Parquet files, built-in tasks, ``datasets`` names, rows in memory (a list of
                  dicts, a ``datasets.Dataset``: `register_records`) → validated rows of a kind (sft, prefs,
                  prompts) in TRL's formats (implicit preference prompts made explicit: `explicit_prompt`),
-                 empty rows refused or skipped; `DataError`; `write_jsonl`
+                 each a `Row` (a dict that remembers its file:line); `DataError`; `write_jsonl`
+    checks.py    checks across a source's rows: one format (text or conversational), no preference pair with
+                 the same answer twice, empty rows refused or skipped
     tokens.py    rows → tokens: chat rendering, length limits, `encode_prompts`, SFT examples, packing,
                  padding and the rollout layout
 
@@ -14,6 +16,7 @@ from postrl.lm.data.sources import EMPTY_POLICIES as EMPTY_POLICIES
 from postrl.lm.data.sources import MEMORY_PREFIX as MEMORY_PREFIX
 from postrl.lm.data.sources import TEXT_FIELDS as TEXT_FIELDS
 from postrl.lm.data.sources import DataError as DataError
+from postrl.lm.data.sources import Row as Row
 from postrl.lm.data.sources import explicit_prompt as explicit_prompt
 from postrl.lm.data.sources import load_rows as load_rows
 from postrl.lm.data.sources import load_train_heldout as load_train_heldout

@@ -15,39 +15,40 @@ each kind accepts standard text or conversational messages (``[{"role", "content
     prompts  {"prompt"} (+ any columns, passed on to reward functions, e.g. "answer")
 
 A bad record raises `DataError` naming the file, the line (row for Parquet, index for rows in memory) and the
-field. Rows whose
-prompt or answer is empty or whitespace-only are refused (the first named, all counted) or skipped with a
-warning that counts them.
+field. Then the rows are checked together (`postrl.lm.data.checks`): one format per source (all text or all
+conversational), no preference pair whose chosen and rejected are the same answer, and rows whose prompt or
+answer is empty or whitespace-only refused (the first named, all counted) or skipped with a warning that
+counts them. Each loaded row is a `Row`: a dict that remembers its location for later errors.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from postrl.lm.data.checks import EMPTY_POLICIES as EMPTY_POLICIES
+from postrl.lm.data.checks import TEXT_FIELDS as TEXT_FIELDS
+from postrl.lm.data.checks import check_distinct_answers, check_one_format, drop_blank
 from postrl.lm.tasks import get_task
 from postrl.runtime.checkpoint import atomic_write_text
-from postrl.runtime.errors import UserError
-
-log = logging.getLogger(__name__)
-
-EMPTY_POLICIES = ("error", "skip")
-TEXT_FIELDS = {
-    "sft": ("prompt", "completion"),
-    "prefs": ("prompt", "chosen", "rejected"),
-    "prompts": ("prompt",),
-}
-"""The text fields of each kind of row (a prompt, then its answers)."""
+from postrl.runtime.errors import DataError as DataError
 
 
-class DataError(UserError, ValueError):
-    """A data source or record is unusable; the message names the file, line and field."""
+class Row(dict):
+    """One validated row (a dict of its columns) that remembers where it was read: ``where`` (file:line, a
+    Parquet row, an index of rows in memory), so that a later error (a chat template that refuses it) names
+    it. The location is an attribute, not a column: reward functions never see it."""
+
+    where: str | None = None
+
+    def __init__(self, record: dict[str, Any], where: str | None = None) -> None:
+        super().__init__(record)
+        self.where = where
 
 
 # ---- reading ---------------------------------------------------------------------------------------------
@@ -239,6 +240,13 @@ def validate_record(record: dict[str, Any], kind: str, where: str) -> None:
     """Check one record of ``kind`` ("sft", "prefs", "prompts"); raise `DataError` naming ``where`` and field."""
     if kind not in TEXT_FIELDS:
         raise DataError(f"unknown data kind {kind!r}; expected one of {sorted(TEXT_FIELDS)}")
+    pictures = next((k for k in ("images", "image") if record.get(k) not in (None, [])), None)
+    if pictures is not None:  # a vision-language model's rows go through `postrl.lm.vlm.data` instead
+        raise DataError(
+            f"{where}: field '{pictures}': the row has pictures, but it is read for a text-only model, which "
+            "would train on the text and ignore them; give a vision-language model (image-text-to-text), or "
+            "remove the column"
+        )
     if kind == "sft" and "messages" in record and "prompt" not in record:
         _check_text_or_messages(record, "messages", where)
         if isinstance(record["messages"], str) or record["messages"][-1]["role"] != "assistant":
@@ -305,44 +313,6 @@ def explicit_prompt(record: dict[str, Any], where: str) -> dict[str, Any]:
     return {**record, "prompt": chosen[:k], "chosen": chosen[k:], "rejected": rejected[k:]}
 
 
-def _is_blank(value: str | list[dict[str, str]], last_only: bool) -> bool:
-    """An empty or whitespace-only text; for messages, the last one's content (an answer) or all of them."""
-    if isinstance(value, str):
-        return not value.strip()
-    contents = [value[-1]["content"]] if last_only else [m["content"] for m in value]
-    return not any(c.strip() for c in contents)
-
-
-def _blank_fields(record: dict[str, Any], kind: str) -> list[str]:
-    """The text fields of a validated record of ``kind`` that are empty or whitespace-only."""
-    if kind == "sft" and "messages" in record and "prompt" not in record:
-        return ["messages[-1].content"] if _is_blank(record["messages"], last_only=True) else []
-    if kind == "sft" and "text" in record and "prompt" not in record:
-        return ["text"] if _is_blank(record["text"], last_only=True) else []
-    return [f for f in TEXT_FIELDS[kind] if _is_blank(record[f], last_only=f != "prompt")]
-
-
-def _drop_blank(
-    records: list[tuple[str, dict[str, Any]]], kind: str, empty: str
-) -> list[tuple[str, dict[str, Any]]]:
-    """Records without an empty text field; the others are refused ("error") or dropped and counted."""
-    if empty not in EMPTY_POLICIES:
-        raise DataError(f"empty must be one of {EMPTY_POLICIES}; got {empty!r}")
-    blank = {where: fields for where, record in records if (fields := _blank_fields(record, kind))}
-    if not blank:
-        return records
-    where, fields = next(iter(blank.items()))
-    count = f"{len(blank)} of {len(records)} {kind} rows have an empty or whitespace-only text field"
-    if empty == "error":
-        lm_hint = "; a row without a prompt is a {'text': ...} row" if fields[0] == "prompt" else ""
-        raise DataError(
-            f"{where}: field '{fields[0]}': empty or whitespace-only ({count}); fix or remove them, "
-            f"or skip them with empty_rows=skip{lm_hint}"
-        )
-    log.warning("%s (e.g. %s: field '%s'); skipped", count, where, fields[0])
-    return [(where, record) for where, record in records if where not in blank]
-
-
 def load_rows(
     source: str | Path,
     kind: str,
@@ -353,9 +323,11 @@ def load_rows(
 ) -> list[dict[str, Any]]:
     """Validated rows of ``kind`` from a file, ``task:NAME`` (a built-in task) or a ``datasets`` name.
 
-    A bad record raises `DataError` naming its file:line and field. Rows with an empty or whitespace-only
-    prompt, completion, chosen or rejected are refused (``empty="error"``: the first one and the count are
-    named) or dropped with a warning that counts them (``empty="skip"``).
+    A bad record raises `DataError` naming its file:line and field, as do a source that mixes text and
+    conversational rows and a preference pair whose two answers are the same (`postrl.lm.data.checks`). Rows
+    with an empty or whitespace-only prompt, completion, chosen or rejected are refused (``empty="error"``:
+    the first one and the count are named) or dropped with a warning that counts them (``empty="skip"``).
+    The rows are `Row`s (their ``where`` names their file:line); a built-in task's are plain dicts.
     """
     text = str(source)
     if text.startswith("task:"):
@@ -366,11 +338,13 @@ def load_rows(
     for where, record in records:
         validate_record(record, kind, where)
     if kind == "prefs":
+        check_distinct_answers(records)
         records = [(where, explicit_prompt(record, where)) for where, record in records]
-    kept = _drop_blank(records, kind, empty)
+    kept = drop_blank(records, kind, empty)
     if not kept:
         raise DataError(f"{source}: no records left: every row has an empty text field")
-    return [record for _, record in kept]
+    check_one_format(kept, kind)
+    return [Row(record, where) for where, record in kept]
 
 
 def load_train_heldout(

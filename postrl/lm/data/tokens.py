@@ -27,34 +27,47 @@ def _last_content(value: str | list[dict[str, str]]) -> str:
     return value if isinstance(value, str) else value[-1]["content"]
 
 
-def _render_prompt(value: str | list[dict[str, str]], tokenizer: Any, index: int) -> str:
+def _tokenizer_name(tokenizer: Any) -> str:
+    """Where the tokenizer was loaded from (its folder or hub name), for errors."""
+    return str(getattr(tokenizer, "name_or_path", "") or "(in memory)")
+
+
+def _render_prompt(value: str | list[dict[str, str]], tokenizer: Any, where: str, field: str) -> str:
     if isinstance(value, str):
         return value
     if getattr(tokenizer, "chat_template", None) is None:
-        raise DataError(f"row {index}: conversational data needs a tokenizer with a chat template")
+        raise DataError(
+            f"{where}: field '{field}': conversational data needs a tokenizer with a chat template, and the "
+            f"tokenizer at {_tokenizer_name(tokenizer)} has none; give one that has (the `tokenizer` key), "
+            "or use text prompts"
+        )
     try:
         return tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
     except Exception as err:  # raised by the tokenizer's own Jinja template (jinja2's types are optional)
         raise DataError(
-            f"row {index}: field 'prompt': the tokenizer's chat template refused it: {err}"
+            f"{where}: field '{field}': the chat template of the tokenizer at {_tokenizer_name(tokenizer)} "
+            f"refused it: {err}"
         ) from None
 
 
 def render_rows(rows: Sequence[dict[str, Any]], kind: str, tokenizer: Any) -> list[dict[str, Any]]:
     """Plain-text rows: conversational prompts through the chat template (with the generation prompt),
     conversational answers as their last message's content; ``messages`` and ``text`` rows become
-    prompt/completion. Other columns are kept."""
+    prompt/completion. Other columns are kept. A template's refusal names the row's ``where`` (a `Row`'s
+    file:line; else ``row i``) and the tokenizer's folder."""
     out = []
     for i, row in enumerate(rows):
-        row = dict(row)
+        where = getattr(row, "where", None) or f"row {i}"
+        row, field = dict(row), "prompt"
         if kind == "sft" and "messages" in row and "prompt" not in row:
+            field = "messages"
             messages = row.pop("messages")
             row["prompt"], row["completion"] = messages[:-1] or "", messages[-1]["content"]
         elif kind == "sft" and "text" in row and "prompt" not in row:
             row["prompt"], row["completion"] = "", row.pop("text")
-        row["prompt"] = _render_prompt(row["prompt"], tokenizer, i) if row["prompt"] else ""
-        for field in TEXT_FIELDS[kind][1:]:
-            row[field] = _last_content(row[field])
+        row["prompt"] = _render_prompt(row["prompt"], tokenizer, where, field) if row["prompt"] else ""
+        for answer in TEXT_FIELDS[kind][1:]:
+            row[answer] = _last_content(row[answer])
         out.append(row)
     return out
 
