@@ -4,9 +4,12 @@ vision encoder once per prompt, never draws an image placeholder, and records th
 from __future__ import annotations
 
 import json
+import struct
+import zlib
 
 import pytest
 import torch
+from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from postrl.lm.data import DataError
@@ -204,3 +207,39 @@ def test_trl_jsonl_with_image_paths(vlm, task, tmp_path) -> None:
     (tmp_path / "none.jsonl").write_text(json.dumps({"prompt": "hi", "completion": "3"}) + "\n")
     with pytest.raises(DataError, match=r"none.jsonl:1: no 'images'"):
         encode_rows(processor, load_vlm_rows(str(tmp_path / "none.jsonl")), "sft", 256)
+
+
+def _png_claiming(path, width: int, height: int) -> None:
+    """A 1×1 PNG whose header (IHDR, CRC fixed) claims ``width`` × ``height`` pixels."""
+    Image.new("RGB", (1, 1)).save(path)
+    data = bytearray(path.read_bytes())
+    start = data.index(b"IHDR")  # length (4) | type (4) | width, height (4 + 4) | ... | crc (4)
+    data[start + 4 : start + 12] = struct.pack(">II", width, height)
+    data[start + 17 : start + 21] = struct.pack(">I", zlib.crc32(bytes(data[start : start + 17])))
+    path.write_bytes(bytes(data))
+
+
+def test_bad_pictures_and_placeholders_name_the_row_and_field(vlm, task, tmp_path) -> None:
+    """Issue #41 item 5: each was a traceback (transformers' ValueError, Pillow's DecompressionBombError)."""
+    _, processor = vlm
+    path = task.export(tmp_path, "sft", "test", limit=2)
+    record = json.loads(path.read_text().splitlines()[0])
+    one = record["images"][:1]
+    rows = {
+        "two_slots.jsonl": {"prompt": "<image><image>How many dots?", "completion": "3", "images": one},
+        "bomb.jsonl": {**record, "images": ["bomb.png"]},
+    }
+    _png_claiming(tmp_path / "bomb.png", 20000, 20000)
+    for name, row in rows.items():
+        (tmp_path / name).write_text(json.dumps(record) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(
+        DataError, match=r"two_slots.jsonl:2: field 'prompt': 2 <image> placeholders for 1 pic"
+    ):
+        encode_rows(processor, load_vlm_rows(str(tmp_path / "two_slots.jsonl")), "sft", 256)
+    with pytest.raises(DataError, match=r"bomb.jsonl:2: field 'images': the picture is larger than Pillow's"):
+        encode_rows(processor, load_vlm_rows(str(tmp_path / "bomb.jsonl")), "sft", 256)
+    kept = {"prompt": "<image>How many dots?", "completion": "3", "images": one}
+    (tmp_path / "one_slot.jsonl").write_text(json.dumps(kept) + "\n")
+    example = encode_rows(processor, load_vlm_rows(str(tmp_path / "one_slot.jsonl")), "sft", 256)[0]
+    image = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    assert example.prompt_ids.count(image) == (TINY.image_size // TINY.patch_size) ** 2 + 1

@@ -71,6 +71,11 @@ def load_image(value: Any, base: str | None, where: str) -> Any:
     try:
         with Image.open(source) as image:
             return image.convert("RGB")
+    except Image.DecompressionBombError as err:  # not an OSError: a header claiming a huge size
+        raise DataError(
+            f"{where}: field 'images': the picture is larger than Pillow's safety limit (PIL.Image."
+            f"MAX_IMAGE_PIXELS; a damaged file or a decompression bomb): {err}"
+        ) from None
     except (UnidentifiedImageError, OSError) as err:
         raise DataError(f"{where}: field 'images': not a readable picture: {err}") from None
 
@@ -122,10 +127,17 @@ def split_row(row: dict[str, Any], kind: str) -> tuple[Any, Any, list[Any]]:
 
 def render_prompt(processor: Any, prompt: Any, n_images: int, where: str) -> str:
     """The prompt's text: conversational through the chat template (with the generation prompt), a string
-    with ``<image>`` placeholders prepended when it has none."""
+    with ``<image>`` placeholders prepended when it has none; a string with as many as there are pictures is
+    kept, any other count is a `DataError`."""
     token = processor.image_token
     if isinstance(prompt, str):
-        return prompt if token in prompt else token * n_images + prompt
+        placeholders = prompt.count(token)
+        if placeholders not in (0, n_images):
+            raise DataError(
+                f"{where}: field 'prompt': {placeholders} {token} placeholders for {n_images} picture(s) in "
+                f"'images'; give one per picture, or none (they are then put at the start)"
+            )
+        return prompt if placeholders else token * n_images + prompt
     try:
         return processor.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
     except Exception as err:  # raised by the template itself (jinja2's types are optional)
