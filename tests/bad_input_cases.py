@@ -15,9 +15,13 @@ code fails to refuse still ends in seconds.
 from __future__ import annotations
 
 import json
+import struct
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from PIL import Image
 
 D, R = "{ws}/data/", "{ws}/rewards/"  # data files and reward-function files
 
@@ -641,6 +645,91 @@ CASES: list[Case] = [
     *[C(f"{cmd.replace(' ', '-')}-finished-run", cmd, *FINISHED, overwrite=False) for cmd in COMMANDS],
 ]
 
+# ---- issue #41 items 4, 5 and 6: preference pairs with one answer twice, mixed formats, pictures a model cannot
+# see or read, chat-template errors without a location; {ws}/vlm is a tiny vision-language model and
+# {ws}/tok_nochat the tiny tokenizer without its chat template (tests/test_bad_input.py builds both)
+SAME, MIXED = "'chosen' and 'rejected' are the same answer", "all text or all conversational"
+VLM = {"--model": "{ws}/vlm"}
+CASES += [
+    C("dpo-data-same-answer", "dpo", "prefs_same.jsonl:3", SAME, flags={"--data": D + "prefs_same.jsonl"}),
+    C("rm-data-same-answer", "rm", "prefs_same.jsonl:3", SAME, flags={"--data": D + "prefs_same.jsonl"}),
+    C(
+        "dpo-data-mixed-formats",
+        "dpo",
+        "prefs_mixed.jsonl:4",
+        "'prompt'",
+        MIXED,
+        flags={"--data": D + "prefs_mixed.jsonl"},
+    ),
+    C(
+        "rm-data-mixed-formats",
+        "rm",
+        "prefs_mixed.jsonl:4",
+        "'prompt'",
+        MIXED,
+        flags={"--data": D + "prefs_mixed.jsonl"},
+    ),
+    C(
+        "dpo-data-text-prompt-chat-answers",
+        "dpo",
+        "prefs_mixed_row.jsonl:2",
+        "'rejected'",
+        "'prompt' is text",
+        flags={"--data": D + "prefs_mixed_row.jsonl"},
+    ),
+    C(
+        "sft-data-images-text-model",
+        "sft",
+        "sft_images.jsonl:2",
+        "'images'",
+        "text-only",
+        flags={"--data": D + "sft_images.jsonl"},
+    ),
+    C(
+        "grpo-data-image-text-model",
+        "grpo",
+        "prompts_image.jsonl:3",
+        "'image'",
+        "text-only",
+        flags={"--data": D + "prompts_image.jsonl"},
+    ),
+    C(
+        "sft-vlm-two-placeholders-one-picture",
+        "sft",
+        "vlm_two_slots.jsonl:2",
+        "'prompt'",
+        "2 <image> placeholders for 1 picture",
+        flags={**VLM, "--data": D + "vlm_two_slots.jsonl"},
+    ),
+    C(
+        "sft-vlm-picture-over-pillows-limit",
+        "sft",
+        "vlm_bomb.jsonl:2",
+        "'images'",
+        "Pillow's safety limit",
+        flags={**VLM, "--data": D + "vlm_bomb.jsonl"},
+    ),
+    C(
+        "sft-data-chat-template-refuses",
+        "sft",
+        "sft_tool_role.jsonl:2",
+        "'prompt'",
+        "{model}",
+        "unknown chat role",
+        flags={"--data": D + "sft_tool_role.jsonl"},
+    ),
+    C(
+        "dpo-data-no-chat-template",
+        "dpo",
+        "prefs_chat.jsonl:1",
+        "'prompt'",
+        "{ws}/tok_nochat",
+        "chat template",
+        flags={"--data": D + "prefs_chat.jsonl"},
+        overrides={"tokenizer": "{ws}/tok_nochat"},
+    ),
+]
+
 # end to end through a real process as well: exit status 2 and no traceback
 SUBPROCESS_CASES = ("ct-unknown-env", "sft-hub-name-offline", "grpo-reward-wrong-signature")
 
@@ -693,6 +782,7 @@ def write_inputs(ws: Path) -> None:
         [prompts[0], '{"prompt": "What is 2+1?", "answer": "3"', *prompts[2:]],
     )
     _jsonl(data / "prompts_empty_prompt.jsonl", [*prompts[:2], {"prompt": "", "answer": "1"}, *prompts[3:]])
+    _write_issue_41_inputs(data, prefs, prompts)
 
     (rewards / "good.py").write_text(
         "def reward(prompts, completions, **columns):\n    return [0.0 for _ in completions]\n"
@@ -717,3 +807,41 @@ def write_inputs(ws: Path) -> None:
     (configs / "grpo_bad_range.yaml").write_text("grpo:\n  clip_eps: 0\n")
     (configs / "ct_old_key.yaml").write_text("run:\n  keep_checkpoints: 3\n")
     (configs / "sft_old_key.yaml").write_text("train:\n  save_every: 10\n")
+
+
+def _write_issue_41_inputs(data: Path, prefs: list[dict[str, Any]], prompts: list[dict[str, Any]]) -> None:
+    """Data files of the issue #41 cases: one pair with the same answer twice, mixed formats, pictures."""
+    chat = [{"prompt": [{"role": "user", "content": p["prompt"]}], "chosen": [{"role": "assistant", "content": p["chosen"]}],
+             "rejected": [{"role": "assistant", "content": p["rejected"]}]} for p in prefs]  # fmt: skip
+    _jsonl(data / "prefs_same.jsonl", [*prefs[:2], {**prefs[2], "rejected": prefs[2]["chosen"]}, *prefs[3:]])
+    _jsonl(data / "prefs_mixed.jsonl", [*prefs[:3], chat[3], *prefs[4:]])
+    _jsonl(
+        data / "prefs_mixed_row.jsonl", [prefs[0], {**prefs[1], "rejected": chat[1]["rejected"]}, *prefs[2:]]
+    )
+    _jsonl(data / "prefs_chat.jsonl", chat)
+    sft = [_sft(i) for i in range(10)]
+    _jsonl(data / "sft_images.jsonl", [sft[0], {**sft[1], "images": ["dots.png"]}, *sft[2:]])
+    _jsonl(data / "prompts_image.jsonl", [*prompts[:2], {**prompts[2], "image": "dots.png"}, *prompts[3:]])
+    tool = {"prompt": [{"role": "tool", "content": "x"}], "completion": " y"}
+    user = [
+        {"prompt": [{"role": "user", "content": r["prompt"]}], "completion": r["completion"]} for r in sft
+    ]
+    _jsonl(data / "sft_tool_role.jsonl", [user[0], tool, *user[2:]])
+    Image.new("RGB", (32, 32), "white").save(data / "dots.png")
+    _png_claiming(data / "bomb.png", 20000, 20000)
+    pictured = [{"prompt": "<image>How many dots?", "completion": " 3", "images": ["dots.png"]}] * 10
+    _jsonl(
+        data / "vlm_two_slots.jsonl",
+        [pictured[0], {**pictured[1], "prompt": "<image><image>How many?"}, *pictured[2:]],
+    )
+    _jsonl(data / "vlm_bomb.jsonl", [pictured[0], {**pictured[1], "images": ["bomb.png"]}, *pictured[2:]])
+
+
+def _png_claiming(path: Path, width: int, height: int) -> None:
+    """A 1×1 PNG whose header (IHDR, its CRC fixed) claims ``width`` × ``height`` pixels."""
+    Image.new("RGB", (1, 1)).save(path)
+    data = bytearray(path.read_bytes())
+    start = data.index(b"IHDR")  # type (4) | width, height (4 + 4) | 5 more bytes | crc (4)
+    data[start + 4 : start + 12] = struct.pack(">II", width, height)
+    data[start + 17 : start + 21] = struct.pack(">I", zlib.crc32(bytes(data[start : start + 17])))
+    path.write_bytes(bytes(data))

@@ -66,6 +66,19 @@ def _tiny_models(ws: Path) -> None:
     rm.save_pretrained(ws / "rm")
     tokenizer.save_pretrained(str(ws / "rm"))
     (ws / "rm" / "reward_norm.json").write_text(json.dumps({"mean": 0.0, "std": 1.0, "n": 8}))
+    tokenizer.chat_template = None  # issue #41 item 6: conversational rows with a tokenizer without one
+    tokenizer.save_pretrained(str(ws / "tok_nochat"))
+    _tiny_vlm(ws)
+
+
+def _tiny_vlm(ws: Path) -> None:
+    """A tiny vision-language model (the built-in LLaVA) at ``ws/vlm``, for the issue #41 item 5 cases."""
+    from postrl.lm.tasks import get_task
+    from postrl.lm.vlm import TinyVLMConfig, build_tiny_vlm, build_vlm_tokenizer, save_vlm
+
+    config = TinyVLMConfig(vision_hidden_size=32, hidden_size=64, intermediate_size=128, vocab_size=300)
+    tokenizer = build_vlm_tokenizer(get_task("shapes", n_train=50, n_test=10).corpus_lines(300), 300)
+    save_vlm(*build_tiny_vlm(tokenizer, config, seed=0), ws / "vlm")
 
 
 def _nested(overrides: dict[str, Any]) -> dict[str, Any]:
