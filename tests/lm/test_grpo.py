@@ -209,7 +209,10 @@ def test_beta_zero_never_builds_a_reference_model(tiny_lm_dir, tmp_path, monkeyp
 
 def test_a_bad_reward_function_stops_the_run_with_its_name(tiny_lm_dir, tmp_path):
     cfg = _config(tiny_lm_dir, rewards=[f"{__name__}:broken_reward"], eval_at_start=False)
-    with pytest.raises(RewardError, match=r"broken_reward raised KeyError.*sample 0: prompt='What is"):
+    with pytest.raises(
+        RewardError,
+        match=r"broken_reward \(.*test_grpo.py:broken_reward\) raised KeyError.*sample 0: prompt='What is",
+    ):
         run_grpo(cfg, tmp_path / "run")
 
 

@@ -506,7 +506,10 @@ def test_async_functions_run_concurrently_also_inside_a_running_loop():
 
 
 def test_an_async_function_that_raises_names_itself_and_the_sample():
-    with pytest.raises(RewardError, match=r"async_raises_on_six raised ZeroDivisionError.*on sample 1: "):
+    with pytest.raises(
+        RewardError,
+        match=r"async_raises_on_six \(.*test_rewards.py:async_raises_on_six\) raised ZeroDivisionError.*on sample 1: ",
+    ):
         compute_rewards([_fn("async_raises_on_six")], PROMPTS, COMPLETIONS, COLUMNS)
 
 

@@ -247,9 +247,11 @@ class GRPO:
         self.optimizer, self.scheduler = make_optimizer(run.inner, run.cfg.optim, run.cfg.run.steps)
         self.stream = PromptStream(len(run.train.rows), run.cfg.run.seed)
         self.generated_tokens = 0.0  # over all ranks, since step 0 (the summary's tokens_per_second)
+        self.steps_done = 0  # the step an evaluation reports (it follows a step, or is the one at step 0)
 
     def step(self, step: int) -> dict[str, float]:
         metrics = grpo_step(self.run, self.optimizer, self.stream, step)
+        self.steps_done = step + 1
         metrics["lr"] = self.scheduler.get_last_lr()[0]  # the lr this step used
         self.scheduler.step()
         self.generated_tokens += metrics["generated_tokens"] * dist.world_size()
@@ -259,7 +261,7 @@ class GRPO:
         return {"reward": metrics["reward_mean"], "kl": metrics["kl"]}
 
     def evaluate(self) -> dict[str, float]:
-        return evaluate(self.run)
+        return evaluate(self.run, self.steps_done)
 
     def parts(self) -> Parts:
         extra = {"position": self.stream.position, "generated_tokens": self.generated_tokens}

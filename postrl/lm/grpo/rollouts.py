@@ -20,7 +20,7 @@ from torch import Tensor
 
 from postrl.core import group_advantages, overlong_penalty, reinforce_pp_advantages, rloo_advantages
 from postrl.lm.grpo.config import GRPOConfig, GRPOLossConfig
-from postrl.lm.rewards import RewardFunction, TrainerState, combine, completion_ids_of, reward_terms
+from postrl.lm.rewards import Phase, RewardFunction, TrainerState, combine, completion_ids_of, reward_terms
 from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, left_pad, score
 from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.tasks.base import stable_hash
@@ -114,14 +114,17 @@ def _sample(run: Run, prompts: Prompts, indices: list[int], repeat: int, samplin
 
 
 def _rewards(
-    run: Run, rollout: Rollout, rows: list[dict[str, Any]], texts: list[str], step: int | None = None
+    run: Run, rollout: Rollout, rows: list[dict[str, Any]], texts: list[str], step: int, phase: Phase
 ) -> dict[str, Tensor]:
     """Checked reward terms of each function (name → [N]) for completions ``texts`` of ``rows``, called as
-    TRL calls them: prompts, completions, completion_ids, trainer_state (None outside training), columns."""
-    state = None if step is None else TrainerState(global_step=step, max_steps=run.cfg.run.steps)
+    TRL calls them: prompts, completions, completion_ids, trainer_state, columns. ``step``: the optimizer
+    steps taken (TrainerState.global_step), in training and at evaluation alike, as TRL passes them."""
+    state = TrainerState(global_step=step, max_steps=run.cfg.run.steps)
     ids = completion_ids_of(rollout.response_ids, rollout.response_mask)
     prompts = [r["prompt"] for r in rows]
-    return reward_terms(run.fns, prompts, texts, _columns(rows), completion_ids=ids, trainer_state=state)
+    return reward_terms(
+        run.fns, prompts, texts, _columns(rows), completion_ids=ids, trainer_state=state, phase=phase
+    )
 
 
 def _accuracy(run: Run, terms: dict[str, Tensor]) -> Tensor | None:
@@ -176,7 +179,7 @@ def _sample_round(run: Run, indices: list[int], step: int, round_: int, timers: 
     gen = _generator(run, "train", step, dist.rank(), round_)
     rollout, rows, texts = _sample(run, run.train, indices, g.group_size, sampling, gen)
     middle = time.perf_counter()
-    terms = _rewards(run, rollout, rows, texts, step)
+    terms = _rewards(run, rollout, rows, texts, step, "training")
     rewards = combine(run.fns, terms) + overlong_penalty(
         rollout.response_lengths, sampling.max_new_tokens, g.overlong_buffer, g.overlong_penalty
     )
@@ -327,9 +330,10 @@ def _rollout_metrics(run: Run, rounds: list[_Round]) -> dict[str, float]:
 
 # ---- evaluation ---------------------------------------------------------------------------------------------
 @torch.no_grad()
-def evaluate(run: Run, batch_size: int = 256) -> dict[str, float]:
+def evaluate(run: Run, step: int, batch_size: int = 256) -> dict[str, float]:
     """Held-out greedy and sampled (pass@1, one sample per prompt at the training temperature) reward, and
-    accuracy where a verifier exists. Every rank evaluates the same prompts (only rank 0 logs)."""
+    accuracy where a verifier exists, after ``step`` optimizer steps (the reward functions' trainer_state).
+    Every rank evaluates the same prompts (only rank 0 logs)."""
     n = len(run.heldout.rows)
     out: dict[str, float] = {}
     if n == 0:
@@ -341,7 +345,7 @@ def evaluate(run: Run, batch_size: int = 256) -> dict[str, float]:
             indices = list(range(start, min(n, start + batch_size)))
             gen = _generator(run, "eval", start)
             rollout, rows, texts = _sample(run, run.heldout, indices, 1, sampling, gen)
-            terms = _rewards(run, rollout, rows, texts)
+            terms = _rewards(run, rollout, rows, texts, step, "evaluation")
             rewards.append(combine(run.fns, terms))
             acc = _accuracy(run, terms)
             if acc is not None:

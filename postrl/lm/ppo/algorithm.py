@@ -29,7 +29,7 @@ import functools
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from postrl.lm.ppo.build import (
     summarize,
 )
 from postrl.lm.ppo.config import PPOConfig, PPOLossConfig, check_config
+from postrl.lm.rewards import TrainerState
 from postrl.lm.rollout import Rollout, RolloutEngine, token_log_probs
 from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.spine import Parts, accumulate, train_loop
@@ -220,7 +221,8 @@ class PPO:
             rollout = engine.generate([r["prompt"] for r in rows], generator)
             seconds = time.perf_counter() - tic
             batch, metrics = make_batch(
-                roles, rollout, run.scorer(rollout, rows), temperature=cfg.sampling.temperature,
+                roles, rollout, run.scorer(rollout, rows, self.trainer_state(step), "training"),
+                temperature=cfg.sampling.temperature,
                 beta=run.kl_ctl.value, reward=cfg.reward, advantage=cfg.gae, norm_stats=run.norm_stats,
                 use_fast=cfg.sampling.use_fast,
             )  # fmt: skip
@@ -228,6 +230,10 @@ class PPO:
             gold = torch.tensor(run.task.gold_reward(rollout.prompts, rollout.texts), dtype=torch.float64)
             metrics["gold_reward"] = float(dist.all_reduce_mean(gold.mean()))
         return batch, metrics, rollout, seconds
+
+    def trainer_state(self, step: int) -> TrainerState:
+        """What the reward functions read as ``trainer_state`` after ``step`` steps (as TRL passes it)."""
+        return TrainerState(global_step=step, max_steps=self.run.cfg.run.steps)
 
     def step(self, step: int) -> dict[str, float]:
         """Generate → score → update on the next batch of prompts; returns the step's metrics."""
@@ -269,9 +275,14 @@ class PPO:
     def evaluate(self) -> dict[str, float]:
         """Held-out RM score, gold reward, KL to the reference and length (`evaluate_heldout`, all ranks)."""
         run, cfg, r = self.run, self.run.cfg, self.run.roles
+        state = self.trainer_state(self.steps_done)
+
+        def scorer(rollout: Rollout, rows: Sequence[dict[str, Any]]) -> Tensor:
+            return run.scorer(rollout, rows, state, "evaluation")
+
         with dist.gathered(r.actor, r.reference, r.reward_model):
             out = evaluate_heldout(
-                r, run.tokenizer, run.heldout, cfg.sampling, run.scorer, run.task,
+                r, run.tokenizer, run.heldout, cfg.sampling, scorer, run.task,
                 n=cfg.eval_size, seed=cfg.run.seed + 1,
             )  # fmt: skip
         self.history.append({"step": self.steps_done, **out})

@@ -34,7 +34,7 @@ from postrl.lm.models import (
 from postrl.lm.ppo.advantages import Roles, reward_model_scores
 from postrl.lm.ppo.config import PPOConfig
 from postrl.lm.reward_model.evaluation import NORM_FILE, read_reward_norm
-from postrl.lm.rewards import completion_ids_of, compute_rewards, load_reward_fns
+from postrl.lm.rewards import Phase, TrainerState, completion_ids_of, compute_rewards, load_reward_fns
 from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, score
 from postrl.lm.rollout.decoders import check_backend
 from postrl.lm.tasks import get_task
@@ -47,7 +47,9 @@ from postrl.runtime.errors import UserError
 from postrl.runtime.logging import read_jsonl
 from postrl.runtime.plots import CURVES, plot_curves
 
-Scorer = Callable[[Rollout, Sequence[dict[str, Any]]], Tensor]
+Scorer = Callable[[Rollout, Sequence[dict[str, Any]], TrainerState, Phase], Tensor]
+"""rollout, its prompt rows, the trainer state (the reward functions' ``trainer_state``), training or
+evaluation → raw sequence scores [B]."""
 
 
 # ---- roles -----------------------------------------------------------------------------------------------
@@ -137,15 +139,18 @@ def _columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
 
 
 def make_scorer(cfg: PPOConfig, roles: Roles, device: torch.device) -> Scorer:
-    """rollout, its prompt rows → raw sequence scores [B]: the frozen RM on the rollout's own tokens, or the
-    weighted sum of the reward functions on the decoded texts."""
+    """The `Scorer`: the frozen RM on the rollout's own tokens, or the weighted sum of the reward functions on
+    the decoded texts, called as TRL calls them (completion_ids and trainer_state, evaluation included)."""
     if not cfg.rewards:
-        return lambda rollout, rows: reward_model_scores(roles.reward_model, rollout)
+        return lambda rollout, rows, state, phase: reward_model_scores(roles.reward_model, rollout)
     fns = load_reward_fns(cfg.rewards, cfg.reward_weights, task_kwargs=cfg.task, device=device)
 
-    def reward_sum(rollout: Rollout, rows: list[dict[str, Any]]) -> Tensor:  # TRL's call: with completion_ids
+    def reward_sum(rollout: Rollout, rows: list[dict[str, Any]], state: TrainerState, phase: Phase) -> Tensor:
         ids = completion_ids_of(rollout.response_ids, rollout.response_mask)
-        return compute_rewards(fns, rollout.prompts, rollout.texts, _columns(rows), completion_ids=ids)
+        return compute_rewards(
+            fns, rollout.prompts, rollout.texts, _columns(rows),
+            completion_ids=ids, trainer_state=state, phase=phase,
+        )  # fmt: skip
 
     return reward_sum
 
@@ -185,7 +190,7 @@ def evaluate_heldout(
     tokenizer: Any,
     prompts: PromptSet,
     sampling: SamplingConfig,
-    scorer: Scorer,
+    scorer: Callable[[Rollout, Sequence[dict[str, Any]]], Tensor],
     task: Any,
     *,
     n: int,
@@ -193,7 +198,8 @@ def evaluate_heldout(
     batch_size: int = 128,
 ) -> dict[str, float]:
     """Sample ``n`` held-out responses (the held-out prompts in turn, a fixed sampling seed, this rank's share)
-    and report the mean raw score, gold reward (built-in task), KL to the reference and length."""
+    and report the mean raw score (``scorer(rollout, rows)``), gold reward (built-in task), KL to the reference
+    and length."""
     if not prompts.rows or n <= 0:
         return {}
     rows = [prompts.rows[i % len(prompts.rows)] for i in dist.shard_range(n)]

@@ -22,7 +22,8 @@ concurrently. Three kinds of spec name a function:
 
 Several functions combine as a weighted sum. Whatever a function returns is checked before it is used: an
 exception, a wrong length, a value that is neither a number nor None, NaN or inf stops the run with a
-`RewardError` that names the function and shows the offending prompt and completion.
+`RewardError`, one line, that names the function (its spec and file:function), the step and the offending
+prompt and completion.
 
     contract.py   the call's keywords, `RewardFunction`, `TrainerState`, `RewardError`, `check_signature`
     loading.py    specs → `RewardFunction`s (`load_reward_fn`, `load_reward_fns`)
@@ -30,6 +31,7 @@ exception, a wrong length, a value that is neither a number nor None, NaN or inf
     calling.py    `reward_terms`, `combine`, `compute_rewards`: calling the functions, checking their values
 """
 
+from postrl.lm.rewards.calling import Phase as Phase
 from postrl.lm.rewards.calling import combine as combine
 from postrl.lm.rewards.calling import completion_ids_of as completion_ids_of
 from postrl.lm.rewards.calling import compute_rewards as compute_rewards

@@ -1,6 +1,7 @@
 """Calling reward functions as TRL's `GRPOTrainer` does and checking what they return: each function's
-terms (NaN where it returned None), their weighted sum, and a `RewardError` that names the function and shows
-the offending prompt and completion for an exception, a wrong length, a non-number, NaN or inf.
+terms (NaN where it returned None), their weighted sum, and a `RewardError`, one line, that names the function
+(its spec and file:function), the step (from the trainer state) and the offending prompt and completion for an
+exception, a wrong length, a non-number, NaN or inf.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ import asyncio
 import inspect
 import logging
 import math
+import traceback
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 
@@ -19,6 +22,9 @@ from postrl.lm.rewards.contract import CALL_KEYWORDS, RewardError, RewardFunctio
 from postrl.lm.tasks.base import completion_text
 
 log = logging.getLogger(__name__)
+
+Phase = Literal["training", "evaluation"]
+"""Where a reward call happens, for the error line: a training step or a held-out evaluation."""
 
 
 def is_conversational(prompt: Any) -> bool:
@@ -114,6 +120,60 @@ def _sample(prompts: Sequence[Any], completions: Sequence[str], i: int) -> str:
     return f"sample {i}: prompt={str(prompts[i])[:200]!r}, completion={str(completions[i])[:200]!r}"
 
 
+def _source(fn: RewardFunction) -> tuple[str, str] | None:
+    """(file, qualified name) of the code behind ``fn``: the function, a bound method's function, or a
+    callable object's ``__call__``; None when Python cannot tell (a builtin)."""
+    code = inspect.unwrap(fn.fn)
+    if not (inspect.isfunction(code) or inspect.ismethod(code)) and callable(code):
+        code = type(code).__call__  # a callable object, e.g. `RewardModelScorer`
+    try:
+        file = inspect.getsourcefile(code)
+    except TypeError:
+        return None
+    name = getattr(code, "__qualname__", None)
+    return (file, name) if file and name else None
+
+
+def _label(fn: RewardFunction) -> str:
+    """The function as the error names it: its spec, and file:function where the spec does not say it."""
+    source = _source(fn)
+    if source is None:
+        return fn.name
+    file, name = source
+    target, _, attr = fn.name.rpartition(":")
+    if (
+        target.endswith(".py")
+        and attr == name
+        and Path(target).expanduser().resolve() == Path(file).resolve()
+    ):
+        return fn.name  # a file spec already is file:function
+    return f"{fn.name} ({file}:{name})"
+
+
+def _when(trainer_state: Any, phase: Phase) -> str:
+    """The step of a call, as the run's metrics and checkpoints count it (training step k + 1 takes the state
+    after k steps; an evaluation after k steps is logged at step k); empty without a trainer state."""
+    step, steps = getattr(trainer_state, "global_step", None), getattr(trainer_state, "max_steps", None)
+    if step is None:
+        return ""
+    if phase == "evaluation":
+        return f" in the held-out evaluation at step {step}"
+    return f" in training step {step + 1}" + (f" of {steps}" if steps else "")
+
+
+def _one_line(text: str) -> str:
+    """A user's message on one line (the CLI's error is one line): newlines shown as \\n."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _raised_at(fn: RewardFunction, err: BaseException) -> str:
+    """' at FILE:LINE', the deepest frame of the traceback in the function's own file ('' if none)."""
+    source = _source(fn)
+    frames = traceback.extract_tb(err.__traceback__)
+    own = [f for f in frames if source is not None and f.filename == source[0]]
+    return f" at {own[-1].filename}:{own[-1].lineno}" if own else ""
+
+
 def _find_failing_sample(fn: RewardFunction, kwargs: dict[str, Any], n: int) -> int | None:
     """The first sample on which ``fn`` raises when called alone (only used to report an error)."""
     for i in range(n):
@@ -124,7 +184,12 @@ def _find_failing_sample(fn: RewardFunction, kwargs: dict[str, Any], n: int) -> 
 
 
 def _failure(
-    fn: RewardFunction, err: BaseException, kwargs: dict[str, Any], prompts: Sequence[Any], texts: list[str]
+    fn: RewardFunction,
+    err: BaseException,
+    kwargs: dict[str, Any],
+    prompts: Sequence[Any],
+    texts: list[str],
+    when: str,
 ) -> RewardError:
     failing = _find_failing_sample(fn, kwargs, len(texts))
     where = _sample(prompts, texts, failing if failing is not None else 0)
@@ -132,25 +197,28 @@ def _failure(
     no_ids = kwargs["completion_ids"] is None and isinstance(err, TypeError)
     hint = "; note: this caller passed no completion_ids (None)" if no_ids else ""
     return RewardError(
-        f"reward function {fn.name} raised {type(err).__name__}: {err} ({which} {where}){hint}"
+        f"reward function {_label(fn)} raised {type(err).__name__}: {_one_line(str(err))}"
+        f"{_raised_at(fn, err)}{when} ({which} {where}){hint}"
     )
 
 
 def _check_values(
-    fn: RewardFunction, values: Any, prompts: Sequence[Any], completions: Sequence[str]
+    fn: RewardFunction, values: Any, prompts: Sequence[Any], completions: Sequence[str], when: str = ""
 ) -> torch.Tensor:
-    """The values as float64 [N], NaN for None; a wrong length, a non-number, NaN or inf raises `RewardError`."""
+    """The values as float64 [N], NaN for None; a wrong length, a non-number, NaN or inf raises `RewardError`
+    (``when``: the step, see `_when`)."""
+    name = _label(fn)
     if isinstance(values, torch.Tensor):
         values = values.detach().cpu().reshape(-1).tolist()
     try:
         values = list(values)
     except TypeError:
         raise RewardError(
-            f"reward function {fn.name} returned {type(values).__name__}; expected a list of floats"
+            f"reward function {name} returned {type(values).__name__}{when}; expected a list of floats"
         ) from None
     if len(values) != len(completions):
         raise RewardError(
-            f"reward function {fn.name} returned {len(values)} values for {len(completions)} completions "
+            f"reward function {name} returned {len(values)} values for {len(completions)} completions{when} "
             f"(first {_sample(prompts, completions, 0)})"
         )
     out = []
@@ -162,12 +230,13 @@ def _check_values(
             number = float(value)
         except (TypeError, ValueError):
             raise RewardError(
-                f"reward function {fn.name} returned {value!r}, not a number, for {_sample(prompts, completions, i)}"
+                f"reward function {name} returned {_one_line(repr(value)[:200])}, not a number, for "
+                f"{_sample(prompts, completions, i)}{when}"
             ) from None
         if not math.isfinite(number):
             raise RewardError(
-                f"reward function {fn.name} returned {number} for {_sample(prompts, completions, i)} (return "
-                "None for 'no reward for this sample')"
+                f"reward function {name} returned {number} for {_sample(prompts, completions, i)}{when} "
+                "(return None for 'no reward for this sample')"
             )
         out.append(number)
     return torch.tensor(out, dtype=torch.float64)
@@ -200,22 +269,26 @@ def reward_terms(
     *,
     completion_ids: Sequence[Sequence[int]] | None = None,
     trainer_state: Any = None,
+    phase: Phase = "training",
 ) -> dict[str, torch.Tensor]:
     """Each function's checked, unweighted rewards: name → float32 [N], NaN where it returned None.
 
     ``prompts`` as the data holds them (text or messages), ``completions`` the decoded texts, ``columns`` the
     data's other columns, ``completion_ids`` the completions' token ids (a function that reads them gets None
-    when the caller gives none), ``trainer_state`` e.g. a `TrainerState`. See `reward_kwargs` for the call.
+    when the caller gives none), ``trainer_state`` e.g. a `TrainerState` (TRL passes its state on every call,
+    evaluation included). See `reward_kwargs` for the call. An error names the step from ``trainer_state``
+    and ``phase`` (a training step, or the held-out evaluation after ``global_step`` steps).
     """
     kwargs = reward_kwargs(
         prompts, completions, columns, completion_ids=completion_ids, trainer_state=trainer_state
     )
     texts = [completion_text(c) for c in completions]
+    when = _when(trainer_state, phase)
     terms = {}
     for fn, result in zip(fns, _invoke(fns, kwargs), strict=True):
         if isinstance(result, BaseException):
-            raise _failure(fn, result, kwargs, prompts, texts) from result
-        terms[fn.name] = _check_values(fn, result, prompts, texts).float()
+            raise _failure(fn, result, kwargs, prompts, texts, when) from result
+        terms[fn.name] = _check_values(fn, result, prompts, texts, when).float()
     if terms:
         _warn_unscored(terms, prompts, texts)
     return terms
@@ -236,9 +309,11 @@ def compute_rewards(
     *,
     completion_ids: Sequence[Sequence[int]] | None = None,
     trainer_state: Any = None,
+    phase: Phase = "training",
 ) -> torch.Tensor:
     """The weighted sum of the checked rewards → float32 [N] (see `reward_terms` and `combine`)."""
     terms = reward_terms(
-        fns, prompts, completions, columns, completion_ids=completion_ids, trainer_state=trainer_state
-    )
+        fns, prompts, completions, columns,
+        completion_ids=completion_ids, trainer_state=trainer_state, phase=phase,
+    )  # fmt: skip
     return combine(fns, terms)

@@ -32,7 +32,7 @@ from postrl.core import grpo_loss, masked_mean, overlong_penalty
 from postrl.lm.grpo.build import check_config, reward_fns
 from postrl.lm.grpo.config import GRPOConfig
 from postrl.lm.grpo.rollouts import PromptStream, compute_advantages
-from postrl.lm.rewards import TrainerState, combine, completion_ids_of, reward_terms
+from postrl.lm.rewards import Phase, TrainerState, combine, completion_ids_of, reward_terms
 from postrl.lm.rollout import Rollout
 from postrl.lm.spine import Parts, accumulate, train_loop
 from postrl.lm.trainer import clip_grad_norm, export_on_main, make_optimizer
@@ -67,6 +67,7 @@ class VLMGRPO:
         self.optimizer, self.scheduler = make_optimizer(dist.unwrap(model), cfg.optim, cfg.run.steps)
         self.stream = PromptStream(len(train), cfg.run.seed)
         self.generated_tokens = 0.0
+        self.steps_done = 0  # the step an evaluation reports (it follows a step, or is the one at step 0)
 
     # ---- sampling ------------------------------------------------------------------------------------------
     def sample(
@@ -88,11 +89,14 @@ class VLMGRPO:
         model.train(was_training)
         return rollout, decode(tok, rollout.response_ids, rollout.response_lengths)
 
-    def rewards(self, rollout: Rollout, rows: list[VLMExample], texts: list[str], step: int | None):
-        state = None if step is None else TrainerState(global_step=step, max_steps=self.cfg.run.steps)
+    def rewards(self, rollout: Rollout, rows: list[VLMExample], texts: list[str], step: int, phase: Phase):
+        """Checked reward terms, called as TRL calls them; ``step``: the optimizer steps taken
+        (TrainerState.global_step), in training and at evaluation alike."""
+        state = TrainerState(global_step=step, max_steps=self.cfg.run.steps)
         return reward_terms(
             self.fns, [e.row["prompt"] for e in rows], texts, _columns(rows),
             completion_ids=completion_ids_of(rollout.response_ids, rollout.response_mask), trainer_state=state,
+            phase=phase,
         )  # fmt: skip
 
     def verifier(self, terms: dict[str, Tensor]) -> Tensor | None:
@@ -111,7 +115,7 @@ class VLMGRPO:
         seed = f"{self.cfg.run.seed}:{step}" + (f":{dist.rank()}" if dist.rank() else "")
         rollout, texts = self.sample(examples, g.group_size, sampling, random.Random(seed).getrandbits(62))
         time_generate = time.perf_counter() - start
-        terms = self.rewards(rollout, rows, texts, step)
+        terms = self.rewards(rollout, rows, texts, step, "training")
         rewards = combine(self.fns, terms) + overlong_penalty(
             rollout.response_lengths, sampling.max_new_tokens, g.overlong_buffer, g.overlong_penalty
         )
@@ -151,6 +155,7 @@ class VLMGRPO:
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.generated_tokens += metrics["generated_tokens"] * dist.world_size()
+        self.steps_done = step + 1
         return metrics
 
     def score(
@@ -220,7 +225,7 @@ class VLMGRPO:
         for start in range(0, len(mine), batch_size):
             rows = mine[start : start + batch_size]
             rollout, texts = self.sample(rows, 1, greedy, start)
-            terms = self.rewards(rollout, rows, texts, None)
+            terms = self.rewards(rollout, rows, texts, self.steps_done, "evaluation")
             rewards += combine(self.fns, terms).tolist()
             if (acc := self.verifier(terms)) is not None:
                 accuracy += acc.tolist()
