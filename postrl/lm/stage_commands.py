@@ -69,6 +69,13 @@ STAGES: dict[str, tuple[str, str, str, str, dict[str, str]]] = {
         "DPO/IPO on preference pairs: the policy's log-ratio to a frozen reference as the implicit reward",
         {"--model": "model", "--data": "data"},
     ),
+    "kto": (
+        "postrl.lm.kto",
+        "KTOConfig",
+        "run_kto",
+        "KTO on unpaired desirable/undesirable responses: the implicit reward against the policy's KL",
+        {"--model": "model", "--data": "data"},
+    ),
 }
 
 

@@ -26,6 +26,7 @@ TEXT_FIELDS = {
     "sft": ("prompt", "completion"),
     "prefs": ("prompt", "chosen", "rejected"),
     "prompts": ("prompt",),
+    "kto": ("prompt", "completion"),
 }
 """The text fields of each kind of row (a prompt, then its answers)."""
 

@@ -13,6 +13,8 @@ each kind accepts standard text or conversational messages (``[{"role", "content
              ``extract_prompt`` does (the leading messages both conversations share; for text, the longest
              common prefix, a space before the split going to the answers)
     prompts  {"prompt"} (+ any columns, passed on to reward functions, e.g. "answer")
+    kto      {"prompt", "completion", "label"} (label true: desirable, false: undesirable), TRL's unpaired
+             preference format
 
 A bad record raises `DataError` naming the file, the line (row for Parquet, index for rows in memory) and the
 field. Then the rows are checked together (`postrl.lm.data.checks`): one format per source (all text or all
@@ -237,7 +239,8 @@ def _check_text_or_messages(record: dict[str, Any], field: str, where: str) -> N
 
 
 def validate_record(record: dict[str, Any], kind: str, where: str) -> None:
-    """Check one record of ``kind`` ("sft", "prefs", "prompts"); raise `DataError` naming ``where`` and field."""
+    """Check one record of ``kind`` ("sft", "prefs", "prompts", "kto"); raise `DataError` naming ``where``
+    and field."""
     if kind not in TEXT_FIELDS:
         raise DataError(f"unknown data kind {kind!r}; expected one of {sorted(TEXT_FIELDS)}")
     pictures = next((k for k in ("images", "image") if record.get(k) not in (None, [])), None)
@@ -266,14 +269,23 @@ def validate_record(record: dict[str, Any], kind: str, where: str) -> None:
             f"{where}: fields 'chosen' and 'rejected': one is text and the other messages; without a 'prompt' "
             "column both must be the same kind (the shared start is the prompt)"
         )
-    target = record.get("target", 1.0)
-    if kind == "prefs" and (
-        isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 <= target <= 1
-    ):
-        raise DataError(f"{where}: field 'target': expected a number in [0, 1], got {target!r}")
-    margin = record.get("margin")
-    if kind == "prefs" and margin is not None and not _finite_number(margin):
-        raise DataError(f"{where}: field 'margin': expected a finite number, got {margin!r}")
+    _check_labels(record, kind, where)
+
+
+def _check_labels(record: dict[str, Any], kind: str, where: str) -> None:
+    """A preference row's ``target`` and ``margin``, a KTO row's ``label``."""
+    if kind == "prefs":
+        target = record.get("target", 1.0)
+        if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 <= target <= 1:
+            raise DataError(f"{where}: field 'target': expected a number in [0, 1], got {target!r}")
+        margin = record.get("margin")
+        if margin is not None and not _finite_number(margin):
+            raise DataError(f"{where}: field 'margin': expected a finite number, got {margin!r}")
+    if kind == "kto" and not isinstance(record.get("label"), bool):
+        got = repr(record["label"]) if "label" in record else "nothing"
+        raise DataError(
+            f"{where}: field 'label': expected true (desirable) or false (undesirable), got {got}"
+        )
 
 
 def _finite_number(value: Any) -> bool:

@@ -1,0 +1,313 @@
+"""`postrl kto`: Kahneman–Tversky optimisation (Ethayarajh et al. 2024, arXiv:2402.01306) on unpaired
+desirable and undesirable responses.
+
+KTO needs no pairs: each (prompt, response) carries one label. The policy's implicit reward
+r = log π(y|x) − log π_ref(y|x) of a desirable response is pushed above a reference point z0, that of an
+undesirable one below it, through a saturating value function. z0 is the policy's KL from the reference,
+estimated on the step's mismatched pairs (each prompt with a neighbouring row's response), without gradient:
+
+    B rows ──policy, no grad: Σ log π(y'|x) on the mismatched pairs──▶ − log π_ref(y'|x) ──mean, ≥ 0──▶ z0
+    B rows ──teacher-forced forward of π──▶ log π(y|x) [B]  + log π_ref(y|x) [B] (computed once, stored)
+      ──core.kto_loss(β, λ_D, λ_U, z0)──▶ AdamW step
+
+Reference. π_ref never changes, so its log-probs of every row's own and mismatched completion are computed once
+before the first step and written to the run folder (``reference_logps.safetensors``), as for DPO.
+
+Distributed (torchrun): the step's rows are split over ranks (`trainer.micro_batches`); z0 is the mean over all
+of the step's rows (every rank and micro-batch); each micro-batch's loss is its summed row loss over the step's
+row count, so N ranks take the step one process takes.
+
+This file: the step, :class:`KTO` (the spine's algorithm) and `run_kto`. The config is in `config.py`, the rows
+in `data.py`, the log-probs, reference and held-out metrics in `build.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from postrl.lm.dpo.build import (
+    heldout_prompts,
+    load_or_compute_reference,
+    reward_model_scorer,
+    sample_metrics,
+)
+from postrl.lm.kto.build import REF_FILE, batch_loss, heldout_metrics, kl_reference_point, reference_log_probs
+from postrl.lm.kto.config import KTOConfig
+from postrl.lm.kto.data import check_labels, collate, load_train_heldout_kto, tokenize
+from postrl.lm.spine import LoopState, Parts, accumulate, train_loop
+from postrl.lm.trainer import (
+    clip_grad_norm,
+    export_on_main,
+    iterate_batches,
+    make_optimizer,
+    micro_batches,
+    model_parts,
+    set_threads,
+    to_device,
+)
+from postrl.runtime import distributed as dist
+from postrl.runtime.config import validate
+from postrl.runtime.errors import UserError
+from postrl.runtime.logging import read_jsonl
+from postrl.runtime.plots import plot_curves
+from postrl.runtime.rundir import open_run
+from postrl.runtime.seeding import seed_everything
+
+log = logging.getLogger(__name__)
+STAT_KEYS = ("rewards_desirable", "rewards_undesirable")
+
+
+def kto_train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    examples: list[dict[str, Any]],
+    ref: Tensor,
+    indices: list[int],
+    cfg: KTOConfig,
+    pad_id: int,
+    device: torch.device,
+) -> dict[str, float]:
+    """One optimiser step over the rows ``indices`` (all ranks'): z0 on the step's mismatched pairs, then the
+    loss Σ_i ℓ_i / N over its N rows on every micro-batch and rank. Returns the loss, z0 (``kl``), the mean
+    implicit reward of each kind in the step, and the gradient norm."""
+    micro = micro_batches(indices, cfg.train.grad_accum)
+    use_fast = cfg.sampling.use_fast
+    z0 = kl_reference_point(model, examples, ref, micro, pad_id, device, use_fast)
+    scale = dist.world_size()  # DDP and FSDP average gradients over ranks; the loss is a global row sum
+    sums = torch.zeros(5, dtype=torch.float64)  # loss share, Σ βr desirable, n desirable, Σ βr undesirable, n
+
+    def micro_loss(mb: tuple[list[int], float]) -> Tensor:
+        rows, weight = mb
+        share = weight * len(rows) / len(indices)  # b/N; 0 for a rank whose share ran out
+        batch = to_device(collate([examples[i] for i in rows], pad_id), device)
+        value, stats = batch_loss(model, batch, ref[rows, 0], z0, cfg.kto, use_fast)
+        good = batch["desirable"].cpu()
+        n_good, n_bad = float(good.sum()) * weight, float((~good).sum()) * weight
+        totals = (float(value.detach()) * share, 0.0, n_good, 0.0, n_bad)
+        sums.add_(torch.tensor(totals, dtype=torch.float64))
+        for k, (key, n) in enumerate(((STAT_KEYS[0], n_good), (STAT_KEYS[1], n_bad))):
+            if n:
+                sums[1 + 2 * k] += float(stats[key]) * n
+        return value * share * scale
+
+    accumulate([model], micro, micro_loss)
+    norm = clip_grad_norm(model, cfg.optim.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    t = dist.all_reduce_sum(sums)
+    nan = float("nan")
+    return {
+        "loss": float(t[0]),
+        "kl": float(z0),
+        "rewards_desirable": float(t[1] / t[2]) if t[2] else nan,
+        "rewards_undesirable": float(t[3] / t[4]) if t[4] else nan,
+        "grad_norm": norm,
+    }
+
+
+class KTO:
+    """KTO as a `postrl.lm.spine` algorithm: a step is one AdamW step on a batch of labelled rows; a checkpoint
+    holds the policy (a folder `from_pretrained` loads), AdamW, the schedule and the data position."""
+
+    name = "kto"
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        examples: list[dict[str, Any]],
+        refs: dict[str, Tensor],
+        cfg: KTOConfig,
+        *,
+        evals: list[dict[str, Any]],
+        evaluate_samples: Any = None,
+        device: torch.device,
+    ) -> None:
+        self.model, self.tokenizer, self.examples, self.evals, self.cfg = (
+            model,
+            tokenizer,
+            examples,
+            evals,
+            cfg,
+        )
+        self.ref, self.eval_ref, self.device = refs["train"], refs["heldout"], device
+        self.evaluate_samples = evaluate_samples
+        self.optimizer, self.scheduler = make_optimizer(dist.unwrap(model), cfg.optim, cfg.run.steps)
+        self.position = 0  # batches drawn since step 0
+        self.batches = iterate_batches(len(examples), cfg.train.batch_size, cfg.run.seed)
+        model.train()
+
+    def step(self, step: int) -> dict[str, float]:
+        self.position, indices = next(self.batches)
+        self.position += 1
+        tic = time.perf_counter()
+        out = kto_train_step(
+            self.model, self.optimizer, self.examples, self.ref, indices, self.cfg,
+            self.tokenizer.pad_token_id, self.device,
+        )  # fmt: skip
+        out["time_step"] = time.perf_counter() - tic
+        out["lr"] = self.scheduler.get_last_lr()[0]  # the lr this step used
+        self.scheduler.step()
+        return out
+
+    def bar(self, metrics: dict[str, float]) -> dict[str, float]:
+        return {"loss": metrics["loss"], "kl": metrics["kl"]}
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out loss and implicit rewards and (``eval_samples`` > 0) sampled-response metrics; every rank
+        calls it and computes its share."""
+        inner = dist.unwrap(self.model)
+        was_training = inner.training
+        inner.eval()
+        with dist.gathered(self.model):  # sampling reads whole weights
+            out = heldout_metrics(
+                inner, self.evals, self.eval_ref, self.cfg.kto, self.tokenizer.pad_token_id, self.device,
+                self.cfg.kto.ref_batch_size,
+            )  # fmt: skip
+            if self.evaluate_samples is not None:
+                out.update(self.evaluate_samples(inner))
+        inner.train(was_training)
+        return out
+
+    def parts(self) -> Parts:
+        return model_parts(self.model, self.optimizer, self.scheduler, self.tokenizer, self.position)
+
+    def load_extra(self, extra: dict[str, Any]) -> None:
+        self.position = int(extra["position"])
+        self.batches = iterate_batches(
+            len(self.examples), self.cfg.train.batch_size, self.cfg.run.seed, self.position
+        )
+
+
+def check_config(cfg: KTOConfig) -> None:
+    """What the value ranges cannot say."""
+    if cfg.train.packing:
+        raise UserError("train.packing does not apply to KTO (rows are scored whole)")
+    if cfg.train.batch_size < 2:
+        raise UserError(
+            "train.batch_size must be >= 2 for KTO: the KL reference point is estimated on the step's "
+            f"mismatched pairs, and one row has none (got {cfg.train.batch_size})"
+        )
+    if cfg.run.parallel not in dist.PARALLEL:
+        raise UserError(f"run.parallel must be one of {dist.PARALLEL}, got {cfg.run.parallel!r}")
+    if cfg.eval_samples and (cfg.sampling.greedy or cfg.sampling.temperature <= 0):
+        raise UserError("sampling.greedy must be false for the held-out KL (it is an estimate over samples)")
+
+
+def load_examples(cfg: KTOConfig, tokenizer: Any) -> tuple[list[dict], list[dict], Any]:
+    """(train rows, held-out rows, the built-in task or None), tokenised, with their mismatched completions."""
+    rows, heldout, task = load_train_heldout_kto(cfg.data, cfg.eval_data, cfg.task, cfg.empty_rows)
+    chunk = cfg.train.batch_size
+    train = tokenize(rows, tokenizer, cfg.train.max_length, cfg.train.overlong, chunk)
+    evals = tokenize(heldout, tokenizer, cfg.train.max_length, "drop", chunk)[: cfg.eval_size]
+    if not train:
+        raise UserError(f"{cfg.data}: no row fits train.max_length={cfg.train.max_length}")
+    check_labels(train, cfg.data)
+    return train, evals, task
+
+
+def run_kto(
+    cfg: KTOConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
+    """Train with KTO, export ``RUN_DIR/model`` (HF format), write the run folder, return the summary.
+    The models, tokenizer and rows are loaded and checked before the run folder is touched."""
+    from postrl.lm.models import (  # deferred: transformers takes seconds to import
+        adapter_free_reference,
+        apply_lora,
+        check_context,
+        check_vocab,
+        load_causal_lm,
+        resolve_dtype,
+    )
+    from postrl.lm.rollout.decoders import check_backend
+    from postrl.lm.tokenizer import load_tokenizer
+
+    run_dir = Path(run_dir)
+    validate(cfg)
+    check_config(cfg)
+    run = cfg.run
+    info = dist.init_distributed(run.device)
+    set_threads(run.threads)
+    seed_everything(run.seed, info.rank)
+    load = {"dtype": resolve_dtype(run.dtype, "run.dtype"), "device": info.device}
+    load["trust_remote_code"] = cfg.trust_remote_code
+    policy = apply_lora(load_causal_lm(cfg.model, **load), run)
+    check_backend(policy, cfg.sampling.backend)
+    check_context(policy, cfg.train.max_length, f"train.max_length ({cfg.train.max_length})")
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
+    check_vocab(policy, tokenizer, "tokenizer" if cfg.tokenizer else "model")
+    train, evals, task = load_examples(cfg, tokenizer)
+    if run.lora.enabled and not cfg.ref_model:  # the base model: the policy with its adapters disabled
+        reference = adapter_free_reference(policy)
+    else:
+        what = "ref_model" if cfg.ref_model else "model"
+        reference = load_causal_lm(cfg.ref_model or cfg.model, **load, what=what).eval().requires_grad_(False)
+    scorer = reward_model_scorer(cfg, info.device)
+    prompts = heldout_prompts(task, evals)
+    if cfg.eval_samples and prompts.rows:
+        longest = max(len(p) for p in tokenizer([r["prompt"] for r in prompts.rows])["input_ids"])
+        t = cfg.sampling.max_new_tokens
+        check_context(
+            policy, longest + t, f"the longest held-out prompt ({longest}) + sampling.max_new_tokens ({t})"
+        )
+    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=run.tensorboard)
+
+    def compute() -> dict[str, Tensor]:
+        pad, size, fast = tokenizer.pad_token_id, cfg.kto.ref_batch_size, cfg.sampling.use_fast
+        return {
+            "train": reference_log_probs(reference, train, pad, info.device, size, fast),
+            "heldout": reference_log_probs(reference, evals, pad, info.device, size, fast),
+        }
+
+    refs = load_or_compute_reference(
+        run_dir, ckpt is not None, compute, {"train": len(train), "heldout": len(evals)}
+    )
+    if not cfg.eval_samples:
+        reference = None  # its log-probs are all training needs
+
+    def evaluate_samples(inner: torch.nn.Module) -> dict[str, float]:
+        return sample_metrics(inner, reference, tokenizer, prompts, cfg, task, scorer)
+
+    model = dist.wrap_model(policy, info, run.parallel)
+    algo = KTO(
+        model, tokenizer, train, refs, cfg, evals=evals, device=info.device,
+        evaluate_samples=evaluate_samples if reference is not None else None,
+    )  # fmt: skip
+    state = train_loop(algo, run, run_dir, logger, ckpt, eval_at_start=cfg.eval_at_start)
+    export_on_main(model, tokenizer, run_dir / "model")
+    if info.is_main and cfg.plots:
+        plot_kto(run_dir)
+    return logger.finish(summarize(algo, state, len(train)))
+
+
+def summarize(algo: KTO, state: LoopState, n_rows: int) -> dict[str, Any]:
+    """The last evaluation (and the first, as ``*_start``), the last step's training metrics, throughput."""
+    start = {f"{k}_start": v for k, v in state.start_eval.items()}
+    last = state.last_metrics
+    return {
+        **state.last_eval,
+        **start,
+        "loss": last.get("loss"),
+        "kl": last.get("kl"),
+        "steps": state.step,
+        "train_rows": n_rows,
+        "desirable_rows": sum(e["label"] for e in algo.examples),
+        "beta": algo.cfg.kto.beta,
+        "train_seconds": round(state.train_seconds, 3),
+        "seconds_per_step": state.train_seconds / max(1, state.step),
+        "reference_file": REF_FILE,
+    }
+
+
+def plot_kto(run_dir: Path) -> Path | None:
+    """``RUN_DIR/curves.png``: training loss, z0 and implicit rewards, the held-out ones, and the sampled
+    responses' gold reward, reward-model score and KL to the reference."""
+    keys = ["loss", "kl", "rewards_desirable", "rewards_undesirable", "heldout_loss", "heldout_reward_margin"]
+    keys += ["heldout_gold_reward", "heldout_rm_score", "heldout_kl"]
+    return plot_curves(read_jsonl(run_dir / "metrics.jsonl"), keys, run_dir / "curves.png", title="KTO")
