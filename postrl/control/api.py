@@ -18,8 +18,9 @@ returning ``False`` stops the run early, as SB3's callbacks do.
 
 `Agent.predict` follows SB3: ``predict(observation, state=None, episode_start=None, deterministic=False)``
 returns ``(actions, None)``; the observation is normalised with the checkpoint's statistics and Box actions
-are clipped to the action space. `evaluate` returns ``(mean, std)`` of the episode returns, as SB3's
-``evaluate_policy``.
+are clipped to the action space. An observation that the env's observation space cannot hold (not numbers,
+None, NaN or inf, another shape) is a `UserError` naming the space. `evaluate` returns ``(mean, std)`` of the
+episode returns, as SB3's ``evaluate_policy``.
 """
 
 from __future__ import annotations
@@ -196,18 +197,43 @@ class Agent:
         """SB3's ``predict``: ``(actions, None)`` for one observation (``obs_shape``) or a batch
         (``[N, *obs_shape]``); sampled unless ``deterministic`` (argmax, or the Gaussian mean). ``state`` and
         ``episode_start`` are accepted for SB3's signature (the MLP policies have no recurrent state)."""
-        obs = np.asarray(observation)
-        shape = tuple(self.observation_space.shape)
-        single = obs.shape == shape
+        obs = check_observations(observation, self.observation_space)
+        single = obs.shape == tuple(self.observation_space.shape)
         batch = obs[None] if single else obs
-        if tuple(batch.shape[1:]) != shape:
-            raise UserError(
-                f"predict: an observation of shape {obs.shape}; expected {shape} or a batch (N, {', '.join(map(str, shape))})"
-            )
         x = torch.from_numpy(self._env.normalize(batch))
         actions, _ = self.actor.act(x, deterministic=deterministic, generator=self._generator)
         actions = self._env.to_env_actions(actions.numpy())
         return (actions[0] if single else actions), None
+
+
+def check_observations(observation: Any, space: gym.spaces.Box) -> np.ndarray:
+    """``observation`` as a float64 array of shape ``space.shape`` or ``[N, *space.shape]``; anything else
+    (strings, None, NaN or ±inf, a ragged list, another shape) is a `UserError` naming ``space``: a policy
+    fed a NaN returns an action all the same, so a bad observation would pass silently."""
+    shape = tuple(space.shape)
+    expected = (
+        f"expected {shape} or a batch (N, {', '.join(map(str, shape))}) of finite numbers (the env's {space})"
+    )
+    try:
+        obs = np.asarray(observation)
+    except ValueError:  # numpy refuses ragged nested lists
+        raise UserError(f"predict: observations that are not one rectangular array; {expected}") from None
+    if obs.dtype == object:
+        for index, value in np.ndenumerate(obs):
+            if value is None or not isinstance(value, (int, float, np.integer, np.floating, np.bool_)):
+                raise UserError(f"predict: observation element {index} is {value!r}; {expected}")
+        obs = obs.astype(np.float64)
+    if not (
+        np.issubdtype(obs.dtype, np.integer) or np.issubdtype(obs.dtype, np.floating) or obs.dtype == bool
+    ):
+        raise UserError(f"predict: observations of dtype {obs.dtype} (not numbers); {expected}")
+    if obs.shape != shape and tuple(obs.shape[1:]) != shape:
+        raise UserError(f"predict: an observation of shape {obs.shape}; {expected}")
+    bad = ~np.isfinite(obs.astype(np.float64, copy=False))
+    if bad.any():
+        index = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise UserError(f"predict: observation element {index} is {obs[index]}; {expected}")
+    return obs.astype(np.float64, copy=False)
 
 
 def load(run_dir: str | os.PathLike[str], env: Any = None) -> Agent:

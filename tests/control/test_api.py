@@ -132,3 +132,29 @@ def test_bad_inputs_are_user_errors(tmp_path) -> None:
     ):
         control.train("ppo", 3, out=tmp_path / "a")
     assert not (tmp_path / "a").exists()
+
+
+# ---- #41 item 7: predict refuses observations that are not what the env's observation space holds ----------
+@pytest.mark.parametrize(
+    ("observation", "message"),
+    [
+        (np.array(["a", "b", "c", "d"]), r"predict: observations of dtype <U1 \(not numbers\)"),
+        ("abcd", r"predict: observations of dtype <U4 \(not numbers\)"),
+        (np.array([1.0, None, 0.0, 0.0], dtype=object), r"predict: observation element \(1,\) is None"),
+        ([[0.0, 0.0, 0.0, 0.0], [0.0, "x", 0.0, 0.0]], r"observations of dtype <U32 \(not numbers\)"),
+        ([[0.0] * 4, [0.0] * 3], r"predict: observations that are not one rectangular array"),
+        (np.array([0.0, np.nan, 0.0, 0.0]), r"predict: observation element \(1,\) is nan"),
+        (np.array([[0.0] * 4, [0.0, 0.0, 0.0, -np.inf]]), r"predict: observation element \(1, 3\) is -inf"),
+        (np.zeros(4, dtype=np.complex64), r"predict: observations of dtype complex64 \(not numbers\)"),
+        (np.zeros((2, 2)), r"predict: an observation of shape \(2, 2\); expected \(4,\)"),
+    ],
+)
+def test_predict_refuses_what_the_observation_space_does_not_hold(tmp_path, observation, message) -> None:
+    agent = control.train(
+        "ppo", "CartPole-v1", total_steps=32, seed=0, n_envs=1, out=tmp_path / "run", **TINY
+    )
+    with pytest.raises(UserError, match=message) as info:
+        agent.predict(observation, deterministic=True)
+    assert "Box(" in str(info.value) and "(4,)" in str(info.value) and "float32" in str(info.value)
+    assert agent.predict([0, 0, 0, 0], deterministic=True)[0] in (0, 1)  # integers and lists are numbers
+    assert agent.predict(np.zeros(4, dtype=object), deterministic=True)[0] in (0, 1)
