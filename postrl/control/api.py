@@ -260,8 +260,9 @@ def evaluate(
     """``(mean, std)`` of the returns of ``n_episodes`` episodes, as SB3's ``evaluate_policy``.
 
     ``agent``: an `Agent` or a run folder. ``env`` None: the run's env, episodes seeded as ``postrl control
-    eval`` seeds them (10000 + 100·seed + i, so the numbers match the command's); a Gymnasium id, a factory or
-    an instance: episodes on it, one after another (seeds 10000 + i)."""
+    eval`` seeds them (10000 + 100·s + i, s = ``seed`` or else the run's seed, so the numbers match the
+    command's); a Gymnasium id, a factory or an instance: episodes on it, one after another (seeds ``seed`` + i,
+    10000 + i when ``seed`` is None)."""
     if not isinstance(agent, Agent):
         agent = load(agent)
     if n_episodes < 1:

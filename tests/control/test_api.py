@@ -158,3 +158,30 @@ def test_predict_refuses_what_the_observation_space_does_not_hold(tmp_path, obse
     assert "Box(" in str(info.value) and "(4,)" in str(info.value) and "float32" in str(info.value)
     assert agent.predict([0, 0, 0, 0], deterministic=True)[0] in (0, 1)  # integers and lists are numbers
     assert agent.predict(np.zeros(4, dtype=object), deterministic=True)[0] in (0, 1)
+
+
+# ---- #41 item 11: the seeds README's Python section gives for postrl.control.evaluate ---------------------
+def _own_loop(agent, seeds: list[int]) -> list[float]:
+    """A user's loop: one CartPole episode per seed, the agent's deterministic actions."""
+    returns = []
+    for seed in seeds:
+        env = gym.make("CartPole-v1")
+        obs, _ = env.reset(seed=seed)
+        total, done = 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(agent.predict(obs, deterministic=True)[0])
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    return returns
+
+
+def test_evaluate_uses_the_seeds_the_readme_gives(tmp_path) -> None:
+    agent = control.train(
+        "ppo", "CartPole-v1", total_steps=64, seed=3, n_envs=1, out=tmp_path / "run", **TINY
+    )
+    for seed, base in ((None, 10_000 + 100 * 3), (7, 10_000 + 100 * 7)):  # the run's env: 10000 + 100·s + i
+        own = _own_loop(agent, [base + i for i in range(3)])
+        assert control.evaluate(agent, n_episodes=3, seed=seed) == (np.mean(own), np.std(own))
+    for seed, base in ((None, 10_000), (7, 7)):  # an env passed in: seed + i (10000 + i by default)
+        own = _own_loop(agent, [base + i for i in range(3)])
+        assert control.evaluate(agent, "CartPole-v1", n_episodes=3, seed=seed) == (np.mean(own), np.std(own))
