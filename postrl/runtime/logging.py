@@ -90,13 +90,15 @@ class RunLogger:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        # a resume writes nothing until its checkpoint is loaded (resume_at): a refused one leaves the run as is
+        self._config = config if resume else None
         if resume and self.metrics_path.exists():
             rows = read_run_rows(self.metrics_path)
             self.rows = len(rows)
             self._time_offset = float(rows[-1].get("time", 0.0)) if rows else 0.0
         elif self.metrics_path.exists():
             self.metrics_path.unlink()
-        if config is not None:
+        if config is not None and not resume:
             save_config(config, self.run_dir / "config.yaml")
         if tensorboard:
             self._tb = _open_tensorboard(self.run_dir / "tb")
@@ -114,7 +116,15 @@ class RunLogger:
         """Cut metrics.jsonl back to what it held when the checkpoint being resumed was written: its first
         ``rows`` rows (the count the checkpoint recorded), or, for a checkpoint without the count, the rows
         up to ``step``. The resumed run then appends exactly what the uninterrupted run wrote next."""
-        if not self.enabled or not self.metrics_path.exists():
+        if not self.enabled:
+            return
+        # the resume is known good: a finished run being redone is unfinished until it ends again (a kill while
+        # it re-exports its model leaves a run the same command resumes, not a "finished" one without its model)
+        (self.run_dir / "summary.json").unlink(missing_ok=True)
+        if self._config is not None:
+            save_config(self._config, self.run_dir / "config.yaml")
+            self._config = None
+        if not self.metrics_path.exists():
             return
         kept = read_run_rows(self.metrics_path)
         kept = kept[:rows] if rows is not None else [r for r in kept if r.get("step", 0) <= step]

@@ -30,6 +30,7 @@ from postrl.runtime.config import read_yaml
 from postrl.runtime.config_values import changed_keys, to_dict
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import RunLogger
+from postrl.runtime.run_inputs import check_inputs, record_inputs
 
 Mode = Literal["new", "resume", "overwrite"]
 FINISHED = "summary.json"
@@ -171,32 +172,38 @@ def open_run(
 
     Called by every rank after the input is validated; rank 0 writes, the others wait for it. The
     checkpoint is the newest intact one when resuming (None: start from step 0, metrics emptied).
+
+    A resume changes nothing until it is known good: the config is accepted, the inputs are the ones the run
+    started with (`check_inputs`) and a checkpoint is intact; the run becomes unfinished (``summary.json``
+    removed) and its ``config.yaml`` rewritten only once that checkpoint is loaded (`RunLogger.resume_at`).
     """
     path = Path(path)
     mode = check_run_dir(path, resume=resume, overwrite=overwrite)
     dist.barrier()  # every rank has read the folder's state before rank 0 changes it
     main = dist.is_main()
-    if mode == "overwrite" and config is not None:
-        check_inputs_outside(path, to_dict(config))
-    if main and mode == "overwrite":
-        remove_run(path)
-        print(f"postrl: --overwrite: removed the previous run in {path}", file=sys.stderr)
-    if mode == "resume" and config is not None:  # its checkpoint holds another model, optimiser, schedule
-        check_resume_config(path, to_dict(config), RESUME_MAY_CHANGE)
-    if main and mode == "resume":  # what a killed write or delete left behind, before anything writes
+    plain = to_dict(config) if config is not None else None
+    if mode == "overwrite" and plain is not None:
+        check_inputs_outside(path, plain)
+    if mode == "resume" and plain is not None:  # its checkpoint holds another model, optimiser, schedule
+        check_resume_config(path, plain, RESUME_MAY_CHANGE)
+        check_inputs(path, plain)
+    if main and mode == "resume":  # what a killed write or delete left behind (put back or removed)
         clean_run_leftovers(path)
         clean_leftovers(path / "checkpoints")
-        # a finished run being redone is unfinished until it ends again: a kill while it re-exports its model
-        # leaves a run that the same command resumes, not a "finished" one without its model
-        (path / "summary.json").unlink(missing_ok=True)
     # rank 0 picks (and verifies) the checkpoint; a corrupt one is reported once, the others take its pick
     ckpt = None
     if mode == "resume":
         ckpt = dist.broadcast_object(_latest(path / "checkpoints") if main else None)
         if isinstance(ckpt, UserError):
             raise ckpt
+    if main and mode == "overwrite":
+        remove_run(path)
+        print(f"postrl: --overwrite: removed the previous run in {path}", file=sys.stderr)
     if main and mode == "resume" and ckpt is None:
         print(f"postrl: {path} has no checkpoint yet; starting it from step 0", file=sys.stderr)
+        (path / FINISHED).unlink(missing_ok=True)
     logger = RunLogger(path, config, tensorboard=tensorboard, enabled=main, resume=ckpt is not None)
+    if main and plain is not None and ckpt is None:  # what this run (from step 0) reads
+        record_inputs(path, plain)
     dist.barrier()
     return logger, ckpt

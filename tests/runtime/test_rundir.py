@@ -75,7 +75,7 @@ def test_overwrite_replaces_the_old_run(tmp_path):
     run = _finished(tmp_path / "run")
     logger, ckpt = open_run(run, Cfg(2), overwrite=True)
     assert ckpt is None
-    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "inputs.json"]
     assert "a: 2" in (run / "config.yaml").read_text()
     assert not any(p.name.startswith(".old-") for p in tmp_path.iterdir())
 
@@ -134,7 +134,9 @@ def test_a_resume_with_another_config_is_refused_before_anything_changes(tmp_pat
         open_run(run, Full(a=2), resume=True)
     assert _snapshot(run) == before
     logger, ckpt = open_run(run, Full(run=RunCfg(threads=2)), resume=True)
-    assert ckpt is not None and "threads: 2" in (run / "config.yaml").read_text()
+    assert ckpt is not None and _snapshot(run) == before  # nothing changes until the checkpoint is loaded
+    logger.resume_at(1, 1)
+    assert "threads: 2" in (run / "config.yaml").read_text()
 
 
 def test_a_malformed_metrics_line_before_the_last_is_a_user_error(tmp_path):
@@ -155,6 +157,45 @@ def test_a_finished_run_being_resumed_is_unfinished_until_it_ends_again(tmp_path
     run = _finished(tmp_path / "run")
     save_checkpoint(run / "checkpoints", 1, modules={}, extra={"metrics_rows": 1})
     logger, ckpt = open_run(run, Cfg(1), resume=True)
-    assert ckpt is not None and run_state(run) == "interrupted"
+    assert ckpt is not None and run_state(run) == "finished"  # until its checkpoint is loaded
+    logger.resume_at(1, 1)
+    assert run_state(run) == "interrupted"
     logger.finish({"loss": 1.0})
     assert run_state(run) == "finished"
+
+
+def test_a_resume_refused_for_its_checkpoints_leaves_a_finished_run_finished(tmp_path):
+    """#41 item 2: with every checkpoint damaged the resume is refused, and the run is byte-identical (it
+    used to lose its summary.json first, so a finished run looked interrupted)."""
+    run = _finished(tmp_path / "run")
+    save_checkpoint(run / "checkpoints", 1, modules={}, extra={"metrics_rows": 1})
+    (run / "checkpoints" / "step_00000001" / "state.pt").write_bytes(b"not a zip")
+    before = _snapshot(run)
+    with pytest.raises(UserError, match=r"state.pt is truncated.*cannot be resumed"):
+        open_run(run, Cfg(1), resume=True)
+    assert _snapshot(run) == before and run_state(run) == "finished"
+
+
+def test_inputs_are_recorded_and_a_resume_with_changed_ones_is_refused(tmp_path):
+    """#41 item 3: a data file changed in place since the run started is named, and nothing changes."""
+    data = tmp_path / "prefs.jsonl"
+    data.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n')
+    run = tmp_path / "run"
+    logger, _ = open_run(run, Data(data=str(data)))
+    logger.log(1, {"loss": 1.0})
+    save_checkpoint(run / "checkpoints", 1, modules={}, extra={"metrics_rows": 1})
+    logger.finish({})
+    assert json.loads((run / "inputs.json").read_text())["inputs"][0]["path"] == str(data)
+    data.write_text('{"prompt": "a", "chosen": "c", "rejected": "b"}\n')  # chosen and rejected swapped
+    before = _snapshot(run)
+    with pytest.raises(UserError, match=rf"data={data} changed since {run} started"):
+        open_run(run, Data(data=str(data)), resume=True)
+    assert _snapshot(run) == before
+    data.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n')
+    logger, ckpt = open_run(run, Data(data=str(data)), resume=True)
+    assert ckpt is not None
+
+
+@dataclass(frozen=True)
+class Data:
+    data: str = "task:arithmetic"
