@@ -76,8 +76,7 @@ def test_saved_model_loads_with_the_auto_classes(vlm, saved, task) -> None:
 def _prompts(vlm, task, n):
     model, processor = vlm
     examples = encode_rows(processor, task.prompt_rows("test")[:n], "prompts", 256)
-    ids, mask, pixels = prompt_batch(examples, processor.tokenizer.pad_token_id)
-    return ids, mask, {"pixel_values": pixels}
+    return prompt_batch(examples, processor.tokenizer.pad_token_id)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -126,9 +125,9 @@ def test_greedy_depends_on_the_picture(vlm, task) -> None:
     rows = [r for r in task.prompt_rows("test") if r["kind"] == "count"][:2]
     examples = encode_rows(processor, rows, "prompts", 256)
     assert examples[0].prompt_ids == examples[1].prompt_ids
-    ids, mask, pixels = prompt_batch(examples, processor.tokenizer.pad_token_id)
+    ids, mask, images = prompt_batch(examples, processor.tokenizer.pad_token_id)
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask, pixel_values=pixels).logits[:, -1]
+        logits = model(input_ids=ids, attention_mask=mask, **images).logits[:, -1]
     assert not torch.allclose(logits[0], logits[1])
 
 
@@ -139,7 +138,8 @@ def test_shared_prompt_scoring_equals_the_plain_forward(vlm, task) -> None:
     count = [r for r in task.prompt_rows("test") if r["kind"] == "count"][:2]
     other = [r for r in task.prompt_rows("test") if r["kind"] != "count"][:2]
     examples = encode_rows(processor, count + other, "prompts", 256)
-    ids, mask, pixels = prompt_batch(examples, tok.pad_token_id)
+    ids, mask, images = prompt_batch(examples, tok.pad_token_id)
+    pixels = images["pixel_values"]
     banned = [image_token_id(model, processor)]
     rollout = generate(
         model, ids, mask, {"pixel_values": pixels}, max_new_tokens=5, eos_token_id=tok.eos_token_id,

@@ -80,14 +80,14 @@ def replayable_sample(self: VLMGRPO, examples, repeat: int, sampling, seed: int)
         ids = torch.where(t == length - 1, tok.eos_token_id, ids).masked_fill(t >= length, tok.pad_token_id)
         responses.append(ids)
         masks.append((t < length).long())
-    prompt, prompt_mask, pixels = prompt_batch(examples, tok.pad_token_id)
+    prompt, prompt_mask, images = prompt_batch(examples, tok.pad_token_id)
     response, response_mask = torch.cat(responses), torch.cat(masks)  # (B·G, T)
     ids = torch.cat((prompt.repeat_interleave(repeat, 0), response), 1)
     mask = torch.cat((prompt_mask.repeat_interleave(repeat, 0), response_mask), 1)
     with torch.no_grad(), dist.gathered(self.model):
         log_probs = score(
             dist.unwrap(self.model), ids, mask, prompt.shape[1],
-            {"pixel_values": pixels.repeat_interleave(repeat, 0)},
+            {k: v.repeat_interleave(repeat, 0) for k, v in images.items()},
             temperature=sampling.temperature, banned=self.banned,
         )  # fmt: skip
     finished = (response == tok.eos_token_id).any(-1)

@@ -25,6 +25,7 @@ from torch import Tensor
 from postrl.lm.data import DataError, read_records
 from postrl.lm.rollout import left_pad
 from postrl.lm.tasks import get_task
+from postrl.lm.vlm.inputs import collate_inputs, picture_inputs
 
 
 @dataclass
@@ -32,12 +33,17 @@ class VLMExample:
     """One row, encoded: prompt ids (image placeholders expanded), its pictures and (SFT) completion ids."""
 
     prompt_ids: list[int]
-    pixel_values: Tensor
-    """[n_images, C, H, W]"""
+    inputs: dict[str, Tensor]
+    """every tensor the processor gave for this row but ids, mask and labels (`postrl.lm.vlm.inputs`):
+    ``pixel_values`` [n_images, C, H, W] or the model's layout, ``image_sizes``, ``token_type_ids`` [1, P] ..."""
     completion_ids: list[int]
     """the completion's tokens and EOS (empty for prompt-only rows)"""
     row: dict[str, Any]
     """the row's other columns (answer, kind, ...) and its ``where`` (file:line)"""
+
+    @property
+    def pixel_values(self) -> Tensor:
+        return self.inputs["pixel_values"]
 
 
 def load_vlm_rows(source: str, split: str = "train", task_kwargs: dict[str, Any] | None = None) -> list[dict]:
@@ -172,20 +178,25 @@ def encode_rows(
         keep = {
             k: v for k, v in row.items() if k not in ("images", "image", "prompt", "completion", "messages")
         }
-        out.append(VLMExample(ids, encoded["pixel_values"], completion_ids, {**keep, "prompt": prompt}))
+        out.append(VLMExample(ids, picture_inputs(encoded), completion_ids, {**keep, "prompt": prompt}))
     return out
 
 
-def prompt_batch(examples: Sequence[VLMExample], pad_token_id: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Left-padded prompts (ids [B, P], mask [B, P]) and their pictures [Σ n_images, C, H, W] in row order."""
+def prompt_batch(
+    examples: Sequence[VLMExample], pad_token_id: int
+) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """Left-padded prompts (ids [B, P], mask [B, P]) and their processor inputs in row order (pictures
+    [Σ n_images, ...], per-token ones left-padded [B, P, ...]: `postrl.lm.vlm.inputs.collate_inputs`)."""
     ids, mask = left_pad([e.prompt_ids for e in examples], pad_token_id)
-    return ids, mask, torch.cat([e.pixel_values for e in examples])
+    lengths = [len(e.prompt_ids) for e in examples]
+    return ids, mask, collate_inputs([e.inputs for e in examples], lengths, ids.shape[1])
 
 
 def sft_batch(examples: Sequence[VLMExample], pad_token_id: int) -> dict[str, Any]:
     """The rollout layout for supervised training: prompts left-padded [B, P], completions right-padded
-    [B, T]; ``input_ids``/``attention_mask`` [B, P + T], ``prompt_len`` P, ``pixel_values``."""
-    ids, mask, pixels = prompt_batch(examples, pad_token_id)
+    [B, T]; ``input_ids``/``attention_mask`` [B, P + T], ``prompt_len`` P, ``images`` (`prompt_batch`'s
+    processor inputs: per-token ones span the prompt, the forward continues them over the completion)."""
+    ids, mask, images = prompt_batch(examples, pad_token_id)
     width = max(len(e.completion_ids) for e in examples)
     done = torch.tensor(
         [e.completion_ids + [pad_token_id] * (width - len(e.completion_ids)) for e in examples]
@@ -197,5 +208,5 @@ def sft_batch(examples: Sequence[VLMExample], pad_token_id: int) -> dict[str, An
         "input_ids": torch.cat((ids, done), 1),
         "attention_mask": torch.cat((mask, done_mask), 1),
         "prompt_len": ids.shape[1],
-        "pixel_values": pixels,
+        "images": images,
     }

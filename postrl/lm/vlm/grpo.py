@@ -37,9 +37,10 @@ from postrl.lm.rollout import Rollout
 from postrl.lm.spine import Parts, accumulate, train_loop
 from postrl.lm.trainer import clip_grad_norm, export_on_main, make_optimizer
 from postrl.lm.vlm.data import VLMExample, encode_rows, load_vlm_rows, prompt_batch
+from postrl.lm.vlm.inputs import select_rows
 from postrl.lm.vlm.model import image_token_id, load_vlm
 from postrl.lm.vlm.rollout import generate, score
-from postrl.lm.vlm.train import accuracy_by_kind, decode, gather_shares, start_processes, wrap_vlm
+from postrl.lm.vlm.train import accuracy_by_kind, decode, gather_shares, start_processes, to_device, wrap_vlm
 from postrl.runtime import distributed as dist
 from postrl.runtime.config import validate
 from postrl.runtime.errors import UserError
@@ -74,13 +75,13 @@ class VLMGRPO:
         self, examples: list[VLMExample], repeat: int, sampling, seed: int
     ) -> tuple[Rollout, list[str]]:
         tok = self.processor.tokenizer
-        ids, mask, pixels = prompt_batch(examples, tok.pad_token_id)
+        ids, mask, images = prompt_batch(examples, tok.pad_token_id)
         model = dist.unwrap(self.model)
         was_training = model.training
         model.eval()
         with dist.gathered(self.model):  # whole weights; ranks may decode different numbers of tokens
             rollout = generate(
-                model, ids.to(self.device), mask.to(self.device), {"pixel_values": pixels.to(self.device)},
+                model, ids.to(self.device), mask.to(self.device), to_device(images, self.device),
                 max_new_tokens=sampling.max_new_tokens, eos_token_id=tok.eos_token_id,
                 pad_token_id=tok.pad_token_id, banned=self.banned, repeat=repeat,
                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
@@ -120,11 +121,11 @@ class VLMGRPO:
             rollout.response_lengths, sampling.max_new_tokens, g.overlong_buffer, g.overlong_penalty
         )
         advantages = compute_advantages(rewards, g).to(self.device)
-        pixels = torch.stack([e.pixel_values for e in rows]).to(self.device)  # (B·G, n_images, C, H, W)
+        _, _, images = prompt_batch(rows, self.processor.tokenizer.pad_token_id)  # each row's own inputs
         batch = {
             "ids": rollout.input_ids,
             "mask": rollout.attention_mask,
-            "pixels": pixels,
+            "images": to_device(images, self.device),
             "adv": advantages,
         }
         with torch.no_grad(), dist.gathered(self.model):
@@ -161,9 +162,11 @@ class VLMGRPO:
     def score(
         self, model: torch.nn.Module, batch: dict[str, Any], prompt_len: int, rows=slice(None), entropy=False
     ):
-        pixels = batch["pixels"][rows].flatten(0, 1)  # (b · n_images, C, H, W) in row order
+        images = batch["images"]
+        if isinstance(rows, Tensor):  # pictures [b · n, ...] in row order, per-token ones [b, P, ...]
+            images = select_rows(images, rows, batch["ids"].shape[0])
         return score(
-            model, batch["ids"][rows], batch["mask"][rows], prompt_len, {"pixel_values": pixels},
+            model, batch["ids"][rows], batch["mask"][rows], prompt_len, images,
             temperature=self.cfg.sampling.temperature, banned=self.banned, with_entropy=entropy,
         )  # fmt: skip
 

@@ -25,6 +25,7 @@ from torch import Tensor
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.rollout import Rollout, mask_after_eos, sample_tokens
 from postrl.lm.rollout.decoders import cache_argument
+from postrl.lm.vlm.inputs import model_type, response_columns, select_rows, split_inputs, with_response
 from postrl.runtime import distributed as dist
 
 
@@ -57,25 +58,30 @@ class VLMDecoder:
         return out.logits[:, -1]
 
     def prefill(self, ids: Tensor, mask: Tensor, max_len: int, images: dict[str, Tensor]) -> Tensor:
-        """Prompts [U, P] with their pictures (``pixel_values`` and what else the processor gave) → next-token
+        """Prompts [U, P] with their pictures (every processor output: `postrl.lm.vlm.inputs`) → next-token
         logits [U, V]; the vision encoder runs here, once."""
         self.mask = mask.new_ones(ids.shape[0], max_len)  # (U, P + T), sliced per step
         self.mask[:, : ids.shape[1]] = mask
         self.length, self.cache = ids.shape[1], None
         positions = position_ids_from_mask(mask)
         self.next_pos = positions[:, -1:] + 1  # (U, 1)
+        token, _ = split_inputs(images, ids.shape[1], ids.shape[0])
+        kind = model_type(self.model)
+        self.token_inputs = {k: response_columns(kind, k, v, 1) for k, v in token.items()}  # (U, 1, ...)
         return self._forward(positions, input_ids=ids, **images)
 
     def select_rows(self, index: Tensor) -> None:
         """Row b continues prefilled row ``index[b]`` (a group's rows share their prompt's cache)."""
         self.cache.batch_select_indices(index)
         self.mask, self.next_pos = self.mask[index], self.next_pos[index]
+        self.token_inputs = {k: v[index] for k, v in self.token_inputs.items()}
 
     def step(self, tokens: Tensor) -> Tensor:
-        """One token per row [B] → logits [B, V] (no pictures: their features are in the cache)."""
+        """One token per row [B] → logits [B, V]; no pictures (their features are in the cache), but the
+        per-token inputs' response column (Mllama's ``cross_attention_mask``: which pictures it sees)."""
         self.length += 1
         positions, self.next_pos = self.next_pos, self.next_pos + 1
-        return self._forward(positions, input_ids=tokens[:, None])
+        return self._forward(positions, input_ids=tokens[:, None], **self.token_inputs)
 
 
 @torch.no_grad()
@@ -156,11 +162,6 @@ def shared_rows(input_ids: Tensor, attention_mask: Tensor, prompt_len: int, imag
     return first.scatter_reduce(0, inverse, torch.arange(B, device=inverse.device), "amin"), inverse
 
 
-def _rows_images(images: dict[str, Tensor], rows: Tensor, B: int) -> dict[str, Tensor]:
-    """The picture tensors of ``rows`` (leading dim B · n_images in row order)."""
-    return {k: v.reshape(B, -1, *v.shape[1:])[rows].flatten(0, 1) for k, v in images.items()}
-
-
 def _can_share(model: torch.nn.Module) -> bool:
     """Two forwards per backward (prompt, then responses on its cache): not under DDP or FSDP, nor with
     gradient checkpointing (the blocks drop the cache)."""
@@ -190,27 +191,31 @@ def response_logits(
     P, T = prompt_len, input_ids.shape[1] - prompt_len
     positions = position_ids_from_mask(attention_mask)
     groups = shared_rows(input_ids, attention_mask, P, images) if share and _can_share(model) else None
+    B = input_ids.shape[0]
     if groups is None:
         out = model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
-            logits_to_keep=T + 1, **images,
+            logits_to_keep=T + 1, **with_response(model, images, P, P + T, B),
         )  # fmt: skip
         return out.logits[:, :-1]  # (B, T, V): position P − 1 + t predicts response token t
     first, inverse = groups
     head = model(
         input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
-        position_ids=positions[first, :P], use_cache=True, logits_to_keep=1,
-        **_rows_images(images, first, input_ids.shape[0]),
+        position_ids=positions[first, :P], use_cache=True, logits_to_keep=1, **select_rows(images, first, B),
     )  # fmt: skip
     logits = head.logits[inverse, -1:]  # (B, 1, V): position P − 1 predicts response token 0
     if T == 1:
         return logits
     cache = getattr(head, "cache", None) or head.past_key_values
     cache.batch_select_indices(inverse)  # every row gets its prompt's keys and values (differentiable)
-    # no pictures: a response never holds an image placeholder (banned from sampling)
+    # no pictures: a response never holds an image placeholder (banned from sampling); per-token inputs
+    # continue over the response as in `generate`
+    token, _ = split_inputs(images, P, B)
+    kind = model_type(model)
     tail = model(
         input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1], position_ids=positions[:, P:-1],
         use_cache=True, **{cache_argument(model) or "past_key_values": cache},
+        **{k: response_columns(kind, k, v, T - 1) for k, v in token.items()},
     )  # fmt: skip
     return torch.cat((logits, tail.logits), dim=1)  # (B, T, V)
 

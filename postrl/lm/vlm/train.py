@@ -51,7 +51,7 @@ def completion_nll(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[Tenso
     """(Σ −log p of the completion tokens, their count) of an `sft_batch`."""
     P = batch["prompt_len"]
     logits = response_logits(
-        model, batch["input_ids"], batch["attention_mask"], P, {"pixel_values": batch["pixel_values"]}
+        model, batch["input_ids"], batch["attention_mask"], P, batch["images"]
     )  # (B, T, V)
     mask = batch["attention_mask"][:, P:].float()
     log_p = torch.log_softmax(logits.float(), -1).gather(-1, batch["input_ids"][:, P:, None]).squeeze(-1)
@@ -59,7 +59,11 @@ def completion_nll(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[Tenso
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
+    """The tensors of ``batch`` (and of the dicts it holds: the processor inputs) on ``device``."""
+    return {
+        k: v.to(device) if isinstance(v, Tensor) else to_device(v, device) if isinstance(v, dict) else v
+        for k, v in batch.items()
+    }
 
 
 @torch.no_grad()
@@ -82,9 +86,9 @@ def answer_accuracy(
     mine = [examples[i] for i in dist.shard_range(len(examples))]
     for start in range(0, len(mine), batch_size):
         part = mine[start : start + batch_size]
-        ids, mask, pixels = prompt_batch(part, tok.pad_token_id)
+        ids, mask, images = prompt_batch(part, tok.pad_token_id)
         rollout = generate(
-            model, ids.to(device), mask.to(device), {"pixel_values": pixels.to(device)},
+            model, ids.to(device), mask.to(device), to_device(images, device),
             max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
             banned=[image_token_id(model, processor)], greedy=True,
         )  # fmt: skip
