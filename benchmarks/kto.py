@@ -19,8 +19,20 @@ batch's mismatched pairs (`postrl.lm.kto.build.kl_reference_point`) and the loss
 
 TRL runs in its own virtual environment (this file in ``--trl-worker`` mode), as in benchmarks/dpo.py:
 
-    python3 -m venv .peers-trl && .peers-trl/bin/pip install torch==2.13.0 trl==1.16.0 && \
-        .peers-trl/bin/pip install --no-deps -e .
+    python3 -m venv .peers-trl && .peers-trl/bin/pip install torch==2.13.0 trl==1.16.0
+
+Measured 2026-12-04 on the shared 2-core machine (load average 2.8-3.4, other jobs running), ``--steps 40``:
+identical batch loss postrl 0.50007129, TRL 0.50007129 (|difference| 0.0; z0 0.413079 vs 0.413080), the same
+token ids; 8.34 vs 3.25 steps/s (2.57x), peak RSS 421 vs 509 MB.
+
+The gain on the reviews task (not run by this script): the preset from the demo's SFT model (seed 0), beside
+DPO's preset on the same model, the same 200 steps and lr:
+
+    postrl kto --config kto-reviews --model runs/demo/sft/model --out runs/kto
+    postrl dpo --config dpo-reviews --model runs/demo/sft/model --out runs/dpo
+
+held-out gold reward of sampled responses -0.109 -> 0.553 with KTO (KL to the reference 4.79; greedy -0.126 ->
+0.671), -0.109 -> 0.514 with DPO (KL 3.40; greedy 0.619); 0.19 s per step each.
 """
 
 from __future__ import annotations
