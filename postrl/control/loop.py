@@ -38,6 +38,7 @@ from postrl.runtime import callbacks
 from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from postrl.runtime.config import ConfigError, load_config, read_yaml, validate
 from postrl.runtime.distributed import broadcast_object, is_main, reduce_metrics, world_size
+from postrl.runtime.errors import UserError
 from postrl.runtime.plots import write_curves
 from postrl.runtime.progress import Progress
 from postrl.runtime.rundir import open_run
@@ -205,14 +206,8 @@ def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, lo
             elapsed = progress.train_seconds + time.perf_counter() - start
             done = progress.env_steps >= total or _out_of_time(run, elapsed)
             row = _row(reduce_metrics(metrics), progress)
-            if callbacks.active():  # the Python API's on_iteration; rank 0's answer stops every rank
-                info = {
-                    "step": progress.env_steps,
-                    "iteration": it + 1,
-                    "metrics": row,
-                    "run_dir": str(run_dir),
-                }
-                done = bool(broadcast_object(done or main and callbacks.stop_requested(info)))
+            stop, error = _on_iteration(progress.env_steps, it + 1, row, run_dir)
+            done = done or stop
             if main and run.eval_every and _crossed(progress.env_steps, n_steps, run.eval_every):
                 eval_start = time.perf_counter()
                 row["eval_return"] = float(np.mean(evaluate(agent.actor, env, cfg, run.eval_episodes)))
@@ -221,10 +216,22 @@ def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, lo
                 logger.log(progress.env_steps, row)
             bar.update(n_steps, ret=row.get("train_return_ma20"))
             progress.train_seconds += time.perf_counter() - start - eval_seconds
-            if done or run.save_every and (it + 1) % run.save_every == 0:
+            if done or error or run.save_every and (it + 1) % run.save_every == 0:
                 save_start = time.perf_counter()
                 _save(run_dir, agent, env, progress, cfg, logger.rows)
                 progress.train_seconds += time.perf_counter() - save_start
+            if error is not None:  # the user's callback raised: this iteration is checkpointed (resumable)
+                raise UserError(error)
+
+
+def _on_iteration(step: int, iteration: int, row: dict, run_dir: Path) -> tuple[bool, str | None]:
+    """The Python API's on_iteration after every iteration, the last one included (`callbacks.poll`): rank 0
+    calls it and its ``(stop, error)`` is every rank's."""
+    if not callbacks.active():
+        return False, None
+    info = {"step": step, "iteration": iteration, "metrics": row, "run_dir": str(run_dir)}
+    stop, error = broadcast_object(callbacks.poll(info) if is_main() else (False, None))
+    return bool(stop) and error is None, error
 
 
 def _finish(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, logger, threshold) -> dict:

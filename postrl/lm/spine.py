@@ -9,8 +9,9 @@ An algorithm (pretraining and SFT, the reward model, PPO-RLHF, GRPO) is an objec
 - ``load_extra(extra)``: its own state back from a checkpoint (the weights are loaded by the loop);
 - optionally ``bar(metrics) -> dict`` (the progress bar's fields) and ``should_stop(evals) -> bool``.
 
-A Python API caller's ``on_iteration(info)`` (`postrl.runtime.callbacks`) is called after every step; returning
-``False`` ends the run there as a finished one (evaluated, checkpointed).
+A Python API caller's ``on_iteration(info)`` (`postrl.runtime.callbacks`) is called after every step, the last
+one included; returning ``False`` ends the run there as a finished one (evaluated, checkpointed); raising
+checkpoints that step and ends the run with a `UserError` naming the callback and the step.
 
 :func:`train_loop` runs it for ``run.steps`` steps (or ``run.max_seconds`` of step time, rank 0's clock), logs
 every ``run.log_every`` steps, evaluates every ``run.eval_every`` steps and at the end, and checkpoints every
@@ -35,6 +36,7 @@ import torch
 from postrl.runtime import callbacks
 from postrl.runtime import distributed as dist
 from postrl.runtime.checkpoint import STATE_FILE, load_checkpoint, save_checkpoint
+from postrl.runtime.errors import UserError
 from postrl.runtime.logging import RunLogger, jsonable
 from postrl.runtime.progress import Progress
 from postrl.runtime.seeding import get_rng_state, set_rng_state
@@ -294,6 +296,17 @@ def _log_eval(algo: Algorithm, state: LoopState, logger: RunLogger, bar: Progres
     return evals
 
 
+def _on_iteration(state: LoopState, metrics: dict[str, Any], run_dir: Path) -> tuple[bool, str | None]:
+    """The Python API's on_iteration after every step, the last one included (`callbacks.poll`): rank 0 calls
+    it and its ``(stop, error)`` is every rank's."""
+    if not callbacks.active():
+        return False, None
+    info = {"step": state.step, "iteration": state.step, "metrics": metrics, "run_dir": str(run_dir)}
+    answer = callbacks.poll(info) if dist.is_main() else (False, None)
+    stop, error = dist.broadcast_object(answer)
+    return bool(stop) and error is None, error
+
+
 def train_loop(
     algo: Algorithm,
     run: RunConfig,
@@ -325,19 +338,15 @@ def train_loop(
             done = state.step == run.steps
             if run.max_seconds is not None:  # rank 0's clock decides, so every rank stops at the same step
                 done = dist.broadcast_object(done or state.train_seconds >= run.max_seconds)
-            if callbacks.active():  # the Python API's on_iteration; rank 0's answer stops every rank
-                info = {
-                    "step": state.step,
-                    "iteration": state.step,
-                    "metrics": metrics,
-                    "run_dir": str(run_dir),
-                }
-                done = bool(dist.broadcast_object(done or dist.is_main() and callbacks.stop_requested(info)))
+            stop, error = _on_iteration(state, metrics, run_dir)
+            done = done or stop
             if done or (run.eval_every and state.step % run.eval_every == 0):
                 state.last_eval = _log_eval(algo, state, logger, bar)
                 done = done or bool(dist.broadcast_object(should_stop(state.last_eval)))
-            if done or (run.save_every and state.step % run.save_every == 0):
+            if done or error or (run.save_every and state.step % run.save_every == 0):
                 save(run_dir, algo, state, run.keep_last, logger.rows)
+            if error is not None:  # the user's callback raised: this step is checkpointed (resumable)
+                raise UserError(error)
             if done:
                 break
     return state
