@@ -143,7 +143,13 @@ def resolve_config(stage: str, config: Any, overrides: Mapping[str, Any], run_di
             f"postrl.{stage}: config must be a preset name, a YAML path, a {cls.__name__} or a dict; "
             f"got {type(config).__name__}"
         )
-    return apply_overrides(cls, load_config(cls, path, base=base), overrides)
+    cfg = apply_overrides(cls, load_config(cls, path, base=base), overrides)
+    own = path is not None and Path(path).resolve() == (run_dir / "config.yaml").resolve()
+    if resume and own:  # the run folder's config: trusted no more than a script
+        from postrl.runtime.run_inputs import check_resume  # deferred: torch
+
+        check_resume(run_dir, to_dict(cfg), {str(key).split(".", 1)[0] for key in overrides}, stage)
+    return cfg
 
 
 def _note_in_memory(run_dir: Path, cfg: Any) -> None:

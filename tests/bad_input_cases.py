@@ -555,6 +555,7 @@ CASES: list[Case] = [
         out="interrupted",
         resume=True,
         overwrite=False,
+        overrides={"rewards": "[" + R + "good.py:reward]"},  # named again (#41 item 9), as a resume must
     ),
     # ---- dpo ----------------------------------------------------------------------------------------------
     C("dpo-beta-0", "dpo", "dpo.beta", overrides={"dpo.beta": 0}),
@@ -727,6 +728,19 @@ CASES += [
         "chat template",
         flags={"--data": D + "prefs_chat.jsonl"},
         overrides={"tokenizer": "{ws}/tok_nochat"},
+    ),
+]
+
+# ---- issue #41 item 9: a resume runs no code its run folder's config.yaml names unless the user names it again
+CASES += [
+    C(
+        "grpo-resume-reward-code-not-named",
+        "grpo",
+        "names reward code",
+        "good.py:reward",
+        "'rewards=[",
+        resume=True,
+        overwrite=False,
     ),
 ]
 

@@ -91,7 +91,16 @@ def stage_config(name: str, args: argparse.Namespace) -> Any:
         for flag, key in flags.items()
         if getattr(args, _dest(flag)) is not None
     ]
-    return load_config(cls, path, [*overrides, *args.overrides])
+    overrides += ["trust_remote_code=true"] if getattr(args, "trust_remote_code", False) else []
+    cfg = load_config(cls, path, [*overrides, *args.overrides])
+    own = path is not None and Path(path).resolve() == (Path(args.out) / "config.yaml").resolve()
+    if args.resume and own:  # the run folder's config: trusted no more
+        from postrl.runtime.config import to_dict  # than a script (deferred, as every torch import here)
+        from postrl.runtime.run_inputs import check_resume
+
+        given = {item.split("=", 1)[0].split(".", 1)[0].strip() for item in [*overrides, *args.overrides]}
+        check_resume(Path(args.out), to_dict(cfg), given, name)
+    return cfg
 
 
 def _dest(flag: str) -> str:
@@ -143,6 +152,11 @@ def add_stage_parser(subparsers: Any, name: str) -> argparse.ArgumentParser:
         "--overwrite",
         action="store_true",
         help="start over in a RUN_DIR that holds a run: the old run is deleted once the new input is checked",
+    )
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run the model folder's own code (trust_remote_code=true); a resume needs it again",
     )
     parser.add_argument("--list-keys", action="store_true", help="print every config key and exit")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
@@ -112,18 +111,13 @@ def _recorded(run_dir: Path) -> list[dict[str, str]] | None:
         ) from None
 
 
-def check_inputs(run_dir: Path, config: dict[str, Any], *, note: bool = True) -> None:
+def check_inputs(run_dir: Path, config: dict[str, Any]) -> bool:
     """A resume of ``run_dir`` reads the inputs its run started with: a :class:`UserError` names the first one
     of plain ``config`` whose content differs from the hash in ``inputs.json`` (or that is gone). Reads only.
-    A run started before postrl kept ``inputs.json`` is resumed unchecked, with one stderr line (``note``)."""
+    Returns False for a run started before postrl kept ``inputs.json`` (its inputs cannot be checked)."""
     recorded = _recorded(run_dir)
     if recorded is None:
-        if note:
-            print(
-                f"postrl: {run_dir} has no {INPUTS_FILE} (an older run): its inputs are not checked",
-                file=sys.stderr,
-            )
-        return
+        return False
     wanted = {(key, path) for key, path in _named(config)}
     for entry in recorded:
         key, path = entry.get("key"), entry.get("path")
@@ -138,6 +132,7 @@ def check_inputs(run_dir: Path, config: dict[str, Any], *, note: bool = True) ->
                 f"{run_dir / INPUTS_FILE}): resuming would train the checkpoint on other inputs; restore it, "
                 "or pass --overwrite to start over"
             )
+    return True
 
 
 def _named(config: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]:
@@ -183,4 +178,4 @@ def check_resume(run_dir: Path, config: dict[str, Any], given: Collection[str], 
     anything: the code it names was named again (`check_resume_code`) and its inputs are unchanged
     (`check_inputs`; `postrl.runtime.rundir.open_run` checks them again for every command)."""
     check_resume_code(run_dir, config, given, stage)
-    check_inputs(run_dir, config, note=False)
+    check_inputs(run_dir, config)

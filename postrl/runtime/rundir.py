@@ -30,7 +30,7 @@ from postrl.runtime.config import read_yaml
 from postrl.runtime.config_values import changed_keys, to_dict
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import RunLogger
-from postrl.runtime.run_inputs import check_inputs, record_inputs
+from postrl.runtime.run_inputs import INPUTS_FILE, check_inputs, record_inputs
 
 Mode = Literal["new", "resume", "overwrite"]
 FINISHED = "summary.json"
@@ -184,9 +184,10 @@ def open_run(
     plain = to_dict(config) if config is not None else None
     if mode == "overwrite" and plain is not None:
         check_inputs_outside(path, plain)
+    checked = True  # the inputs match the ones recorded (False: an older run recorded none)
     if mode == "resume" and plain is not None:  # its checkpoint holds another model, optimiser, schedule
         check_resume_config(path, plain, RESUME_MAY_CHANGE)
-        check_inputs(path, plain)
+        checked = check_inputs(path, plain)
     if main and mode == "resume":  # what a killed write or delete left behind (put back or removed)
         clean_run_leftovers(path)
         clean_leftovers(path / "checkpoints")
@@ -199,6 +200,10 @@ def open_run(
     if main and mode == "overwrite":
         remove_run(path)
         print(f"postrl: --overwrite: removed the previous run in {path}", file=sys.stderr)
+    if main and mode == "resume" and ckpt is not None and not checked:
+        print(
+            f"postrl: {path} has no {INPUTS_FILE} (an older run): its inputs are not checked", file=sys.stderr
+        )
     if main and mode == "resume" and ckpt is None:
         print(f"postrl: {path} has no checkpoint yet; starting it from step 0", file=sys.stderr)
         (path / FINISHED).unlink(missing_ok=True)
