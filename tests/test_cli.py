@@ -143,3 +143,14 @@ def test_overrides_may_come_after_a_flag(tmp_path, capsys):
         main(["sft", "--out", str(tmp_path / "r"), "run.steps=3", "--bogus"])
     assert stop.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("stage", ["sft", "rm", "ppo", "grpo", "dpo", "kto"])
+def test_every_lm_training_stage_takes_model_and_data(stage, tmp_path):
+    """#41 item 14: `postrl ppo --data task:reviews` was 'unrecognized arguments: --data' while the other
+    stages took it; --data sets the key `data` (ppo: its prompts) in every one."""
+    from postrl.lm.stage_commands import stage_config
+
+    argv = [stage, "--model", "some/model", "--data", "task:reviews", "--out", str(tmp_path / "r")]
+    cfg = stage_config(stage, build_parser().parse_args(argv))
+    assert (cfg.model, cfg.data) == ("some/model", "task:reviews")

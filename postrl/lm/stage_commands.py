@@ -46,7 +46,7 @@ STAGES: dict[str, tuple[str, str, str, str, dict[str, str]]] = {
         "PPOConfig",
         "run_ppo",
         "PPO-based RLHF: actor, critic, frozen reward model and frozen reference",
-        {"--model": "model", "--reward-model": "reward_model"},
+        {"--model": "model", "--data": "data", "--reward-model": "reward_model"},
     ),
     "grpo": (
         "postrl.lm.grpo",
