@@ -190,6 +190,8 @@ def C(id: str, cmd: str, *expect: str | tuple[str, ...], **kw: Any) -> Case:  # 
 CT, PT = "control train", "pretrain"
 FINISHED = ("finished", "--resume", "--overwrite")
 CONTEXT = ("max_position_embeddings", "128")
+LONG = {"train.max_length": 200, "train.overlong": "error"}  # above the tiny model's 128 positions
+LONG_SFT, LONG_PREFS = {"--data": D + "sft_long.jsonl"}, {"--data": D + "prefs_long.jsonl"}
 
 CASES: list[Case] = [
     # ---- control train: ranges, keys, types, the env id, the config file, a corrupt checkpoint -----------
@@ -378,7 +380,9 @@ CASES: list[Case] = [
     ),
     C("sft-lr-nan", "sft", "optim.lr", overrides={"optim.lr": "nan"}),
     C("sft-grad-accum-0", "sft", "train.grad_accum", overrides={"train.grad_accum": 0}),
-    C("sft-max-length-over-context", "sft", "train.max_length", CONTEXT, overrides={"train.max_length": 200}),
+    # #41 item 14: train.max_length above the context is a ceiling clipped to it (TRL's), no longer an error;
+    # a row that needs more than the model's 128 positions is, under train.overlong=error
+    C("sft-row-over-context", "sft", "longer than 128 tokens", "overlong", overrides=LONG, flags=LONG_SFT),
     C("sft-unknown-key", "sft", "train.batchsize", "train.batch_size", overrides={"train.batchsize": 2}),
     C(
         "sft-config-wrong-type",
@@ -433,11 +437,11 @@ CASES: list[Case] = [
     C("ppo-steps-0", "ppo", "run.steps", overrides={"run.steps": 0}),
     C("ppo-actor-lr-negative", "ppo", "optim.lr", overrides={"optim.lr": -1e-4}),
     C(
-        "ppo-max-new-tokens-over-context",
+        "ppo-max-new-tokens-over-context",  # #41 item 14: 120 now clips the prompts' ceiling; 128 fills it
         "ppo",
         "sampling.max_new_tokens",
         CONTEXT,
-        overrides={"sampling.max_new_tokens": 120},
+        overrides={"sampling.max_new_tokens": 128},
     ),
     C("ppo-reward-model-missing", "ppo", "no_such_rm", flags={"--reward-model": "{ws}/no_such_rm"}),
     C(
@@ -472,11 +476,12 @@ CASES: list[Case] = [
     C("grpo-temperature-negative", "grpo", "sampling.temperature", overrides={"sampling.temperature": -1.0}),
     C("grpo-top-p-above-1", "grpo", "sampling.top_p", overrides={"sampling.top_p": 1.5}),
     C(
-        "grpo-prompt-plus-new-tokens-over-context",
+        "grpo-prompt-plus-new-tokens-over-context",  # #41 item 14: 100 + 64 now clips max_prompt_length to 64
         "grpo",
         "max_prompt_length",
         "sampling.max_new_tokens",
-        overrides={"max_prompt_length": 100, "sampling.max_new_tokens": 64},
+        CONTEXT,
+        overrides={"max_prompt_length": 100, "sampling.max_new_tokens": 128},
     ),
     C("grpo-unknown-dtype", "grpo", "run.dtype", "fp8", overrides={"run.dtype": "fp8"}),
     C(
@@ -572,7 +577,7 @@ CASES: list[Case] = [
     C("dpo-model-missing", "dpo", "no_such_model", flags={"--model": "{ws}/no_such_model"}),
     C("dpo-ref-model-missing", "dpo", "no_such_ref", overrides={"ref_model": "{ws}/no_such_ref"}),
     C("dpo-reward-model-missing", "dpo", "no_such_rm", overrides={"reward_model": "{ws}/no_such_rm"}),
-    C("dpo-max-length-over-context", "dpo", "train.max_length", CONTEXT, overrides={"train.max_length": 200}),
+    C("dpo-pair-over-context", "dpo", "longer than 128 tokens", "overlong", overrides=LONG, flags=LONG_PREFS),
     C(
         "dpo-resume-corrupt-checkpoint",
         "dpo",
@@ -797,6 +802,9 @@ def write_inputs(ws: Path) -> None:
     )
     _jsonl(data / "prompts_empty_prompt.jsonl", [*prompts[:2], {"prompt": "", "answer": "1"}, *prompts[3:]])
     _write_issue_41_inputs(data, prefs, prompts)
+    long = " great food" * 80  # far more than the tiny model's 128 positions
+    _jsonl(data / "sft_long.jsonl", [*sft[:3], {**sft[3], "completion": long}, *sft[4:10]])
+    _jsonl(data / "prefs_long.jsonl", [*prefs[:3], {**prefs[3], "chosen": long}, *prefs[4:]])
 
     (rewards / "good.py").write_text(
         "def reward(prompts, completions, **columns):\n    return [0.0 for _ in completions]\n"

@@ -4,7 +4,7 @@ optional stop once the accuracy reaches a band (to leave room for RL, as the not
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,8 +16,8 @@ from postrl.lm.trainer import (
     OptimConfig,
     Supervised,
     TrainConfig,
-    check_train_length,
     export_on_main,
+    fit_train_length,
     prepare_examples,
     run_training,
     set_threads,
@@ -146,7 +146,7 @@ def run_sft(
     model = apply_lora(model, run)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     check_vocab(model, tokenizer, "tokenizer" if cfg.tokenizer else "model")
-    check_train_length(model, cfg.train)
+    cfg = replace(cfg, train=fit_train_length(model, cfg.train))  # a ceiling above the context: clipped
     rows, heldout, tasks = load_sft_rows(cfg, tokenizer)
     if not rows:
         held = (

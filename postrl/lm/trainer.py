@@ -16,7 +16,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -399,6 +399,16 @@ def check_train_length(model: Any, cfg: TrainConfig) -> None:
     from postrl.lm.models import check_context
 
     check_context(model, cfg.max_length, f"train.max_length ({cfg.max_length})")
+
+
+def fit_train_length(model: Any, cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with ``train.max_length`` clipped to the model's context (logged when it is): a ceiling, as TRL's
+    is, so rows that fit the model run and ``train.overlong`` meets only the rows that do not. Pretraining,
+    which builds its model from its own keys, keeps `check_train_length`."""
+    from postrl.lm.models import fit_context  # deferred: transformers (see check_train_length)
+
+    max_length = fit_context(model, cfg.max_length, "train.max_length")
+    return cfg if max_length == cfg.max_length else replace(cfg, max_length=max_length)
 
 
 def set_threads(threads: int | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import logging
 import math
 
 import pytest
@@ -22,6 +23,7 @@ from postrl.lm.models import (
     build_tiny_lm,
     check_context,
     context_length,
+    fit_context,
     gather_last,
     last_token_index,
     load_causal_lm,
@@ -121,6 +123,29 @@ def test_check_context_names_the_keys_the_limit_and_its_field(tiny_lm, tiny_lm_d
     with pytest.raises(UserError, match=r"\(32 positions, n_positions in the model's config\)"):
         check_context(GPT2Config(n_positions=32), 33, "train.max_length (33)")
     check_context({"hidden_size": 8}, 10**6, "anything")  # unknown context: not checked
+
+
+def test_fit_context_clips_a_ceiling_to_the_context_and_says_so_once(tiny_lm, tiny_lm_dir, caplog) -> None:
+    """#41 item 14: a length key is a ceiling (TRL's max_length): above the 128 positions it becomes 128, or
+    128 less the positions reserved after it; only a reservation that leaves no position is an error."""
+    where = f"(128 positions, max_position_embeddings in {tiny_lm_dir}/config.json)"
+    with caplog.at_level(logging.WARNING, logger="postrl.lm.models"):
+        assert fit_context(tiny_lm, 64, "train.max_length") == 64  # fits: kept, nothing said
+        assert fit_context(tiny_lm, 128, "train.max_length") == 128
+        assert caplog.records == []
+        assert fit_context(tiny_lm, 1024, "train.max_length") == 128
+        assert fit_context(tiny_lm, 512, "max_prompt_length", 100, "sampling.max_new_tokens (100)") == 28
+        assert fit_context(tiny_lm, 20, "max_prompt_length", 100, "sampling.max_new_tokens (100)") == 20
+    assert [r.getMessage() for r in caplog.records] == [
+        f"train.max_length (1024) is clipped to 128, the model's context {where}",
+        f"max_prompt_length (512) is clipped to 28, the model's context {where} less sampling.max_new_tokens (100)",
+    ]
+    with pytest.raises(UserError) as info:
+        fit_context(tiny_lm, 512, "max_prompt_length", 128, "sampling.max_new_tokens (128)")
+    assert str(info.value) == (
+        f"sampling.max_new_tokens (128) leaves no position for max_prompt_length in the model's context {where}"
+    )
+    assert fit_context({"hidden_size": 8}, 10**6, "train.max_length") == 10**6  # unknown context: kept
 
 
 def _padded_pair(tiny_tokenizer) -> dict[str, torch.Tensor]:

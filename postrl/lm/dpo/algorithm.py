@@ -26,6 +26,7 @@ config is in `config.py`; the pairs, log-probs, reference and evaluation in `bui
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from postrl.lm.spine import LoopState, Parts, accumulate, train_loop
 from postrl.lm.trainer import (
     clip_grad_norm,
     export_on_main,
+    fit_train_length,
     iterate_batches,
     make_optimizer,
     micro_batches,
@@ -243,7 +245,7 @@ def run_dpo(
     }
     policy = apply_lora(load_causal_lm(cfg.model, **load), run)  # run.lora: adapters, the base frozen
     check_backend(policy, cfg.sampling.backend)
-    check_context(policy, cfg.train.max_length, f"train.max_length ({cfg.train.max_length})")
+    cfg = replace(cfg, train=fit_train_length(policy, cfg.train))  # a ceiling above the context: clipped
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     check_vocab(policy, tokenizer, "tokenizer" if cfg.tokenizer else "model")
     train, evals, task = load_pairs(cfg, tokenizer)

@@ -80,9 +80,11 @@ from postrl.runtime.rundir import open_run
 from postrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
+# Said once per run, and only when it holds: with minibatches > 1 every minibatch after the first is taken
+# by a policy that has moved, so its ratio leaves 1 even at epochs=1.
 MU_ONE_NOTE = (
-    "grpo: epochs=1, so the policy ratio is 1 at every token (each batch is used for one pass): clip_fraction "
-    "is 0 and the loss value is ~0 (group advantages have zero mean). This is expected; the gradient is not 0."
+    "grpo: one update per batch (grpo.epochs=1, grpo.minibatches=1), so the ratio is 1: clip_fraction 0 and "
+    "loss ~0 are expected, the gradient is not 0"
 )
 
 
@@ -323,8 +325,9 @@ def run_grpo(
     set_threads(cfg.run.threads)
     seed_everything(cfg.run.seed, info.rank)
     algo = GRPO(build_run(cfg, info))
+    cfg = algo.run.cfg  # its max_prompt_length clipped to the model's context (build.build_run)
     logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.run.tensorboard)
-    if cfg.grpo.epochs == 1 and info.is_main:
+    if cfg.grpo.epochs == 1 and cfg.grpo.minibatches == 1 and info.is_main:
         log.info(MU_ONE_NOTE)
         print(MU_ONE_NOTE, file=sys.stderr)
     state = train_loop(algo, cfg.run, run_dir, logger, ckpt, eval_at_start=cfg.eval_at_start)

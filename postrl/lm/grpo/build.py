@@ -16,8 +16,8 @@ from postrl.lm.grpo.rollouts import Prompts, Run
 from postrl.lm.models import (
     adapter_free_reference,
     apply_lora,
-    check_context,
     check_vocab,
+    fit_context,
     load_causal_lm,
     resolve_dtype,
 )
@@ -92,8 +92,11 @@ def build_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
     }
     policy = apply_lora(load_causal_lm(cfg.model, **load), cfg.run, rl=True)
     check_backend(policy, cfg.sampling.backend)
-    p, t = cfg.max_prompt_length, cfg.sampling.max_new_tokens
-    check_context(policy, p + t, f"max_prompt_length ({p}) + sampling.max_new_tokens ({t})")
+    t = (
+        cfg.sampling.max_new_tokens
+    )  # prompt + response must fit: the prompts' ceiling is clipped to make room
+    p = fit_context(policy, cfg.max_prompt_length, "max_prompt_length", t, f"sampling.max_new_tokens ({t})")
+    cfg = replace(cfg, max_prompt_length=p)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     check_vocab(policy, tokenizer, "tokenizer" if cfg.tokenizer else "model")
     train, heldout = load_prompts(cfg, tokenizer)

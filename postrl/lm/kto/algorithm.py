@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from postrl.lm.spine import LoopState, Parts, accumulate, train_loop
 from postrl.lm.trainer import (
     clip_grad_norm,
     export_on_main,
+    fit_train_length,
     iterate_batches,
     make_optimizer,
     micro_batches,
@@ -239,7 +241,7 @@ def run_kto(
     load["trust_remote_code"] = cfg.trust_remote_code
     policy = apply_lora(load_causal_lm(cfg.model, **load), run)
     check_backend(policy, cfg.sampling.backend)
-    check_context(policy, cfg.train.max_length, f"train.max_length ({cfg.train.max_length})")
+    cfg = replace(cfg, train=fit_train_length(policy, cfg.train))  # a ceiling above the context: clipped
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     check_vocab(policy, tokenizer, "tokenizer" if cfg.tokenizer else "model")
     train, evals, task = load_examples(cfg, tokenizer)

@@ -2,7 +2,7 @@
 
     layout.py    positions and each row's last real token from the attention mask (left/right padding safe)
     loading.py   load_causal_lm, dtypes, source checks and `ModelError`s that say what would work, dropout off
-    context.py   a model's context length and `check_context`
+    context.py   a model's context length, `check_context` and `fit_context`
     tiny.py      `TinyLMConfig` and `build_tiny_lm`: the built-in Llama, fixed by a seed
     heads.py     scalar heads: `ScalarHeadModel` (reward model, separate critic), `PolicyWithValueHead`
     lora.py      LoRA adapters through peft (`apply_lora`), the adapter-free reference, merged and adapter exports
@@ -15,6 +15,7 @@ from postrl.lm.models.context import CONTEXT_KEYS as CONTEXT_KEYS
 from postrl.lm.models.context import check_context as check_context
 from postrl.lm.models.context import check_vocab as check_vocab
 from postrl.lm.models.context import context_length as context_length
+from postrl.lm.models.context import fit_context as fit_context
 from postrl.lm.models.heads import HEAD_CONFIG as HEAD_CONFIG
 from postrl.lm.models.heads import HEAD_FORMAT as HEAD_FORMAT
 from postrl.lm.models.heads import HEAD_WEIGHTS as HEAD_WEIGHTS

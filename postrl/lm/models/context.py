@@ -1,4 +1,5 @@
-"""A model's context length, read from its config, and the check that refuses lengths beyond it."""
+"""A model's context length, read from its config: the check that refuses lengths beyond it, and the clip
+of a length ceiling to it."""
 
 from __future__ import annotations
 
@@ -70,6 +71,35 @@ def check_context(model_or_config: Any, needed: int, what: str) -> None:
         raise ModelError(
             f"{what} = {needed} exceeds the model's context ({limit} positions, {key} in {where})"
         )
+
+
+def fit_context(
+    model_or_config: Any, ceiling: int, key: str, reserved: int = 0, reserved_what: str = ""
+) -> int:
+    """The length ceiling ``key`` takes on this model: ``ceiling``, or the model's context less ``reserved``
+    positions when that is smaller, with one logged line saying so.
+
+    A length key is a ceiling that rows are held to (dropped, truncated or refused by the stage's overlong
+    policy), as TRL's ``max_length`` is, so a ceiling above the model's context is clipped to it instead of
+    refused: rows that fit the model run, and only a row longer than the model can take meets the policy.
+    ``reserved`` is the positions that come after the ceiling's tokens (``reserved_what`` names its key, e.g.
+    "sampling.max_new_tokens (64)"); `ModelError` when they leave no position. A model whose config gives
+    no context length keeps ``ceiling`` (logged).
+    """
+    entry = _context_entry(model_or_config)
+    if entry is None:
+        log.info("the model's config has no context length (%s); %s not clipped", "/".join(CONTEXT_KEYS), key)
+        return ceiling
+    limit, field, where = entry
+    room = limit - reserved
+    context = f"the model's context ({limit} positions, {field} in {where})"
+    if room < 1:
+        raise ModelError(f"{reserved_what} leaves no position for {key} in {context}")
+    if ceiling <= room:
+        return ceiling
+    less = f" less {reserved_what}" if reserved else ""
+    log.warning("%s (%d) is clipped to %d, %s%s", key, ceiling, room, context, less)
+    return room
 
 
 def check_vocab(model: Any, tokenizer: Any, what: str = "tokenizer") -> None:

@@ -321,7 +321,8 @@ def run_ppo(
     set_threads(r.threads)
     seed_everything(r.seed, info.rank)
     run = build_run(cfg, info)
-    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=r.tensorboard)
+    # run.cfg: its length ceilings clipped to the model's context (build.fit_lengths), as the run uses them
+    logger, ckpt = open_run(run_dir, run.cfg, resume=resume, overwrite=overwrite, tensorboard=r.tensorboard)
     algo = PPO(run)
     state = train_loop(algo, r, run_dir, logger, ckpt, eval_at_start=True)
     export_models(run, run_dir)

@@ -5,7 +5,7 @@ summary and the plots."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,8 @@ from postrl.lm.models import (
     ScalarHeadModel,
     adapter_free_reference,
     apply_lora,
-    check_context,
     check_vocab,
+    fit_context,
     load_causal_lm,
     resolve_dtype,
 )
@@ -279,6 +279,7 @@ def build_run(cfg: PPOConfig, info: dist.DistInfo) -> PPORun:
     the run folder is touched."""
     roles, tokenizer = build_models(cfg, info)
     check_backend(roles.policy, cfg.sampling.backend)
+    cfg = fit_lengths(cfg, roles.actor)
     parts = trainable_parts(roles)
     optimizers, schedulers = {}, {}
     for name, optim in (("actor", cfg.optim), ("critic", cfg.critic_optim)):
@@ -293,7 +294,6 @@ def build_run(cfg: PPOConfig, info: dist.DistInfo) -> PPORun:
     else:
         kl_ctl = FixedKLController(cfg.kl.beta)
     prompts, heldout = load_prompts(cfg, tokenizer)
-    check_lengths(cfg, roles.actor)
     return PPORun(
         cfg, roles, train_roles, parts, optimizers, schedulers, kl_ctl, read_norm_stats(cfg), tokenizer,
         prompts, heldout, load_task(cfg), make_scorer(cfg, roles, info.device),
@@ -301,12 +301,15 @@ def build_run(cfg: PPOConfig, info: dist.DistInfo) -> PPORun:
     )  # fmt: skip
 
 
-def check_lengths(cfg: PPOConfig, actor: Any) -> None:
-    """Prompt + response (and the ptx examples) must fit the actor's context."""
-    p, t = cfg.max_prompt_length, cfg.sampling.max_new_tokens
-    check_context(actor, p + t, f"max_prompt_length ({p}) + sampling.max_new_tokens ({t})")
-    if cfg.ptx.coef:
-        check_context(actor, cfg.ptx.max_length, f"ptx.max_length ({cfg.ptx.max_length})")
+def fit_lengths(cfg: PPOConfig, actor: Any) -> PPOConfig:
+    """``cfg`` with its length ceilings clipped to the actor's context (each clip logged): max_prompt_length
+    to the context less sampling.max_new_tokens, so that prompt + response fit, and ptx.max_length to it."""
+    t = cfg.sampling.max_new_tokens
+    p = fit_context(actor, cfg.max_prompt_length, "max_prompt_length", t, f"sampling.max_new_tokens ({t})")
+    ptx = cfg.ptx
+    if ptx.coef:
+        ptx = replace(ptx, max_length=fit_context(actor, ptx.max_length, "ptx.max_length"))
+    return replace(cfg, max_prompt_length=p, ptx=ptx)
 
 
 def export_models(run: PPORun, run_dir: Path) -> None:

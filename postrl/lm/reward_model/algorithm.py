@@ -18,7 +18,7 @@ metrics, those statistics and the export are in `evaluation.py`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,8 +44,8 @@ from postrl.lm.trainer import (
     TRAIN_RENAMED,
     OptimConfig,
     TrainConfig,
-    check_train_length,
     clip_grad_norm,
+    fit_train_length,
     iterate_batches,
     make_optimizer,
     micro_batches,
@@ -235,7 +235,7 @@ def run_rm(
         seed=run.seed,
     )
     rm = apply_lora(rm, run)  # (run.lora: adapters on the trunk, the head trained in full)
-    check_train_length(rm, cfg.train)
+    cfg = replace(cfg, train=fit_train_length(rm, cfg.train))  # a ceiling above the context: clipped
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     check_vocab(rm, tokenizer, "tokenizer" if cfg.tokenizer else "model")
     train, evals, loss, task = load_pairs(cfg, tokenizer)
