@@ -46,8 +46,10 @@ WALL_CLOCK_PARTS = ("seconds", "per_second", "_per_s", "rss")
 
 
 def digits_reward(prompts, completions, **columns):
-    """A GRPO reward that varies within a group even for an untrained model: the share of digit characters."""
-    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+    """A GRPO reward that varies within a group even for an untrained model: the share of digit characters
+    (of the last message's text for conversational completions, a VLM's)."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(ch.isdigit() for ch in t) / max(1, len(t)) for t in texts]
 
 
 def is_wall_clock_key(key: str) -> bool:

@@ -155,6 +155,32 @@ TRAINERS = [
             + ["eval_size=6", "run.save_every=1", "run.keep_last=2"]
         ),
     ),
+    # issue #41: the DPO and VLM trainers as the others (a VLM policy under sft and grpo)
+    Trainer(
+        "dpo",
+        lambda m, out: (
+            ["dpo", "--model", str(m["lm"]), "--out", str(out), *LM, *TRAIN, "optim.warmup_steps=0"]
+            + ["task={n_pairs_train: 48, n_pairs_test: 8}", "run.steps=12", "train.max_length=48"]
+            + ["run.eval_every=6", "train.eval_examples=8", "eval_size=8", "eval_samples=4", "plots=false"]
+        ),
+    ),
+    Trainer(
+        "vlm sft",
+        lambda m, out: (
+            ["sft", "--model", str(m["vlm"]), "--data", "task:shapes", "--out", str(out), *LM, *TRAIN]
+            + ["task={n_train: 64, n_test: 8}", "run.steps=10", "train.max_length=128", "run.eval_every=5"]
+            + ["train.eval_examples=8", "eval_size=8", "eval_max_new_tokens=4", "optim.warmup_steps=0"]
+        ),
+    ),
+    Trainer(
+        "vlm grpo",
+        lambda m, out: (
+            ["grpo", "--model", str(m["vlm"]), "--data", "task:shapes", "--out", str(out), *LM, *GRPO_OLD]
+            + [f"rewards={GRPO_REWARD}", "task={n_train: 40, n_test: 6}", "max_prompt_length=64"]
+            + ["sampling.max_new_tokens=4", "grpo.group_size=4", "grpo.prompts_per_step=2", "run.steps=10"]
+            + ["run.eval_every=5", "eval_size=6", "run.save_every=1", "run.keep_last=2"]
+        ),
+    ),
 ]
 
 
@@ -186,7 +212,22 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     rm.save_pretrained(root / "rm")
     tokenizer.save_pretrained(str(root / "rm"))
     (root / "rm" / NORM_FILE).write_text(json.dumps({"mean": 0.1, "std": 0.5, "n": 8}))
-    return {"lm": root / "lm", "rm": root / "rm"}
+    return {"lm": root / "lm", "rm": root / "rm", "vlm": _tiny_vlm(root / "vlm")}
+
+
+def _tiny_vlm(path: Path) -> Path:
+    """The built-in tiny LLaVA (random weights) with a tokenizer for the shapes task, as tests/test_bad_input.py
+    builds it."""
+    import torch
+
+    from postrl.lm.tasks import get_task
+    from postrl.lm.vlm import TinyVLMConfig, build_tiny_vlm, build_vlm_tokenizer, save_vlm
+
+    config = TinyVLMConfig(vision_hidden_size=32, hidden_size=64, intermediate_size=128, vocab_size=300)
+    tokenizer = build_vlm_tokenizer(get_task("shapes", n_train=50, n_test=10).corpus_lines(300), 300)
+    with torch.random.fork_rng():
+        save_vlm(*build_tiny_vlm(tokenizer, config, seed=0), path)
+    return path
 
 
 @pytest.fixture(scope="module", autouse=True)
