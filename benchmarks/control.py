@@ -60,7 +60,7 @@ the bias-corrected weight gradient cost more than the forward saves. Still short
 
 Measured 2026-12-02 evening on the idle 2-core machine (load < 1.6; ceiling 34,979–38,345 steps/s):
 - ppo-cartpole, 1e5 steps, side by side with SB3 2.9 (``--tasks ppo-cartpole --seeds 0 --with-sb3``), after
-  the hand-written minibatch gradient (postrl/control/ppo_grad.py), FlatAdam.update and the numpy actor of
+  the hand-written minibatch gradient (postrl/control/fast/ppo_grad.py), FlatAdam.update and the numpy actor of
   the rollout loop (numpy_actor.NumpyActor): postrl 4,852 env steps/s vs SB3 1,995: **2.43× wall, 2.49× CPU
   time** (23.2 s vs 57.8 s), eval 500 both, steps to a 20-episode average ≥ 475 41,944 vs 25,136. Before the
   numpy actor: 4,598 vs 1,985 (2.32×, 2.39× CPU); before the op diet of ppo_grad: 3,658 vs 1,620 (2.26×); in
@@ -87,7 +87,7 @@ Measured 2026-12-02 evening on the idle 2-core machine (load < 1.6; ceiling 34,9
 
 Measured along the way (moved here from the code's comments; re-measure with this script): PPO's
 `ppo_loss` + `backward` through autograd 2.6 ms per 256-row minibatch vs 1.1 ms for the hand-written gradient
-(`postrl/control/ppo_grad.py`); a small torch op 3–8 µs of dispatch, a 256×64 GEMM ≈ 60 µs, torch's float32
+(`postrl/control/fast/ppo_grad.py`); a small torch op 3–8 µs of dispatch, a 256×64 GEMM ≈ 60 µs, torch's float32
 tanh ≈ 4 ns per element and sigmoid half that; `torch.optim.Adam.step` ≈ 0.3 ms of Python per call, the update
 as single-tensor ops ≈ 0.1 ms, the fused kernel ≈ 0.03 ms, the optimizer hook wrapper ≈ 60 µs; with 64×64 MLPs
 a torch op ≈ 8 µs vs a numpy op ≈ 1 µs (the numpy actor), one blocked draw of the rollout's uniforms saves

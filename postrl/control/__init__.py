@@ -9,9 +9,9 @@ Layout (each algorithm is one file you can read top to bottom; all the math come
   orthogonal init, deterministic evaluation (argmax / mean).
 - ``buffer``: ``[n_envs, n_steps]`` rollout storage (time last, as core) and the collection loop.
 - ``reinforce``, ``a2c``, ``trpo``, ``ppo``: a config dataclass, a batch → loss function, the iteration.
-- ``ppo_grad``, ``numpy_actor``, ``flat``: PPO's fast path (the gradient written out by hand, the rollout's
-  actor in numpy, Adam on one flat tensor), chosen by ``ppo.backend`` and pinned by tests to the reference
-  path; nothing in the algorithm files needs them to be read.
+- ``fast``: PPO's fast path (the gradient written out by hand, the rollout's actor in numpy, Adam on one flat
+  tensor), chosen once by ``ppo.backend`` and pinned by tests to the reference path in ``ppo``; nothing in
+  the algorithm files needs it to be read.
 - ``loop``: the loop they share — run folder, metrics.jsonl, summary.json, checkpoints, exact resume,
   evaluation, curves.png, GIF.
 - ``tabular``: value iteration, SARSA and Q-learning on FrozenLake / CliffWalking.

@@ -22,8 +22,8 @@ from torch import nn
 
 from postrl.control.buffer import Batch, RolloutBuffer, collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
+from postrl.control.fast.numpy_actor import use_numpy_actor
 from postrl.control.loop import Agent, RunConfig
-from postrl.control.numpy_actor import use_numpy_actor
 from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.core import gae, masked_whiten, reinforce_loss, td_errors, value_loss
 from postrl.runtime.config import ConfigError

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from postrl.control.envs import VecEnv
-from postrl.control.numpy_actor import NumpyActor
+from postrl.control.fast.numpy_actor import NumpyActor
 
 __all__ = ["Batch", "RolloutBuffer", "collect_rollout"]
 
@@ -98,8 +98,8 @@ def collect_rollout(
     """Step ``env`` for ``buf.n_steps`` steps with the current policy, filling ``buf``.
 
     Only the actor runs inside the loop: ``actor.act``, or with ``numpy_actor`` its copy in numpy, which
-    draws the same actions (the fast path of `postrl.control.numpy_actor`; the caller checks that the actor
-    allows it). A gSDE actor (``policy.use_sde``) draws new exploration weights at the first step and every
+    draws the same actions (the fast path of `postrl.control.fast.numpy_actor`; the caller checks that the
+    actor allows it). A gSDE actor (``policy.use_sde``) draws new exploration weights at the first step and every
     ``sde_sample_freq`` steps. The critic is evaluated once, after it, on all ``n_envs · n_steps``
     observations (and the final observations of truncated steps) in one batch: the same values as a call
     per step, at a fraction of the cost for small networks.

@@ -10,24 +10,25 @@ Implementation Details of PPO"): per-minibatch advantage normalisation, optional
 gradient-norm clipping, linear annealing of the learning rate and of ε, Adam ε = 1e-5, and an early stop of
 the epochs when the approximate KL passes ``target_kl``. Truncated episodes bootstrap from V(final obs).
 
-``backend`` chooses how the gradient is taken: this file's `ppo_loss` through autograd (the reference), or a
-fused path written out by hand for postrl's MLPs (`postrl.control.ppo_grad`, pinned to this one by
-tests/control/test_ppo_grad.py); ``auto`` takes the fused one when it can and logs which runs.
+Each minibatch step is ``ReferenceStep`` below: the gradient of `ppo_loss` through autograd,
+``clip_grad_norm_`` and ``torch.optim.Adam``. ``backend`` may swap in a step that computes the same update
+faster for postrl's own MLPs (`postrl.control.fast`, pinned to this one by tests/control/test_ppo_grad.py);
+it is chosen once, when PPO is built, and ``auto`` logs which step runs and why the other was refused.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 from torch import nn
 
-from postrl.control import dist, ppo_grad
+from postrl.control import dist
 from postrl.control.buffer import Batch, RolloutBuffer, collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
-from postrl.control.flat import FlatAdam, FlatParameters
+from postrl.control.fast import flat, ppo_step
 from postrl.control.loop import Agent, RunConfig
 from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.core import gae, ppo_clip_loss, value_loss
@@ -70,10 +71,11 @@ class PPOConfig:
     adam_eps: float = 1e-5
     """Adam ε (1e-5 as in the PPO reference implementation)."""
     backend: Literal["auto", "fused", "autograd"] = "auto"
-    """How the gradient is taken: autograd (ppo_loss, backward, the rollout's actor in torch), fused (the
-    gradient written out and the actor in numpy, for postrl's MLP actor and critic: postrl.control.ppo_grad;
-    the same numbers to float32 rounding) or auto (fused when the networks allow it, else autograd; the
-    choice and the reason are logged at info level)."""
+    """How each minibatch step is taken: autograd (ppo_loss, backward, clip_grad_norm_, torch.optim.Adam; the
+    rollout's actor in torch), fused (the gradient written out, Adam on one flat tensor and the actor in
+    numpy, for postrl's MLP actor and critic: postrl.control.fast; the same numbers to float32 rounding) or
+    auto (fused when the networks allow it, else autograd; the choice and the reason are logged at info
+    level)."""
 
     CHECKS = {  # valid ranges (postrl.runtime.config.validate)
         "n_steps": ">= 1",
@@ -128,6 +130,58 @@ def ppo_loss(
     return loss, stats
 
 
+class MinibatchStep(Protocol):
+    """One gradient step on a minibatch; ``ppo.backend`` chooses which one PPO takes, once, at build time."""
+
+    optimizer: torch.optim.Optimizer
+    names: tuple[str, ...]
+    """The statistics of the row a step returns, in order."""
+
+    def __call__(self, mb: Batch, clip_eps: float) -> torch.Tensor:
+        """Step the actor and critic on ``mb``; return its statistics as a row ``[1, k]``."""
+
+
+class ReferenceStep:
+    """The minibatch step as the notes write it: the gradient of `ppo_loss` through autograd, its mean over
+    ranks, the global-norm clip and an Adam step on the actor's and critic's parameters."""
+
+    def __init__(self, actor: nn.Module, critic: nn.Module, cfg: PPOConfig):
+        self.actor, self.critic, self.cfg = actor, critic, cfg
+        self.params = [*actor.parameters(), *critic.parameters()]
+        # fused=True: torch's one-kernel Adam, the same arithmetic as the default per-tensor loop (to float32
+        # rounding) and exactly that of the fast path, which runs the kernel on the parameters as one tensor
+        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps, fused=True)
+        # a checkpoint of the fast path (and of every PPO run before this step existed) holds that one tensor
+        self.optimizer.register_load_state_dict_pre_hook(flat.split_flat_state)
+        self.names: tuple[str, ...] = ()
+
+    def __call__(self, mb: Batch, clip_eps: float) -> torch.Tensor:
+        self.optimizer.zero_grad()
+        loss, stats = ppo_loss(self.actor, self.critic, mb, self.cfg, clip_eps)
+        loss.backward()
+        dist.sync_grads(self.params)  # the mean over ranks (nothing in one process)
+        nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.names = tuple(stats)
+        return torch.stack(list(stats.values()))[None]
+
+
+def make_step(cfg: PPOConfig, actor: nn.Module, critic: nn.Module) -> MinibatchStep:
+    """The minibatch step of ``cfg.backend`` (logs which runs and, under ``auto``, why the other was refused)."""
+    if not ppo_step.use_fused(cfg.backend, actor, critic):
+        return ReferenceStep(actor, critic, cfg)
+    return ppo_step.FusedStep(
+        actor,
+        critic,
+        lr=cfg.lr,
+        adam_eps=cfg.adam_eps,
+        max_grad_norm=cfg.max_grad_norm,
+        vf_coef=cfg.vf_coef,
+        ent_coef=cfg.ent_coef,
+        vf_clip=cfg.vf_clip,
+    )
+
+
 class PPO(Agent):
     def __init__(self, cfg: Config, env: VecEnv, rollout_hook: Callable[[RolloutBuffer], None] | None = None):
         """``rollout_hook(buf)``, when given, is called after each rollout is collected and before GAE; it
@@ -137,10 +191,10 @@ class PPO(Agent):
         self.rollout_hook = rollout_hook
         self.actor = make_actor(env.single_observation_space, env.single_action_space, cfg.policy)
         self.critic = Critic(env.single_observation_space.shape[0], cfg.policy)
-        self.flat = FlatParameters([self.actor, self.critic])  # one tensor for Adam, clipping and zeroing
-        self.optimizer = FlatAdam(self.flat.param, lr=self.cfg.lr, eps=self.cfg.adam_eps)
         self.buffer = RolloutBuffer(env, self.cfg.n_steps)
-        self.fused = ppo_grad.use_fused(self.cfg.backend, self.actor, self.critic)  # logs the path
+        self.step = make_step(self.cfg, self.actor, self.critic)
+        self.fused = isinstance(self.step, ppo_step.FusedStep)  # the rollout's actor then runs in numpy
+        self.optimizer = self.step.optimizer
         self.modules = {"actor": self.actor, "critic": self.critic}
         self.optimizers = {"optimizer": self.optimizer}
 
@@ -168,43 +222,23 @@ class PPO(Agent):
         full_batch = batch_size >= n
         if full_batch:  # one minibatch: whiten once, and no shuffle (the loss is a mean over it)
             batch = self._whiten(batch)
-        names = ppo_grad.stat_names(cfg.ent_coef)
-        self.flat.zero_grad()  # also re-attaches the parameters' .grad views of the flat gradient if replaced
-        gradient = ppo_grad.HandGradient(self.actor, self.critic) if self.fused else None
-        whole = gradient.prepare(batch) if full_batch and gradient else None  # the same for every epoch
-        history: list[torch.Tensor] = []  # per minibatch, the statistics `names` as a row [1, k]
+        history: list[torch.Tensor] = []  # per minibatch, the statistics `self.step.names` as a row [1, k]
         epochs = 0
         for _ in range(cfg.epochs):
             epochs += 1
             order = None if full_batch else torch.randperm(n)
             for start in range(0, n, batch_size):
                 mb = batch if full_batch else self._whiten(batch.take(order[start : start + batch_size]))
-                if gradient is not None:
-                    prepared = whole if whole is not None else gradient.prepare(mb)
-                    stats = gradient(prepared, clip_eps, cfg.vf_coef, cfg.ent_coef, cfg.vf_clip)
-                else:
-                    stats = self._autograd_gradient(mb, clip_eps, names)
-                dist.sync_grads([self.flat.param])  # the mean over ranks (nothing in one process)
-                self.flat.clip_grad_norm_(cfg.max_grad_norm)
-                self.optimizer.update()
-                history.append(stats)
-            approx_kl = stats[0, names.index("approx_kl")]
+                history.append(self.step(mb, clip_eps))
+            approx_kl = history[-1][0, self.step.names.index("approx_kl")]
             if cfg.target_kl is not None and dist.mean_over_ranks(approx_kl) > cfg.target_kl:
                 break
-        out = dict(zip(names, torch.cat(history).mean(0).tolist(), strict=True))
+        out = dict(zip(self.step.names, torch.cat(history).mean(0).tolist(), strict=True))
         out["epochs"] = epochs
         if "entropy" not in out:
             with torch.no_grad():
                 out["entropy"] = float(self.actor.evaluate(batch.obs, batch.actions)[1].mean())
         return out
-
-    def _autograd_gradient(self, mb: Batch, clip_eps: float, names: tuple[str, ...]) -> torch.Tensor:
-        """The gradient of `ppo_loss` on ``mb`` through autograd into the flat gradient; its statistics
-        ``names`` as a row [1, k] (the reference path: ``ppo.backend`` autograd)."""
-        self.flat.zero_grad()
-        loss, stats = ppo_loss(self.actor, self.critic, mb, self.cfg, clip_eps)
-        loss.backward()
-        return torch.stack([stats[name] for name in names])[None]
 
     def _whiten(self, batch: Batch) -> Batch:
         if not self.cfg.normalize_advantages or len(batch) < 2:

@@ -125,7 +125,7 @@ def _unshared(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _is_flat_view(module: torch.nn.Module) -> bool:
-    """True when a parameter is a view into a larger storage (``postrl.control.flat.FlatParameters``):
+    """True when a parameter is a view into a larger storage (``postrl.control.fast.flat.FlatParameters``):
     safetensors' ``save_model``/``load_model`` refuse those, and such a module has no tied weights for them
     to handle, so it is saved and loaded as a plain state dict."""
     return any(p.untyped_storage().nbytes() != p.numel() * p.element_size() for p in module.parameters())

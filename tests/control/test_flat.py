@@ -5,7 +5,7 @@ import copy
 import torch
 from torch import nn
 
-from postrl.control.flat import FlatAdam, FlatParameters
+from postrl.control.fast.flat import FlatAdam, FlatParameters
 from postrl.control.policies import CategoricalActor, Critic, PolicyConfig
 from postrl.runtime.checkpoint import load_checkpoint, save_checkpoint
 

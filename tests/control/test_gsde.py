@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from postrl.control import ppo, ppo_grad, reinforce, trpo
+from postrl.control import ppo, reinforce, trpo
 from postrl.control.buffer import RolloutBuffer, collect_rollout
 from postrl.control.envs import VecEnv
+from postrl.control.fast.numpy_actor import refusal
+from postrl.control.fast.ppo_step import use_fused
 from postrl.control.loop import train
-from postrl.control.numpy_actor import refusal
 from postrl.control.policies import GaussianActor, GSDEActor, PolicyConfig, make_actor
 from postrl.runtime.config import ConfigError, load_config
 
@@ -159,7 +160,7 @@ def test_ppo_auto_takes_autograd_and_says_why_fused_refuses(caplog):
     assert "gSDE" in refusal(agent.actor)
     fused = load_config(ppo.Config, "ppo-pendulum", ["policy.use_sde=true", "ppo.backend=fused"])
     with pytest.raises(ConfigError, match="gSDE"):
-        ppo_grad.use_fused(fused.ppo.backend, agent.actor, agent.critic)
+        use_fused(fused.ppo.backend, agent.actor, agent.critic)
     env.close()
 
 

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from postrl.control.numpy_actor import NumpyActor
+from postrl.control.fast.numpy_actor import NumpyActor
 from postrl.control.policies import CategoricalActor, GaussianActor, PolicyConfig, make_actor
 
 

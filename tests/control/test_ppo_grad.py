@@ -1,4 +1,4 @@
-"""PPO's fused path (`postrl.control.ppo_grad`: the hand-written minibatch gradient, the numpy actor) equals the
+"""PPO's fused path (`postrl.control.fast`: the hand-written minibatch gradient, the numpy actor) equals the
 reference path (autograd through `ppo_loss`, ``actor.act``), and ``ppo.backend`` chooses between them."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from postrl.control import numpy_actor, ppo, ppo_grad
+from postrl.control import ppo
 from postrl.control.buffer import Batch, collect_rollout
 from postrl.control.envs import VecEnv
+from postrl.control.fast import numpy_actor, ppo_grad, ppo_step
 from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.control.ppo import PPOConfig, ppo_loss
 from postrl.core import gae
@@ -98,10 +99,10 @@ def test_the_fused_path_refuses_networks_it_does_not_write_out():
 
 def test_backend_auto_takes_the_fused_path_for_postrls_mlps_and_says_so(caplog):
     actor, critic, _ = setup(False, "relu")
-    with caplog.at_level(logging.INFO, logger="postrl.control.ppo_grad"):
-        assert ppo_grad.use_fused("auto", actor, critic)
-        assert ppo_grad.use_fused("fused", actor, critic)
-        assert not ppo_grad.use_fused("autograd", actor, critic)
+    with caplog.at_level(logging.INFO, logger="postrl.control.fast.ppo_step"):
+        assert ppo_step.use_fused("auto", actor, critic)
+        assert ppo_step.use_fused("fused", actor, critic)
+        assert not ppo_step.use_fused("autograd", actor, critic)
     auto, fused, autograd = (r.getMessage() for r in caplog.records)
     assert "ppo.backend=auto: the fused path runs" in auto and "fused path runs" in fused
     assert "ppo.backend=autograd" in autograd
@@ -110,8 +111,8 @@ def test_backend_auto_takes_the_fused_path_for_postrls_mlps_and_says_so(caplog):
 def test_backend_auto_refuses_a_custom_actor_and_says_why(caplog):
     actor, critic, _ = setup(True, "tanh")
     _tempered(actor)
-    with caplog.at_level(logging.INFO, logger="postrl.control.ppo_grad"):
-        assert not ppo_grad.use_fused("auto", actor, critic)
+    with caplog.at_level(logging.INFO, logger="postrl.control.fast.ppo_step"):
+        assert not ppo_step.use_fused("auto", actor, critic)
     (record,) = caplog.records
     assert record.levelno == logging.INFO
     assert "autograd path" in record.getMessage() and "Tempered" in record.getMessage()
@@ -120,7 +121,7 @@ def test_backend_auto_refuses_a_custom_actor_and_says_why(caplog):
 def test_backend_fused_on_a_custom_actor_is_a_config_error(monkeypatch):
     """At build, before the run folder is touched: the message names the key and the reason."""
     with pytest.raises(ConfigError, match=r"'ppo.backend' is fused, but the actor is a .*Tempered"):
-        ppo_grad.use_fused("fused", _tempered(setup(True, "tanh")[0]), setup(True, "tanh")[1])
+        ppo_step.use_fused("fused", _tempered(setup(True, "tanh")[0]), setup(True, "tanh")[1])
     monkeypatch.setattr(ppo, "make_actor", lambda *args: _tempered(make_actor(*args)))
     cfg = load_config(ppo.Config, None, ["env.n_envs=1", "ppo.backend=fused"])
     with pytest.raises(ConfigError, match="Tempered"):

@@ -1,17 +1,13 @@
-"""PPO's fused path: the minibatch gradient written out (the MLPs' forward and backward and the loss's
-derivative, no autograd), with the rollout's actor in numpy (`postrl.control.numpy_actor`).
-
-``ppo.backend`` chooses it (:func:`use_fused`): ``auto`` (the default) runs it when the networks are postrl's
-own MLP actor and critic and says why not otherwise (e.g. a custom actor subclass), ``fused`` insists on it
-(a ConfigError says why it cannot run), ``autograd`` runs the reference path: `postrl.control.ppo.ppo_loss`,
-``backward`` and ``actor.act``. Either way the optimiser is the same (`postrl.control.flat.FlatAdam`: torch's
-fused Adam kernel, whatever the networks), so checkpoints move between backends.
+"""PPO's minibatch gradient written out (the MLPs' forward and backward and the loss's derivative, no
+autograd): the gradient of `postrl.control.ppo.ppo_loss` for postrl's MLP actor and critic, which
+`postrl.control.fast.ppo_step.FusedStep` takes instead of autograd's (tests/control/test_ppo_grad.py checks
+every variant against autograd through ``ppo_loss``).
 
 For the 64×64 MLPs of classic control on a 256-row minibatch, autograd's bookkeeping (a node per op, its
 saved tensors, the engine's walk of the graph) costs about as much as the arithmetic; written out by hand
-the same gradients (to float32 rounding) take well under half the time (benchmarks/control.py) (tests/control/test_ppo_grad.py checks every variant against autograd through
-`postrl.control.ppo.ppo_loss`). PPO on CartPole takes 20 minibatch steps per 256 env steps, so this is most
-of a run, and every op counts: a small op's dispatch costs a sizeable fraction of a 256×64 GEMM.
+the same gradients (to float32 rounding) take well under half the time (benchmarks/control.py). PPO on
+CartPole takes 20 minibatch steps per 256 env steps, so this is most of a run, and every op counts: a small
+op's dispatch costs a sizeable fraction of a 256×64 GEMM.
 
 The derivation (N rows; ρ = exp(log π − log π_old); A the whitened advantages; ε the clip range):
 
@@ -35,39 +31,23 @@ tanh on the CPUs measured (benchmarks/control.py), and the ×2 rides in the GEMM
 
 Everything is kept ``[N, 1]``-shaped (a column per row of the minibatch) so that nothing is reshaped, and the
 statistics are columns concatenated and averaged in two ops (`STATS`). Gradients are written into each
-parameter's ``.grad`` (views of `postrl.control.flat.FlatParameters`' flat gradient), replacing what was
-there: no zeroing is needed.
+parameter's ``.grad`` as it was when the `HandGradient` was built (views of
+`postrl.control.fast.flat.FlatParameters`' flat gradient), replacing what was there: no zeroing is needed.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from postrl.control import numpy_actor
 from postrl.control.buffer import Batch
+from postrl.control.fast import numpy_actor
 from postrl.control.policies import MLP, CategoricalActor, Critic, GaussianActor
 from postrl.core import diag_gaussian_entropy, diag_gaussian_log_prob
-from postrl.runtime.config import ConfigError
 
-__all__ = [
-    "BACKENDS",
-    "STATS",
-    "HandGradient",
-    "Minibatch",
-    "minibatch_gradient",
-    "refusal",
-    "stat_names",
-    "use_fused",
-]
-
-log = logging.getLogger(__name__)
-
-BACKENDS = ("auto", "fused", "autograd")
-"""The values of ``ppo.backend``."""
+__all__ = ["STATS", "HandGradient", "Minibatch", "minibatch_gradient", "refusal", "stat_names"]
 
 # The statistics of `postrl.control.ppo.ppo_loss`, in the order of the vector a gradient step returns.
 STATS = ("policy_loss", "value_loss", "clip_fraction", "approx_kl", "ratio_mean", "entropy")
@@ -102,27 +82,6 @@ def refusal(actor: nn.Module, critic: nn.Module) -> str | None:
         if net.activation_name not in _ACT_BACKWARD:
             return f"the {name}'s activation {net.activation_name!r} has no hand-written derivative"
     return None
-
-
-def use_fused(backend: str, actor: nn.Module, critic: nn.Module) -> bool:
-    """Whether PPO runs the fused path for ``ppo.backend`` = ``backend`` on these networks; logs which path
-    runs and, when ``auto`` refuses the fused one, why. ``fused`` on networks it cannot run is a ConfigError."""
-    if backend not in BACKENDS:
-        raise ConfigError(f"'ppo.backend': {backend!r} is not one of {', '.join(BACKENDS)}")
-    if backend == "autograd":
-        log.info("ppo.backend=autograd: gradients through autograd, the rollout's actor in torch")
-        return False
-    reason = refusal(actor, critic)
-    if reason is None:
-        log.info(
-            "ppo.backend=%s: the fused path runs (hand-written gradient, numpy actor: postrl.control.ppo_grad)",
-            backend,
-        )
-        return True
-    if backend == "fused":
-        raise ConfigError(f"'ppo.backend' is fused, but {reason}; use ppo.backend=auto or autograd")
-    log.info("ppo.backend=auto: autograd path, the fused one cannot run: %s", reason)
-    return False
 
 
 @dataclass(frozen=True)
@@ -208,14 +167,17 @@ class _Net:
 class HandGradient:
     """The gradient of `postrl.control.ppo.ppo_loss` for one actor and critic, written out.
 
-    Build one per update (it holds views of the parameters and their gradients); call it per minibatch.
+    It holds views of the parameters and of their gradients as they are when it is built: build it after
+    `postrl.control.fast.flat.FlatParameters` has re-homed them; call it per minibatch.
     """
 
     def __init__(self, actor: CategoricalActor | GaussianActor, critic: Critic):
         self.actor, self.discrete = actor, isinstance(actor, CategoricalActor)
         self.actor_net, self.critic_net = _Net(actor.net), _Net(critic.net)
-        if not self.discrete and actor.log_std.grad is None:
-            actor.log_std.grad = torch.zeros_like(actor.log_std)
+        if not self.discrete:
+            if actor.log_std.grad is None:
+                actor.log_std.grad = torch.zeros_like(actor.log_std)
+            self.log_std_grad = actor.log_std.grad
 
     def prepare(self, batch: Batch) -> Minibatch:
         """``batch`` in the shapes a call reads (once per minibatch, or once per update for the whole rollout)."""
@@ -263,7 +225,7 @@ class HandGradient:
             d_log_std = ((z * z - 1.0) * d_log_probs).sum(0)
             if ent_coef:
                 d_log_std -= ent_coef  # ∂(−c_H mean H)/∂log σ
-            self.actor.log_std.grad.copy_(d_log_std)
+            self.log_std_grad.copy_(d_log_std)
         self.actor_net.backward(actor_in, d_head)
         self.critic_net.backward(critic_in, d_values)
         stats = torch.mm(mb.mean_weights, torch.cat(columns, dim=1))  # (1, k): the columns' means

@@ -52,7 +52,9 @@ def use_numpy_actor(actor: nn.Module, who: str) -> bool:
     the path that runs and, when torch's, why."""
     reason = refusal(actor)
     if reason is None:
-        log.info("%s: the rollout samples actions with the numpy actor (postrl.control.numpy_actor)", who)
+        log.info(
+            "%s: the rollout samples actions with the numpy actor (postrl.control.fast.numpy_actor)", who
+        )
         return True
     log.info("%s: the rollout samples actions with actor.act in torch: %s", who, reason)
     return False

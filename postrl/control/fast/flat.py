@@ -12,16 +12,23 @@ Autograd accumulates into an existing ``.grad`` in place, so backward writes str
 gradient as long as nobody replaces a parameter's ``.grad``: use :meth:`FlatParameters.zero_grad`, never
 ``optimizer.zero_grad(set_to_none=True)`` or ``module.zero_grad()`` (``zero_grad`` here re-attaches the
 views if something did).
+
+Checkpoints: :class:`FlatAdam` saves Adam's state as one flat tensor (as postrl always has), and PPO's
+reference path (``torch.optim.Adam`` over the same parameters) one tensor per parameter. Each loads the
+other's: :meth:`FlatAdam.load_state_dict` concatenates a per-parameter state, :func:`split_flat_state` (a
+``torch.optim.Optimizer`` load pre-hook) splits a flat one. The numbers are the same either way, so a run
+resumes exactly whichever path wrote its checkpoint.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["FlatAdam", "FlatParameters"]
+__all__ = ["FlatAdam", "FlatParameters", "split_flat_state"]
 
 
 class FlatParameters:
@@ -66,12 +73,19 @@ class FlatAdam(torch.optim.Adam):
 
     ``torch.optim.Adam.step`` spends several times the cost of the update itself in Python per call on a
     10k-element tensor, and the update written out as single-tensor ops is ~8 kernels; the fused kernel is one
-    (benchmarks/control.py). PPO on CartPole takes 20 such steps per 256 env steps. The kernel is torch's own (``torch.optim.Adam(fused=True)``; Kingma & Ba 2015, Algorithm 1), so
-    results match it exactly (tested), and ``torch.optim.Adam(foreach=False)`` to float32 rounding.
+    (benchmarks/control.py). PPO on CartPole takes 20 such steps per 256 env steps. The kernel is torch's own
+    (``torch.optim.Adam(fused=True)``; Kingma & Ba 2015, Algorithm 1) and elementwise, so results match
+    ``torch.optim.Adam(fused=True)`` over the separate parameters exactly (tested), and
+    ``torch.optim.Adam(foreach=False)`` to float32 rounding.
     """
 
     def __init__(self, param: nn.Parameter, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
         super().__init__([param], lr=lr, betas=betas, eps=eps, fused=True)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """``torch.optim.Adam.load_state_dict``, also of a state with one entry per parameter (a checkpoint of
+        ``torch.optim.Adam`` over the parameters that :class:`FlatParameters` re-homed, in their order)."""
+        super().load_state_dict(_joined(state_dict))
 
     def step(self, closure=None):  # noqa: D102 - torch.optim.Optimizer.step
         if closure is not None:
@@ -106,3 +120,44 @@ class FlatAdam(torch.optim.Adam):
             amsgrad=False,
             maximize=False,
         )
+
+
+_PER_ELEMENT = ("exp_avg", "exp_avg_sq")  # Adam's state that has a parameter's shape (the rest: "step")
+
+
+def _joined(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """A ``torch.optim.Adam`` state dict of one group over several parameters as one over their flat
+    concatenation (unchanged when it already has one parameter)."""
+    (group,) = state_dict["param_groups"]
+    ids = group["params"]
+    if len(ids) == 1:
+        return state_dict
+    states = [state_dict["state"][i] for i in ids if i in state_dict["state"]]
+    state = {}
+    if states:  # none before the first step
+        if len(states) != len(ids):
+            raise ValueError("an Adam state with some parameters stepped and others not cannot be flattened")
+        state[0] = {"step": states[0]["step"]}
+        for key in _PER_ELEMENT:
+            state[0][key] = torch.cat([s[key].reshape(-1) for s in states])
+    return {"state": state, "param_groups": [{**group, "params": [0]}]}
+
+
+def split_flat_state(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """A load pre-hook (``optimizer.register_load_state_dict_pre_hook``) for ``torch.optim.Adam`` over several
+    parameters: a state saved by :class:`FlatAdam` over their flat concatenation, in the same order, is split
+    into one entry per parameter; any other state is returned unchanged."""
+    (group,) = optimizer.param_groups
+    (saved,) = state_dict["param_groups"]
+    params = group["params"]
+    if len(saved["params"]) != 1 or len(params) == 1:
+        return state_dict
+    state = {}
+    flat = state_dict["state"].get(saved["params"][0])
+    if flat is not None:
+        sizes = [p.numel() for p in params]
+        parts = {key: flat[key].split(sizes) for key in _PER_ELEMENT}
+        for i, p in enumerate(params):
+            state[i] = {"step": flat["step"].clone()}
+            state[i].update({key: parts[key][i].view_as(p).clone() for key in _PER_ELEMENT})
+    return {"state": state, "param_groups": [{**saved, "params": list(range(len(params)))}]}
