@@ -749,6 +749,19 @@ CASES += [
     ),
 ]
 
+# ---- issue #41 item 8: a model folder whose only weights are a pickled pytorch_model.bin -------------------
+CASES += [
+    C(
+        "sft-model-pickled-bin",
+        "sft",
+        "{ws}/pickled",
+        "pytorch_model.bin",
+        "safetensors",
+        flags={"--model": "{ws}/pickled"},
+        overrides={"tokenizer": "{model}"},
+    ),
+]
+
 # end to end through a real process as well: exit status 2 and no traceback
 SUBPROCESS_CASES = ("ct-unknown-env", "sft-hub-name-offline", "grpo-reward-wrong-signature")
 
@@ -802,6 +815,7 @@ def write_inputs(ws: Path) -> None:
     )
     _jsonl(data / "prompts_empty_prompt.jsonl", [*prompts[:2], {"prompt": "", "answer": "1"}, *prompts[3:]])
     _write_issue_41_inputs(data, prefs, prompts)
+    _write_pickled_model(ws / "pickled")
     long = " great food" * 80  # far more than the tiny model's 128 positions
     _jsonl(data / "sft_long.jsonl", [*sft[:3], {**sft[3], "completion": long}, *sft[4:10]])
     _jsonl(data / "prefs_long.jsonl", [*prefs[:3], {**prefs[3], "chosen": long}, *prefs[4:]])
@@ -867,3 +881,18 @@ def _png_claiming(path: Path, width: int, height: int) -> None:
     data[start + 4 : start + 12] = struct.pack(">II", width, height)
     data[start + 17 : start + 21] = struct.pack(">I", zlib.crc32(bytes(data[start : start + 17])))
     path.write_bytes(bytes(data))
+
+
+def _write_pickled_model(path: Path) -> None:
+    """A tiny Llama folder whose weights are a pickled ``pytorch_model.bin`` that holds a Python object besides
+    its tensors (training arguments, as old checkpoints often do): ``torch.load(weights_only=True)`` refuses it."""
+    import argparse
+
+    import torch
+
+    path.mkdir()
+    config = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 400}  # fmt: skip
+    (path / "config.json").write_text(json.dumps(config))
+    weights = {"model.embed_tokens.weight": torch.zeros(400, 32), "args": argparse.Namespace(lr=1e-4)}
+    torch.save(weights, path / "pytorch_model.bin")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import pickle
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -137,6 +138,27 @@ def load_error(what: str, path_or_name: str | Path, local: bool, err: Exception)
     return ModelError(f"{name}: cannot load it: {_first_line(err)}")
 
 
+def pickled_weights_error(what: str, path_or_name: str | Path) -> ModelError:
+    """The `ModelError` for a folder whose ``pytorch_model*.bin`` holds pickled Python objects besides tensors:
+    torch refuses them (``weights_only=True``: unpickling can run any code), so the fix is a safetensors copy,
+    made once, by someone who trusts where the file came from."""
+    folder = Path(path_or_name).expanduser()
+    bins = sorted(p.name for p in folder.glob("pytorch_model*.bin")) if folder.is_dir() else []
+    name = bins[0] if len(bins) == 1 else "pytorch_model*.bin"
+    file = folder / name
+    convert = (
+        f"import torch; from safetensors.torch import save_file; o = torch.load('{file}', weights_only=False); "
+        "sd = o.state_dict() if hasattr(o, 'state_dict') else o; "
+        "save_file({k: v.clone().contiguous() for k, v in sd.items() if torch.is_tensor(v)}, "
+        f"'{folder / 'model.safetensors'}', {{'format': 'pt'}})"
+    )
+    return ModelError(
+        f"{what} '{path_or_name}': {name} is a pickled checkpoint holding Python objects, which torch refuses "
+        "to load (weights_only: unpickling could run code); only if you trust its source, convert it to "
+        f'safetensors once: python -c "{convert}", then remove {name}'
+    )
+
+
 def load_pretrained(
     auto_cls: Any, path_or_name: str | Path, what: str, dtype: Any, trust_remote_code: bool
 ) -> PreTrainedModel:
@@ -148,6 +170,8 @@ def load_pretrained(
     kwargs["local_files_only"] = local or not hub_reachable()
     try:
         return auto_cls.from_pretrained(source, **kwargs)
+    except pickle.UnpicklingError as err:  # torch.load(weights_only=True) refused a pickled checkpoint
+        raise pickled_weights_error(what, path_or_name) from err
     except (OSError, ValueError) as err:  # transformers' and the hub's errors for a bad path, name or file
         raise load_error(what, path_or_name, local, err) from err
     # a damaged folder: weights cut short, weights of other shapes than config.json's, a config that is not
