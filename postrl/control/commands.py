@@ -101,9 +101,11 @@ def resolve_config(args: argparse.Namespace):
     from postrl.control.loop import algorithm  # deferred: torch, which `postrl --help` must not import
 
     if args.resume:
-        return load_config(
+        cfg = load_config(
             algorithm(_run_algo(args.resume)).Config, Path(args.resume) / "config.yaml", args.overrides
         )
+        check_env_code(cfg.env.id, args.env, args.resume)
+        return cfg
     module = algorithm(args.algo)
     path = args.config
     if path is None:
@@ -117,6 +119,16 @@ def resolve_config(args: argparse.Namespace):
     if args.seed is not None:
         flags.append(f"run.seed={args.seed}")
     return load_config(module.Config, path, [*flags, *args.overrides])
+
+
+def check_env_code(env_id: str, named: str | None, run_dir: str) -> None:
+    """A run folder's env id of the form ``module:Env`` imports ``module`` (Gymnasium's entry-point ids): a run
+    folder received from someone else would run its code on resume, so the user must name the env again."""
+    if ":" in env_id and named != env_id:
+        raise ConfigError(
+            f"--resume {run_dir}: its config.yaml has env.id={env_id!r}, which imports the module "
+            f"{env_id.split(':')[0]!r} (its code runs); to resume, name it again: --env {shlex.quote(env_id)}"
+        )
 
 
 def _interrupted(run_dir: Path) -> bool:

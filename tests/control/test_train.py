@@ -194,3 +194,22 @@ def test_cli_resume_continues_an_interrupted_run(tmp_path, capsys):
     args = _cli("control", "train", "--resume", str(out))  # explicit: finishes at once (already at 96)
     args.handler(args)
     assert json.loads((out / "summary.json").read_text())["env_steps"] == 96
+
+
+def test_resume_runs_no_env_module_the_run_folder_names_unless_named_again(tmp_path, monkeypatch):
+    """A config.yaml edited to an entry-point env id (``module:Env``) would import that module on resume: the
+    resume is refused before anything is imported or written, until the user names the env again."""
+    out = tmp_path / "run"
+    argv = ["control", "train", "--env", "CartPole-v1", "--total-steps", "64", "--out", str(out), *SMALL[:4]]
+    args = _cli(*argv, "run.eval_episodes=1")
+    args.handler(args)
+    marker = tmp_path / "imported"
+    (tmp_path / "evil_env_mod.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = out / "config.yaml"
+    config.write_text(config.read_text().replace("id: CartPole-v1", "id: evil_env_mod:Env"))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match=r"imports the module 'evil_env_mod'.*--env evil_env_mod:Env"):
+        resolve_config(_cli("control", "train", "--resume", str(out)))
+    assert not marker.exists()
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
