@@ -47,9 +47,7 @@ def _peft(key: str = "run.lora.enabled") -> Any:
     try:
         import peft
     except ImportError:
-        raise ModelError(
-            f"{key} needs peft: pip install 'postrl[lora]' (or pip install peft)"
-        ) from None
+        raise ModelError(f"{key} needs peft: pip install 'postrl[lora]' (or pip install peft)") from None
     return peft
 
 
@@ -188,20 +186,39 @@ def adapter_free_reference(policy: nn.Module) -> AdapterFreeReference:
 
 
 # ---- merged weights and adapter folders ------------------------------------------------------------------
+def _lora_deltas(model: nn.Module) -> list[tuple[str, nn.Module, str, torch.Tensor]]:
+    """(layer name, base module, name of the adapted parameter, ΔW = sum over active adapters in float32) of
+    every LoRA layer, in ``named_modules`` order (outer wrappers first). A layer is peft's ``lora.Linear`` (ΔW
+    on the base Linear's ``weight``) or a ``ParamWrapper``, which adapts one parameter of a module by name: a
+    mixture-of-experts block's fused expert tensors ``[E, d_out, d_in]`` (two wrappers stacked on one module
+    for ``gate_up_proj`` and ``down_proj``) or a router's ``weight``."""
+    deltas = []
+    for name, layer in lora_layers(model):
+        parameter = getattr(layer, "parameter_name", None) or "weight"
+        delta = sum(layer.get_delta_weight(a).float() for a in layer.active_adapters)
+        deltas.append((name, layer.get_base_layer(), parameter, delta))
+    return deltas
+
+
+def plain_name(key: str) -> str:
+    """A weight's name without peft's wrappers: every ``.base_layer`` dropped (stacked wrappers nest them)."""
+    return re.sub(r"(\.base_layer)+(?=\.)", "", key)
+
+
 @torch.no_grad()
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The weights of ``model`` with every active adapter folded in, W + (alpha/r)·B A (computed in float32,
     stored in W's dtype), under the names the model has without adapters; ``model`` is not changed."""
-    merged = {}
-    for name, layer in lora_layers(model):
-        weight = layer.get_base_layer().weight
-        delta = sum(layer.get_delta_weight(a).float() for a in layer.active_adapters)
-        merged[f"{name}.base_layer.weight"] = (weight.float() + delta).to(weight.dtype)
+    merged: dict[str, torch.Tensor] = {}  # by plain name: a tied lm_head shares its tensor with the embedding
+    for name, base, parameter, delta in _lora_deltas(model):
+        key = plain_name(f"{name}.{parameter}")
+        merged[key] = merged.get(key, getattr(base, parameter).float()) + delta
     out = {}
     for key, value in model.state_dict().items():
         if ".lora_" in key:
             continue
-        out[key.replace(".base_layer.", ".")] = merged.get(key, value).detach()
+        key = plain_name(key)
+        out[key] = merged[key].to(value.dtype) if key in merged else value.detach()
     return out
 
 
@@ -286,19 +303,20 @@ def is_adapter_folder(path: str | Path) -> bool:
 
 @torch.no_grad()
 def merge_into_base(model: nn.Module) -> nn.Module:
-    """Fold every adapter of ``model`` into its base weights and put the plain layers back, in place:
-    the model without peft's layers (peft's ``merge_and_unload``)."""
-    for name, layer in lora_layers(model):
-        base = layer.get_base_layer()
-        delta = sum(layer.get_delta_weight(a).float() for a in layer.active_adapters)
+    """Fold every adapter of ``model`` into its base weights and put the plain modules back, in place:
+    the model without peft's layers (peft's ``merge_and_unload``, for every kind of layer `_lora_deltas`
+    names)."""
+    deltas = _lora_deltas(model)  # all of them before any wrapper is taken off
+    for name, base, parameter, delta in reversed(deltas):  # inner wrappers first
+        weight = getattr(base, parameter)
         # a new tensor, not an in-place add: an adapted lm_head must not drag its tied embedding along
-        base.weight = nn.Parameter(
-            (base.weight.float() + delta).to(base.weight.dtype), base.weight.requires_grad
+        setattr(
+            base, parameter, nn.Parameter((weight.float() + delta).to(weight.dtype), weight.requires_grad)
         )
         if name.split(".")[-1] == "lm_head" and hasattr(model, "config"):
             model.config.tie_word_embeddings = False
         parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, layer.get_base_layer())
+        setattr(model.get_submodule(parent) if parent else model, child, base)
     for attr in ("peft_config", SETTINGS):
         if hasattr(model, attr):
             delattr(model, attr)
@@ -313,9 +331,7 @@ def load_adapter_folder(path: str | Path, what: str, load_base: Any) -> nn.Modul
     try:
         config = peft.LoraConfig.from_pretrained(str(path))
     except (ValueError, TypeError, json.JSONDecodeError) as err:
-        raise ModelError(
-            f"{what} '{path}': {ADAPTER_CONFIG} is not a LoRA adapter's: {err}"
-        ) from None
+        raise ModelError(f"{what} '{path}': {ADAPTER_CONFIG} is not a LoRA adapter's: {err}") from None
     base = config.base_model_name_or_path
     if not base:
         raise ModelError(f"{what} '{path}': {ADAPTER_CONFIG} names no base_model_name_or_path")
