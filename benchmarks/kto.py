@@ -54,7 +54,7 @@ BETA, LR = 0.1, 1e-5
 
 
 def _data(work: Path, n: int) -> Path:
-    from postrl.lm.kto.data import unpair
+    from postrl.lm.data import unpair
     from postrl.lm.tasks import get_task
 
     pairs = get_task("reviews", perturb_fraction=0.3, n_pairs_train=n).preference_rows("train")

@@ -23,14 +23,13 @@ and message is the command's; a bad input raises `postrl.UserError` (the CLI pri
 ``postrl: error: ...``). Rows in memory and Python functions are recorded in ``config.yaml`` by name
 (``memory:<hash>``, ``callable:module.qualname``) with a note: a resume needs them passed again.
 
-The stages are `postrl.lm.stage_commands.STAGES` (the command's table): a stage registered there is also
-``postrl.<name>`` here, with no further code.
+The stages are the registry `postrl.lm.stages.STAGES`, which the command reads too: a stage registered there is
+also ``postrl.<name>`` here, with no further code.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -40,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from postrl.lm.stage_commands import STAGES
+from postrl.lm.stages import STAGES, get_stage
 from postrl.runtime.config import load_config, to_dict
 from postrl.runtime.errors import UserError
 from postrl.runtime.overrides import apply_overrides, plain
@@ -68,12 +67,7 @@ class Result:
 def stages() -> list[str]:
     """The training stages the API offers, by their Python names (``postrl.<name>``: the command's name with
     ``_`` for ``-``, e.g. ``postrl vlm-pretrain`` is ``postrl.vlm_pretrain``)."""
-    return [name.replace("-", "_") for name in STAGES]
-
-
-def _stage(name: str) -> str:
-    """The command's name of stage ``name`` (its Python or its command name)."""
-    return next((stage for stage in STAGES if name in (stage, stage.replace("-", "_"))), name)
+    return [stage.python_name for stage in STAGES.values()]
 
 
 # ---- Python values -------------------------------------------------------------------------------------------
@@ -125,8 +119,7 @@ def _in_memory(overrides: dict[str, Any]) -> Iterator[dict[str, Any]]:
 def resolve_config(stage: str, config: Any, overrides: Mapping[str, Any], run_dir: Path, resume: bool) -> Any:
     """The stage's config, as the command resolves it: the config (or, on resume without one, the run's
     config.yaml), then the overrides; every key and value checked."""
-    module, cls_name, _, _, _ = STAGES[_stage(stage)]
-    cls = getattr(importlib.import_module(module), cls_name)
+    cls = get_stage(stage).config_class()
     path, base = None, None
     if config is None and resume and (run_dir / "config.yaml").is_file():
         path = run_dir / "config.yaml"
@@ -183,9 +176,8 @@ def run_stage(
     **overrides: Any,
 ) -> Result:
     """Run training stage ``stage`` (``postrl <stage>`` on the command line); see the module docstring."""
-    stage = _stage(stage)
-    if stage not in STAGES:
-        raise UserError(f"unknown stage {stage!r}; the stages: {', '.join(stages())}")
+    spec = get_stage(stage)
+    stage = spec.name
     if out is None:
         raise UserError(f"postrl.{stage}: out= is required (the run folder: a new one, or a run to resume)")
     if not isinstance(out, (str, os.PathLike)):
@@ -194,11 +186,10 @@ def run_stage(
     from postrl.runtime import callbacks
     from postrl.runtime import distributed as dist  # deferred: torch
 
-    module, _, run_name, _, _ = STAGES[stage]
     run_dir = Path(out)
     with _in_memory(overrides) as values:
         cfg = resolve_config(stage, config, values, run_dir, resume)
-        run = getattr(importlib.import_module(module), run_name)
+        run = spec.run_function()
         try:
             with callbacks.on_iteration(on_iteration):
                 summary = run(cfg, run_dir, resume=resume, overwrite=overwrite)
@@ -251,12 +242,12 @@ def dpo(config: Any = None, /, **kwargs: Any) -> Result:
 def __getattr__(name: str) -> Callable[..., Result]:
     """Any other stage of the command's table (e.g. one a later issue adds) as ``postrl.api.<name>``."""
     if name in stages():
-        command = _stage(name)
+        spec = get_stage(name)
 
         def stage(config: Any = None, /, **kwargs: Any) -> Result:
-            return run_stage(command, config, **kwargs)
+            return run_stage(spec.name, config, **kwargs)
 
         stage.__name__ = stage.__qualname__ = name
-        stage.__doc__ = f"{STAGES[command][3][0].upper()}{STAGES[command][3][1:]} (``postrl {command}``)."
+        stage.__doc__ = f"{spec.help[0].upper()}{spec.help[1:]} (``postrl {spec.name}``)."
         return stage
     raise AttributeError(f"module 'postrl.api' has no attribute {name!r}")

@@ -5,6 +5,7 @@ them, errors are the command's messages raised as UserError, rows in memory and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from postrl import api
 from postrl.cli import main
 from postrl.lm.grpo import GRPOConfig
 from postrl.lm.models import TinyLMConfig, build_tiny_lm
-from postrl.lm.stage_commands import STAGES
+from postrl.lm.stages import STAGES
 from postrl.lm.tasks import build_corpus
 from postrl.lm.tokenizer import build_tokenizer
 from postrl.runtime.config import load_config, to_dict
@@ -210,3 +211,25 @@ def test_on_iteration_stops_early_and_sft_takes_a_dataset(tiny_model, tmp_path) 
     assert [s for s, _ in seen] == [1, 2] and "loss" in seen[0][1]
     assert result.summary["steps"] == 2 and (tmp_path / "sft" / "curves.png").is_file()
     assert (result.model_path / "model.safetensors").is_file()
+
+
+def test_the_registry_is_what_the_command_and_the_api_read() -> None:
+    """One table: each stage's command parses its flags, its config class is the API's, its help is the
+    command's, and its data kind names rows `postrl.lm.data.load_rows` reads; no torch on import."""
+    from postrl.cli import build_parser
+    from postrl.lm.data.checks import TEXT_FIELDS
+    from postrl.lm.stages import get_stage
+
+    parser = build_parser()
+    for stage in STAGES.values():
+        args = parser.parse_args(
+            [stage.name, *(x for flag in stage.flags for x in (flag, "v")), "--out", "o"]
+        )
+        assert all(getattr(args, flag.lstrip("-").replace("-", "_")) == "v" for flag in stage.flags)
+        assert dataclasses.is_dataclass(stage.config_class()) and callable(stage.run_function())
+        assert stage.data_kind is None or stage.data_kind in TEXT_FIELDS
+        assert get_stage(stage.python_name) is get_stage(stage.name) is stage
+    with pytest.raises(postrl.UserError, match="unknown stage 'no_such'; the stages: pretrain, sft"):
+        get_stage("no_such")
+    rows = get_stage("kto").load_data("task:reviews")  # preference pairs unpaired for KTO, as TRL does
+    assert {r["label"] for r in rows} == {True, False} and {"prompt", "completion"} <= set(rows[0])

@@ -104,9 +104,9 @@ def _config_yaml(cmd: str, ws: Path) -> str:
     base = read_yaml(REPO / "configs" / preset) if preset else None
     try:
         if cmd in LM_STAGES:
-            from postrl.lm.stage_commands import STAGES
+            from postrl.lm.stages import STAGES
 
-            module, cls_name = STAGES[cmd][:2]
+            module, cls_name = STAGES[cmd].module, STAGES[cmd].config_name
         cls = getattr(importlib.import_module(module), cls_name)
         if cmd == "demo":
             from postrl.demo import quick

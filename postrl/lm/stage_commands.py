@@ -1,4 +1,4 @@
-"""``postrl pretrain``, ``postrl sft`` and ``postrl generate`` (and the pattern the RL stages follow).
+"""``postrl <stage>`` for every stage of the registry (`postrl.lm.stages`), and ``postrl generate``.
 
 Config precedence: the stage's defaults, then ``--config FILE.yaml``, then the flags (``--model``,
 ``--data``, ...), then ``key=value`` overrides. ``--list-keys`` prints every key with its help.
@@ -8,81 +8,21 @@ Imports of torch and transformers happen inside the handlers, so ``postrl --help
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from postrl.lm.stages import STAGES
 from postrl.runtime.config import format_help, load_config
 from postrl.runtime.errors import UserError
-
-# stage name → (module, config class, run function, help, {flag: config key})
-STAGES: dict[str, tuple[str, str, str, str, dict[str, str]]] = {
-    "pretrain": (
-        "postrl.lm.pretrain",
-        "PretrainConfig",
-        "run_pretrain",
-        "pretrain the built-in tiny LM (and its tokenizer) on the generated corpus",
-        {},
-    ),
-    "sft": (
-        "postrl.lm.sft",
-        "SFTConfig",
-        "run_sft",
-        "supervised fine-tuning on prompt/completion data (loss on completions only)",
-        {"--model": "model", "--data": "data"},
-    ),
-    "rm": (
-        "postrl.lm.reward_model",
-        "RMConfig",
-        "run_rm",
-        "train a reward model on preference pairs (Bradley-Terry), with SFT-sample score statistics",
-        {"--model": "model", "--data": "data"},
-    ),
-    "ppo": (
-        "postrl.lm.ppo",
-        "PPOConfig",
-        "run_ppo",
-        "PPO-based RLHF: actor, critic, frozen reward model and frozen reference",
-        {"--model": "model", "--data": "data", "--reward-model": "reward_model"},
-    ),
-    "grpo": (
-        "postrl.lm.grpo",
-        "GRPOConfig",
-        "run_grpo",
-        "GRPO: G sampled responses per prompt, the group's rewards as the baseline, no critic",
-        {"--model": "model", "--data": "data"},
-    ),
-    "vlm-pretrain": (
-        "postrl.lm.vlm.train",
-        "VLMPretrainConfig",
-        "run_vlm_pretrain",
-        "build the built-in tiny vision-language model and align it on captions of the shapes pictures",
-        {},
-    ),
-    "dpo": (
-        "postrl.lm.dpo",
-        "DPOConfig",
-        "run_dpo",
-        "DPO/IPO on preference pairs: the policy's log-ratio to a frozen reference as the implicit reward",
-        {"--model": "model", "--data": "data"},
-    ),
-    "kto": (
-        "postrl.lm.kto",
-        "KTOConfig",
-        "run_kto",
-        "KTO on unpaired desirable/undesirable responses: the implicit reward against the policy's KL",
-        {"--model": "model", "--data": "data"},
-    ),
-}
 
 
 def stage_config(name: str, args: argparse.Namespace) -> Any:
     """The resolved config of stage ``name`` from its command line (or the run folder on --resume)."""
-    module, cls_name, _, _, flags = STAGES[name]
-    cls = getattr(importlib.import_module(module), cls_name)
+    stage = STAGES[name]
+    cls, flags = stage.config_class(), stage.flags
     path = args.config
     if args.resume and path is None and (Path(args.out) / "config.yaml").is_file():
         path = Path(args.out) / "config.yaml"
@@ -109,16 +49,15 @@ def _dest(flag: str) -> str:
 
 def _run_stage(name: str):
     def handler(args: argparse.Namespace) -> int:
-        module, cls_name, run_name, _, _ = STAGES[name]
-        mod = importlib.import_module(module)
+        stage = STAGES[name]
         if args.list_keys:
-            print(format_help(getattr(mod, cls_name)))
+            print(format_help(stage.config_class()))
             return 0
         if args.out is None:
             raise UserError(f"postrl {name}: --out RUN_DIR is required (a new folder, or a run to --resume)")
         from postrl.runtime import distributed as dist  # deferred, as every torch import here
 
-        run = getattr(mod, run_name)
+        run = stage.run_function()
         summary = run(stage_config(name, args), args.out, resume=args.resume, overwrite=args.overwrite)
         if dist.is_main():  # under torchrun, one summary line
             print(json.dumps(summary))
@@ -130,7 +69,7 @@ def _run_stage(name: str):
 
 def add_stage_parser(subparsers: Any, name: str) -> argparse.ArgumentParser:
     """One training stage's parser: its flags, --config, --out, --resume, --list-keys, key=value."""
-    _, _, _, help_text, flags = STAGES[name]
+    help_text, flags = STAGES[name].help, STAGES[name].flags
     parser = subparsers.add_parser(
         name,
         help=help_text,

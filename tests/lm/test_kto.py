@@ -16,10 +16,11 @@ from safetensors.torch import load_file
 
 from postrl.cli import main
 from postrl.core import kto_loss
+from postrl.lm.data import unpair
 from postrl.lm.kto import KTOConfig, KTOLossConfig, run_kto
 from postrl.lm.kto.algorithm import kto_train_step, load_examples
 from postrl.lm.kto.build import REF_FILE, batch_loss, kl_reference_point, reference_log_probs
-from postrl.lm.kto.data import collate, tokenize, unpair
+from postrl.lm.kto.data import collate, tokenize
 from postrl.lm.models import TinyLMConfig, build_tiny_lm, load_causal_lm
 from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig, TrainConfig, make_optimizer

@@ -23,6 +23,7 @@ from postrl.lm.data.sources import load_train_heldout as load_train_heldout
 from postrl.lm.data.sources import read_records as read_records
 from postrl.lm.data.sources import register_records as register_records
 from postrl.lm.data.sources import release_records as release_records
+from postrl.lm.data.sources import unpair as unpair
 from postrl.lm.data.sources import validate_record as validate_record
 from postrl.lm.data.sources import write_jsonl as write_jsonl
 from postrl.lm.data.tokens import IGNORE_INDEX as IGNORE_INDEX

@@ -14,7 +14,7 @@ each kind accepts standard text or conversational messages (``[{"role", "content
              common prefix, a space before the split going to the answers)
     prompts  {"prompt"} (+ any columns, passed on to reward functions, e.g. "answer")
     kto      {"prompt", "completion", "label"} (label true: desirable, false: undesirable), TRL's unpaired
-             preference format
+             preference format; preference rows are unpaired (`unpair`), as TRL's KTOTrainer does
 
 A bad record raises `DataError` naming the file, the line (row for Parquet, index for rows in memory) and the
 field. Then the rows are checked together (`postrl.lm.data.checks`): one format per source (all text or all
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import re
 from collections.abc import Sequence
@@ -39,6 +40,8 @@ from postrl.lm.data.checks import check_distinct_answers, check_one_format, drop
 from postrl.lm.tasks import get_task
 from postrl.runtime.checkpoint import atomic_write_text
 from postrl.runtime.errors import DataError as DataError
+
+log = logging.getLogger(__name__)
 
 
 class Row(dict):
@@ -343,10 +346,16 @@ def load_rows(
     """
     text = str(source)
     if text.startswith("task:"):
-        return get_task(text[len("task:") :], **(task_kwargs or {})).rows(kind, split)
+        task = get_task(text[len("task:") :], **(task_kwargs or {}))
+        return unpair(task.rows("prefs", split)) if kind == "kto" else task.rows(kind, split)
     records = read_records(source, split)
     if not records:
         raise DataError(f"{source}: no records (the file is empty)")
+    if kind == "kto" and "label" not in records[0][1] and "chosen" in records[0][1]:
+        kind = "prefs"  # preference pairs for KTO: unpaired below, as TRL's KTOTrainer does
+        unpaired = True
+    else:
+        unpaired = False
     for where, record in records:
         validate_record(record, kind, where)
     if kind == "prefs":
@@ -356,7 +365,31 @@ def load_rows(
     if not kept:
         raise DataError(f"{source}: no records left: every row has an empty text field")
     check_one_format(kept, kind)
-    return [Row(record, where) for where, record in kept]
+    rows = [Row(record, where) for where, record in kept]
+    return unpair(rows) if unpaired else rows
+
+
+def unpair(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Preference rows → KTO's unpaired rows, as TRL's ``unpair_preference_dataset``: every chosen answer a
+    desirable row (``label`` true), every rejected one an undesirable row, the desirable ones first (so that a
+    row's neighbour, whose answer KTO's KL estimate borrows, answers another prompt). A tie (target 0.5) says
+    neither and is dropped (counted in a warning); a target below 0.5 swaps the two answers."""
+    good, bad, ties = [], [], 0
+    for row in rows:
+        target = float(row.get("target", 1.0))
+        if target == 0.5:
+            ties += 1
+            continue
+        chosen, rejected = (
+            (row["chosen"], row["rejected"]) if target > 0.5 else (row["rejected"], row["chosen"])
+        )
+        rest = {k: v for k, v in row.items() if k not in ("chosen", "rejected", "target", "margin")}
+        where = getattr(row, "where", None)
+        good.append(Row({**rest, "completion": chosen, "label": True}, where))
+        bad.append(Row({**rest, "completion": rejected, "label": False}, where))
+    if ties:
+        log.warning("kto: %d of %d preference pairs are ties (target 0.5) and were dropped", ties, len(rows))
+    return good + bad
 
 
 def load_train_heldout(

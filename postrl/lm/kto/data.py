@@ -2,9 +2,8 @@
 point, and batches in the rollout layout.
 
 Rows are TRL's unpaired preference format, ``{"prompt", "completion", "label"}`` (label true: desirable); a
-preference file or a built-in preference task is unpaired as TRL's ``unpair_preference_dataset`` does: every
-chosen answer a desirable row, every rejected one an undesirable row (a tie, target 0.5, says neither: dropped
-and counted; a target below 0.5 swaps the two).
+preference file or a built-in preference task is unpaired as TRL's ``unpair_preference_dataset`` does
+(`postrl.lm.data.unpair`: every chosen answer a desirable row, every rejected one an undesirable row).
 
 The KL reference point z0 of a step is estimated on mismatched pairs (x_i, y_j), as TRL's KTOTrainer builds them:
 the rows are cut into consecutive chunks of ``train.batch_size`` and each row's mismatched completion is the
@@ -14,7 +13,6 @@ rejected one, so the neighbour is another prompt's answer.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,46 +24,15 @@ from postrl.lm.data import (
     encode_completions,
     join_prompt_response,
     load_rows,
-    read_records,
     render_rows,
     tokenize_prompts,
 )
 from postrl.lm.tasks import get_task
 
-log = logging.getLogger(__name__)
-
-
-def unpair(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Preference rows → unpaired rows: the desirable answers first, then the undesirable ones (TRL's order)."""
-    good, bad, ties = [], [], 0
-    for row in rows:
-        target = float(row.get("target", 1.0))
-        if target == 0.5:
-            ties += 1
-            continue
-        chosen, rejected = (
-            (row["chosen"], row["rejected"]) if target > 0.5 else (row["rejected"], row["chosen"])
-        )
-        rest = {k: v for k, v in row.items() if k not in ("chosen", "rejected", "target", "margin")}
-        good.append({**rest, "completion": chosen, "label": True})
-        bad.append({**rest, "completion": rejected, "label": False})
-    if ties:
-        log.warning("kto: %d of %d preference pairs are ties (target 0.5) and were dropped", ties, len(rows))
-    return good + bad
-
-
-def _is_preference(source: str) -> bool:
-    """Whether a file or dataset holds preference pairs (chosen/rejected) rather than labelled rows."""
-    if source.startswith("task:"):
-        return True
-    records = read_records(source)
-    return bool(records) and "label" not in records[0][1] and "chosen" in records[0][1]
-
 
 def load_kto_rows(source: str, split: str, task: dict[str, Any], empty: str) -> list[dict[str, Any]]:
-    """Validated unpaired rows of ``source`` (a file, ``task:NAME`` or a `datasets` name)."""
-    if _is_preference(source):
-        return unpair(load_rows(source, "prefs", split, task_kwargs=task, empty=empty))
+    """Validated unpaired rows of ``source`` (a file, ``task:NAME`` or a `datasets` name): TRL's unpaired format,
+    or preference pairs unpaired (`postrl.lm.data.unpair`)."""
     return load_rows(source, "kto", split, task_kwargs=task, empty=empty)
 
 
