@@ -148,8 +148,8 @@ class ReferenceStep:
     def __init__(self, actor: nn.Module, critic: nn.Module, cfg: PPOConfig):
         self.actor, self.critic, self.cfg = actor, critic, cfg
         self.params = [*actor.parameters(), *critic.parameters()]
-        # fused=True: torch's one-kernel Adam, the same arithmetic as the default per-tensor loop (to float32
-        # rounding) and exactly that of the fast path, which runs the kernel on the parameters as one tensor
+        # fused=True: torch's one-kernel Adam, the default per-tensor loop's arithmetic to float32 rounding, and
+        # the kernel the fast path runs on the parameters as one tensor
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps, fused=True)
         # a checkpoint of the fast path (and of every PPO run before this step existed) holds that one tensor
         self.optimizer.register_load_state_dict_pre_hook(flat.split_flat_state)

@@ -74,9 +74,10 @@ class FlatAdam(torch.optim.Adam):
     ``torch.optim.Adam.step`` spends several times the cost of the update itself in Python per call on a
     10k-element tensor, and the update written out as single-tensor ops is ~8 kernels; the fused kernel is one
     (benchmarks/control.py). PPO on CartPole takes 20 such steps per 256 env steps. The kernel is torch's own
-    (``torch.optim.Adam(fused=True)``; Kingma & Ba 2015, Algorithm 1) and elementwise, so results match
-    ``torch.optim.Adam(fused=True)`` over the separate parameters exactly (tested), and
-    ``torch.optim.Adam(foreach=False)`` to float32 rounding.
+    (``torch.optim.Adam(fused=True)``; Kingma & Ba 2015, Algorithm 1), so results match it on the one tensor
+    exactly, and over the separate parameters (the kernel's vectorised body and scalar tail then fall
+    elsewhere) and ``torch.optim.Adam(foreach=False)`` to float32 rounding (tests/control/test_flat.py,
+    test_ppo_paths.py).
     """
 
     def __init__(self, param: nn.Parameter, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):

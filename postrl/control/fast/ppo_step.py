@@ -4,8 +4,8 @@
 over ranks, the global-norm clip, an Adam step) with the gradient written out (`postrl.control.fast.ppo_grad`)
 and Adam and the clip on one flat tensor (`postrl.control.fast.flat`); the rollout then samples with the
 numpy actor (`postrl.control.fast.numpy_actor`). The same updates to float32 rounding: the gradients are
-summed in another order, and the global norm taken over one tensor instead of per parameter; Adam is the same
-kernel on the same numbers (tests/control/test_ppo_grad.py, test_flat.py).
+summed in another order, the global norm is taken over one tensor instead of per parameter, and Adam is the
+same kernel on one tensor instead of several (tests/control/test_ppo_grad.py, test_flat.py, test_ppo_paths.py).
 
 :func:`use_fused` chooses once, when PPO is built: ``auto`` (the default) takes the fused step when the
 networks are postrl's own MLP actor and critic, and logs why not otherwise (e.g. a custom actor subclass or
