@@ -17,27 +17,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_preset_loads_by_name():
     from postrl.control.loop import algorithm
-    from postrl.lm.dpo import DPOConfig
     from postrl.lm.grpo import GRPOConfig
-    from postrl.lm.ppo import PPOConfig
-    from postrl.lm.reward_model import RMConfig
-    from postrl.lm.sft import SFTConfig
+    from postrl.lm.stages import STAGES
 
-    lm = {
-        "grpo": GRPOConfig,
-        "rloo": GRPOConfig,
-        "gspo": GRPOConfig,
-        "dapo": GRPOConfig,
-        "rm": RMConfig,
-        "sft": SFTConfig,
-        "dpo": DPOConfig,
-    }
+    lm = {name: stage.config_class() for name, stage in STAGES.items() if name != "ppo"}
+    lm |= {"rloo": GRPOConfig, "gspo": GRPOConfig, "dapo": GRPOConfig}  # GRPO's family: its estimator presets
     assert {"ppo-cartpole", "grpo-arithmetic", "sft-arithmetic", "rm-reviews", "ppo-reviews"} <= set(
         preset_names()
     )
     for name in preset_names():
         kind = name.split("-")[0]
-        cls = PPOConfig if name == "ppo-reviews" else lm.get(kind) or algorithm(kind).Config
+        cls = (
+            STAGES["ppo"].config_class() if name == "ppo-reviews" else lm.get(kind) or algorithm(kind).Config
+        )
         assert load_config(cls, name) == load_config(cls, preset_path(name))
 
 

@@ -25,7 +25,6 @@ episode returns, as SB3's ``evaluate_policy``.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import json
@@ -40,7 +39,7 @@ import numpy as np
 import torch
 
 from postrl.control import loop
-from postrl.control.commands import resolve_config
+from postrl.control.commands import train_config
 from postrl.control.evaluation import evaluate as evaluate_vector
 from postrl.runtime import callbacks
 from postrl.runtime.config import from_dict, read_yaml, to_dict
@@ -118,16 +117,10 @@ def _config(
         return apply_overrides(
             module.Config, from_dict(module.Config, base), {k: v for k, v in flags.items() if v is not None}
         )
-    args = argparse.Namespace(
-        algo=algo,
-        env=env,
-        config=os.fspath(config) if config is not None else None,
-        total_steps=total_steps,
-        seed=seed,
-        resume=os.fspath(run_dir) if run_dir is not None else None,
-        overrides=[],
-    )
-    return resolve_config(args)
+    return train_config(
+        algo, env=env, config=config, total_steps=total_steps, seed=seed,
+        resume=run_dir if run_dir is not None else None,
+    )  # fmt: skip
 
 
 def train(

@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from postrl.runtime.config import ConfigError, format_help, load_config, read_yaml
@@ -97,28 +98,47 @@ def preset_path(algo: str, env_id: str) -> Path | None:
 
 
 def resolve_config(args: argparse.Namespace):
-    """The config of a ``train`` command line (see the module docstring for the precedence)."""
+    """The config of a ``train`` (or ``prefs``) command line (see the module docstring for the precedence)."""
+    return train_config(
+        args.algo, env=args.env, config=args.config, total_steps=args.total_steps, seed=args.seed,
+        resume=args.resume, overrides=args.overrides,
+    )  # fmt: skip
+
+
+def train_config(
+    algo: str,
+    *,
+    env: str | None = None,
+    config: str | os.PathLike[str] | None = None,
+    total_steps: float | None = None,
+    seed: int | None = None,
+    resume: str | os.PathLike[str] | None = None,
+    overrides: Sequence[str] = (),
+):
+    """The config ``postrl control train`` resolves, and `postrl.control.train` with it: on ``resume`` the run
+    folder's config.yaml; else the ``config`` file (default: the shipped preset ``<algo>-<env>`` when there is
+    one, else the algorithm's defaults), then ``env`` / ``total_steps`` / ``seed``, then ``overrides``."""
     from postrl.control.loop import algorithm  # deferred: torch, which `postrl --help` must not import
 
-    if args.resume:
+    if resume:
+        run_dir = os.fspath(resume)
         cfg = load_config(
-            algorithm(_run_algo(args.resume)).Config, Path(args.resume) / "config.yaml", args.overrides
+            algorithm(_run_algo(run_dir)).Config, Path(run_dir) / "config.yaml", list(overrides)
         )
-        check_env_code(cfg.env.id, args.env, args.resume)
+        check_env_code(cfg.env.id, env, run_dir)
         return cfg
-    module = algorithm(args.algo)
-    path = args.config
+    module = algorithm(algo)
+    path = config
     if path is None:
-        env_id = args.env or module.Config().env.id
-        path = preset_path(args.algo, env_id)
-    if path is not None and (algo := read_yaml(path).get("algo", args.algo)) != args.algo:
-        raise ConfigError(f"{path} is a config for algo '{algo}', not '{args.algo}'")
-    flags = [f"env.id={args.env}"] if args.env else []
-    if args.total_steps is not None:
-        flags.append(f"run.steps={int(args.total_steps)}")
-    if args.seed is not None:
-        flags.append(f"run.seed={args.seed}")
-    return load_config(module.Config, path, [*flags, *args.overrides])
+        path = preset_path(algo, env or module.Config().env.id)
+    if path is not None and (found := read_yaml(path).get("algo", algo)) != algo:
+        raise ConfigError(f"{path} is a config for algo '{found}', not '{algo}'")
+    flags = [f"env.id={env}"] if env else []
+    if total_steps is not None:
+        flags.append(f"run.steps={int(total_steps)}")
+    if seed is not None:
+        flags.append(f"run.seed={seed}")
+    return load_config(module.Config, path, [*flags, *overrides])
 
 
 def check_env_code(env_id: str, named: str | None, run_dir: str) -> None:
