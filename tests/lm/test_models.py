@@ -14,7 +14,6 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Llam
 
 from postrl.lm.data import join_prompt_response
 from postrl.lm.models import (
-    HEAD_CONFIG,
     HEAD_WEIGHTS,
     PolicyWithValueHead,
     ScalarHeadModel,
@@ -177,7 +176,8 @@ def test_scalar_head_model_save_and_load(tiny_lm, tiny_lm_dir, tiny_tokenizer, t
     batch = _padded_pair(tiny_tokenizer)
     model.save_pretrained(tmp_path / "rm")
     names = {p.name for p in (tmp_path / "rm").iterdir()}
-    assert {HEAD_WEIGHTS, HEAD_CONFIG, "model.safetensors", "config.json"} <= names
+    assert {"model.safetensors", "config.json"} <= names  # a sequence classifier: its head is score.weight
+    assert HEAD_WEIGHTS not in names  # a bias of 0 (a reward model's) needs no file of its own
     assert not any(n.endswith((".bin", ".pt")) for n in names)
     loaded = ScalarHeadModel.from_pretrained(tmp_path / "rm").eval()
     with torch.no_grad():

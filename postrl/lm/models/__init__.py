@@ -6,6 +6,7 @@
     tiny.py      `TinyLMConfig` and `build_tiny_lm`: the built-in Llama, fixed by a seed
     heads.py     scalar heads: `ScalarHeadModel` (reward model, separate critic), `PolicyWithValueHead`
     lora.py      LoRA adapters through peft (`apply_lora`), the adapter-free reference, merged and adapter exports
+    seq_cls.py   a scalar-head model as a one-label *ForSequenceClassification folder (TRL's reward models), both ways
 
 The fused decode-only forwards of GPT-2 and Llama are in `postrl.lm.fast`; the tokenizer in
 `postrl.lm.tokenizer`.

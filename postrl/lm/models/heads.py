@@ -1,8 +1,11 @@
 """Scalar heads: critic values and reward-model scores on a causal LM's trunk.
 
 A head is ``nn.Linear(d, 1)`` on the final hidden states, initialised N(0, 1/(d+1)) with bias 0 as in Stiennon
-et al. (2020), kept in float32. It is saved next to its backbone as ``value_head.safetensors`` plus
-``value_head.json``; the backbone is saved in plain Hugging Face format (safetensors), so any HF tool can load it.
+et al. (2020), kept in float32. A `ScalarHeadModel` (reward model, separate critic) is saved as its
+architecture's ``*ForSequenceClassification`` with one label (`postrl.lm.models.seq_cls`), the format of TRL's
+reward models that ``AutoModelForSequenceClassification`` loads; such folders (TRL's among them) load back as
+a `ScalarHeadModel`, and so does postrl's older format: a backbone plus ``value_head.safetensors`` and
+``value_head.json``, still written for a policy's value head (`PolicyWithValueHead`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,11 @@ from transformers import AutoModel, PreTrainedModel
 from postrl.lm.models.layout import gather_last, position_ids_from_mask
 from postrl.lm.models.loading import ModelError, load_causal_lm, load_pretrained, set_dropout_off
 from postrl.lm.models.lora import has_lora, save_merged
+from postrl.lm.models.seq_cls import (
+    is_sequence_classifier,
+    load_sequence_classifier,
+    save_sequence_classifier,
+)
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +148,24 @@ class ScalarHeadModel(nn.Module):
         """The scalar at each row's last real token (left pad + right pad safe): [B, T] → [B]."""
         return gather_last(self.forward(input_ids, attention_mask, position_ids), attention_mask)
 
-    def save_pretrained(self, path: str | Path, kind: str = "reward") -> None:
-        """Backbone in HF format (safetensors; LoRA adapters merged in) plus the head files into ``path``."""
-        _save_hf(self.backbone, path)
+    def save_pretrained(
+        self, path: str | Path, kind: str = "reward", pad_token_id: int | None = None
+    ) -> None:
+        """``path`` as a one-label ``*ForSequenceClassification`` folder (LoRA adapters merged in) with
+        ``pad_token_id`` in its config (pass the tokenizer's: that class finds each row's last token by it);
+        a head with a bias other than 0 (a critic's) also keeps its exact files (`save_head`). An architecture
+        transformers has no such class for is saved as backbone plus head files."""
+        bias = float(self.head.bias.detach().abs().max()) if self.head.bias is not None else 0.0
+        if not save_sequence_classifier(self.backbone, self.head, path, pad_token_id):
+            log.info("%s has no sequence-classification class: saved as backbone + %s", path, HEAD_WEIGHTS)
+            _save_hf(self.backbone, path)
+        elif bias != 0.0:
+            log.info(
+                "%s: the %s head's bias (%.4g) has no place in a sequence classifier's score, which gives "
+                "values less it; postrl reads the exact head from %s", path, kind, float(self.head.bias), HEAD_WEIGHTS,
+            )  # fmt: skip
+        else:
+            return  # the sequence classifier holds the whole head
         save_head(self.head, path, kind)
 
     @classmethod
@@ -157,11 +180,16 @@ class ScalarHeadModel(nn.Module):
         *,
         what: str = "reward_model",
     ) -> ScalarHeadModel:
-        """Load a saved `ScalarHeadModel`; with ``new_head=True`` a plain (causal) LM directory gets a fresh
-        head (e.g. the SFT model as the start of a reward model). ``what`` is the config key for errors."""
-        backbone = load_pretrained(AutoModel, path, what, dtype, trust_remote_code)
-        backbone = set_dropout_off(backbone.to(device))
-        return cls(backbone, _head_for(path, hidden_size_of(backbone), new_head, seed))
+        """Load a saved `ScalarHeadModel`: postrl's head files when the folder has them, else a one-label
+        sequence classifier (postrl's export, TRL's reward model); with ``new_head=True`` a plain (causal) LM
+        directory gets a fresh head (e.g. the SFT model as the start of a reward model). ``what`` is the
+        config key for errors."""
+        if not (Path(path) / HEAD_WEIGHTS).is_file() and is_sequence_classifier(path):
+            backbone, head = load_sequence_classifier(path, what, dtype, trust_remote_code)
+        else:
+            backbone = load_pretrained(AutoModel, path, what, dtype, trust_remote_code)
+            head = _head_for(path, hidden_size_of(backbone), new_head, seed)
+        return cls(set_dropout_off(backbone.to(device)), head)
 
 
 class PolicyWithValueHead(nn.Module):

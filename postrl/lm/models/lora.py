@@ -222,7 +222,7 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _without_shared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def without_shared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """One name per storage (tied embeddings: the first name, as save_pretrained), contiguous, on the CPU."""
     seen: set[int] = set()
     out = {}
@@ -239,7 +239,7 @@ def save_merged(model: nn.Module, folder: str | Path) -> None:
     ``model.safetensors``): transformers loads it without peft."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(_without_shared(merged_state_dict(model)), str(folder / "model.safetensors"), {"format": "pt"})
+    save_file(without_shared(merged_state_dict(model)), str(folder / "model.safetensors"), {"format": "pt"})
     config = model.config
     if any(name.split(".")[-1] == "lm_head" for name, _ in lora_layers(model)):
         config = copy.deepcopy(config)  # an adapted output layer is no longer the (tied) input embedding
@@ -270,7 +270,7 @@ def save_adapter(model: nn.Module, folder: str | Path) -> None:
     config.save_pretrained(str(folder))
     state = peft.get_peft_model_state_dict(target)
     tensors = {PEFT_PREFIX + k: v for k, v in state.items()}
-    save_file(_without_shared(tensors), str(folder / ADAPTER_WEIGHTS), {"format": "pt"})
+    save_file(without_shared(tensors), str(folder / ADAPTER_WEIGHTS), {"format": "pt"})
 
 
 def export_adapted(model: nn.Module, tokenizer: Any, path: str | Path) -> Path:

@@ -327,7 +327,8 @@ def export_models(run: PPORun, run_dir: Path) -> None:
             critic = ScalarHeadModel.from_pretrained(source, dtype=dtype, new_head=True, seed=cfg.run.seed)
             critic.load_state_dict(weights)
     if dist.is_main():  # atomically, like every export: a kill leaves the old folder or the new one
-        write_dir_atomically(run_dir / "critic", lambda tmp: critic.save_pretrained(tmp, kind="value"))
+        pad = run.tokenizer.pad_token_id
+        write_dir_atomically(run_dir / "critic", lambda tmp: critic.save_pretrained(tmp, "value", pad))
     dist.barrier()
 
 

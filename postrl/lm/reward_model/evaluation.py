@@ -144,11 +144,12 @@ def score_policy_samples(
 
 
 def export_reward_model(rm: Any, tokenizer: Any, path: Path, norm: dict[str, float] | None) -> Path:
-    """``save_pretrained`` the RM (HF backbone + head files), the tokenizer and ``reward_norm.json`` into
+    """``save_pretrained`` the RM (a one-label ``*ForSequenceClassification``, which TRL and
+    ``AutoModelForSequenceClassification`` load), the tokenizer and postrl's ``reward_norm.json`` into
     ``path`` atomically (`postrl.runtime.checkpoint.write_dir_atomically`)."""
 
     def write(tmp: Path) -> None:
-        rm.save_pretrained(tmp, kind="reward")
+        rm.save_pretrained(tmp, kind="reward", pad_token_id=tokenizer.pad_token_id)
         tokenizer.save_pretrained(str(tmp))
         if norm is not None:
             (tmp / NORM_FILE).write_text(json.dumps(norm, indent=2) + "\n")
