@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from postrl.lm.data import tokenize_sft
 from postrl.lm.models import TinyLMConfig, build_tiny_lm
-from postrl.lm.spine import RunConfig
+from postrl.lm.recipe import Setup, run_recipe
+from postrl.lm.spine import LoopState, RunConfig
 from postrl.lm.tasks import build_corpus, get_task
 from postrl.lm.tokenizer import build_tokenizer
 from postrl.lm.trainer import (
@@ -24,14 +25,10 @@ from postrl.lm.trainer import (
     check_train_length,
     export_on_main,
     prepare_examples,
-    run_training,
-    set_threads,
+    supervised_summary,
 )
 from postrl.runtime import distributed as dist
-from postrl.runtime.config import validate
 from postrl.runtime.errors import UserError
-from postrl.runtime.rundir import open_run
-from postrl.runtime.seeding import seed_everything
 
 
 @dataclass(frozen=True)
@@ -91,46 +88,53 @@ def corpus_and_heldout(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
     return corpus, heldout
 
 
+class PretrainRecipe:
+    """Pretraining as a `postrl.lm.recipe.Recipe`: the corpus, its tokenizer and a new tiny Llama, trained by
+    `Supervised` on every token."""
+
+    def check(self, cfg: PretrainConfig) -> None:
+        if cfg.run.lora.enabled:
+            raise UserError("run.lora.enabled: pretraining builds a new model; LoRA adapts an existing one")
+        if len(cfg.corpus_mix) != 3 or sum(cfg.corpus_mix) <= 0:
+            shares = list(cfg.corpus_mix)
+            raise UserError(
+                f"corpus_mix: three shares (arithmetic, reviews, generic), not all 0; got {shares}"
+            )
+
+    def load(self, setup: Setup) -> None:
+        cfg = setup.cfg
+        corpus, heldout = corpus_and_heldout(cfg)
+        tokenizer = build_tokenizer(
+            corpus, vocab_size=cfg.vocab_size, model_max_length=cfg.model.max_position_embeddings
+        )
+        rows = [{"prompt": "", "completion": line} for line in corpus]
+        train = prepare_examples(tokenize_sft(rows, tokenizer, cfg.train.max_length, "truncate"), cfg.train)
+        heldout_rows = [{"prompt": "", "completion": line} for line in heldout]
+        evals = tokenize_sft(heldout_rows, tokenizer, cfg.train.max_length, "truncate")
+        ids = {f"{k}_id": getattr(tokenizer, f"{k}_id") for k in ("pad_token", "eos_token", "bos_token")}
+        model = build_tiny_lm(len(tokenizer), cfg.model, seed=cfg.run.seed, **ids).to(setup.info.device)
+        check_train_length(model, cfg.train)  # both lengths are this config's own keys: refused, not clipped
+        setup.policy, setup.tokenizer = model, tokenizer
+        setup.extra.update(train=train, evals=evals)
+
+    def build(self, setup: Setup, resumed: bool) -> Supervised:
+        cfg, run = setup.cfg, setup.cfg.run
+        return Supervised(
+            dist.wrap_model(setup.policy, setup.info, run.parallel), setup.tokenizer, setup.extra["train"],
+            setup.extra["evals"], cfg.train, cfg.optim, run, device=setup.info.device, name="pretrain",
+        )  # fmt: skip
+
+    def finish(self, setup: Setup, algo: Supervised, state: LoopState) -> dict[str, Any]:
+        result = supervised_summary(algo, state, setup.run_dir)
+        export_on_main(algo.model, setup.tokenizer, setup.run_dir / "model")
+        n_params = sum(p.numel() for p in setup.policy.parameters())
+        n_tokens = sum(len(e["input_ids"]) for e in setup.extra["train"])
+        return {**result, "n_params": n_params, "corpus_tokens": n_tokens}
+
+
 def run_pretrain(
     cfg: PretrainConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False
 ) -> dict[str, Any]:
     """Train and export ``RUN_DIR/model``; writes the run folder and returns the summary. The corpus,
-    tokenizer and model are built and checked before the run folder is touched."""
-    run_dir = Path(run_dir)
-    validate(cfg)
-    run = cfg.run
-    if run.lora.enabled:
-        raise UserError("run.lora.enabled: pretraining builds a new model; LoRA adapts an existing one")
-    if len(cfg.corpus_mix) != 3 or sum(cfg.corpus_mix) <= 0:
-        shares = list(cfg.corpus_mix)
-        raise UserError(f"corpus_mix: three shares (arithmetic, reviews, generic), not all 0; got {shares}")
-    info = dist.init_distributed(run.device)
-    set_threads(run.threads)
-    seed_everything(run.seed, info.rank)
-    corpus, heldout = corpus_and_heldout(cfg)
-    tokenizer = build_tokenizer(
-        corpus, vocab_size=cfg.vocab_size, model_max_length=cfg.model.max_position_embeddings
-    )
-    rows = [{"prompt": "", "completion": line} for line in corpus]
-    train = prepare_examples(tokenize_sft(rows, tokenizer, cfg.train.max_length, "truncate"), cfg.train)
-    heldout_rows = [{"prompt": "", "completion": line} for line in heldout]
-    evals = tokenize_sft(heldout_rows, tokenizer, cfg.train.max_length, "truncate")
-    model = build_tiny_lm(
-        len(tokenizer),
-        cfg.model,
-        seed=run.seed,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    ).to(info.device)
-    check_train_length(model, cfg.train)
-    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=run.tensorboard)
-    ddp = dist.wrap_model(model, info, run.parallel)
-    algo = Supervised(
-        ddp, tokenizer, train, evals, cfg.train, cfg.optim, run, device=info.device, name="pretrain"
-    )
-    result = run_training(algo, run_dir, logger, ckpt)
-    export_on_main(ddp, tokenizer, run_dir / "model")
-    n_params = sum(p.numel() for p in model.parameters())
-    n_tokens = sum(len(e["input_ids"]) for e in train)
-    return logger.finish({**result, "n_params": n_params, "corpus_tokens": n_tokens})
+    tokenizer and model are built and checked before the run folder is touched (`postrl.lm.recipe`)."""
+    return run_recipe(PretrainRecipe(), cfg, run_dir, resume=resume, overwrite=overwrite)

@@ -4,12 +4,13 @@ optional stop once the accuracy reaches a band (to leave room for RL, as the not
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from postrl.lm.data import load_rows, render_rows, tokenize_sft
-from postrl.lm.spine import RunConfig
+from postrl.lm.recipe import Setup, run_recipe
+from postrl.lm.spine import LoopState, RunConfig
 from postrl.lm.tasks import get_task, list_tasks
 from postrl.lm.trainer import (
     TRAIN_RENAMED,
@@ -17,16 +18,11 @@ from postrl.lm.trainer import (
     Supervised,
     TrainConfig,
     export_on_main,
-    fit_train_length,
     prepare_examples,
-    run_training,
-    set_threads,
+    supervised_summary,
 )
 from postrl.runtime import distributed as dist
-from postrl.runtime.config import validate
 from postrl.runtime.errors import ConfigError, UserError
-from postrl.runtime.rundir import open_run
-from postrl.runtime.seeding import seed_everything
 
 
 @dataclass(frozen=True)
@@ -118,59 +114,60 @@ def accuracy_callback(tasks: list[Any], tokenizer: Any, cfg: SFTConfig):
     return evaluate
 
 
+class SFTRecipe:
+    """SFT as a `postrl.lm.recipe.Recipe`: the policy and its rows, `Supervised` on them, the export."""
+
+    def check(self, cfg: SFTConfig) -> None:
+        """Nothing beyond the value ranges."""
+
+    def load(self, setup: Setup) -> None:
+        setup.load_policy()
+        cfg, tokenizer = setup.cfg, setup.tokenizer
+        rows, heldout, tasks = load_sft_rows(cfg, tokenizer)
+        if not rows:
+            held = (
+                f" ({len(heldout)} held out for evaluation: give eval_data= to keep them all)"
+                if heldout
+                else ""
+            )
+            raise UserError(f"data={cfg.data!r}: no training rows{held}")
+        train = prepare_examples(
+            tokenize_sft(rows, tokenizer, cfg.train.max_length, cfg.train.overlong), cfg.train
+        )
+        if not train:
+            raise UserError(f"{cfg.data}: no SFT example fits train.max_length={cfg.train.max_length}")
+        evals = tokenize_sft(heldout, tokenizer, cfg.train.max_length, "truncate")
+        setup.extra.update(train=train, evals=evals, evaluate=accuracy_callback(tasks, tokenizer, cfg))
+
+    def build(self, setup: Setup, resumed: bool) -> Supervised:
+        cfg, run, evaluate = setup.cfg, setup.cfg.run, setup.extra["evaluate"]
+        stop = None
+        if cfg.stop_accuracy is not None and evaluate is not None:
+
+            def stop(metrics: dict[str, float]) -> bool:
+                return metrics.get("heldout_accuracy", 0.0) >= cfg.stop_accuracy
+
+        return Supervised(
+            dist.wrap_model(setup.policy, setup.info, run.parallel), setup.tokenizer, setup.extra["train"],
+            setup.extra["evals"], cfg.train, cfg.optim, run, device=setup.info.device, name="sft",
+            evaluate=evaluate, should_stop=stop,
+        )  # fmt: skip
+
+    def finish(self, setup: Setup, algo: Supervised, state: LoopState) -> dict[str, Any]:
+        result = supervised_summary(algo, state, setup.run_dir)
+        export_on_main(algo.model, setup.tokenizer, setup.run_dir / "model")
+        return {**result, "train_examples": len(setup.extra["train"])}
+
+
 def run_sft(
     cfg: SFTConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False
 ) -> dict[str, Any]:
     """Fine-tune, export ``RUN_DIR/model`` (HF format), write the run folder, return the summary.
 
-    Everything is loaded and checked before the run folder is touched (`postrl.runtime.rundir`)."""
-    # deferred: transformers takes seconds to import; SFTConfig (--list-keys, config errors) needs none of it
-    from postrl.lm.models import apply_lora, check_vocab, load_causal_lm, resolve_dtype
-    from postrl.lm.tokenizer import load_tokenizer
-    from postrl.lm.vlm import is_vlm, run_vlm_sft  # a vision-language model: pictures in the prompts
+    Everything is loaded and checked before the run folder is touched (`postrl.lm.recipe`). A vision-language
+    model (pictures in the prompts) runs `postrl.lm.vlm.run_vlm_sft`."""
+    from postrl.lm.vlm import is_vlm, run_vlm_sft  # deferred: transformers (seconds)
 
     if is_vlm(cfg.model):
         return run_vlm_sft(cfg, run_dir, resume=resume, overwrite=overwrite)
-    run_dir = Path(run_dir)
-    validate(cfg)
-    run = cfg.run
-    info = dist.init_distributed(run.device)
-    set_threads(run.threads)
-    seed_everything(run.seed, info.rank)
-    model = load_causal_lm(
-        cfg.model,
-        dtype=resolve_dtype(run.dtype, "run.dtype"),
-        device=info.device,
-        trust_remote_code=cfg.trust_remote_code,
-    )
-    model = apply_lora(model, run)
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
-    check_vocab(model, tokenizer, "tokenizer" if cfg.tokenizer else "model")
-    cfg = replace(cfg, train=fit_train_length(model, cfg.train))  # a ceiling above the context: clipped
-    rows, heldout, tasks = load_sft_rows(cfg, tokenizer)
-    if not rows:
-        held = (
-            f" ({len(heldout)} held out for evaluation: give eval_data= to keep them all)" if heldout else ""
-        )
-        raise UserError(f"data={cfg.data!r}: no training rows{held}")
-    train = prepare_examples(
-        tokenize_sft(rows, tokenizer, cfg.train.max_length, cfg.train.overlong), cfg.train
-    )
-    evals = tokenize_sft(heldout, tokenizer, cfg.train.max_length, "truncate")
-    if not train:
-        raise UserError(f"{cfg.data}: no SFT example fits train.max_length={cfg.train.max_length}")
-    evaluate = accuracy_callback(tasks, tokenizer, cfg)
-    stop = None
-    if cfg.stop_accuracy is not None and evaluate is not None:
-
-        def stop(metrics: dict[str, float]) -> bool:
-            return metrics.get("heldout_accuracy", 0.0) >= cfg.stop_accuracy
-
-    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=run.tensorboard)
-    algo = Supervised(
-        dist.wrap_model(model, info, run.parallel), tokenizer, train, evals, cfg.train, cfg.optim, run,
-        device=info.device, name="sft", evaluate=evaluate, should_stop=stop,
-    )  # fmt: skip
-    result = run_training(algo, run_dir, logger, ckpt)
-    export_on_main(model, tokenizer, run_dir / "model")
-    return logger.finish({**result, "train_examples": len(train)})
+    return run_recipe(SFTRecipe(), cfg, run_dir, resume=resume, overwrite=overwrite)

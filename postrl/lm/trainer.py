@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from postrl.core import masked_sum
 from postrl.lm.data import pack_examples, pad
 from postrl.lm.master_adamw import MasterAdamW, needs_master
-from postrl.lm.spine import Parts, RunConfig, accumulate, train_loop
+from postrl.lm.spine import LoopState, Parts, RunConfig, accumulate, train_loop
 from postrl.runtime import distributed as dist
 from postrl.runtime.checkpoint import latest_checkpoint, write_dir_atomically
 from postrl.runtime.logging import RunLogger
@@ -337,11 +337,17 @@ class Supervised:
 def run_training(
     algo: Supervised, run_dir: Path, logger: RunLogger, resume: bool | Path | None = None
 ) -> dict:
-    """Train ``algo`` with the spine (`postrl.lm.spine.train_loop`), from checkpoint ``resume`` (a folder, or
-    True for the newest under ``run_dir/checkpoints``), and plot ``run_dir/curves.png``; returns the last
-    evaluation, the steps and the training tokens per second."""
+    """Train ``algo`` with the spine (`postrl.lm.spine.train_loop`) from checkpoint ``resume`` (a folder, or
+    True for the newest under ``run_dir/checkpoints``); then as `supervised_summary`. The stages run through
+    `postrl.lm.recipe`; this is the loop alone, for a caller that builds its own `Supervised`."""
     ckpt = latest_checkpoint(run_dir / "checkpoints") if resume is True else (resume or None)
     state = train_loop(algo, algo.run, run_dir, logger, ckpt)
+    return supervised_summary(algo, state, run_dir)
+
+
+def supervised_summary(algo: Supervised, state: LoopState, run_dir: Path) -> dict:
+    """The end of an SFT or pretraining run: ``run_dir/curves.png`` (rank 0), and the last evaluation, the
+    steps and the training tokens per second."""
     if dist.is_main():
         write_curves(run_dir, ["loss", "heldout_loss", "heldout_accuracy", "lr"], title=algo.name)
     rate = algo.tokens / max(algo.seconds, 1e-9)
