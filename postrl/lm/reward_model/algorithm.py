@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import torch
 
+from postrl.lm.recipe import Setup, run_recipe
 from postrl.lm.reward_model.evaluation import (
     NormConfig,
     evaluate_pairs,
@@ -39,7 +40,7 @@ from postrl.lm.reward_model.pairs import (
     rm_loss,
     tokenize_pairs,
 )
-from postrl.lm.spine import Parts, RunConfig, accumulate, train_loop
+from postrl.lm.spine import LoopState, Parts, RunConfig, accumulate
 from postrl.lm.trainer import (
     TRAIN_RENAMED,
     OptimConfig,
@@ -49,16 +50,12 @@ from postrl.lm.trainer import (
     iterate_batches,
     make_optimizer,
     micro_batches,
-    set_threads,
     to_device,
 )
 from postrl.runtime import distributed as dist
-from postrl.runtime.config import validate
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import read_jsonl
 from postrl.runtime.plots import plot_curves
-from postrl.runtime.rundir import open_run
-from postrl.runtime.seeding import seed_everything
 
 
 @dataclass(frozen=True)
@@ -210,59 +207,70 @@ class RewardModelling:
 
 
 # ---- the command ---------------------------------------------------------------------------------------
+class RewardModelRecipe:
+    """The reward model as a `postrl.lm.recipe.Recipe`: a scalar head on ``cfg.model``'s trunk, its pairs,
+    `RewardModelling` on them; at the end the score statistics of SFT samples and the export."""
+
+    def check(self, cfg: RMConfig) -> None:
+        if cfg.train.packing:
+            raise UserError("train.packing does not apply to a reward model (pairs are scored whole)")
+
+    def load(self, setup: Setup) -> None:
+        from postrl.lm.models import ScalarHeadModel, apply_lora, check_vocab  # deferred: transformers
+        from postrl.lm.tokenizer import load_tokenizer
+
+        cfg, info = setup.cfg, setup.info
+        options = setup.load_options
+        rm = ScalarHeadModel.from_pretrained(cfg.model, **options, new_head=True, seed=cfg.run.seed)
+        rm = apply_lora(rm, cfg.run)  # (run.lora: adapters on the trunk, the head trained in full)
+        cfg = setup.cfg = replace(cfg, train=fit_train_length(rm, cfg.train))  # a ceiling: clipped
+        tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
+        check_vocab(rm, tokenizer, "tokenizer" if cfg.tokenizer else "model")
+        train, evals, loss, task = load_pairs(cfg, tokenizer)
+        evaluate = heldout_evaluation(
+            rm, evals, task, loss, tokenizer.pad_token_id, info.device, cfg.ece_bins
+        )
+        setup.policy, setup.tokenizer = rm, tokenizer
+        setup.extra.update(train=train, evals=evals, loss=loss, task=task, evaluate=evaluate)
+
+    def build(self, setup: Setup, resumed: bool) -> RewardModelling:
+        cfg, x = setup.cfg, setup.extra
+        model = dist.wrap_model(setup.policy, setup.info, cfg.run.parallel, forward_methods=("score",))
+        return RewardModelling(
+            model, x["train"], x["evaluate"], cfg.train, cfg.optim, cfg.run,
+            loss=x["loss"], pad_id=setup.tokenizer.pad_token_id, device=setup.info.device,
+        )  # fmt: skip
+
+    def finish(self, setup: Setup, algo: RewardModelling, state: LoopState) -> dict[str, Any]:
+        cfg, x, norm = setup.cfg, setup.extra, None
+        if cfg.norm.samples > 0:
+            prompts = sorted({e["row"]["prompt"] for e in x["train"]})
+            norm = score_policy_samples(
+                setup.policy, setup.tokenizer, prompts, cfg.norm, policy=cfg.norm.policy or cfg.model,
+                seed=cfg.run.seed, device=setup.info.device, task=x["task"], trust_remote_code=cfg.trust_remote_code,
+            )  # fmt: skip
+        export_on_main(algo.model, cfg, setup.tokenizer, setup.run_dir / "model", norm)
+        if setup.info.is_main and cfg.plots:
+            plot_rm(setup.run_dir)
+        summary = {
+            **state.last_eval,
+            "steps": state.step,
+            "train_pairs": len(x["train"]),
+            "loss_type": x["loss"],
+        }
+        summary["heldout_pairs"] = len(x["evals"])  # behind heldout_accuracy: its standard error
+        if norm is not None:
+            summary.update({f"sft_score_{k}": v for k, v in norm.items() if k in ("mean", "std")})
+            summary.update({f"sft_{k}": v for k, v in norm.items() if k.startswith("gold")})
+        return summary
+
+
 def run_rm(
     cfg: RMConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False
 ) -> dict[str, Any]:
     """Train the reward model, export ``RUN_DIR/model`` (+ ``reward_norm.json``), return the summary.
-    The model and the pairs are loaded and checked before the run folder is touched."""
-    from postrl.lm.models import ScalarHeadModel, apply_lora, check_vocab, resolve_dtype  # transformers
-    from postrl.lm.tokenizer import load_tokenizer
-
-    run_dir = Path(run_dir)
-    validate(cfg)
-    if cfg.train.packing:
-        raise UserError("train.packing does not apply to a reward model (pairs are scored whole)")
-    run = cfg.run
-    info = dist.init_distributed(run.device)
-    set_threads(run.threads)
-    seed_everything(run.seed, info.rank)
-    rm = ScalarHeadModel.from_pretrained(
-        cfg.model,
-        dtype=resolve_dtype(run.dtype, "run.dtype"),
-        device=info.device,
-        trust_remote_code=cfg.trust_remote_code,
-        new_head=True,
-        seed=run.seed,
-    )
-    rm = apply_lora(rm, run)  # (run.lora: adapters on the trunk, the head trained in full)
-    cfg = replace(cfg, train=fit_train_length(rm, cfg.train))  # a ceiling above the context: clipped
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
-    check_vocab(rm, tokenizer, "tokenizer" if cfg.tokenizer else "model")
-    train, evals, loss, task = load_pairs(cfg, tokenizer)
-    evaluate = heldout_evaluation(rm, evals, task, loss, tokenizer.pad_token_id, info.device, cfg.ece_bins)
-    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=run.tensorboard)
-    model = dist.wrap_model(rm, info, run.parallel, forward_methods=("score",))
-    algo = RewardModelling(
-        model, train, evaluate, cfg.train, cfg.optim, run,
-        loss=loss, pad_id=tokenizer.pad_token_id, device=info.device,
-    )  # fmt: skip
-    state = train_loop(algo, run, run_dir, logger, ckpt)  # evaluates at the last step too
-    norm = None
-    if cfg.norm.samples > 0:
-        prompts = sorted({e["row"]["prompt"] for e in train})
-        norm = score_policy_samples(
-            rm, tokenizer, prompts, cfg.norm, policy=cfg.norm.policy or cfg.model, seed=run.seed,
-            device=info.device, task=task, trust_remote_code=cfg.trust_remote_code,
-        )  # fmt: skip
-    export_on_main(model, cfg, tokenizer, run_dir / "model", norm)
-    if info.is_main and cfg.plots:
-        plot_rm(run_dir)
-    summary = {**state.last_eval, "steps": state.step, "train_pairs": len(train), "loss_type": loss}
-    summary["heldout_pairs"] = len(evals)  # behind heldout_accuracy: its standard error
-    if norm is not None:
-        summary.update({f"sft_score_{k}": v for k, v in norm.items() if k in ("mean", "std")})
-        summary.update({f"sft_{k}": v for k, v in norm.items() if k.startswith("gold")})
-    return logger.finish(summary)
+    The model and the pairs are loaded and checked before the run folder is touched (`postrl.lm.recipe`)."""
+    return run_recipe(RewardModelRecipe(), cfg, run_dir, resume=resume, overwrite=overwrite)
 
 
 def load_pairs(cfg: RMConfig, tokenizer: Any) -> tuple[list[dict], list[dict], str, Any]:
