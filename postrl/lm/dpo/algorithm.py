@@ -26,7 +26,6 @@ config is in `config.py`; the pairs, log-probs, reference and evaluation in `bui
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,33 +36,24 @@ from postrl.lm.dpo.build import (
     REF_FILE,
     collate,
     dpo_batch_loss,
-    heldout_prompts,
-    load_or_compute_reference,
     load_pairs,
     pair_metrics,
     reference_log_probs,
-    reward_model_scorer,
-    sample_metrics,
 )
 from postrl.lm.dpo.config import DPOConfig
-from postrl.lm.spine import LoopState, Parts, accumulate, train_loop
+from postrl.lm.recipe import Setup, run_recipe
+from postrl.lm.reference import ReferenceRecipe
+from postrl.lm.spine import LoopState, Parts, accumulate
 from postrl.lm.trainer import (
     clip_grad_norm,
-    export_on_main,
-    fit_train_length,
     iterate_batches,
     make_optimizer,
     micro_batches,
     model_parts,
-    set_threads,
 )
 from postrl.runtime import distributed as dist
-from postrl.runtime.config import validate
-from postrl.runtime.errors import UserError
 from postrl.runtime.logging import read_jsonl
 from postrl.runtime.plots import plot_curves
-from postrl.runtime.rundir import open_run
-from postrl.runtime.seeding import seed_everything
 
 STAT_KEYS = ("reward_accuracy", "reward_margin", "chosen_rewards", "rejected_rewards")
 
@@ -204,14 +194,32 @@ class DPO:
 
 
 # ---- the command ---------------------------------------------------------------------------------------
-def check_config(cfg: DPOConfig) -> None:
-    """What the value ranges cannot say."""
-    if cfg.train.packing:
-        raise UserError("train.packing does not apply to DPO (pairs are scored whole)")
-    if cfg.run.parallel not in dist.PARALLEL:
-        raise UserError(f"run.parallel must be one of {dist.PARALLEL}, got {cfg.run.parallel!r}")
-    if cfg.eval_samples and (cfg.sampling.greedy or cfg.sampling.temperature <= 0):
-        raise UserError("sampling.greedy must be false for the held-out KL (it is an estimate over samples)")
+class DPORecipe(ReferenceRecipe):
+    """DPO on `postrl.lm.reference.ReferenceRecipe`: its pairs, their reference pass, `DPO`, its summary."""
+
+    section = "dpo"
+
+    def load_examples(self, cfg: DPOConfig, tokenizer: Any) -> tuple[list[dict], list[dict], Any]:
+        return load_pairs(cfg, tokenizer)
+
+    def reference_log_probs(
+        self, reference: torch.nn.Module, examples: list[dict], setup: Setup, batch_size: int
+    ) -> Tensor:
+        pad, fast = setup.tokenizer.pad_token_id, setup.cfg.sampling.use_fast
+        return reference_log_probs(reference, examples, pad, setup.info.device, batch_size, fast)
+
+    def algorithm(self, setup: Setup, refs: dict[str, Tensor], evaluate_samples: Any) -> DPO:
+        cfg, info = setup.cfg, setup.info
+        return DPO(
+            dist.wrap_model(setup.policy, info, cfg.run.parallel), setup.tokenizer, setup.extra["train"], refs,
+            cfg, evals=setup.extra["evals"], device=info.device, evaluate_samples=evaluate_samples,
+        )  # fmt: skip
+
+    def summarize(self, setup: Setup, algo: DPO, state: LoopState) -> dict[str, Any]:
+        return summarize(algo, state, len(setup.extra["train"]))
+
+    def plot(self, run_dir: Path) -> None:
+        plot_dpo(run_dir)
 
 
 def run_dpo(
@@ -219,77 +227,7 @@ def run_dpo(
 ) -> dict[str, Any]:
     """Train with DPO, export ``RUN_DIR/model`` (HF format), write the run folder, return the summary.
     The models, tokenizer and pairs are loaded and checked before the run folder is touched."""
-    # deferred: transformers takes seconds to import; DPOConfig (--list-keys, config errors) needs none of it
-    from postrl.lm.models import (
-        adapter_free_reference,
-        apply_lora,
-        check_context,
-        check_vocab,
-        load_causal_lm,
-        resolve_dtype,
-    )
-    from postrl.lm.rollout.decoders import check_backend
-    from postrl.lm.tokenizer import load_tokenizer
-
-    run_dir = Path(run_dir)
-    validate(cfg)
-    check_config(cfg)
-    run = cfg.run
-    info = dist.init_distributed(run.device)
-    set_threads(run.threads)
-    seed_everything(run.seed, info.rank)
-    load = {
-        "dtype": resolve_dtype(run.dtype, "run.dtype"),
-        "device": info.device,
-        "trust_remote_code": cfg.trust_remote_code,
-    }
-    policy = apply_lora(load_causal_lm(cfg.model, **load), run)  # run.lora: adapters, the base frozen
-    check_backend(policy, cfg.sampling.backend)
-    cfg = replace(cfg, train=fit_train_length(policy, cfg.train))  # a ceiling above the context: clipped
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
-    check_vocab(policy, tokenizer, "tokenizer" if cfg.tokenizer else "model")
-    train, evals, task = load_pairs(cfg, tokenizer)
-    what = "ref_model" if cfg.ref_model else "model"
-    if run.lora.enabled and not cfg.ref_model:  # the base model: the policy with its adapters disabled
-        reference = adapter_free_reference(policy)
-    else:
-        reference = load_causal_lm(cfg.ref_model or cfg.model, **load, what=what).eval().requires_grad_(False)
-    scorer = reward_model_scorer(cfg, info.device)
-    prompts = heldout_prompts(task, evals)
-    if cfg.eval_samples and prompts.rows:
-        longest = max(len(p) for p in tokenizer([r["prompt"] for r in prompts.rows])["input_ids"])
-        t = cfg.sampling.max_new_tokens
-        check_context(
-            policy, longest + t, f"the longest held-out prompt ({longest}) + sampling.max_new_tokens ({t})"
-        )
-    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=run.tensorboard)
-
-    def compute() -> dict[str, Tensor]:
-        pad, size, fast = tokenizer.pad_token_id, cfg.dpo.ref_batch_size, cfg.sampling.use_fast
-        return {
-            "train": reference_log_probs(reference, train, pad, info.device, size, fast),
-            "heldout": reference_log_probs(reference, evals, pad, info.device, size, fast),
-        }
-
-    refs = load_or_compute_reference(
-        run_dir, ckpt is not None, compute, {"train": len(train), "heldout": len(evals)}
-    )
-    if not cfg.eval_samples:
-        reference = None  # its log-probs are all training needs
-
-    def evaluate_samples(inner: torch.nn.Module) -> dict[str, float]:
-        return sample_metrics(inner, reference, tokenizer, prompts, cfg, task, scorer)
-
-    model = dist.wrap_model(policy, info, run.parallel)
-    algo = DPO(
-        model, tokenizer, train, refs, cfg, evals=evals, device=info.device,
-        evaluate_samples=evaluate_samples if reference is not None else None,
-    )  # fmt: skip
-    state = train_loop(algo, run, run_dir, logger, ckpt, eval_at_start=cfg.eval_at_start)
-    export_on_main(model, tokenizer, run_dir / "model")
-    if info.is_main and cfg.plots:
-        plot_dpo(run_dir)
-    return logger.finish(summarize(algo, state, len(train)))
+    return run_recipe(DPORecipe(), cfg, run_dir, resume=resume, overwrite=overwrite)
 
 
 def summarize(algo: DPO, state: LoopState, n_pairs: int) -> dict[str, Any]:

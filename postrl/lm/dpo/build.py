@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save
 from torch import Tensor
 
 from postrl.core import dpo_loss, masked_sum
@@ -19,18 +17,16 @@ from postrl.lm.data import collate_preferences
 from postrl.lm.dpo.config import DPOConfig, DPOLossConfig
 from postrl.lm.ppo.advantages import Roles
 from postrl.lm.ppo.build import PromptSet, evaluate_heldout
+from postrl.lm.reference import REF_FILE as REF_FILE
 from postrl.lm.reward_model.pairs import load_pair_rows, tokenize_pairs
 from postrl.lm.rollout import Rollout, token_log_probs
 from postrl.lm.rollout.evaluation import evaluate_task
 from postrl.lm.rollout.shared_prefix import response_logits
 from postrl.lm.trainer import to_device
 from postrl.runtime import distributed as dist
-from postrl.runtime.checkpoint import atomic_write_bytes
 from postrl.runtime.errors import UserError
 
 log = logging.getLogger(__name__)
-REF_FILE = "reference_logps.safetensors"
-"""The reference's summed log-probs of every train and held-out pair, in the run folder."""
 
 
 # ---- data ----------------------------------------------------------------------------------------------
@@ -88,25 +84,6 @@ def reference_log_probs(
         mine[k] = torch.stack((chosen, rejected), dim=1).float().cpu()  # (b, 2)
     parts = {k: v for ranks in dist.all_gather_object(mine) for k, v in ranks.items()}
     return torch.cat([parts[k] for k in range(len(starts))]) if starts else torch.zeros(0, 2)
-
-
-def load_or_compute_reference(
-    run_dir: Path, resumed: bool, compute: Callable[[], dict[str, Tensor]], counts: dict[str, int]
-) -> dict[str, Tensor]:
-    """The reference log-probs ``{"train": [N, 2], "heldout": [M, 2]}``: read back from ``RUN_DIR/REF_FILE``
-    when resuming a run that wrote them (and they match the pairs' counts), else computed and written there
-    (rank 0, atomically), so a resumed run trains on the numbers the interrupted one used."""
-    path = run_dir / REF_FILE
-    if resumed and path.is_file():
-        saved = load_file(str(path))
-        if {k: saved[k].shape[0] for k in counts if k in saved} == counts:
-            return {k: saved[k] for k in counts}
-        log.warning("%s does not match the data (pair counts %s); computing it again", path, counts)
-    refs = compute()
-    if dist.is_main():
-        atomic_write_bytes(path, save({k: v.contiguous() for k, v in refs.items()}))
-    dist.barrier()
-    return refs
 
 
 # ---- the loss of a batch -------------------------------------------------------------------------------

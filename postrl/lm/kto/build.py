@@ -13,13 +13,11 @@ from torch import Tensor
 from postrl.core import kto_loss, masked_sum
 from postrl.lm.kto.config import KTOLossConfig
 from postrl.lm.kto.data import collate
+from postrl.lm.reference import REF_FILE as REF_FILE
 from postrl.lm.rollout import token_log_probs
 from postrl.lm.rollout.shared_prefix import response_logits
 from postrl.lm.trainer import to_device
 from postrl.runtime import distributed as dist
-
-REF_FILE = "reference_logps.safetensors"
-"""The reference's summed log-probs of every train and held-out row (matched, mismatched), in the run folder."""
 
 
 def completion_log_probs(

@@ -1,0 +1,149 @@
+"""Stages that train on fixed data against a frozen reference (DPO, KTO): their shared `Recipe`.
+
+The reference π_ref never changes, so its log-probs of every training and held-out example are computed once,
+batched and without gradients, before the first step (TRL's ``precompute_ref_log_probs``), and written to the
+run folder: a resumed run reads them back and trains on the numbers the interrupted one used. The reference
+model itself is kept only to score held-out samples (its KL to the policy), when ``eval_samples`` > 0.
+
+A stage subclasses `ReferenceRecipe` with its data, its reference pass, its algorithm and its summary.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save
+from torch import Tensor
+
+from postrl.lm.recipe import Setup
+from postrl.lm.spine import Algorithm, LoopState
+from postrl.lm.trainer import export_on_main
+from postrl.runtime import distributed as dist
+from postrl.runtime.checkpoint import atomic_write_bytes
+from postrl.runtime.errors import UserError
+
+log = logging.getLogger(__name__)
+
+REF_FILE = "reference_logps.safetensors"
+"""The reference's summed log-probs of every train and held-out example, in the run folder."""
+
+
+def load_or_compute_reference(
+    run_dir: Path, resumed: bool, compute: Callable[[], dict[str, Tensor]], counts: dict[str, int]
+) -> dict[str, Tensor]:
+    """The reference log-probs ``{"train": [N, k], "heldout": [M, k]}``: read back from ``RUN_DIR/REF_FILE``
+    when resuming a run that wrote them (and they match the examples' counts), else computed and written
+    there (rank 0, atomically)."""
+    path = run_dir / REF_FILE
+    if resumed and path.is_file():
+        saved = load_file(str(path))
+        if {k: saved[k].shape[0] for k in counts if k in saved} == counts:
+            return {k: saved[k] for k in counts}
+        log.warning("%s does not match the data (counts %s); computing it again", path, counts)
+    refs = compute()
+    if dist.is_main():
+        atomic_write_bytes(path, save({k: v.contiguous() for k, v in refs.items()}))
+    dist.barrier()
+    return refs
+
+
+class ReferenceRecipe(abc.ABC):
+    """The `postrl.lm.recipe.Recipe` of a stage trained against a frozen reference on fixed data. A subclass
+    sets ``section`` (its loss's config section, which holds ``ref_batch_size``) and brings the abstract
+    methods: its examples, its reference pass, its algorithm, its summary and its plot."""
+
+    section = ""
+
+    # ---- what a stage brings ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def load_examples(self, cfg: Any, tokenizer: Any) -> tuple[list[dict], list[dict], Any]:
+        """(train examples, held-out examples, the built-in task or None), tokenised and checked."""
+
+    @abc.abstractmethod
+    def reference_log_probs(
+        self, reference: torch.nn.Module, examples: list[dict], setup: Setup, batch_size: int
+    ) -> Tensor:
+        """The reference's log-probs of ``examples`` (``[N, k]``)."""
+
+    @abc.abstractmethod
+    def algorithm(self, setup: Setup, refs: dict[str, Tensor], evaluate_samples: Any) -> Algorithm:
+        """The stage's algorithm on the wrapped policy."""
+
+    @abc.abstractmethod
+    def summarize(self, setup: Setup, algo: Algorithm, state: LoopState) -> dict[str, Any]:
+        """The summary's numbers."""
+
+    @abc.abstractmethod
+    def plot(self, run_dir: Path) -> None:
+        """``RUN_DIR/curves.png`` (rank 0, when ``plots``)."""
+
+    # ---- the recipe -------------------------------------------------------------------------------------
+    def check(self, cfg: Any) -> None:
+        if cfg.train.packing:
+            raise UserError(
+                f"train.packing does not apply to {self.section.upper()} (examples are scored whole)"
+            )
+        if cfg.run.parallel not in dist.PARALLEL:
+            raise UserError(f"run.parallel must be one of {dist.PARALLEL}, got {cfg.run.parallel!r}")
+        if cfg.eval_samples and (cfg.sampling.greedy or cfg.sampling.temperature <= 0):
+            raise UserError(
+                "sampling.greedy must be false for the held-out KL (it is an estimate over samples)"
+            )
+
+    def load(self, setup: Setup) -> None:
+        """The policy, its examples, the reference, the held-out scorer and prompts; all checked."""
+        from postrl.lm.dpo.build import heldout_prompts, reward_model_scorer  # the shared held-out evaluation
+        from postrl.lm.models import check_context  # deferred: transformers
+        from postrl.lm.rollout.decoders import check_backend
+
+        policy = setup.load_policy()
+        cfg = setup.cfg
+        check_backend(policy, cfg.sampling.backend)
+        train, evals, task = self.load_examples(cfg, setup.tokenizer)
+        reference = setup.load_reference()
+        scorer = reward_model_scorer(cfg, setup.info.device)
+        prompts = heldout_prompts(task, evals)
+        if cfg.eval_samples and prompts.rows:
+            longest = max(len(p) for p in setup.tokenizer([r["prompt"] for r in prompts.rows])["input_ids"])
+            t = cfg.sampling.max_new_tokens
+            where = f"the longest held-out prompt ({longest}) + sampling.max_new_tokens ({t})"
+            check_context(policy, longest + t, where)
+        setup.extra.update(
+            train=train, evals=evals, task=task, reference=reference, scorer=scorer, prompts=prompts
+        )
+
+    def build(self, setup: Setup, resumed: bool) -> Algorithm:
+        """The reference's log-probs (read back on resume), the held-out sampling, the algorithm."""
+        from postrl.lm.dpo.build import sample_metrics  # the shared held-out evaluation
+
+        cfg, x = setup.cfg, setup.extra
+        size = getattr(cfg, self.section).ref_batch_size
+
+        def compute() -> dict[str, Tensor]:
+            return {
+                "train": self.reference_log_probs(x["reference"], x["train"], setup, size),
+                "heldout": self.reference_log_probs(x["reference"], x["evals"], setup, size),
+            }
+
+        counts = {"train": len(x["train"]), "heldout": len(x["evals"])}
+        refs = load_or_compute_reference(setup.run_dir, resumed, compute, counts)
+        if not cfg.eval_samples:
+            x["reference"] = None  # its log-probs are all training needs
+
+        def evaluate_samples(inner: torch.nn.Module) -> dict[str, float]:
+            return sample_metrics(
+                inner, x["reference"], setup.tokenizer, x["prompts"], cfg, x["task"], x["scorer"]
+            )
+
+        return self.algorithm(setup, refs, evaluate_samples if x["reference"] is not None else None)
+
+    def finish(self, setup: Setup, algo: Algorithm, state: LoopState) -> dict[str, Any]:
+        export_on_main(algo.model, setup.tokenizer, setup.run_dir / "model")
+        if setup.info.is_main and setup.cfg.plots:
+            self.plot(setup.run_dir)
+        return self.summarize(setup, algo, state)
