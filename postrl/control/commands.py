@@ -47,12 +47,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=None,
         help="YAML config or preset name (default: the preset <algo>-<env> if postrl has one)",
     )
-    train.add_argument(
-        "--resume",
-        default=None,
-        metavar="RUN_DIR",
-        help="continue a run exactly from its last checkpoint, with its saved config and any key=value "
-        "overrides (rerunning the same command with --out RUN_DIR also resumes a run without summary.json)",
+    _add_resume(
+        train,
+        "continue the run in --out RUN_DIR (or in RUN_DIR, the older spelling) exactly from its last "
+        "checkpoint, with its saved config and any key=value overrides (rerunning the same command with --out "
+        "RUN_DIR also resumes a run without summary.json)",
     )
     _add_overwrite(train)
     train.add_argument(
@@ -73,6 +72,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     _add_bench_parser(sub)
     _add_prefs_parser(sub)
     return control
+
+
+def _add_resume(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """``--out RUN_DIR --resume``, as every LM stage spells it; ``--resume RUN_DIR`` is kept too."""
+    parser.add_argument("--resume", nargs="?", const="", default=None, metavar="RUN_DIR", help=help_text)
+
+
+def resume_dir(args: argparse.Namespace) -> str | None:
+    """The run folder a command line resumes (None: it does not): ``--resume RUN_DIR``, or ``--out RUN_DIR
+    --resume``. A ``key=value`` right after a bare ``--resume`` is an override, not a folder."""
+    value = args.resume
+    if value is not None and "=" in value and not Path(value).is_dir():
+        args.overrides = [value, *args.overrides]
+        value = ""
+    if value == "":
+        if args.out is None:
+            raise ConfigError("--resume needs the run folder: --out RUN_DIR --resume (or --resume RUN_DIR)")
+        value = args.out
+    elif value is not None and args.out is not None and Path(value) != Path(args.out):
+        raise ConfigError(f"--resume {value} and --out {args.out} name two folders; give one")
+    args.resume = value
+    return value
 
 
 def _add_overwrite(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +120,7 @@ def preset_path(algo: str, env_id: str) -> Path | None:
 
 def resolve_config(args: argparse.Namespace):
     """The config of a ``train`` (or ``prefs``) command line (see the module docstring for the precedence)."""
+    resume_dir(args)
     return train_config(
         args.algo, env=args.env, config=args.config, total_steps=args.total_steps, seed=args.seed,
         resume=args.resume, overrides=args.overrides,
@@ -302,9 +324,7 @@ def _add_prefs_parser(sub: argparse._SubParsersAction) -> None:
     prefs.add_argument(
         "--config", default=None, help="YAML config or preset name (default: the preset prefs-<env>)"
     )
-    prefs.add_argument(
-        "--resume", default=None, metavar="RUN_DIR", help="continue an interrupted run exactly"
-    )
+    _add_resume(prefs, "continue the interrupted run in --out RUN_DIR (or in RUN_DIR) exactly")
     _add_overwrite(prefs)
     prefs.add_argument(
         "--list-keys", action="store_true", help="print every config key with its help and exit"

@@ -213,3 +213,22 @@ def test_resume_runs_no_env_module_the_run_folder_names_unless_named_again(tmp_p
         resolve_config(_cli("control", "train", "--resume", str(out)))
     assert not marker.exists()
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_resume_is_spelt_as_the_lm_stages_spell_it(tmp_path, capsys):
+    """``--out RUN --resume`` (every LM stage's spelling) resumes as ``--resume RUN`` does; a key=value after a
+    bare --resume is an override; no folder, or two different ones, is one clear error."""
+    out = tmp_path / "run"
+    args = _cli(
+        "control", "train", "--env", "CartPole-v1", "--total-steps", "64", "--out", str(out), *SMALL[:4]
+    )
+    args.handler(args)
+    assert resolve_config(_cli("control", "train", "--out", str(out), "--resume")) == resolve_config(
+        _cli("control", "train", "--resume", str(out))
+    )
+    cfg = resolve_config(_cli("control", "train", "--out", str(out), "--resume", "run.steps=128"))
+    assert cfg.run.steps == 128
+    with pytest.raises(ConfigError, match="--resume needs the run folder"):
+        resolve_config(_cli("control", "train", "--resume"))
+    with pytest.raises(ConfigError, match="name two folders"):
+        resolve_config(_cli("control", "train", "--out", str(tmp_path / "b"), "--resume", str(out)))
