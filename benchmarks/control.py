@@ -86,7 +86,7 @@ Measured 2026-12-02 evening on the idle 2-core machine (load < 1.6; ceiling 34,9
   steps): 2.96 without the baseline, 0.26 with it: 11.4× lower with the learned baseline.
 
 Measured along the way (moved here from the code's comments; re-measure with this script): PPO's
-`ppo_loss` + `backward` through autograd 2.6 ms per 256-row minibatch vs 1.1 ms for the hand-written gradient
+`ppo_actor_critic_loss` + `backward` through autograd 2.6 ms per 256-row minibatch vs 1.1 ms for the hand-written gradient
 (`postrl/control/fast/ppo_grad.py`); a small torch op 3–8 µs of dispatch, a 256×64 GEMM ≈ 60 µs, torch's float32
 tanh ≈ 4 ns per element and sigmoid half that; `torch.optim.Adam.step` ≈ 0.3 ms of Python per call, the update
 as single-tensor ops ≈ 0.1 ms, the fused kernel ≈ 0.03 ms, the optimizer hook wrapper ≈ 60 µs; with 64×64 MLPs

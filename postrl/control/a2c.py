@@ -23,7 +23,7 @@ from torch import nn
 from postrl.control.buffer import Batch, RolloutBuffer, collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
 from postrl.control.fast.numpy_actor import use_numpy_actor
-from postrl.control.loop import Agent, RunConfig
+from postrl.control.loop import ControlRunConfig, Learner
 from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.core import gae, masked_whiten, reinforce_loss, td_errors, value_loss
 from postrl.runtime.config import ConfigError
@@ -75,7 +75,7 @@ class Config:
     """Environment settings."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """Actor and critic networks."""
-    run: RunConfig = field(default_factory=lambda: RunConfig(save_every=1000, log_every=50))
+    run: ControlRunConfig = field(default_factory=lambda: ControlRunConfig(save_every=1000, log_every=50))
     """Budget, seed, logging, evaluation and checkpoints."""
     a2c: A2CConfig = field(default_factory=A2CConfig)
     """A2C hyperparameters."""
@@ -120,7 +120,7 @@ def a2c_loss(
     return loss, {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy.detach()}
 
 
-class A2C(Agent):
+class A2C(Learner):
     def __init__(self, cfg: Config, env: VecEnv):
         self.cfg = cfg.a2c
         for key, table in (("target", TARGETS), ("optimizer", OPTIMIZERS)):

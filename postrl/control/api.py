@@ -168,7 +168,9 @@ def train(
 class Agent:
     """A trained policy loaded from its run folder (the latest checkpoint's weights and normaliser)."""
 
-    def __init__(self, run_dir: Path, cfg: Any, agent: loop.Agent, env: Any, summary: dict[str, Any] | None):
+    def __init__(
+        self, run_dir: Path, cfg: Any, agent: loop.Learner, env: Any, summary: dict[str, Any] | None
+    ):
         self.run_dir, self.config, self.summary = run_dir, cfg, summary
         self.actor = agent.actor.eval()
         self._env = env  # a one-env VecEnv holding the checkpoint's observation statistics

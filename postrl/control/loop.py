@@ -1,7 +1,7 @@
 """The training loop every control algorithm shares: run folder, logging, evaluation, checkpoints, resume.
 
 An algorithm file (``ppo.py``, ``a2c.py``, …) provides a ``Config`` dataclass and ``build(cfg, env)``
-returning an :class:`Agent` whose ``iteration`` collects experience and updates the networks once. This
+returning an :class:`Learner` whose ``iteration`` collects experience and updates the networks once. This
 file runs the iterations and does everything around them; the evaluation episodes are ``evaluation.py``.
 
 Exact resume. Checkpoints are taken at iteration boundaries and hold the networks, optimizers, every RNG
@@ -12,7 +12,7 @@ state is not plain data (Box2D, MuJoCo, subprocess envs), and checkpoints of old
 snapshot was a pickle (never loaded), are instead reset with a seed derived from (seed, iteration); such a
 resume is not exact and says so on stderr.
 
-Under ``torchrun`` (PPO only) every rank runs this loop on its own envs; what differs is in ``dist.py``.
+Under ``torchrun`` (PPO only) every rank runs this loop on its own envs; what differs is in ``ranks.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from postrl.control import dist
+from postrl.control import ranks
 from postrl.control.envs import VecEnv
 from postrl.control.evaluation import evaluate, record_gif
 from postrl.runtime import callbacks
@@ -44,7 +44,7 @@ from postrl.runtime.progress import Progress
 from postrl.runtime.rundir import open_run
 from postrl.runtime.seeding import seed_everything
 
-__all__ = ["ALGORITHMS", "Agent", "RunConfig", "evaluate", "load_agent", "train"]
+__all__ = ["ALGORITHMS", "Learner", "ControlRunConfig", "evaluate", "load_agent", "train"]
 
 ALGORITHMS = {
     "reinforce": "postrl.control.reinforce",
@@ -59,7 +59,7 @@ WINDOW = 20  # episodes in the training moving average
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class ControlRunConfig:
     """How long a run lasts, how often it logs, evaluates and checkpoints (the LM trainers' ``run`` section,
     less what does not apply to control: device, dtype, parallel)."""
 
@@ -106,8 +106,8 @@ class RunConfig:
     }
 
 
-class Agent(abc.ABC):
-    """What the loop needs from an algorithm (see ppo.PPO for a full example)."""
+class Learner(abc.ABC):
+    """What the loop needs from an algorithm (see ppo.PPOLearner for a full example)."""
 
     actor: nn.Module
     modules: dict[str, nn.Module]
@@ -167,12 +167,12 @@ def train(cfg: Any, run_dir: str | Path, resume: bool = False, overwrite: bool =
     """Train ``cfg.algo`` on ``cfg.env``; write the run folder; return the summary. The config, the env
     and the agent are built and checked before the run folder is touched (`postrl.runtime.rundir`)."""
     validate(cfg)
-    info = dist.setup(cfg.algo)
+    info = ranks.setup(cfg.algo)
     run_dir = Path(run_dir)
     if cfg.run.threads is not None:
         torch.set_num_threads(cfg.run.threads)
     seed_everything(cfg.run.seed, info.rank)
-    env = VecEnv(cfg.env, dist.env_seed(cfg.run.seed, cfg.env.n_envs))
+    env = VecEnv(cfg.env, ranks.env_seed(cfg.run.seed, cfg.env.n_envs))
     agent = algorithm(cfg.algo).build(cfg, env)
     progress = _Progress()
     logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.run.tensorboard)
@@ -181,13 +181,13 @@ def train(cfg: Any, run_dir: str | Path, resume: bool = False, overwrite: bool =
         logger.resume_at(progress.env_steps, rows)
     elif not agent.needs_env_reset:
         env.reset()
-    dist.broadcast_modules(agent.modules)
+    ranks.broadcast_modules(agent.modules)
     threshold = THRESHOLDS.get(cfg.env.id, getattr(env.env.spec, "reward_threshold", None))
     _loop(cfg, run_dir, agent, env, progress, logger, threshold)
     return _finish(cfg, run_dir, agent, env, progress, logger, threshold)
 
 
-def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, logger, threshold) -> None:
+def _loop(cfg, run_dir: Path, agent: Learner, env: VecEnv, progress: _Progress, logger, threshold) -> None:
     """Iterate until ``run.steps`` env steps (or ``run.max_seconds``): learn, log, evaluate, checkpoint."""
     total, run, main = cfg.run.steps, cfg.run, is_main()
     bar_off = None if main else True
@@ -197,10 +197,10 @@ def _loop(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, lo
             # Training time counts everything but evaluation (logging and checkpoints included), as
             # the peer benchmark times SB3's learn().
             start, eval_seconds = time.perf_counter(), 0.0
-            it, moments = progress.iteration, dist.normaliser_moments(env)
+            it, moments = progress.iteration, ranks.normaliser_moments(env)
             metrics, episodes, n_steps = agent.iteration(env, it, progress.env_steps / total)
-            dist.sync_normalisers(env, moments)
-            episodes, n_steps = dist.gather_episodes(episodes, n_steps, env.n_envs)
+            ranks.sync_normalisers(env, moments)
+            episodes, n_steps = ranks.gather_episodes(episodes, n_steps, env.n_envs)
             progress.record(episodes, progress.env_steps, threshold)
             progress.iteration, progress.env_steps = it + 1, progress.env_steps + n_steps
             elapsed = progress.train_seconds + time.perf_counter() - start
@@ -234,7 +234,7 @@ def _on_iteration(step: int, iteration: int, row: dict, run_dir: Path) -> tuple[
     return bool(stop) and error is None, error
 
 
-def _finish(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, logger, threshold) -> dict:
+def _finish(cfg, run_dir: Path, agent: Learner, env: VecEnv, progress: _Progress, logger, threshold) -> dict:
     """Final evaluation (excluded from steps_per_second), optional GIF, curves.png and summary.json, last (rank
     0; the other ranks return its summary)."""
     if not is_main():
@@ -265,7 +265,7 @@ def _finish(cfg, run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, 
     return broadcast_object(summary)
 
 
-def _out_of_time(run: RunConfig, train_seconds: float) -> bool:
+def _out_of_time(run: ControlRunConfig, train_seconds: float) -> bool:
     """Whether ``train_seconds`` reach ``run.max_seconds`` (rank 0's clock decides, so every rank stops at
     the same iteration)."""
     return run.max_seconds is not None and bool(broadcast_object(train_seconds >= run.max_seconds))
@@ -285,9 +285,11 @@ def _row(metrics: dict[str, Any], progress: _Progress) -> dict[str, Any]:
 
 
 def _save(
-    run_dir: Path, agent: Agent, env: VecEnv, progress: _Progress, cfg: Any, metrics_rows: int
+    run_dir: Path, agent: Learner, env: VecEnv, progress: _Progress, cfg: Any, metrics_rows: int
 ) -> Path | None:
-    ranks, snapshots = dist.gather_rank_states(env)  # a collective: every rank takes part, rank 0 writes
+    rank_states, snapshots = ranks.gather_rank_states(
+        env
+    )  # a collective: every rank takes part, rank 0 writes
     if not is_main():
         return None
     extra = {
@@ -297,7 +299,7 @@ def _save(
         "metrics_rows": metrics_rows,
     }
     if world_size() > 1:
-        extra.update(world_size=world_size(), ranks=ranks)
+        extra.update(world_size=world_size(), ranks=rank_states)
     return save_checkpoint(
         run_dir / "checkpoints",
         progress.env_steps,
@@ -305,15 +307,15 @@ def _save(
         optimizers=agent.optimizers,
         extra=extra,
         keep_last=cfg.run.keep_last,
-        write_files=dist.write_snapshots(snapshots),
+        write_files=ranks.write_snapshots(snapshots),
     )
 
 
-def agent_state(agent: Agent) -> dict[str, Any]:
+def agent_state(agent: Learner) -> dict[str, Any]:
     return agent.state_dict() if hasattr(agent, "state_dict") else {}
 
 
-def _restore(ckpt: Path, agent: Agent, env: VecEnv, progress: _Progress, seed: int) -> int | None:
+def _restore(ckpt: Path, agent: Learner, env: VecEnv, progress: _Progress, seed: int) -> int | None:
     """Load checkpoint ``ckpt`` into the agent, env and counters; returns the count of metrics rows it
     recorded (None for a checkpoint written before postrl recorded it)."""
     state = load_checkpoint(ckpt, modules=agent.modules, optimizers=agent.optimizers)
@@ -322,8 +324,8 @@ def _restore(ckpt: Path, agent: Agent, env: VecEnv, progress: _Progress, seed: i
     env.load_state_dict(extra["env"])
     if hasattr(agent, "load_state_dict"):
         agent.load_state_dict(extra["agent"])
-    if not dist.restore_rank(ckpt, extra, env) and not agent.needs_env_reset:
-        reseed = dist.env_seed(seed * 1_000_003 + progress.iteration, env.n_envs)
+    if not ranks.restore_rank(ckpt, extra, env) and not agent.needs_env_reset:
+        reseed = ranks.env_seed(seed * 1_000_003 + progress.iteration, env.n_envs)
         print(
             f"postrl: the envs of {ckpt} could not be saved; they are reset with seed {reseed} "
             "(the resumed run is not bit-identical to an uninterrupted one)",
@@ -333,7 +335,7 @@ def _restore(ckpt: Path, agent: Agent, env: VecEnv, progress: _Progress, seed: i
     return extra.get("metrics_rows")
 
 
-def load_agent(run_dir: str | Path) -> tuple[Any, Agent, VecEnv]:
+def load_agent(run_dir: str | Path) -> tuple[Any, Learner, VecEnv]:
     """Config, agent (latest checkpoint's weights) and a training env with its normaliser state, for eval."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():

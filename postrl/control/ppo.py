@@ -10,7 +10,7 @@ Implementation Details of PPO"): per-minibatch advantage normalisation, optional
 gradient-norm clipping, linear annealing of the learning rate and of ε, Adam ε = 1e-5, and an early stop of
 the epochs when the approximate KL passes ``target_kl``. Truncated episodes bootstrap from V(final obs).
 
-Each minibatch step is ``ReferenceStep`` below: the gradient of `ppo_loss` through autograd,
+Each minibatch step is ``ReferenceStep`` below: the gradient of `ppo_actor_critic_loss` through autograd,
 ``clip_grad_norm_`` and ``torch.optim.Adam``. ``backend`` may swap in a step that computes the same update
 faster for postrl's own MLPs (`postrl.control.fast`, pinned to this one by tests/control/test_ppo_grad.py);
 it is chosen once, when PPO is built, and ``auto`` logs which step runs and why the other was refused.
@@ -25,19 +25,19 @@ from typing import Literal, Protocol
 import torch
 from torch import nn
 
-from postrl.control import dist
+from postrl.control import ranks
 from postrl.control.buffer import Batch, RolloutBuffer, collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
 from postrl.control.fast import flat, ppo_step
-from postrl.control.loop import Agent, RunConfig
+from postrl.control.loop import ControlRunConfig, Learner
 from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.core import gae, ppo_clip_loss, value_loss
 
-__all__ = ["Config", "PPOConfig", "build", "ppo_loss"]
+__all__ = ["Config", "PPOHyperparams", "build", "ppo_actor_critic_loss"]
 
 
 @dataclass(frozen=True)
-class PPOConfig:
+class PPOHyperparams:
     n_steps: int = 128
     """Steps per env in each rollout (the rollout is n_envs · n_steps transitions)."""
     batch_size: int = 256
@@ -71,7 +71,7 @@ class PPOConfig:
     adam_eps: float = 1e-5
     """Adam ε (1e-5 as in the PPO reference implementation)."""
     backend: Literal["auto", "fused", "autograd"] = "auto"
-    """How each minibatch step is taken: autograd (ppo_loss, backward, clip_grad_norm_, torch.optim.Adam; the
+    """How each minibatch step is taken: autograd (ppo_actor_critic_loss, backward, clip_grad_norm_, torch.optim.Adam; the
     rollout's actor in torch), fused (the gradient written out, Adam on one flat tensor and the actor in
     numpy, for postrl's MLP actor and critic: postrl.control.fast; the same numbers to float32 rounding) or
     auto (fused when the networks allow it, else autograd; the choice and the reason are logged at info
@@ -103,18 +103,18 @@ class Config:
     """Environment settings."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """Actor and critic networks."""
-    run: RunConfig = field(default_factory=RunConfig)
+    run: ControlRunConfig = field(default_factory=ControlRunConfig)
     """Budget, seed, logging, evaluation and checkpoints."""
-    ppo: PPOConfig = field(default_factory=PPOConfig)
+    ppo: PPOHyperparams = field(default_factory=PPOHyperparams)
     """PPO hyperparameters."""
 
 
-def ppo_loss(
-    actor: nn.Module, critic: nn.Module, batch: Batch, cfg: PPOConfig, clip_eps: float
+def ppo_actor_critic_loss(
+    actor: nn.Module, critic: nn.Module, batch: Batch, cfg: PPOHyperparams, clip_eps: float
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO objective on one minibatch: clipped surrogate + vf_coef · value loss − ent_coef · entropy.
 
-    ``batch.advantages`` are used as given (``PPO.update`` whitens them per minibatch).
+    ``batch.advantages`` are used as given (``PPOLearner.update`` whitens them per minibatch).
     """
     log_probs, entropy = actor.evaluate(batch.obs, batch.actions, with_entropy=cfg.ent_coef != 0)
     values = critic(batch.obs)
@@ -142,10 +142,10 @@ class MinibatchStep(Protocol):
 
 
 class ReferenceStep:
-    """The minibatch step as the notes write it: the gradient of `ppo_loss` through autograd, its mean over
+    """The minibatch step as the notes write it: the gradient of `ppo_actor_critic_loss` through autograd, its mean over
     ranks, the global-norm clip and an Adam step on the actor's and critic's parameters."""
 
-    def __init__(self, actor: nn.Module, critic: nn.Module, cfg: PPOConfig):
+    def __init__(self, actor: nn.Module, critic: nn.Module, cfg: PPOHyperparams):
         self.actor, self.critic, self.cfg = actor, critic, cfg
         self.params = [*actor.parameters(), *critic.parameters()]
         # fused=True: torch's one-kernel Adam, the default per-tensor loop's arithmetic to float32 rounding, and
@@ -157,16 +157,16 @@ class ReferenceStep:
 
     def __call__(self, mb: Batch, clip_eps: float) -> torch.Tensor:
         self.optimizer.zero_grad()
-        loss, stats = ppo_loss(self.actor, self.critic, mb, self.cfg, clip_eps)
+        loss, stats = ppo_actor_critic_loss(self.actor, self.critic, mb, self.cfg, clip_eps)
         loss.backward()
-        dist.sync_grads(self.params)  # the mean over ranks (nothing in one process)
+        ranks.sync_grads(self.params)  # the mean over ranks (nothing in one process)
         nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         self.optimizer.step()
         self.names = tuple(stats)
         return torch.stack(list(stats.values()))[None]
 
 
-def make_step(cfg: PPOConfig, actor: nn.Module, critic: nn.Module) -> MinibatchStep:
+def make_step(cfg: PPOHyperparams, actor: nn.Module, critic: nn.Module) -> MinibatchStep:
     """The minibatch step of ``cfg.backend`` (logs which runs and, under ``auto``, why the other was refused)."""
     if not ppo_step.use_fused(cfg.backend, actor, critic):
         return ReferenceStep(actor, critic, cfg)
@@ -182,7 +182,7 @@ def make_step(cfg: PPOConfig, actor: nn.Module, critic: nn.Module) -> MinibatchS
     )
 
 
-class PPO(Agent):
+class PPOLearner(Learner):
     def __init__(self, cfg: Config, env: VecEnv, rollout_hook: Callable[[RolloutBuffer], None] | None = None):
         """``rollout_hook(buf)``, when given, is called after each rollout is collected and before GAE; it
         may rewrite ``buf.rewards`` in place (e.g. with a learned reward: ``postrl.control.prefs``). None
@@ -218,7 +218,7 @@ class PPO(Agent):
 
     def update(self, batch: Batch, clip_eps: float) -> dict[str, float]:
         cfg, n = self.cfg, len(batch)
-        batch_size = dist.local_batch_size(cfg.batch_size)  # this rank's share (all of it in one process)
+        batch_size = ranks.local_batch_size(cfg.batch_size)  # this rank's share (all of it in one process)
         full_batch = batch_size >= n
         if full_batch:  # one minibatch: whiten once, and no shuffle (the loss is a mean over it)
             batch = self._whiten(batch)
@@ -231,7 +231,7 @@ class PPO(Agent):
                 mb = batch if full_batch else self._whiten(batch.take(order[start : start + batch_size]))
                 history.append(self.step(mb, clip_eps))
             approx_kl = history[-1][0, self.step.names.index("approx_kl")]
-            if cfg.target_kl is not None and dist.mean_over_ranks(approx_kl) > cfg.target_kl:
+            if cfg.target_kl is not None and ranks.mean_over_ranks(approx_kl) > cfg.target_kl:
                 break
         out = dict(zip(self.step.names, torch.cat(history).mean(0).tolist(), strict=True))
         out["epochs"] = epochs
@@ -243,7 +243,7 @@ class PPO(Agent):
     def _whiten(self, batch: Batch) -> Batch:
         if not self.cfg.normalize_advantages or len(batch) < 2:
             return batch
-        adv = dist.whiten(batch.advantages)  # over every rank's rows
+        adv = ranks.whiten(batch.advantages)  # over every rank's rows
         return Batch(batch.obs, batch.actions, batch.log_probs, batch.values, adv, batch.returns)
 
 
@@ -253,5 +253,5 @@ def _explained_variance(batch: Batch) -> float:
     return float("nan") if var == 0 else float(1 - (batch.returns - batch.values).var() / var)
 
 
-def build(cfg: Config, env: VecEnv) -> PPO:
-    return PPO(cfg, env)
+def build(cfg: Config, env: VecEnv) -> PPOLearner:
+    return PPOLearner(cfg, env)

@@ -50,7 +50,7 @@ import torch
 from postrl.control import ppo
 from postrl.control.buffer import RolloutBuffer
 from postrl.control.envs import RunningMeanStd, VecEnv
-from postrl.control.loop import Agent, train
+from postrl.control.loop import Learner, train
 from postrl.control.prefs_config import Config as Config
 from postrl.control.prefs_config import PrefsConfig as PrefsConfig
 from postrl.control.prefs_config import validate_prefs
@@ -98,14 +98,14 @@ def _tap_envs(env: VecEnv) -> list[RewardTap]:
     return env.env.envs
 
 
-class Prefs(Agent):
+class Prefs(Learner):
     """PPO whose reward is an ensemble learned from labelled segment pairs, trained as the policy trains."""
 
     def __init__(self, cfg: Config, env: VecEnv):
         validate_prefs(cfg)
         self.cfg, self.env = cfg, env
         _tap_envs(env)
-        self.ppo = ppo.PPO(cfg, env, rollout_hook=self._on_rollout)
+        self.ppo = ppo.PPOLearner(cfg, env, rollout_hook=self._on_rollout)
         self.actor = self.ppo.actor
         obs_dim = env.single_observation_space.shape[0]
         self.reward_model = RewardEnsemble(obs_dim, env.single_action_space, cfg.reward_model)

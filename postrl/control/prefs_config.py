@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from postrl.control import ppo
 from postrl.control.envs import EnvConfig
-from postrl.control.loop import RunConfig
+from postrl.control.loop import ControlRunConfig
 from postrl.control.policies import PolicyConfig
 from postrl.control.prefs_reward import LabellerConfig, RewardModelConfig
 from postrl.runtime.config import ConfigError
@@ -65,9 +65,9 @@ class Config:
     """Environment settings (sync envs, no reward normalisation: the reward is the learned one)."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """Actor and critic networks."""
-    run: RunConfig = field(default_factory=RunConfig)
+    run: ControlRunConfig = field(default_factory=ControlRunConfig)
     """Budget, seed, logging, evaluation and checkpoints."""
-    ppo: ppo.PPOConfig = field(default_factory=ppo.PPOConfig)
+    ppo: ppo.PPOHyperparams = field(default_factory=ppo.PPOHyperparams)
     """PPO hyperparameters (the policy learner)."""
     prefs: PrefsConfig = field(default_factory=PrefsConfig)
     """Segments, label schedule, pair selection, normalisation of r̂."""

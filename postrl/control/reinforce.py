@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from postrl.control.envs import EnvConfig, VecEnv
-from postrl.control.loop import Agent, RunConfig
+from postrl.control.loop import ControlRunConfig, Learner
 from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.core import discounted_returns, reinforce_loss, value_loss
 from postrl.runtime.config import ConfigError
@@ -66,7 +66,7 @@ class Config:
     """Environment settings (n_envs = episodes per batch; sync envs, no normalisation)."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """Actor and baseline networks."""
-    run: RunConfig = field(default_factory=lambda: RunConfig(save_every=100, log_every=10))
+    run: ControlRunConfig = field(default_factory=lambda: ControlRunConfig(save_every=100, log_every=10))
     """Budget, seed, logging, evaluation and checkpoints."""
     reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)
     """REINFORCE hyperparameters."""
@@ -146,7 +146,7 @@ def policy_gradient_weights(
     return weights * episodes.mask, returns
 
 
-class Reinforce(Agent):
+class Reinforce(Learner):
     needs_env_reset = True
 
     def __init__(self, cfg: Config, env: VecEnv):

@@ -21,7 +21,7 @@ from torch import nn
 from postrl.control.buffer import Batch, RolloutBuffer, collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
 from postrl.control.fast.numpy_actor import use_numpy_actor
-from postrl.control.loop import Agent, RunConfig
+from postrl.control.loop import ControlRunConfig, Learner
 from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.core import (
     backtracking_line_search,
@@ -88,7 +88,7 @@ class Config:
     """Environment settings."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """Actor and critic networks."""
-    run: RunConfig = field(default_factory=lambda: RunConfig(save_every=10))
+    run: ControlRunConfig = field(default_factory=lambda: ControlRunConfig(save_every=10))
     """Budget, seed, logging, evaluation and checkpoints."""
     trpo: TRPOConfig = field(default_factory=TRPOConfig)
     """TRPO hyperparameters."""
@@ -103,7 +103,7 @@ def surrogate_loss(actor: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[s
     return ppo_clip_loss(log_probs, batch.log_probs, batch.advantages, math.inf)
 
 
-class TRPO(Agent):
+class TRPO(Learner):
     def __init__(self, cfg: Config, env: VecEnv):
         self.cfg = cfg.trpo
         self.actor = make_actor(env.single_observation_space, env.single_action_space, cfg.policy)

@@ -1,4 +1,4 @@
-"""The torchrun code path of classic-control PPO (``postrl.control.dist``) in this one process: inside a gloo
+"""The torchrun code path of classic-control PPO (``postrl.control.ranks``) in this one process: inside a gloo
 process group of world size 1 it all-reduces gradients and advantage moments, gathers episodes and rank
 states, and must train exactly as without a group; the other algorithms refuse torchrun."""
 
@@ -11,10 +11,10 @@ import torch
 import torch.distributed as tdist
 from safetensors.torch import load_file
 
-from postrl.control import dist
+from postrl.control import ranks
 from postrl.control.envs import EnvConfig
-from postrl.control.loop import RunConfig, train
-from postrl.control.ppo import Config, PPOConfig
+from postrl.control.loop import ControlRunConfig, train
+from postrl.control.ppo import Config, PPOHyperparams
 from postrl.core import masked_whiten
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import read_jsonl
@@ -31,14 +31,14 @@ def group(tmp_path):
 def _config() -> Config:
     return Config(
         env=EnvConfig(n_envs=4),
-        ppo=PPOConfig(n_steps=16, batch_size=32, epochs=2, target_kl=0.5),
-        run=RunConfig(steps=3 * 64, eval_episodes=2, save_every=2),
+        ppo=PPOHyperparams(n_steps=16, batch_size=32, epochs=2, target_kl=0.5),
+        run=ControlRunConfig(steps=3 * 64, eval_episodes=2, save_every=2),
     )
 
 
 def test_whiten_in_a_group_is_the_plain_whitening(group):
     x = torch.randn(37, dtype=torch.float64)
-    torch.testing.assert_close(dist.whiten(x), masked_whiten(x, torch.ones_like(x)))
+    torch.testing.assert_close(ranks.whiten(x), masked_whiten(x, torch.ones_like(x)))
 
 
 def test_training_in_a_group_of_one_equals_no_group(tmp_path):
@@ -74,4 +74,4 @@ def test_other_algorithms_refuse_torchrun(monkeypatch, tmp_path, algo):
 
 def test_resume_needs_the_same_world_size(tmp_path):
     with pytest.raises(UserError, match="written by 2 process"):
-        dist.restore_rank(tmp_path, {"world_size": 2}, env=None)
+        ranks.restore_rank(tmp_path, {"world_size": 2}, env=None)

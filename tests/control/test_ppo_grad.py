@@ -1,5 +1,5 @@
 """PPO's fused path (`postrl.control.fast`: the hand-written minibatch gradient, the numpy actor) equals the
-reference path (autograd through `ppo_loss`, ``actor.act``), and ``ppo.backend`` chooses between them."""
+reference path (autograd through `ppo_actor_critic_loss`, ``actor.act``), and ``ppo.backend`` chooses between them."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from postrl.control.buffer import Batch, collect_rollout
 from postrl.control.envs import VecEnv
 from postrl.control.fast import numpy_actor, ppo_grad, ppo_step
 from postrl.control.policies import Critic, PolicyConfig, make_actor
-from postrl.control.ppo import PPOConfig, ppo_loss
+from postrl.control.ppo import PPOHyperparams, ppo_actor_critic_loss
 from postrl.core import gae
 from postrl.runtime.config import ConfigError, load_config
 
@@ -56,8 +56,8 @@ def gradients(actor, critic) -> list[torch.Tensor]:
 @pytest.mark.parametrize("vf_clip", [None, 0.2])
 def test_hand_gradient_equals_autograd(discrete, activation, ent_coef, vf_clip):
     actor, critic, batch = setup(discrete, activation)
-    cfg = dataclasses.replace(PPOConfig(), ent_coef=ent_coef, vf_clip=vf_clip, vf_coef=0.7)
-    loss, ref_stats = ppo_loss(actor, critic, batch, cfg, clip_eps=0.2)
+    cfg = dataclasses.replace(PPOHyperparams(), ent_coef=ent_coef, vf_clip=vf_clip, vf_coef=0.7)
+    loss, ref_stats = ppo_actor_critic_loss(actor, critic, batch, cfg, clip_eps=0.2)
     loss.backward()
     ref = gradients(actor, critic)
     stats = ppo_grad.minibatch_gradient(actor, critic, batch, 0.2, cfg.vf_coef, ent_coef, vf_clip)

@@ -1,7 +1,7 @@
 """PPO's minibatch gradient written out (the MLPs' forward and backward and the loss's derivative, no
-autograd): the gradient of `postrl.control.ppo.ppo_loss` for postrl's MLP actor and critic, which
+autograd): the gradient of `postrl.control.ppo.ppo_actor_critic_loss` for postrl's MLP actor and critic, which
 `postrl.control.fast.ppo_step.FusedStep` takes instead of autograd's (tests/control/test_ppo_grad.py checks
-every variant against autograd through ``ppo_loss``).
+every variant against autograd through ``ppo_actor_critic_loss``).
 
 For the 64×64 MLPs of classic control on a 256-row minibatch, autograd's bookkeeping (a node per op, its
 saved tensors, the engine's walk of the graph) costs about as much as the arithmetic; written out by hand
@@ -49,7 +49,7 @@ from postrl.core import diag_gaussian_entropy, diag_gaussian_log_prob
 
 __all__ = ["STATS", "HandGradient", "Minibatch", "minibatch_gradient", "refusal", "stat_names"]
 
-# The statistics of `postrl.control.ppo.ppo_loss`, in the order of the vector a gradient step returns.
+# The statistics of `postrl.control.ppo.ppo_actor_critic_loss`, in the order of the vector a gradient step returns.
 STATS = ("policy_loss", "value_loss", "clip_fraction", "approx_kl", "ratio_mean", "entropy")
 
 # grad ⊙ act'(x) from grad and y = act(x): autograd's own backward kernels (one fused op each):
@@ -165,7 +165,7 @@ class _Net:
 
 
 class HandGradient:
-    """The gradient of `postrl.control.ppo.ppo_loss` for one actor and critic, written out.
+    """The gradient of `postrl.control.ppo.ppo_actor_critic_loss` for one actor and critic, written out.
 
     It holds views of the parameters and of their gradients as they are when it is built: build it after
     `postrl.control.fast.flat.FlatParameters` has re-homed them; call it per minibatch.
@@ -258,7 +258,7 @@ def minibatch_gradient(
     vf_clip: float | None,
 ) -> dict[str, Tensor]:
     """`HandGradient` for one `Batch`: write the gradient into ``.grad``; return the statistics by name (those
-    of `postrl.control.ppo.ppo_loss`)."""
+    of `postrl.control.ppo.ppo_actor_critic_loss`)."""
     gradient = HandGradient(actor, critic)
     stats = gradient(gradient.prepare(batch), clip_eps, vf_coef, ent_coef, vf_clip)
     return dict(zip(stat_names(ent_coef), stats[0], strict=True))

@@ -1,6 +1,6 @@
 """PPO's minibatch step by hand, and ``ppo.backend``'s choice between it and the reference.
 
-`FusedStep` does what ``ReferenceStep`` in `postrl.control.ppo` does (the gradient of ``ppo_loss``, the mean
+`FusedStep` does what ``ReferenceStep`` in `postrl.control.ppo` does (the gradient of ``ppo_actor_critic_loss``, the mean
 over ranks, the global-norm clip, an Adam step) with the gradient written out (`postrl.control.fast.ppo_grad`)
 and Adam and the clip on one flat tensor (`postrl.control.fast.flat`); the rollout then samples with the
 numpy actor (`postrl.control.fast.numpy_actor`). The same updates to float32 rounding: the gradients are
@@ -18,7 +18,7 @@ import logging
 
 from torch import Tensor, nn
 
-from postrl.control import dist
+from postrl.control import ranks
 from postrl.control.buffer import Batch
 from postrl.control.fast.flat import FlatAdam, FlatParameters
 from postrl.control.fast.ppo_grad import HandGradient, Minibatch, refusal, stat_names
@@ -91,7 +91,7 @@ class FusedStep:
         if mb is not self._batch:  # the whole rollout as the minibatch of every epoch: prepared once
             self._batch, self._prepared = mb, self.gradient.prepare(mb)
         stats = self.gradient(self._prepared, clip_eps, self.vf_coef, self.ent_coef, self.vf_clip)
-        dist.sync_grads([self.flat.param])  # the mean over ranks (nothing in one process)
+        ranks.sync_grads([self.flat.param])  # the mean over ranks (nothing in one process)
         self.flat.clip_grad_norm_(self.max_grad_norm)
         self.optimizer.update()
         return stats

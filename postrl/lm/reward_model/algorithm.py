@@ -249,7 +249,7 @@ class RewardModelRecipe:
                 setup.policy, setup.tokenizer, prompts, cfg.norm, policy=cfg.norm.policy or cfg.model,
                 seed=cfg.run.seed, device=setup.info.device, task=x["task"], trust_remote_code=cfg.trust_remote_code,
             )  # fmt: skip
-        export_on_main(algo.model, cfg, setup.tokenizer, setup.run_dir / "model", norm)
+        export_reward_model_on_main(algo.model, cfg, setup.tokenizer, setup.run_dir / "model", norm)
         if setup.info.is_main and cfg.plots:
             plot_rm(setup.run_dir)
         summary = {
@@ -308,7 +308,7 @@ def heldout_evaluation(
     return evaluate
 
 
-def export_on_main(
+def export_reward_model_on_main(
     model: torch.nn.Module, cfg: RMConfig, tokenizer: Any, path: Path, norm: dict[str, float] | None
 ) -> None:
     """Called by every rank: rank 0 writes the RM (gathered into an unsharded copy when FSDP shards it), the

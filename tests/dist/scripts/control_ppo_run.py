@@ -22,8 +22,8 @@ from safetensors.torch import save_file
 
 from postrl.control.buffer import collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
-from postrl.control.ppo import PPO, Config, PPOConfig
-from postrl.control.loop import RunConfig, train
+from postrl.control.loop import ControlRunConfig, train
+from postrl.control.ppo import PPO, Config, PPOHyperparams
 from postrl.core import gae
 from postrl.runtime import distributed as dist
 from postrl.runtime.seeding import seed_everything
@@ -32,7 +32,7 @@ N_ENVS, N_STEPS = 8, 16
 
 
 def update_config() -> Config:
-    ppo = PPOConfig(n_steps=N_STEPS, batch_size=N_ENVS * N_STEPS, epochs=3, ent_coef=0.01, vf_clip=0.2)
+    ppo = PPOHyperparams(n_steps=N_STEPS, batch_size=N_ENVS * N_STEPS, epochs=3, ent_coef=0.01, vf_clip=0.2)
     return Config(env=EnvConfig(n_envs=N_ENVS), ppo=ppo)
 
 
@@ -60,8 +60,8 @@ def one_update(info: dist.DistInfo) -> PPO:
 def run_config() -> Config:
     return Config(
         env=EnvConfig(n_envs=4),
-        ppo=PPOConfig(n_steps=16, batch_size=64, epochs=2),
-        run=RunConfig(steps=4 * 2 * 4 * 16, eval_episodes=2, save_every=2, keep_last=4),
+        ppo=PPOHyperparams(n_steps=16, batch_size=64, epochs=2),
+        run=ControlRunConfig(steps=4 * 2 * 4 * 16, eval_episodes=2, save_every=2, keep_last=4),
     )
 
 
