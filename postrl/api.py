@@ -40,6 +40,7 @@ from typing import Any
 import yaml
 
 from postrl.lm.stages import STAGES, get_stage
+from postrl.runtime import notices
 from postrl.runtime.config import load_config, to_dict
 from postrl.runtime.errors import UserError
 from postrl.runtime.overrides import apply_overrides, plain
@@ -183,6 +184,7 @@ def run_stage(
     if not isinstance(out, (str, os.PathLike)):
         raise UserError(f"postrl.{stage}: out= is the run folder's path, got {type(out).__name__} {out!r}")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # as the command does
+    notices.discard()  # notices of an earlier refused input (`postrl.runtime.notices`)
     from postrl.runtime import callbacks
     from postrl.runtime import distributed as dist  # deferred: torch
 

@@ -15,6 +15,7 @@ from postrl import __version__
 from postrl.control.commands import add_parser as control
 from postrl.lm.commands import add_parser as data
 from postrl.lm.stage_commands import add_parser as lm_stages
+from postrl.runtime import notices
 from postrl.runtime.config import format_help, load_config, to_dict
 from postrl.runtime.errors import UserError
 
@@ -112,9 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands.get(getattr(args, "command", None), parser).error(
             f"unrecognized arguments: {' '.join(extra)}"
         )
+    notices.discard()
     try:
         return int(args.handler(args) or 0)
     except UserError as err:
+        notices.discard()  # what the checks noticed before the input was refused is moot
         print(f"postrl: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `postrl sft --list-keys | head`

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from postrl.runtime import distributed as dist
+from postrl.runtime import notices
 from postrl.runtime.checkpoint import clean_leftovers, clean_run_leftovers, delete_folder, latest_checkpoint
 from postrl.runtime.config import read_yaml
 from postrl.runtime.config_values import changed_keys, to_dict
@@ -210,5 +211,6 @@ def open_run(
     logger = RunLogger(path, config, tensorboard=tensorboard, enabled=main, resume=ckpt is not None)
     if main and plain is not None and ckpt is None:  # what this run (from step 0) reads
         record_inputs(path, plain)
+    notices.flush()  # the input is accepted: what its checks had to say (e.g. a clipped length)
     dist.barrier()
     return logger, ckpt

@@ -234,3 +234,17 @@ def test_run_writes_the_folder_and_resumes_exactly(tmp_path, tiny_lm_dir, ref_di
         return [{k: v for k, v in json.loads(x).items() if "time" not in k} for x in lines]
 
     assert rows(straight) == rows(cut)
+
+
+def test_a_refused_input_is_one_line_even_when_a_length_was_clipped(tmp_path, tiny_lm_dir, capsys):
+    """The default train.max_length (1024) is clipped to the tiny model's 128 positions; that notice waits
+    until the input is accepted (`postrl.runtime.notices`), so a bad row is still the one line."""
+    data = tmp_path / "kto.jsonl"
+    data.write_text(json.dumps({"prompt": "q", "completion": "a", "label": 1}) + "\n")
+    out = tmp_path / "run"
+    assert (
+        main(["kto", "--model", str(tiny_lm_dir), "--data", str(data), "--out", str(out), "run.device=cpu"])
+        == 2
+    )
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip() and "Loading weights" not in x]
+    assert len(err) == 1 and err[0].startswith("postrl: error:") and "field 'label'" in err[0], err

@@ -30,6 +30,7 @@ from postrl.lm.models import (
     position_ids_from_mask,
     set_dropout_off,
 )
+from postrl.runtime import notices
 from postrl.runtime.errors import UserError
 
 # two prompts left-padded to 3, responses right-padded to 3: [pad p p | r r pad], [p p p | r pad pad]
@@ -135,6 +136,8 @@ def test_fit_context_clips_a_ceiling_to_the_context_and_says_so_once(tiny_lm, ti
         assert fit_context(tiny_lm, 1024, "train.max_length") == 128
         assert fit_context(tiny_lm, 512, "max_prompt_length", 100, "sampling.max_new_tokens (100)") == 28
         assert fit_context(tiny_lm, 20, "max_prompt_length", 100, "sampling.max_new_tokens (100)") == 20
+        assert caplog.records == []  # said once the input is accepted (open_run), not beside a refusal
+        notices.flush()
     assert [r.getMessage() for r in caplog.records] == [
         f"train.max_length (1024) is clipped to 128, the model's context {where}",
         f"max_prompt_length (512) is clipped to 28, the model's context {where} less sampling.max_new_tokens (100)",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from postrl.lm.models.loading import ModelError
+from postrl.runtime import notices
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,10 @@ def fit_context(
     """
     entry = _context_entry(model_or_config)
     if entry is None:
-        log.info("the model's config has no context length (%s); %s not clipped", "/".join(CONTEXT_KEYS), key)
+        keys = "/".join(CONTEXT_KEYS)
+        notices.defer(
+            log, logging.INFO, f"the model's config has no context length ({keys}); {key} not clipped"
+        )
         return ceiling
     limit, field, where = entry
     room = limit - reserved
@@ -98,7 +102,7 @@ def fit_context(
     if ceiling <= room:
         return ceiling
     less = f" less {reserved_what}" if reserved else ""
-    log.warning("%s (%d) is clipped to %d, %s%s", key, ceiling, room, context, less)
+    notices.defer(log, logging.WARNING, f"{key} ({ceiling}) is clipped to {room}, {context}{less}")
     return room
 
 
