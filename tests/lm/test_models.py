@@ -185,7 +185,7 @@ def test_scalar_head_model_save_and_load(tiny_lm, tiny_lm_dir, tiny_tokenizer, t
     loaded = ScalarHeadModel.from_pretrained(tmp_path / "rm").eval()
     with torch.no_grad():
         assert torch.allclose(loaded.score(**_ids(batch)), model.score(**_ids(batch)))
-    with pytest.raises(UserError, match="new_head=True"):
+    with pytest.raises(UserError, match="not a reward model: it has neither"):
         ScalarHeadModel.from_pretrained(tiny_lm_dir)
     fresh = ScalarHeadModel.from_pretrained(tiny_lm_dir, new_head=True)  # SFT model → reward model
     assert torch.equal(fresh.backbone.embed_tokens.weight, tiny_lm.model.embed_tokens.weight)

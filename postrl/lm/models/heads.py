@@ -82,14 +82,19 @@ def load_head(path: str | Path, hidden_size: int) -> nn.Linear:
     return head
 
 
+def _require_head(path: str | Path, what: str) -> None:
+    """Before the trunk is loaded: a folder without a scalar head is not a reward model or critic."""
+    if not (Path(path) / HEAD_WEIGHTS).is_file() and not is_sequence_classifier(path):
+        raise ModelError(
+            f"{what}={path}: not a reward model: it has neither postrl's {HEAD_WEIGHTS} nor a one-label "
+            "*ForSequenceClassification head (as TRL's RewardTrainer saves); give the model/ folder of a "
+            "`postrl rm` run, or a TRL reward model"
+        )
+
+
 def _head_for(path: str | Path, hidden_size: int, new_head: bool, seed: int) -> nn.Linear:
     if (Path(path) / HEAD_WEIGHTS).is_file():
         return load_head(path, hidden_size)
-    if not new_head:
-        raise ModelError(
-            f"{Path(path) / HEAD_WEIGHTS} not found: {path} is not a reward model or critic saved by postrl "
-            "(pass new_head=True to start a head on this model)"
-        )
     log.info("initialised a new scalar head on %s", path)
     return new_scalar_head(hidden_size, seed)
 
@@ -184,6 +189,8 @@ class ScalarHeadModel(nn.Module):
         sequence classifier (postrl's export, TRL's reward model); with ``new_head=True`` a plain (causal) LM
         directory gets a fresh head (e.g. the SFT model as the start of a reward model). ``what`` is the
         config key for errors."""
+        if not new_head:
+            _require_head(path, what)
         if not (Path(path) / HEAD_WEIGHTS).is_file() and is_sequence_classifier(path):
             backbone, head = load_sequence_classifier(path, what, dtype, trust_remote_code)
         else:
@@ -249,5 +256,7 @@ class PolicyWithValueHead(nn.Module):
         what: str = "model",
     ) -> PolicyWithValueHead:
         """Load a saved policy + value head; ``new_head=True`` starts a head on a plain causal LM."""
+        if not new_head and not (Path(path) / HEAD_WEIGHTS).is_file():
+            raise ModelError(f"{what}={path}: no {HEAD_WEIGHTS}: not a policy saved with its value head")
         lm = load_causal_lm(path, dtype, device, trust_remote_code, what=what)
         return cls(lm, _head_for(path, hidden_size_of(lm), new_head, seed))
