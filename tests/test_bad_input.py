@@ -1,8 +1,8 @@
 """Every command refuses bad input with one line, exit status 2, and touches nothing.
 
-The cases are in `tests/bad_input_cases.py`. Each runs in-process through `postrl.cli.main` with ``--out``
-pointing at a copy of a run folder of that command, twice (as typed, and with ``--overwrite``, which starts
-over but must still refuse the bad input first), and must:
+The cases are in `tests/bad_input/` (one module per command family). Each runs in-process through
+`postrl.cli.main` with ``--out`` pointing at a copy of a run folder of that command, twice (as typed, and with
+``--overwrite``, which starts over but must still refuse the bad input first), and must:
 
 - return 2 with exactly one non-empty stderr line, ``postrl: error: …``, that names what is at fault;
 - let no exception escape (in a real process that is a traceback);
@@ -13,160 +13,23 @@ Three cases also run as a real process (``python -m postrl.cli``), end to end.
 
 from __future__ import annotations
 
-import importlib
-import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-from tests.bad_input_cases import BUDGETS, CASES, COMMANDS, FLAGS, SUBPROCESS_CASES, Case, write_inputs
-
-REPO = Path(__file__).resolve().parents[1]
-TINY_VOCAB = 400
-LM_STAGES = ("pretrain", "sft", "rm", "ppo", "grpo")
-CONFIG_CLASSES = {  # command → (module, config class, preset YAML giving the base); LM stages: the CLI's own
-    "control train": ("postrl.control.ppo", "Config", "ppo-cartpole.yaml"),
-    "control prefs": ("postrl.control.prefs", "Config", "prefs-cartpole.yaml"),
-    "demo": ("postrl.demo", "DemoConfig", None),
-}
-FLAG_KEYS = {
-    "--model": "model",
-    "--data": "data",
-    "--reward-model": "reward_model",
-    "--env": "env.id",
-    "--total-steps": "run.steps",
-}
-
-
-# ---- the workspace ---------------------------------------------------------------------------------------
-def _tiny_models(ws: Path) -> None:
-    """A tiny Llama with its tokenizer, the same without the tokenizer, and a reward model on its trunk."""
-    from postrl.lm.models import ScalarHeadModel, TinyLMConfig, build_tiny_lm, load_causal_lm
-    from postrl.lm.tasks import build_corpus
-    from postrl.lm.tokenizer import build_tokenizer
-
-    tokenizer = build_tokenizer(build_corpus(n_lines=400, seed=0), vocab_size=TINY_VOCAB)
-    config = TinyLMConfig(
-        n_layers=1, hidden_size=32, n_heads=4, intermediate_size=64, max_position_embeddings=128
-    )
-    ids = {k: getattr(tokenizer, f"{k}_id") for k in ("pad_token", "eos_token", "bos_token")}
-    model = build_tiny_lm(len(tokenizer), config, seed=0, **{f"{k}_id": v for k, v in ids.items()})
-    model.save_pretrained(str(ws / "model"))
-    tokenizer.save_pretrained(str(ws / "model"))
-    model.save_pretrained(str(ws / "model_notok"))
-    rm = ScalarHeadModel.from_causal_lm(load_causal_lm(ws / "model"), seed=1)
-    rm.save_pretrained(ws / "rm")
-    tokenizer.save_pretrained(str(ws / "rm"))
-    (ws / "rm" / "reward_norm.json").write_text(json.dumps({"mean": 0.0, "std": 1.0, "n": 8}))
-    tokenizer.chat_template = None  # issue #41 item 6: conversational rows with a tokenizer without one
-    tokenizer.save_pretrained(str(ws / "tok_nochat"))
-    _tiny_vlm(ws)
-
-
-def _tiny_vlm(ws: Path) -> None:
-    """A tiny vision-language model (the built-in LLaVA) at ``ws/vlm``, for the issue #41 item 5 cases."""
-    from postrl.lm.tasks import get_task
-    from postrl.lm.vlm import TinyVLMConfig, build_tiny_vlm, build_vlm_tokenizer, save_vlm
-
-    config = TinyVLMConfig(vision_hidden_size=32, hidden_size=64, intermediate_size=128, vocab_size=300)
-    tokenizer = build_vlm_tokenizer(get_task("shapes", n_train=50, n_test=10).corpus_lines(300), 300)
-    save_vlm(*build_tiny_vlm(tokenizer, config, seed=0), ws / "vlm")
-
-
-def _nested(overrides: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in overrides.items():
-        *parents, last = key.split(".")
-        node = out
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = yaml.safe_load(value) if isinstance(value, str) else value
-    return out
-
-
-def _config_yaml(cmd: str, ws: Path) -> str:
-    """The resolved config of the command's valid, tiny command line (what a real run's config.yaml holds)."""
-    from postrl.runtime.config import load_config, read_yaml, to_dict
-
-    fill = {"ws": str(ws), "model": str(ws / "model"), "rm": str(ws / "rm")}
-    overrides = {key: FLAGS[cmd][flag] for flag, key in FLAG_KEYS.items() if flag in FLAGS[cmd]}
-    overrides.update(BUDGETS[cmd])
-    texts = [f"{k}={v}".format(**fill) for k, v in overrides.items() if "{out}" not in str(v)]
-    module, cls_name, preset = CONFIG_CLASSES.get(cmd, ("", "", None))
-    base = read_yaml(REPO / "configs" / preset) if preset else None
-    try:
-        if cmd in LM_STAGES:
-            from postrl.lm.stages import STAGES
-
-            module, cls_name = STAGES[cmd].module, STAGES[cmd].config_name
-        cls = getattr(importlib.import_module(module), cls_name)
-        if cmd == "demo":
-            from postrl.demo import quick
-
-            base = to_dict(quick(cls()))
-        return yaml.safe_dump(to_dict(load_config(cls, None, texts, base=base)), sort_keys=False)
-    except Exception:  # the code is changing under this test; a plain mapping still names the budget
-        return yaml.safe_dump({**(base or {}), **_nested(dict(t.split("=", 1) for t in texts))})
-
-
-def _fake_run(path: Path, config: str, lm: bool, finished: bool = True) -> None:
-    """A run folder as a training command leaves it: finished, or interrupted with a corrupt checkpoint."""
-    import torch
-    from safetensors.torch import save_file
-
-    ckpt = path / "checkpoints" / "step_00000001"
-    ckpt.mkdir(parents=True)
-    (path / "config.yaml").write_text(config)
-    (path / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
-    (path / "metrics.jsonl").chmod(0o600)
-    torch.save({"step": 1, "rng": torch.arange(64)}, ckpt / "state.pt")
-    save_file({"w": torch.zeros(64)}, str(ckpt / "model.safetensors"))
-    if finished:
-        (path / "summary.json").write_text('{"wall_seconds": 1.0, "peak_rss_mb": 1.0}\n')
-        if lm:
-            (path / "model").mkdir()
-            (path / "model" / "config.json").write_text('{"model_type": "llama"}\n')
-        return
-    for name in ("state.pt", "model.safetensors"):  # cut in half: no intact checkpoint is left
-        data = (ckpt / name).read_bytes()
-        (ckpt / name).write_bytes(data[: len(data) // 2])
-
-
-def _runs(ws: Path) -> None:
-    for cmd in COMMANDS:
-        config, key = _config_yaml(cmd, ws), cmd.replace(" ", "-")
-        if cmd == "demo":
-            root = ws / "runs" / "demo-finished"
-            for stage in LM_STAGES:
-                _fake_run(root / stage, "{}\n", lm=True)
-            (root / "config.yaml").write_text(config)
-            (root / "summary.json").write_text('{"stages": {}}\n')
-            (root / "report.md").write_text("# demo\n")
-            continue
-        lm = cmd in LM_STAGES
-        _fake_run(ws / "runs" / f"{key}-finished", config, lm)
-        _fake_run(ws / "runs" / f"{key}-interrupted", config, lm, finished=False)
-    notarun = ws / "runs" / "notarun"
-    (notarun / "sub").mkdir(parents=True)
-    (notarun / "notes.txt").write_text("not a run\n")
-    (notarun / "sub" / "data.csv").write_text("a,b\n1,2\n")
+from tests.bad_input import CASES, COMMANDS, SUBPROCESS_CASES, Case
+from tests.bad_input.checks import changes, snapshot
+from tests.bad_input.workspace import build_workspace
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    ws = tmp_path_factory.mktemp("bad_input")
-    write_inputs(ws)
-    _tiny_models(ws)
-    _runs(ws)
-    return ws
+    return build_workspace(tmp_path_factory.mktemp("bad_input"))
 
 
 @pytest.fixture(autouse=True)
@@ -189,32 +52,6 @@ def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 # ---- the checks ------------------------------------------------------------------------------------------
-def snapshot(root: Path) -> dict[str, tuple[int, bytes | None]]:
-    """Every path under ``root`` (and ``root``) → (mode, bytes); byte-code caches of imported files aside."""
-    out = {}
-    for path in [root, *root.rglob("*")]:
-        if "__pycache__" in path.parts:
-            continue
-        st = path.lstat()
-        out[path.relative_to(root).as_posix()] = (
-            st.st_mode,
-            path.read_bytes() if stat.S_ISREG(st.st_mode) else None,
-        )
-    return out
-
-
-def changes(before: dict[str, Any], after: dict[str, Any]) -> str:
-    added = sorted(set(after) - set(before))
-    removed = sorted(set(before) - set(after))
-    changed = sorted(k for k in set(before) & set(after) if before[k] != after[k])
-    parts = [
-        f"{name} {paths[:4]}"
-        for name, paths in (("added", added), ("removed", removed), ("changed", changed))
-        if paths
-    ]
-    return "; ".join(parts)
-
-
 def run_in_process(argv: list[str]) -> tuple[int, str, str | None]:
     """(exit status, extra stderr, escaped exception) of ``postrl.cli.main(argv)``."""
     from postrl.cli import main

@@ -4,7 +4,7 @@
 train.max_length (1024) used to stop every stage with "exceeds the model's context" although each row is ~10
 tokens. Now the ceiling is clipped to the context with one logged line, the run trains, and its config.yaml
 records the ceiling the run used; only a row longer than the model can take meets ``train.overlong``
-(tests/bad_input_cases.py: sft-row-over-context, dpo-pair-over-context).
+(tests/bad_input/: sft-row-over-context, dpo-pair-over-context).
 """
 
 from __future__ import annotations
