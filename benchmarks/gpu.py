@@ -210,7 +210,7 @@ def part_grpo(work: Path, size: str, s: dict) -> dict:
         f"model={work / 'model'}", f"data={work / 'prompts.jsonl'}", f"rewards=[{THIS}:digit_reward]",
         "eval_size=0", "eval_at_start=false", "max_prompt_length=64",
         f"grpo.group_size={s['group']}", f"grpo.prompts_per_step={s['prompts']}",
-        f"grpo.micro_batch_size={s['micro']}", f"sampling.max_new_tokens={s['new_tokens']}",
+        f"grpo.grad_accum={s['prompts'] * s['group'] // s['micro']}", f"sampling.max_new_tokens={s['new_tokens']}",
         f"run.steps={s['grpo_steps']}", f"run.device={s['device']}", "run.dtype=bfloat16",
         "run.eval_every=0", "run.save_every=0", "run.log_every=1", "optim.lr=1e-6",
     ]  # fmt: skip

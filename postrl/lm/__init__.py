@@ -12,6 +12,7 @@ Bottom to top (a module imports only from the lines above it and from `postrl.co
                      shared prompts, the one batch of PPO and GRPO (batch.py), held-out evaluation
     rewards/         reward functions on TRL's contract: specs, loading, calling, checking
     spine.py         the loop every LM trainer shares: steps, logging, evaluation, checkpoints, exact resume
+    onpolicy.py      the on-policy update PPO and GRPO share: epochs × minibatches × grad_accum micro-batches
     master_adamw.py  AdamW for bfloat16 weights: float32 master weights and moments in the optimiser state
     trainer.py       the supervised algorithm (next-token loss), the optimiser and its schedule, batching
     pretrain.py      `postrl pretrain`: the tiny LM and its tokenizer from scratch on the generated corpus

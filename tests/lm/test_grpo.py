@@ -109,7 +109,7 @@ def test_four_micro_batches_equal_one_batch(tiny_lm_dir, tiny_tokenizer, loss_ty
     from postrl.lm.models import load_causal_lm
 
     grads = []
-    for micro in (0, 2):  # one batch of 8 vs 4 micro-batches of 2
+    for accum in (1, 4):  # one batch of 8 vs 4 micro-batches of 2
         model = load_causal_lm(tiny_lm_dir)
         batch = _fixed_batch(
             model,
@@ -125,7 +125,7 @@ def test_four_micro_batches_equal_one_batch(tiny_lm_dir, tiny_tokenizer, loss_ty
         batch.ref_log_probs = (
             batch.ref_log_probs - 0.2 * torch.rand(8, 4, generator=g)
         ) * batch.response_mask
-        cfg = GRPOLossConfig(group_size=4, beta=0.1, micro_batch_size=micro, loss_type=loss_type)
+        cfg = GRPOLossConfig(group_size=4, beta=0.1, grad_accum=accum, loss_type=loss_type)
         stats = backward_minibatch(model, batch, cfg, temperature=1.0, max_len=8)
         grads.append((stats, _grads(model)))
     assert grads[0][0]["loss"] == pytest.approx(grads[1][0]["loss"], abs=1e-6)

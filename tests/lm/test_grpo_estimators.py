@@ -251,7 +251,7 @@ def test_every_ratio_level_honours_each_aggregation_under_accumulation(
     losses = {}
     for loss_type in ("grpo", "token", "dr_grpo"):
         results = []
-        for micro in (0, 2):
+        for accum in (1, 4):  # one batch of 8 vs 4 micro-batches of 2
             model = copy.deepcopy(start)
             batch = _fixed_batch(
                 model, tiny_tokenizer, rewards=[1.0, 0.0, 0.0, 0.5, 0.0, 1.0, 1.0, 0.25],
@@ -262,7 +262,7 @@ def test_every_ratio_level_honours_each_aggregation_under_accumulation(
                 batch.old_log_probs + 0.1 * torch.randn(8, 4, generator=g)
             ) * batch.response_mask
             cfg = GRPOLossConfig(
-                group_size=4, beta=0.0, micro_batch_size=micro, loss_type=loss_type,
+                group_size=4, beta=0.0, grad_accum=accum, loss_type=loss_type,
                 importance_level=importance_level, advantage="rloo",
             )  # fmt: skip
             stats = backward_minibatch(model, batch, cfg, temperature=1.0, max_len=8)

@@ -128,7 +128,7 @@ def grpo_config(model: str, parallel: str) -> GRPOConfig:
     same split at 1 and 2 processes), micro-batches of 3 rows (4 = 3 + 1 a rank, 8 = 3 + 3 + 2 in one),
     token-level loss, β = 0.04, REINFORCE++ whitening over the whole step's batch."""
     grpo = GRPOLossConfig(
-        group_size=4, prompts_per_step=4, epochs=2, minibatches=2, micro_batch_size=3, beta=0.04,
+        group_size=4, prompts_per_step=4, epochs=2, minibatches=2, grad_accum=3, beta=0.04,
         loss_type="token", advantage="reinforce_pp",
     )  # fmt: skip
     return GRPOConfig(

@@ -72,7 +72,7 @@ def _grpo_cfg(model, data, **kw):
 
 @pytest.mark.parametrize(
     ("options", "freeze"),
-    [({}, False), ({"epochs": 2, "beta": 0.04, "micro_batch_size": 6, "advantage": "rloo"}, True)],
+    [({}, False), ({"epochs": 2, "beta": 0.04, "grad_accum": 3, "advantage": "rloo"}, True)],
 )
 def test_grpo_on_task_shapes(aligned, tmp_path, options, freeze) -> None:
     from postrl.lm.grpo import run_grpo

@@ -1,6 +1,6 @@
 """`postrl grpo`: Group Relative Policy Optimization; the group's own rewards are the baseline, no critic.
 
-    algorithm.py   the batch → loss, the optimisation and `GRPO` (the spine's algorithm), `run_grpo`
+    algorithm.py   the batch → loss, `GRPOObjective` (its part of `postrl.lm.onpolicy`), `GRPO`, `run_grpo`
     rollouts.py    the prompt stream; sampling, rewards and advantages of a step (`collect`); evaluation
     config.py      `GRPOConfig` and `GRPOLossConfig`
     build.py       everything a run loads and checks before it writes anything

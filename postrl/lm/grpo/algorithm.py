@@ -47,16 +47,19 @@ the training forward through FSDP. On the same global batch, N ranks take the sa
 Options from DAPO (Yu et al. 2025, arXiv:2503.14476): clip-higher (``clip_eps_high``), token-level loss
 (``loss_type: token``), dynamic sampling and the soft overlong penalty.
 
-This file: the batch → loss, the optimisation, and :class:`GRPO`, the algorithm the LM trainers' shared loop
-runs (`postrl.lm.spine`). The configs are in `config.py`; loading and checking a run's input in `build.py`;
+This file: the batch → loss, GRPO's part of the on-policy update PPO shares (`GRPOObjective`, run by
+`postrl.lm.onpolicy`; the policy's forward is injected: a causal LM's, `text_policy`, or a VLM's), and
+:class:`GRPO`, the algorithm the LM trainers' shared loop runs (`postrl.lm.spine`). The configs are in `config.py`; loading and checking a run's input in `build.py`;
 the prompt stream, sampling, rewards, the batch (`collect`) and evaluation in `rollouts.py`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +67,15 @@ import torch
 from torch import Tensor
 
 from postrl.core import entropy_from_logits, grpo_loss, masked_mean
+from postrl.lm import onpolicy
 from postrl.lm.grpo.build import build_run, check_config
 from postrl.lm.grpo.config import GRPOConfig, GRPOLossConfig
 from postrl.lm.grpo.rollouts import PromptStream, Run, collect, evaluate
+from postrl.lm.onpolicy import Term
 from postrl.lm.rollout import token_log_probs
 from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.rollout.shared_prefix import response_logits
-from postrl.lm.spine import LoopState, Parts, accumulate, train_loop
+from postrl.lm.spine import LoopState, Parts, train_loop
 from postrl.lm.trainer import clip_grad_norm, export_on_main, make_optimizer, set_threads
 from postrl.runtime import distributed as dist
 from postrl.runtime.config import validate
@@ -89,6 +94,12 @@ MU_ONE_NOTE = (
 
 
 # ---- the batch's loss -----------------------------------------------------------------------------------
+PolicyForward = Callable[[RolloutBatch], tuple[Tensor, Tensor]]
+"""A teacher-forced forward of the policy on a batch's rows → (log π_τ of the response tokens [b, T], entropy
+per token [b, T] detached), both 0 past each response: a causal LM's (`text_policy`) or a VLM's, whose rows
+carry pictures (`postrl.lm.vlm.grpo`)."""
+
+
 def policy_log_probs(
     model: torch.nn.Module,
     input_ids: Tensor,
@@ -108,23 +119,27 @@ def policy_log_probs(
     return log_probs, entropy
 
 
-def grpo_batch_loss(
-    model: torch.nn.Module,
+def text_policy(model: torch.nn.Module, temperature: float, use_fast: bool | None = None) -> PolicyForward:
+    """The `PolicyForward` of a causal LM (`policy_log_probs`)."""
+
+    def forward(batch: RolloutBatch) -> tuple[Tensor, Tensor]:
+        return policy_log_probs(
+            model, batch.input_ids, batch.attention_mask, batch.prompt_len, temperature, use_fast
+        )
+
+    return forward
+
+
+def loss_of(
+    log_probs: Tensor,
+    entropy: Tensor,
     batch: RolloutBatch,
     cfg: GRPOLossConfig,
-    temperature: float,
     max_len: int,
     normalizer: float | Tensor | None = None,
-    use_fast: bool | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The GRPO loss of ``batch`` under ``model`` and its stats (clip fraction, k3 KL, ratio, entropy).
-
-    ``normalizer``: the global count of the whole minibatch (`loss_normalizer`), so that micro-batch losses sum
-    to the minibatch loss; None normalises by this batch alone.
-    """
-    log_probs, entropy = policy_log_probs(
-        model, batch.input_ids, batch.attention_mask, batch.prompt_len, temperature, use_fast
-    )
+    """`core.grpo_loss` of ``batch`` given the policy's log-probs and entropy [b, T] of its rows, and its stats
+    (clip fraction, k3 KL, ratio, entropy)."""
     loss, stats = grpo_loss(
         log_probs,
         batch.old_log_probs,
@@ -143,6 +158,24 @@ def grpo_batch_loss(
     return loss, {**stats, "entropy": masked_mean(entropy, batch.response_mask)}
 
 
+def grpo_batch_loss(
+    model: torch.nn.Module,
+    batch: RolloutBatch,
+    cfg: GRPOLossConfig,
+    temperature: float,
+    max_len: int,
+    normalizer: float | Tensor | None = None,
+    use_fast: bool | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The GRPO loss of ``batch`` under ``model`` and its stats (clip fraction, k3 KL, ratio, entropy).
+
+    ``normalizer``: the global count of the whole minibatch (`loss_normalizer`), so that micro-batch losses sum
+    to the minibatch loss; None normalises by this batch alone.
+    """
+    log_probs, entropy = text_policy(model, temperature, use_fast)(batch)
+    return loss_of(log_probs, entropy, batch, cfg, max_len, normalizer)
+
+
 def loss_normalizer(response_mask: Tensor, loss_type: str, max_len: int) -> float:
     """The global denominator of `grpo_loss` for a minibatch: responses, tokens, or responses · max_len."""
     local = {
@@ -153,6 +186,53 @@ def loss_normalizer(response_mask: Tensor, loss_type: str, max_len: int) -> floa
     return float(dist.all_reduce_sum(torch.tensor(float(local))).item())
 
 
+# ---- the update ---------------------------------------------------------------------------------------------
+class GRPOObjective:
+    """GRPO's part of the on-policy update (`postrl.lm.onpolicy.Objective`): each micro-batch's `core.grpo_loss`
+    over the minibatch's global count (`loss_normalizer`), token-weighted mean stats of this rank's rows, the
+    policy's gradient norm clipped to ``max_grad_norm``."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        forward: PolicyForward,
+        cfg: GRPOLossConfig,
+        max_len: int,
+        max_grad_norm: float | None = None,
+    ) -> None:
+        self.model, self.forward, self.cfg = model, forward, cfg
+        self.max_len, self.max_grad_norm = max_len, max_grad_norm
+        self.models = [model]
+        self.totals: dict[
+            str, Tensor
+        ] = {}  # token-weighted sums, kept on the device in float64: no host sync
+        self.tokens: list[Tensor] = []  # per micro-batch (the float64 sums equal the Python-float ones)
+
+    def terms(self, minibatch: RolloutBatch, micro_batches: Sequence[RolloutBatch]) -> list[Term]:
+        normalizer = loss_normalizer(minibatch.response_mask, self.cfg.loss_type, self.max_len)
+        self.totals, self.tokens = {}, []
+        return [functools.partial(self.micro_loss, micro, normalizer) for micro in micro_batches]
+
+    def micro_loss(self, micro: RolloutBatch, normalizer: float) -> Tensor:
+        log_probs, entropy = self.forward(micro)
+        value, stats = loss_of(log_probs, entropy, micro, self.cfg, self.max_len, normalizer)
+        count = micro.response_mask.sum()
+        self.tokens.append(count)
+        for key, v in stats.items():
+            weighted = torch.as_tensor(v, device=count.device).detach().double() * count
+            self.totals[key] = self.totals[key] + weighted if key in self.totals else weighted
+        # DDP / FSDP average gradients over ranks and the normaliser is already global: × world makes the rank
+        # average of the sum (reduce_metrics) the global loss
+        return value * dist.world_size()
+
+    def stats(self, total: float) -> dict[str, float]:
+        n_tokens = max(1, int(torch.stack(self.tokens).sum())) if self.tokens else 1
+        return {"loss": total, **{k: float(v) / n_tokens for k, v in self.totals.items()}}
+
+    def clip(self) -> dict[str, float]:
+        return {"grad_norm": clip_grad_norm(self.model, self.max_grad_norm)}
+
+
 def backward_minibatch(
     model: torch.nn.Module,
     batch: RolloutBatch,
@@ -161,28 +241,19 @@ def backward_minibatch(
     max_len: int,
     use_fast: bool | None = None,
 ) -> dict[str, float]:
-    """Accumulate the minibatch's gradient over micro-batches (`spine.accumulate`: exactly the full-batch
-    gradient); token-weighted mean stats."""
-    n = batch.input_ids.shape[0]
-    size = cfg.micro_batch_size or n
-    normalizer = loss_normalizer(batch.response_mask, cfg.loss_type, max_len)
-    scale = dist.world_size()  # DDP / FSDP average gradients over ranks; the normaliser is already global
-    totals: dict[str, Tensor] = {}  # token-weighted sums, kept on the device in float64: no host sync
-    tokens: list[Tensor] = []  # per micro-batch (the float64 sums equal the Python-float ones they replace)
+    """Accumulate the minibatch's gradient over ``grpo.grad_accum`` micro-batches (`onpolicy`: exactly the
+    full-batch gradient); token-weighted mean stats."""
+    objective = GRPOObjective(model, text_policy(model, temperature, use_fast), cfg, max_len)
+    return onpolicy.backward_minibatch(objective, batch, cfg.grad_accum)
 
-    def loss(micro: RolloutBatch) -> Tensor:
-        value, stats = grpo_batch_loss(model, micro, cfg, temperature, max_len, normalizer, use_fast)
-        count = micro.response_mask.sum()
-        tokens.append(count)
-        for key, v in stats.items():
-            weighted = torch.as_tensor(v, device=count.device).detach().double() * count
-            totals[key] = totals[key] + weighted if key in totals else weighted
-        # × world: the rank average of the sum (reduce_metrics) is then the global loss, the sum over ranks
-        return value * scale
 
-    total = accumulate([model], [batch.rows(slice(s, s + size)) for s in range(0, n, size)], loss)
-    n_tokens = max(1, int(torch.stack(tokens).sum())) if tokens else 1
-    return {"loss": total, **{k: float(v) / n_tokens for k, v in totals.items()}}
+def update(
+    objective: GRPOObjective, optimizer: torch.optim.Optimizer, batch: RolloutBatch, cfg: GRPOLossConfig
+) -> dict[str, float]:
+    """μ epochs over ``batch``, ``minibatches`` optimiser steps each, every m-th row per minibatch
+    (`onpolicy.strided_minibatches`); returns the stats averaged over steps."""
+    split = functools.partial(onpolicy.strided_minibatches, n=cfg.minibatches)
+    return onpolicy.update(objective, [optimizer], batch, cfg.epochs, split, cfg.grad_accum)
 
 
 def optimise(
@@ -195,22 +266,10 @@ def optimise(
     max_grad_norm: float | None,
     use_fast: bool | None = None,
 ) -> dict[str, float]:
-    """μ epochs over ``batch``, ``minibatches`` optimiser steps each; returns the stats averaged over steps.
-    ``use_fast``: which forward the training pass takes (`postrl.lm.rollout.SamplingConfig.use_fast`)."""
-    n = batch.input_ids.shape[0]
-    m = min(cfg.minibatches, n)
-    history: list[dict[str, float]] = []
-    for _ in range(cfg.epochs):
-        for k in range(m):
-            # minibatch k: every m-th row from row k. Rank r's row i is global row r·n + i, so when m divides
-            # n this is the same split of the global batch at any number of ranks (contiguous cuts are not)
-            rows = torch.arange(k, n, m, device=batch.input_ids.device)
-            stats = backward_minibatch(model, batch.rows(rows), cfg, temperature, max_len, use_fast)
-            stats["grad_norm"] = clip_grad_norm(model, max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            history.append(stats)
-    return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+    """`update` of a causal LM policy. ``use_fast``: which forward the training pass takes
+    (`postrl.lm.rollout.SamplingConfig.use_fast`)."""
+    objective = GRPOObjective(model, text_policy(model, temperature, use_fast), cfg, max_len, max_grad_norm)
+    return update(objective, optimizer, batch, cfg)
 
 
 def grpo_step(

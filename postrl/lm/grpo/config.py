@@ -29,9 +29,10 @@ class GRPOLossConfig:
     """μ: optimisation passes over each batch (TRL's num_iterations)."""
     minibatches: int = 1
     """Optimiser steps per pass, each on an equal share of the batch."""
-    micro_batch_size: int = 0
-    """Responses per forward/backward (gradient accumulation; 0: the whole minibatch). Never changes the
-    gradient: every micro-batch's loss is divided by the minibatch's global count."""
+    grad_accum: int = 1
+    """Micro-batches per minibatch (TRL's gradient_accumulation_steps; PPO's ppo.grad_accum): each rank's
+    minibatch is cut into this many forward/backward passes of ⌈rows / grad_accum⌉ responses. Never changes the
+    gradient: every micro-batch's loss is divided by the minibatch's global count (`postrl.lm.onpolicy`)."""
     clip_eps: float = 0.2
     """ε: the ratio is clipped to [1 − ε, 1 + ε_high]."""
     clip_eps_high: float | None = None
@@ -78,7 +79,7 @@ class GRPOLossConfig:
         "prompts_per_step": ">= 1",
         "epochs": ">= 1",
         "minibatches": ">= 1",
-        "micro_batch_size": ">= 0",
+        "grad_accum": ">= 1",
         "clip_eps": "> 0",
         "clip_eps_high": "> 0",
         "beta": ">= 0",
@@ -87,7 +88,9 @@ class GRPOLossConfig:
         "overlong_buffer": ">= 0",
         "overlong_penalty": ">= 0",
     }
-    RENAMED = {"mu": "epochs"}  # old key → new key (postrl.runtime.config)
+    # old key → new key (postrl.runtime.config); micro_batch_size was a micro-batch's rows (0: the whole
+    # minibatch), grad_accum is their count, PPO's and TRL's word
+    RENAMED = {"mu": "epochs", "micro_batch_size": "grad_accum"}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """`postrl ppo`: PPO-based RLHF with an actor, a critic, a frozen reward model and a frozen reference.
 
-    algorithm.py   the PPO loss, the optimisation over minibatches, `PPO` (the spine's algorithm), `run_ppo`
+    algorithm.py   the PPO loss, `PPOObjective` (its part of `postrl.lm.onpolicy`), `PPO`, `run_ppo`
     advantages.py  phase 2 and 3 of a step: scores, KL-shaped rewards, values and GAE → `RolloutBatch`
     config.py      `PPOConfig` and its parts (`PPOLossConfig`, `PtxConfig`), `check_config`
     build.py       the four roles, prompts and ptx data, the reward scorer, held-out evaluation, export, plots

@@ -26,7 +26,6 @@ fewer rows.
 from __future__ import annotations
 
 import functools
-import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +36,9 @@ import torch
 from torch import Tensor
 
 from postrl.core import entropy_from_logits, masked_mean, ppo_clip_loss, value_loss
+from postrl.lm import onpolicy
 from postrl.lm.models import position_ids_from_mask
+from postrl.lm.onpolicy import Term
 from postrl.lm.ppo.advantages import Roles, make_batch
 from postrl.lm.ppo.build import (
     PPORun,
@@ -52,7 +53,7 @@ from postrl.lm.ppo.config import PPOConfig, PPOLossConfig, check_config
 from postrl.lm.rewards import TrainerState
 from postrl.lm.rollout import Rollout, RolloutEngine, token_log_probs
 from postrl.lm.rollout.batch import RolloutBatch
-from postrl.lm.spine import Parts, accumulate, train_loop
+from postrl.lm.spine import Parts, train_loop
 from postrl.lm.trainer import iterate_batches, make_batches, set_threads, sft_step_loss, to_device
 from postrl.runtime import distributed as dist
 from postrl.runtime.config import validate
@@ -106,6 +107,65 @@ def ppo_loss(
 
 
 # ---- the update ------------------------------------------------------------------------------------------
+class PPOObjective:
+    """PPO's part of the on-policy update (`postrl.lm.onpolicy.Objective`): each micro-batch's `ppo_loss`
+    weighted by its share of the minibatch's (all ranks') response tokens, so the sum is the minibatch's token
+    mean; then the ptx loss, when given. Stats averaged over ranks; actor and critic gradients clipped per role
+    (over every rank's shard under FSDP; max_grad_norm None: only measured)."""
+
+    def __init__(
+        self,
+        roles: Roles,
+        cfg: PPOLossConfig,
+        temperature: float,
+        ptx_loss: Callable[[], Tensor] | None = None,
+        params: dict[str, list[torch.nn.Parameter]] | None = None,
+        max_grad_norms: dict[str, float | None] | None = None,
+    ) -> None:
+        self.roles, self.cfg, self.temperature, self.ptx_loss = roles, cfg, temperature, ptx_loss
+        self.params, self.max_grad_norms = params or {}, max_grad_norms or {}
+        self.models = [m for m in (roles.actor, roles.critic) if m is not None]
+        self.totals: dict[str, Tensor] = {}
+
+    def terms(self, minibatch: RolloutBatch, micro_batches: Sequence[RolloutBatch]) -> list[Term]:
+        tokens = float(dist.all_reduce_sum(minibatch.response_mask.sum().double()))
+        # every micro-batch's share of the tokens in one host sync; the stats sum on the device in float64 (the
+        # same values as Python floats), read once at the end
+        counts = torch.stack([micro.response_mask.sum() for micro in micro_batches]).tolist()
+        self.totals = {}
+        terms: list[Term] = [
+            functools.partial(self.ppo_part, micro, float(count) / max(tokens, 1.0))
+            for micro, count in zip(micro_batches, counts, strict=True)
+        ]
+        if self.ptx_loss is not None:
+            terms.append(functools.partial(self.ptx_part, self.ptx_loss))
+        return terms
+
+    def ppo_part(self, micro: RolloutBatch, share: float) -> Tensor:
+        loss, stats = ppo_loss(self.roles, micro, self.cfg, self.temperature)
+        for key, value in {"loss": loss.detach(), **stats}.items():
+            weighted = torch.as_tensor(value, device=loss.device).detach().double() * share
+            self.totals[key] = self.totals[key] + weighted if key in self.totals else weighted
+        return loss * share * dist.world_size()  # DDP averages over ranks
+
+    def ptx_part(self, ptx_loss: Callable[[], Tensor]) -> Tensor:
+        value = ptx_loss()
+        self.totals["ptx_loss"] = value.detach().double()
+        return value
+
+    def stats(self, total: float) -> dict[str, float]:
+        world = dist.world_size()
+        return dist.reduce_metrics(
+            {k: float(v) * world if k != "ptx_loss" else float(v) for k, v in self.totals.items()}
+        )
+
+    def clip(self) -> dict[str, float]:
+        return {
+            f"{role}_grad_norm": dist.grad_norm(self.params[role], self.max_grad_norms.get(role))
+            for role in ("actor", "critic")
+        }
+
+
 def backward_minibatch(
     roles: Roles,
     mb: RolloutBatch,
@@ -113,41 +173,11 @@ def backward_minibatch(
     temperature: float,
     ptx_loss: Callable[[], Tensor] | None = None,
 ) -> dict[str, float]:
-    """Accumulate one minibatch's gradient over ``grad_accum`` micro-batches (`postrl.lm.spine.accumulate`),
-    each weighted by its share of the minibatch's (all ranks') response tokens, so the sum is the minibatch's
-    token mean; then the ptx loss, when given. Returns the minibatch's stats, averaged over ranks."""
-    n = mb.input_ids.shape[0]
-    size = math.ceil(n / cfg.grad_accum)
-    tokens = float(dist.all_reduce_sum(mb.response_mask.sum().double()))
-    starts = range(0, n, size)
-    # every micro-batch's share of the tokens in one host sync; the stats sum on the device in float64 (the
-    # same values as Python floats), read once at the end
-    counts = torch.stack([mb.response_mask[s : s + size].sum() for s in starts]).tolist()
-    totals: dict[str, Tensor] = {}
-
-    def ppo_part(micro: RolloutBatch, count: int) -> Tensor:
-        share = float(count) / max(tokens, 1.0)
-        loss, stats = ppo_loss(roles, micro, cfg, temperature)
-        for key, value in {"loss": loss.detach(), **stats}.items():
-            weighted = torch.as_tensor(value, device=loss.device).detach().double() * share
-            totals[key] = totals[key] + weighted if key in totals else weighted
-        return loss * share * dist.world_size()  # DDP averages over ranks
-
-    def ptx_part() -> Tensor:
-        value = ptx_loss()
-        totals["ptx_loss"] = value.detach().double()
-        return value
-
-    parts = [
-        functools.partial(ppo_part, mb.rows(slice(s, s + size)), c)
-        for s, c in zip(starts, counts, strict=True)
-    ]
-    if ptx_loss is not None:
-        parts.append(ptx_part)
-    accumulate([m for m in (roles.actor, roles.critic) if m is not None], parts, lambda part: part())
-    return dist.reduce_metrics(
-        {k: float(v) * dist.world_size() if k != "ptx_loss" else float(v) for k, v in totals.items()}
-    )
+    """Accumulate one minibatch's gradient over ``grad_accum`` micro-batches (`postrl.lm.onpolicy`), each
+    weighted by its share of the minibatch's (all ranks') response tokens, so the sum is the minibatch's token
+    mean; then the ptx loss, when given. Returns the minibatch's stats, averaged over ranks."""
+    objective = PPOObjective(roles, cfg, temperature, ptx_loss)
+    return onpolicy.backward_minibatch(objective, mb, cfg.grad_accum)
 
 
 def optimise(
@@ -159,23 +189,15 @@ def optimise(
     generator: torch.Generator,
     ptx_loss: Callable[[], Tensor] | None = None,
 ) -> dict[str, float]:
-    """``epochs`` passes over ``batch`` in a fresh random row order each, ``minibatches`` optimiser steps per
-    pass; gradients clipped per role; returns the stats averaged over the optimiser steps."""
-    n = batch.input_ids.shape[0]
-    history: list[dict[str, float]] = []
-    for _ in range(cfg.ppo.epochs):
-        order = torch.randperm(n, generator=generator)
-        # `minibatches` steps (fewer for a short batch in one process), sizes within one of each other
-        for mb in batch.minibatches(order, cfg.ppo.minibatches):
-            stats = backward_minibatch(roles, mb, cfg.ppo, cfg.sampling.temperature, ptx_loss)
-            # over every rank's shard under FSDP; max_grad_norm None: only measured
-            stats["actor_grad_norm"] = dist.grad_norm(params["actor"], cfg.optim.max_grad_norm)
-            stats["critic_grad_norm"] = dist.grad_norm(params["critic"], cfg.critic_optim.max_grad_norm)
-            for opt in optimizers.values():
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            history.append(stats)
-    return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+    """``epochs`` passes over ``batch`` in a fresh random row order each (`onpolicy.shuffled_minibatches`),
+    ``minibatches`` optimiser steps per pass; gradients clipped per role; returns the stats averaged over the
+    optimiser steps."""
+    norms = {"actor": cfg.optim.max_grad_norm, "critic": cfg.critic_optim.max_grad_norm}
+    objective = PPOObjective(roles, cfg.ppo, cfg.sampling.temperature, ptx_loss, params, norms)
+    split = functools.partial(onpolicy.shuffled_minibatches, n=cfg.ppo.minibatches, generator=generator)
+    return onpolicy.update(
+        objective, list(optimizers.values()), batch, cfg.ppo.epochs, split, cfg.ppo.grad_accum
+    )
 
 
 # ---- the algorithm ---------------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ class RolloutBatch:
     """[N, T] V_old of the state before each response token (PPO's critic), or None"""
     returns: Tensor | None = None
     """[N, T] the critic's targets, or None"""
+    row_ids: Tensor | None = None
+    """[N] each row's index in the step's batch, kept through `rows` (a VLM's rows find their pictures by it),
+    or None"""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -65,6 +68,7 @@ class RolloutBatch:
             cut(self.ref_log_probs),
             cut(self.values),
             cut(self.returns),
+            cut(self.row_ids),
         )
 
     def minibatches(self, order: Tensor, n: int) -> list[RolloutBatch]:

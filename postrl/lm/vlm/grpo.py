@@ -8,6 +8,9 @@ One step, as `postrl.lm.grpo.algorithm`:
       ──reward fns (TRL's call; the rows' columns but not the pictures)──▶ r [B·G] ──grpo.advantage──▶ A
       ──μ epochs × minibatches × micro-batches: grpo_loss (clip ε / ε_high, β·k3 to the frozen reference)──▶ AdamW
 
+The update is the text trainer's (`postrl.lm.grpo.GRPOObjective` through `postrl.lm.onpolicy`) with this
+policy's forward, which gives each row its own pictures (`VLMGRPO.policy`).
+
 Under torchrun, as the text trainer: every rank draws the same global prompts and samples its share of whole
 groups with its own generator, the loss normaliser is the global count, gradients are averaged by DDP (or
 FSDP2, sampling and scoring then with whole weights: `dist.gathered`), metrics are averaged over ranks, the
@@ -28,14 +31,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from postrl.core import grpo_loss, masked_mean, overlong_penalty
+from postrl.core import overlong_penalty
+from postrl.lm.grpo.algorithm import GRPOObjective, PolicyForward, update
 from postrl.lm.grpo.build import check_config, reward_fns
 from postrl.lm.grpo.config import GRPOConfig
 from postrl.lm.grpo.rollouts import PromptStream, compute_advantages
 from postrl.lm.rewards import Phase, TrainerState, combine, completion_ids_of, reward_terms
 from postrl.lm.rollout import Rollout
-from postrl.lm.spine import Parts, accumulate, train_loop
-from postrl.lm.trainer import clip_grad_norm, export_on_main, make_optimizer
+from postrl.lm.rollout.batch import RolloutBatch
+from postrl.lm.spine import Parts, train_loop
+from postrl.lm.trainer import export_on_main, make_optimizer
 from postrl.lm.vlm.data import VLMExample, encode_rows, load_vlm_rows, prompt_batch
 from postrl.lm.vlm.inputs import select_rows
 from postrl.lm.vlm.model import image_token_id, load_vlm
@@ -122,21 +127,24 @@ class VLMGRPO:
         )
         advantages = compute_advantages(rewards, g).to(self.device)
         _, _, images = prompt_batch(rows, self.processor.tokenizer.pad_token_id)  # each row's own inputs
-        batch = {
-            "ids": rollout.input_ids,
-            "mask": rollout.attention_mask,
-            "images": to_device(images, self.device),
-            "adv": advantages,
-        }
+        images = to_device(images, self.device)
+        n = rollout.input_ids.shape[0]
         with torch.no_grad(), dist.gathered(self.model):
-            batch["old"] = (
-                rollout.log_probs
-                if g.epochs == 1
-                else self.score(dist.unwrap(self.model), batch, rollout.prompt_len)
-            )
-            batch["ref"] = None if self.ref is None else self.score(self.ref, batch, rollout.prompt_len)
+            old = rollout.log_probs
+            if g.epochs > 1:
+                old = self.score(dist.unwrap(self.model), rollout, images)
+            ref = None if self.ref is None else self.score(self.ref, rollout, images)
+        batch = RolloutBatch(
+            rollout.input_ids, rollout.attention_mask, rollout.prompt_len, rollout.response_mask, old,
+            advantages, ref, row_ids=torch.arange(n, device=self.device),
+        )  # fmt: skip
         middle = time.perf_counter()
-        stats = self.optimise(batch, rollout.prompt_len)
+        # the loss's max_len (dr_grpo) is the rollout's response width here, the text trainer's max_new_tokens
+        objective = GRPOObjective(
+            self.model, self.policy(images, n), g, batch.input_ids.shape[1] - batch.prompt_len,
+            self.cfg.optim.max_grad_norm,
+        )  # fmt: skip
+        stats = update(objective, self.optimizer, batch, g)
         lengths = rollout.response_lengths.float()
         metrics = {
             "reward_mean": float(rewards.mean()),
@@ -159,57 +167,26 @@ class VLMGRPO:
         self.steps_done = step + 1
         return metrics
 
-    def score(
-        self, model: torch.nn.Module, batch: dict[str, Any], prompt_len: int, rows=slice(None), entropy=False
-    ):
-        images = batch["images"]
-        if isinstance(rows, Tensor):  # pictures [b · n, ...] in row order, per-token ones [b, P, ...]
-            images = select_rows(images, rows, batch["ids"].shape[0])
+    def score(self, model: torch.nn.Module, rollout: Rollout, images: dict[str, Tensor]) -> Tensor:
+        """log π_τ of every row's response under ``model`` (old log-probs, reference log-probs)."""
         return score(
-            model, batch["ids"][rows], batch["mask"][rows], prompt_len, images,
-            temperature=self.cfg.sampling.temperature, banned=self.banned, with_entropy=entropy,
+            model, rollout.input_ids, rollout.attention_mask, rollout.prompt_len, images,
+            temperature=self.cfg.sampling.temperature, banned=self.banned,
         )  # fmt: skip
 
-    def optimise(self, batch: dict[str, Any], prompt_len: int) -> dict[str, float]:
-        """μ epochs × minibatches optimiser steps; stats averaged over steps. Minibatch k takes every m-th row
-        from row k: the same split of the global batch at any number of ranks when m divides each rank's rows."""
-        g, n = self.cfg.grpo, batch["ids"].shape[0]
-        history = []
-        for _ in range(g.epochs):
-            for k in range(min(g.minibatches, n)):
-                stats = self.backward_minibatch(batch, prompt_len, torch.arange(k, n, min(g.minibatches, n)))
-                stats["grad_norm"] = clip_grad_norm(self.model, self.cfg.optim.max_grad_norm)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                history.append(stats)
-        return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+    def policy(self, images: dict[str, Tensor], n: int) -> PolicyForward:
+        """The policy's training forward on rows of the step's batch of ``n`` rows (`postrl.lm.grpo`'s
+        `PolicyForward`): each row with its own pictures, found by its ``row_ids``."""
 
-    def backward_minibatch(self, batch: dict[str, Any], prompt_len: int, rows: Tensor) -> dict[str, float]:
-        """The gradient of minibatch ``rows``, micro-batches accumulated (`spine.accumulate`), the loss
-        normalised by the global count (all ranks' rows); token-weighted stats of this rank's rows."""
-        g, T, world = self.cfg.grpo, batch["ids"].shape[1] - prompt_len, dist.world_size()
-        response_mask = batch["mask"][rows, prompt_len:]
-        local = {"grpo": len(rows), "token": int(response_mask.sum()), "dr_grpo": len(rows) * T}
-        normalizer = float(dist.all_reduce_sum(torch.tensor(float(local[g.loss_type]))))
-        stats: dict[str, float] = {}
-
-        def micro_loss(micro: Tensor) -> Tensor:
-            log_probs, entropy = self.score(self.model, batch, prompt_len, micro, entropy=True)
-            mask = batch["mask"][micro, prompt_len:]
-            ref = None if batch["ref"] is None else batch["ref"][micro]
-            loss, parts = grpo_loss(
-                log_probs, batch["old"][micro], ref, batch["adv"][micro], mask, g.clip_eps, g.beta, g.loss_type,
-                clip_eps_high=g.clip_eps_high, max_len=T, normalizer=normalizer, unbiased_kl=g.unbiased_kl,
-                importance_level=g.importance_level,
+        def forward(batch: RolloutBatch) -> tuple[Tensor, Tensor]:
+            assert batch.row_ids is not None
+            return score(
+                self.model, batch.input_ids, batch.attention_mask, batch.prompt_len,
+                select_rows(images, batch.row_ids, n), temperature=self.cfg.sampling.temperature,
+                banned=self.banned, with_entropy=True,
             )  # fmt: skip
-            share = float(mask.sum()) / max(1.0, float(response_mask.sum()))
-            for key, value in {**parts, "entropy": masked_mean(entropy, mask)}.items():
-                stats[key] = stats.get(key, 0.0) + float(value) * share
-            # × world: DDP averages gradients over ranks; the ranks' mean of Σ loss is then the global loss
-            return loss * world
 
-        loss = accumulate([self.model], list(torch.split(rows, g.micro_batch_size or len(rows))), micro_loss)
-        return {"loss": loss, **stats}
+        return forward
 
     # ---- the spine's interface ---------------------------------------------------------------------------
     def bar(self, metrics: dict[str, float]) -> dict[str, float]:

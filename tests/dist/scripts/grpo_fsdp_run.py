@@ -2,7 +2,7 @@
 
 ``python -m torch.distributed.run --standalone --nproc_per_node 2 grpo_fsdp_run.py MODEL_DIR OUT_DIR``:
 
-1. `grpo_run.one_step`'s global batch and updates (μ = 2, 2 minibatches, micro-batches of 3 rows) with the
+1. `grpo_run.one_step`'s global batch and updates (μ = 2, 2 minibatches, 2 micro-batches each) with the
    policy sharded, for each loss type; rank 0 saves the gathered weights to ``OUT_DIR/<loss_type>.safetensors``;
 2. a 2-step `run_grpo` (μ = 2 and β > 0: the policy and the sharded reference are scored under
    `dist.gathered`) with ``parallel=fsdp`` into ``OUT_DIR/fsdp`` (checkpoints at steps 1 and 2), the same with

@@ -6,8 +6,8 @@ run by the tests with 1 process or 2.
 1. for each member of ``MEMBERS``: the global batch of `grpo_run.global_rollout` (identical on every rank),
    each rank keeps its share of whole groups, computes their advantages with the trainer's own
    `postrl.lm.grpo.rollouts.compute_advantages` from its rows' rewards only (REINFORCE++'s whitening then
-   needs every rank's rewards), and takes μ = 2 passes of `optimise`, 2 minibatches each, micro-batches of 3
-   rows; rank 0 saves the weights to ``OUT_DIR/<member>.safetensors``;
+   needs every rank's rewards), and takes μ = 2 passes of `optimise`, 2 minibatches each, 2 micro-batches
+   per minibatch; rank 0 saves the weights to ``OUT_DIR/<member>.safetensors``;
 2. a 2-step `run_grpo` of DAPO (β = 0, dynamic sampling, overlong penalty) with REINFORCE++ advantages into
    ``OUT_DIR/run`` (the refill decision is all-reduced; checkpoint and export by rank 0).
 """
@@ -44,7 +44,7 @@ MEMBERS = {  # name → GRPOLossConfig keys (the presets' choices, on the test's
 
 
 def one_step(model_dir: Path, member: str, info: dist.DistInfo) -> torch.nn.Module:
-    """This rank's share of the global batch, its advantages and `optimise` (μ = 2, micro-batches of 3)."""
+    """This rank's share of the global batch, its advantages and `optimise` (μ = 2, grad_accum 2)."""
     tokenizer = load_tokenizer(model_dir)
     model, ref = load_causal_lm(model_dir), load_causal_lm(model_dir).eval()
     rollout, rewards = global_rollout(model, tokenizer)
@@ -53,7 +53,7 @@ def one_step(model_dir: Path, member: str, info: dist.DistInfo) -> torch.nn.Modu
         prompts_per_step=N_PROMPTS,
         epochs=2,
         minibatches=2,
-        micro_batch_size=3,
+        grad_accum=2,
         **MEMBERS[member],
     )
     groups = dist.shard_range(N_PROMPTS, info)

@@ -5,7 +5,8 @@
 1. the same global batch on every rank (4 prompts × G = 4 responses sampled with one fixed generator), each
    rank keeps its share of whole groups, computes their advantages and takes μ = 2 passes of `optimise`, 2
    minibatches each (every other row: the same split as 1 process), with
-   micro-batches of 3 rows (so the ranks' micro-batches differ from one process's), for each loss type;
+   2 micro-batches per minibatch (4 rows in one process, 2 per rank: the ranks' micro-batches differ from one
+   process's), for each loss type;
    rank 0 saves the weights to ``OUT_DIR/<loss_type>.safetensors``;
 2. a 2-step `run_grpo` into ``OUT_DIR/run`` (sampling, rewards, checkpoint and export by rank 0).
 """
@@ -57,7 +58,7 @@ def global_rollout(model: torch.nn.Module, tokenizer) -> tuple:
 
 
 def one_step(model_dir: Path, loss_type: str, info: dist.DistInfo, parallel: str = "ddp") -> torch.nn.Module:
-    """This rank's share of the global batch through `optimise` (μ = 2, micro-batches of 3 rows); the policy
+    """This rank's share of the global batch through `optimise` (μ = 2, grad_accum 2); the policy
     replicated (``parallel=ddp``) or sharded in place (``fsdp``)."""
     tokenizer = load_tokenizer(model_dir)
     model, ref = load_causal_lm(model_dir), load_causal_lm(model_dir).eval()
@@ -75,7 +76,7 @@ def one_step(model_dir: Path, loss_type: str, info: dist.DistInfo, parallel: str
         prompts_per_step=N_PROMPTS,
         epochs=2,
         minibatches=2,
-        micro_batch_size=3,
+        grad_accum=2,
         loss_type=loss_type,
         beta=0.04,
     )
