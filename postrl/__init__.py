@@ -19,7 +19,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_SUBPACKAGES = ("api", "control", "core", "lm", "runtime", "cli", "report", "demo")
+_SUBPACKAGES = ("api", "control", "core", "lm", "runtime", "cli", "demo")
 
 
 def __getattr__(name: str) -> Any:

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from postrl.demo import DemoConfig, quick, run_demo, stages
-from postrl.demo_runner import run_stage
+from postrl.demo.runner import run_stage
 
 REQUIRED = {
     "pretrain": ["heldout_loss"],

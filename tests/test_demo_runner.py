@@ -1,4 +1,4 @@
-"""The demo's scheduler (`postrl.demo_runner`) on stand-in stages that sleep: dependency order, a failing
+"""The demo's scheduler (`postrl.demo.runner`) on stand-in stages that sleep: dependency order, a failing
 stage, a killed demo that leaves no worker behind and resumes."""
 
 from __future__ import annotations
@@ -14,17 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from postrl.demo_runner import (
-    Job,
-    Progress,
-    Stage,
-    ThreadLane,
-    auto_workers,
-    busy_cores,
-    critical_path,
-    run_jobs,
-    stage_jobs,
-)
+from postrl.demo.machine import auto_workers, busy_cores
+from postrl.demo.progress import Progress, critical_path
+from postrl.demo.runner import DemoStage, Job, ThreadLane, run_jobs, stage_jobs
 from postrl.runtime.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +41,7 @@ def fake_stage(cfg: dict, run_dir: Path, resume: bool = False) -> dict:
     return summary
 
 
-def rows(seconds: dict[str, float], fail: str = "", meet: bool = False) -> list[Stage]:
+def rows(seconds: dict[str, float], fail: str = "", meet: bool = False) -> list[DemoStage]:
     """a; b after a; c independent; d after b and c — each sleeping ``seconds[name]`` (``meet``: b and c
     each wait for the other to start)."""
     after = {"a": (), "b": ("a",), "c": (), "d": ("b", "c")}
@@ -58,10 +50,10 @@ def rows(seconds: dict[str, float], fail: str = "", meet: bool = False) -> list[
     def config(name: str, s: float):
         return lambda c, out, done: {"seconds": s, "fail": name == fail, "meet": other.get(name)}
 
-    return [Stage(n, fake_stage, config(n, s), lambda c: 1.0, after[n]) for n, s in seconds.items()]
+    return [DemoStage(n, fake_stage, config(n, s), lambda c: 1.0, after[n]) for n, s in seconds.items()]
 
 
-def run(out: Path, stages: list[Stage], workers: int = 2) -> dict:
+def run(out: Path, stages: list[DemoStage], workers: int = 2) -> dict:
     names = [s.name for s in stages]
     jobs = stage_jobs(stages, None, out, lambda name: progress.line(name))
     progress = Progress(jobs, workers, names)

@@ -1,4 +1,4 @@
-"""The demo's vision branch (postrl.demo_vlm): the shipped aligned VLM, the branch end to end at a tiny size,
+"""The demo's vision branch (postrl.demo.vlm): the shipped aligned VLM, the branch end to end at a tiny size,
 its verdicts and its report section with the sample pictures."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from postrl import demo_vlm
-from postrl.demo import DemoConfig, quick, stages
+from postrl.demo import DemoConfig, quick, stages, vlm_eval
+from postrl.demo import vlm as demo_vlm
+from postrl.demo.report_html import to_html
 from postrl.lm import base_model
 from postrl.lm.tasks.shapes import KINDS
 from postrl.lm.vlm import base_model as vlm_base
-from postrl.report_html import to_html
 from postrl.runtime.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,8 +100,8 @@ def test_the_branch_end_to_end_with_verdicts_and_sample_pictures(tmp_path):
         "stages": {n: {"wall_seconds": s.get("wall_seconds")} for n, s in done.items()},
         "verdicts": [],
     }
-    demo_vlm.add_to_summary(summary, done)
-    assert set(summary["vlm"]["evaluation"]) == set(demo_vlm.CHECKPOINTS)
+    vlm_eval.add_to_summary(summary, done)
+    assert set(summary["vlm"]["evaluation"]) == set(vlm_eval.CHECKPOINTS)
     row = summary["stages"]["vlm-grpo"]
     assert row["heldout_accuracy_n"] == 12 and set(row["by_kind"]) <= set(KINDS)
     assert [(v["stage"], v["baseline"]) for v in summary["verdicts"]] == [
@@ -112,9 +112,9 @@ def test_the_branch_end_to_end_with_verdicts_and_sample_pictures(tmp_path):
     assert 0.2 < summary["vlm"]["chance"] < 0.5
     samples = summary["vlm"]["samples"]
     assert len(samples) == 3 and len({s["kind"] for s in samples}) == 3
-    assert all(set(s["answers"]) == set(demo_vlm.CHECKPOINTS) for s in samples)
+    assert all(set(s["answers"]) == set(vlm_eval.CHECKPOINTS) for s in samples)
     json.dumps(summary)  # summary.json takes it as it is
-    lines = demo_vlm.report_md(tmp_path, summary)
+    lines = vlm_eval.report_md(tmp_path, summary)
     text = "\n".join(lines)
     assert "![sample pictures](vlm-eval/samples/samples.png)" in text
     assert (tmp_path / "vlm-eval" / "samples" / "samples.png").stat().st_size > 1000

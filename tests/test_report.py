@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from html.parser import HTMLParser
 
-from postrl.report import CHECKPOINTS, COLUMNS, metrics_table, plot_stage, verdicts, write_report
+from postrl.demo.evaluation import CHECKPOINTS, COLUMNS
+from postrl.demo.report import metrics_table, plot_stage, write_report
+from postrl.demo.verdicts import verdicts
 
 SAMPLES = {
     "arithmetic": [("What is 2+3?", " 5"), ("What is 7*8?", " 56")],

@@ -1,4 +1,4 @@
-"""report.html: the demo report's Markdown as a small self-contained HTML page (the subset `postrl.report`
+"""report.html: the demo report's Markdown as a small self-contained HTML page (the subset `postrl.demo.report`
 writes: headings, paragraphs, bullet lists, tables, `code` spans, **bold**, inline PNGs)."""
 
 from __future__ import annotations

@@ -1,118 +1,19 @@
-"""The demo's evaluation of every checkpoint on held-out prompts, its plots, and report.md / report.html."""
+"""The demo's report: report.md (images beside it) and report.html (images inline) from the common evaluation,
+the verdicts and summary.json; each stage's learning curves as PNGs."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from postrl.lm.data import tokenize_sft
-from postrl.lm.models import load_causal_lm
-from postrl.lm.rewards import load_reward_fn
-from postrl.lm.rollout.evaluation import evaluate_preference_policy, evaluate_task
-from postrl.lm.tasks import get_task
-from postrl.lm.tokenizer import load_tokenizer
-from postrl.lm.trainer import heldout_loss, make_batches
-from postrl.report_html import to_html
+from postrl.demo.evaluation import COLUMNS
+from postrl.demo.report_html import to_html
+from postrl.demo.verdicts import verdicts
+from postrl.lm.dpo.frontier import plot_frontier
 from postrl.runtime.checkpoint import atomic_write_text
 from postrl.runtime.logging import read_jsonl
 from postrl.runtime.plots import plot_curves
-
-CHECKPOINTS = ("pretrain", "sft", "ppo", "grpo", "sft-vs-ppo", "sft-vs-grpo")
-COLUMNS = ("heldout_loss", "heldout_accuracy", "gold_reward", "rm_score", "kl_to_ref", "kl_to_ref_arithmetic")
-
-
-@dataclass
-class HeldOut:
-    """What every checkpoint is evaluated against: the tasks, the SFT tokenizer, the reference (the SFT
-    policy), the reward model's scores and the held-out demonstrations as batches."""
-
-    arithmetic: Any
-    reviews: Any
-    tokenizer: Any
-    reference: torch.nn.Module
-    rm: Any
-    batches: list[dict[str, torch.Tensor]]
-
-    @classmethod
-    def load(cls, cfg: Any, out: Path) -> HeldOut:
-        """The held-out world of the demo in ``out`` (its SFT model and reward model), from config ``cfg``."""
-        arithmetic = get_task("arithmetic", **cfg.grpo.task)
-        reviews = get_task("reviews", **cfg.ppo.task)
-        tokenizer = load_tokenizer(out / "sft" / "model")
-        reference = load_causal_lm(out / "sft" / "model").eval()
-        rm = load_reward_fn(f"rm:{out / 'rm' / 'model'}").fn
-        demos = arithmetic.sft_rows("test")[:256] + reviews.sft_rows("test")[:256]
-        examples = tokenize_sft(demos, tokenizer, 64, "truncate")
-        batches = [
-            make_batches(examples[i : i + 64], tokenizer.pad_token_id) for i in range(0, len(examples), 64)
-        ]
-        return cls(arithmetic, reviews, tokenizer, reference, rm, batches)
-
-
-def evaluate_checkpoint(model: torch.nn.Module, held: HeldOut, cfg: Any) -> dict[str, Any]:
-    """One checkpoint's row of `COLUMNS`, plus a few samples of each task."""
-    arith = evaluate_task(
-        model,
-        held.tokenizer,
-        held.arithmetic,
-        n=cfg.eval_prompts,
-        max_new_tokens=cfg.grpo.sampling.max_new_tokens,
-    )
-    prefs = evaluate_preference_policy(
-        model,
-        held.tokenizer,
-        held.reviews,
-        reference=held.reference,
-        reward_model=held.rm,
-        n=cfg.eval_samples,
-        max_new_tokens=cfg.ppo.sampling.max_new_tokens,
-        seed=cfg.seed,
-    )
-    arith_kl = evaluate_preference_policy(
-        model,
-        held.tokenizer,
-        held.arithmetic,
-        reference=held.reference,
-        n=min(cfg.eval_samples, cfg.eval_prompts),
-        max_new_tokens=cfg.grpo.sampling.max_new_tokens,
-        seed=cfg.seed,
-    )
-    return {
-        "heldout_loss": heldout_loss(model, held.batches),
-        "heldout_accuracy": arith["reward"],
-        "heldout_accuracy_n": arith["n"],
-        "gold_reward": prefs["gold_reward"],
-        "gold_reward_sd": prefs.get("gold_reward_sd"),
-        "gold_reward_n": cfg.eval_samples,
-        "heldout_rewards": arith["rewards"],  # per prompt, and per response below: for paired comparisons
-        "gold_rewards": prefs["gold_rewards"],
-        "rm_score": prefs["rm_score"],
-        "kl_to_ref": prefs["kl_to_ref"],
-        "kl_to_ref_arithmetic": arith_kl["kl_to_ref"],
-        "samples": {"arithmetic": arith["samples"], "reviews": prefs["samples"]},
-    }
-
-
-def evaluate_checkpoints(
-    cfg: Any, out: Path, names: Sequence[str] = CHECKPOINTS
-) -> dict[str, dict[str, Any]]:
-    """Held-out loss, arithmetic exact match (greedy), and on review prompts the gold reward, RM score and
-    KL to the SFT policy (sampled), for every checkpoint ``out/NAME/model`` of ``names`` that exists; the
-    same prompts for all."""
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    held = HeldOut.load(cfg, out)
-    results: dict[str, dict[str, Any]] = {}
-    for name in names:
-        path = out / name / "model"
-        if not path.is_dir():
-            continue
-        results[name] = evaluate_checkpoint(load_causal_lm(path).eval(), held, cfg)
-    return results
 
 
 def _fmt(x: Any) -> str:
@@ -194,119 +95,6 @@ STAGE_TEXT = {
 }
 
 
-# (stage, metric, baseline): what each stage must beat. A baseline is a checkpoint of the evaluation, or
-# "chance" (a coin's pair accuracy, for the reward model). A new stage adds its rows here.
-COMPARISONS = (
-    ("sft", "heldout_accuracy", "pretrain"),
-    ("rm", "heldout_accuracy", "chance"),
-    ("ppo", "gold_reward", "sft"),
-    ("ppo", "gold_reward", "sft-vs-ppo"),
-    ("dpo", "gold_reward", "sft"),
-    ("grpo", "heldout_accuracy", "sft"),
-    ("grpo", "heldout_accuracy", "sft-vs-grpo"),
-    ("vlm-sft", "heldout_accuracy", "vlm-align"),  # the vision branch (postrl.demo_vlm)
-    ("vlm-grpo", "heldout_accuracy", "vlm-sft"),
-    ("vlm-grpo", "heldout_accuracy", "vlm-sft-vs-grpo"),
-)
-BASELINE_TEXT = {
-    "pretrain": "the pretrained model",
-    "sft": "SFT",
-    "chance": "chance",
-    "sft-vs-ppo": "continued SFT for PPO's training time",
-    "sft-vs-grpo": "continued SFT for GRPO's training time",
-    "vlm-align": "the aligned VLM",
-    "vlm-sft": "the VLM's SFT",
-    "vlm-sft-vs-grpo": "the VLM's continued SFT for GRPO's training time",
-}
-
-
-PER_ITEM = {"heldout_accuracy": "heldout_rewards", "gold_reward": "gold_rewards"}
-"""Where a row keeps a metric's per-prompt values (the same held-out prompts, in the same order, for every
-checkpoint), so that two checkpoints compare prompt by prompt."""
-
-
-def _paired_standard_error(metric: str, row: dict[str, Any], base_row: dict[str, Any]) -> float | None:
-    """The standard error of the mean per-prompt difference between two checkpoints (a paired comparison:
-    prompts that are hard for both do not count as noise), or None without per-prompt values of both."""
-    xs, ys = row.get(PER_ITEM.get(metric, "")), base_row.get(PER_ITEM.get(metric, ""))
-    if not isinstance(xs, list) or not isinstance(ys, list) or len(xs) != len(ys) or len(xs) < 2:
-        return None
-    d = [x - y for x, y in zip(xs, ys, strict=True)]
-    mean = sum(d) / len(d)
-    return (sum((v - mean) ** 2 for v in d) / (len(d) - 1) / len(d)) ** 0.5
-
-
-def _standard_error(metric: str, row: dict[str, Any], value: float) -> float | None:
-    """The standard error of one checkpoint's mean: binomial for an accuracy, sd/√n for the gold reward."""
-    if metric == "heldout_accuracy" and row.get("heldout_accuracy_n"):
-        return (value * (1 - value) / row["heldout_accuracy_n"]) ** 0.5
-    if metric == "gold_reward" and row.get("gold_reward_sd") is not None and row.get("gold_reward_n"):
-        return row["gold_reward_sd"] / row["gold_reward_n"] ** 0.5
-    return None
-
-
-def _rm_row(stages: dict[str, dict]) -> dict[str, Any]:
-    rm = stages.get("rm", {})
-    return {"heldout_accuracy": rm.get("heldout_accuracy"), "heldout_accuracy_n": rm.get("heldout_pairs")}
-
-
-def verdicts(evaluation: dict[str, dict[str, Any]], stages: dict[str, dict]) -> list[dict[str, Any]]:
-    """For each row of `COMPARISONS` whose numbers exist: the two values, the margin, two standard errors of
-    the difference (paired, prompt by prompt, where both rows keep per-prompt values; else unpaired, from each
-    mean's own standard error) and a verdict — ``clear`` (margin above 2 SE), ``within noise`` (above 0, not
-    above 2 SE) or ``no`` (not above 0) — with a sentence that says it plainly."""
-    out = []
-    for stage, metric, base in COMPARISONS:
-        row = _rm_row(stages) if stage == "rm" else evaluation.get(stage, {})
-        value = row.get(metric)
-        if base == "chance":
-            base_row, base_value = {}, 0.5
-        else:
-            base_row = evaluation.get(base, {})
-            base_value = base_row.get(metric)
-        if not isinstance(value, (int, float)) or not isinstance(base_value, (int, float)):
-            continue
-        margin = value - base_value
-        paired = _paired_standard_error(metric, row, base_row)
-        ses = [_standard_error(metric, row, value), _standard_error(metric, base_row, base_value)]
-        two_se = 2 * sum(se**2 for se in ses if se is not None) ** 0.5 if ses[0] is not None else None
-        if paired is not None:
-            two_se = 2 * paired
-        if margin <= 0:
-            verdict = "no"
-        elif two_se is not None and margin <= two_se:
-            verdict = "within noise"
-        else:
-            verdict = "clear"
-        what = "held-out pair accuracy" if stage == "rm" else metric
-        noise = (
-            f"2 SE {two_se:.3f}{', paired' * (paired is not None)}"
-            if two_se is not None
-            else "no standard error"
-        )
-        plain = {
-            "clear": f"better by {margin:+.3f} ({noise})",
-            "within noise": f"ahead by {margin:+.3f}, within the noise ({noise}): not a clear gain",
-            "no": f"DID NOT IMPROVE ({margin:+.3f}; {noise})",
-        }[verdict]
-        text = f"{stage}: {what} {value:.3f} vs {base_value:.3f} for {BASELINE_TEXT[base]}: {plain}"
-        out.append(
-            {
-                "stage": stage,
-                "metric": metric,
-                "baseline": base,
-                "value": value,
-                "baseline_value": base_value,
-                "margin": margin,
-                "two_se": two_se,
-                "paired": paired is not None,
-                "verdict": verdict,
-                "text": text,
-            }
-        )
-    return out
-
-
 def _load(values: list[float]) -> str:
     """The load averages (1, 5, 15 min) before and after the demo, as one phrase."""
     before, after = ("/".join(f"{x:.1f}" for x in values[k : k + 3]) for k in (0, 3))
@@ -364,7 +152,7 @@ def write_report(
 ) -> None:
     """report.md (images beside it) and report.html (images inline). The table and the verdicts come from
     ``evaluation``, the same numbers as summary.json's ``stages``; ``sections`` (Markdown lines, e.g. the
-    vision branch's, `postrl.demo_vlm.report_md`) go before the samples."""
+    vision branch's, `postrl.demo.vlm_eval.report_md`) go before the samples."""
     plots = make_plots(out)
     table = metrics_table(evaluation, stages)
     found = summary.get("verdicts") or verdicts(evaluation, stages)
@@ -414,47 +202,10 @@ def write_report(
 
 
 # ---- the gold-reward frontier of the review stages ------------------------------------------------------------
-def frontier(cfg: Any, out: Path, evaluation: dict[str, dict]) -> list[dict[str, Any]]:
-    """Points ``{"method", "kl", "gold", "proxy", "step" or "n"}`` on review prompts: the SFT policy (the common
-    evaluation, KL 0), every held-out check PPO and DPO logged while training (their trainer's evaluator, the
-    same on both: sampled responses, KL to the SFT policy summed over each response), and best-of-n from
-    the SFT policy ranked by the reward model (n = 1, 2, 4 … ``cfg.frontier_max_n``; KL log n − (n − 1)/n)."""
-    from postrl.lm.dpo.frontier import best_of_n
-
-    points: list[dict[str, Any]] = []
-    if "sft" in evaluation:
-        sft = evaluation["sft"]
-        points.append(
-            {"method": "sft", "step": 0, "kl": 0.0, "gold": sft["gold_reward"], "proxy": sft["rm_score"]}
-        )
-    keys = ("heldout_kl", "heldout_gold_reward", "heldout_rm_score")
-    for name, label in (("ppo", f"PPO (β {cfg.ppo.kl.beta:g})"), ("dpo", f"DPO (β {cfg.dpo.dpo.beta:g})")):
-        path = out / name / "metrics.jsonl"
-        for row in read_jsonl(path) if path.is_file() else []:
-            if all(isinstance(row.get(k), (int, float)) for k in keys):
-                kl, gold, proxy = (row[k] for k in keys)
-                points.append({"method": label, "step": row["step"], "kl": kl, "gold": gold, "proxy": proxy})
-    sft_model, rm_model = out / "sft" / "model", out / "rm" / "model"
-    if cfg.frontier_max_n and sft_model.is_dir() and rm_model.is_dir():
-        ns = [2**i for i in range(cfg.frontier_max_n.bit_length()) if 2**i <= cfg.frontier_max_n]
-        points += best_of_n(
-            sft_model,
-            rm_model,
-            get_task("reviews", **cfg.ppo.task),
-            ns=ns,
-            prompts=cfg.frontier_prompts,
-            max_new_tokens=cfg.ppo.sampling.max_new_tokens,
-            seed=cfg.seed,
-        )
-    return points
-
-
 def _frontier_md(out: Path, points: list[dict[str, Any]]) -> list[str]:
     """The chart and what to read in it; nothing when the demo ran no review stage."""
     if not any(p["method"] != "sft" for p in points):
         return []
-    from postrl.lm.dpo.frontier import plot_frontier
-
     png = plot_frontier(points, out / "plots" / "frontier.png")
     bon = [p for p in points if p["method"] == "best-of-n"]
     best = max(

@@ -1,6 +1,6 @@
 """Running the demo's stages: in dependency order, the ready ones at the same time on parallel lanes.
 
-A `Stage` names the stages it needs (``after``); `run_jobs` starts every job whose inputs are done, at most
+A `DemoStage` names the stages it needs (``after``); `run_jobs` starts every job whose inputs are done, at most
 ``workers`` at once on as many lanes: one is a thread of this process (which has torch imported already),
 the others are processes of a spawn-context pool, each job with one torch thread (``workers=1``: one after
 another in this process). A worker dies with the demo (``PR_SET_PDEATHSIG`` on Linux), so a killed demo
@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from postrl.demo.progress import Progress
 from postrl.runtime.interrupts import sigterm_as_interrupt
 
 Summaries = dict[str, dict[str, Any]]
-MAX_AUTO_WORKERS = 2  # the 1.5 GB memory goal: two lanes (the demo, a worker), each with torch and a model
 
 
 @dataclass(frozen=True)
-class Stage:
+class DemoStage:
     """One row of the pipeline: run folder ``name``, ``run(config, run_dir, resume=...) -> summary``, and
     ``config(demo config wired to RUN_DIR, RUN_DIR, summaries of the stages before) -> the stage's config``.
     ``idle_seconds(demo config)`` is the expected time on an idle 2-core machine with one thread (for the
@@ -57,96 +57,6 @@ class Job:
     after: tuple[str, ...]
     seconds: float
     call: Callable[[dict[str, Any]], tuple[Callable[..., Any], tuple]]
-
-
-def auto_workers(cpus: int | None = None, load: float | None = None) -> int:
-    """Processes for the stages, 1 to `MAX_AUTO_WORKERS` and at most one per core: the cores plus one, less
-    the cores busy now (``load``; default `busy_cores`). One other CPU-bound process on a 2-core machine
-    still leaves two lanes (the demo then gets 4/3 of a core, 1.5x its idle time, where one lane would take
-    2x); only when every core is busy do the stages run one at a time."""
-    cpus = cpus if cpus is not None else os.cpu_count() or 1
-    load = load if load is not None else busy_cores()
-    return max(1, min(MAX_AUTO_WORKERS, cpus, cpus + 1 - round(load)))
-
-
-def busy_cores(window: float = 0.5) -> float:
-    """How many cores other processes keep busy now: the busy share of the CPU time over ``window`` seconds
-    (Linux /proc/stat) times the cores. Not the 1-minute load average, which still counts a job that just
-    ended (a demo run right after another one saw load 1.7 on an idle machine and took one lane). Time of
-    niced processes counts as free: they yield their core to the demo (two jobs under ``nice -n 15`` made a
-    demo take one lane and run 95 s where two lanes would have taken ~55)."""
-
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        # user nice system idle iowait irq softirq steal (guest is in user); free: idle, iowait, nice
-        free = fields[1] + fields[3] + (fields[4] if len(fields) > 4 else 0)
-        return sum(fields[:8]), free
-
-    try:
-        total0, free0 = sample()
-        time.sleep(window)
-        total1, free1 = sample()
-    except (OSError, ValueError, IndexError):
-        return os.getloadavg()[0]
-    spent = total1 - total0
-    return (os.cpu_count() or 1) * (spent - (free1 - free0)) / spent if spent > 0 else 0.0
-
-
-# ---- progress -----------------------------------------------------------------------------------------------
-class Progress:
-    """The demo's progress line: stage k of n, its estimate and the time left on ``workers`` lanes (the longer
-    of the remaining critical path and the remaining work shared by the lanes), rescaled by how the finished
-    jobs compared with their idle-machine estimates."""
-
-    def __init__(self, jobs: list[Job], workers: int, stages: list[str]) -> None:
-        self.estimates = {j.name: j.seconds for j in jobs}
-        self.after = {j.name: j.after for j in jobs}
-        self.stages, self.workers = stages, workers
-        self.started: dict[str, float] = {}
-        self.finished: set[str] = set()
-        self.spent = self.expected = 0.0
-
-    def line(self, name: str) -> str:
-        """``[demo] k/n name: about Xs, about Ys left``, for the stage starting now."""
-        pace = self.spent / self.expected if self.expected > 1.0 else 1.0
-        k = len([n for n in self.started if n in self.stages]) + (name not in self.started)
-        return (
-            f"[demo] {k}/{len(self.stages)} {name}: about {pace * self.estimates[name]:.0f}s, "
-            f"about {pace * self.left():.0f}s left"
-        )
-
-    def left(self) -> float:
-        """Idle-machine seconds left: what remains of each unfinished job, laid on the lanes."""
-        now = time.perf_counter()
-        rest = {
-            n: max(0.0, s - (now - self.started[n] if n in self.started else 0.0))
-            for n, s in self.estimates.items()
-            if n not in self.finished
-        }
-        return max(critical_path(rest, self.after)[1], sum(rest.values()) / self.workers)
-
-    def start(self, name: str) -> None:
-        self.started[name] = time.perf_counter()
-
-    def finish(self, name: str, seconds: float) -> None:
-        """``name`` took ``seconds`` (its own time: a new worker's start is not the job's pace). A copy (an
-        estimate under 2 s) or a stage already done (under a tenth of its estimate) does not set the pace."""
-        self.finished.add(name)
-        if self.estimates[name] >= 2.0 and seconds >= 0.1 * self.estimates[name]:
-            self.spent += seconds
-            self.expected += self.estimates[name]
-
-
-def critical_path(seconds: dict[str, float], after: dict[str, tuple[str, ...]]) -> tuple[list[str], float]:
-    """The chain of jobs (in dependency order, each after the one before) with the most ``seconds`` in all,
-    and that sum: the demo's wall time with unlimited lanes. Jobs missing from ``seconds`` count as done."""
-    best: dict[str, tuple[float, list[str]]] = {}
-    for name, s in seconds.items():  # in dependency order
-        before = max((best[a] for a in after.get(name, ()) if a in best), default=(0.0, []))
-        best[name] = (before[0] + s, [*before[1], name])
-    total, chain = max(best.values(), default=(0.0, []))
-    return chain, total
 
 
 # ---- one stage ----------------------------------------------------------------------------------------------
@@ -195,11 +105,11 @@ def finished_stages(out: Path, names: list[str]) -> dict[str, float]:
     }
 
 
-def stage_jobs(stages: list[Stage], cfg: Any, out: Path, progress: Callable[[str], str]) -> list[Job]:
+def stage_jobs(stages: list[DemoStage], cfg: Any, out: Path, progress: Callable[[str], str]) -> list[Job]:
     """The stages as jobs: each runs `run_stage` with the config made from the summaries of those before it,
     under the progress line ``progress(name)``."""
 
-    def job(s: Stage) -> Job:
+    def job(s: DemoStage) -> Job:
         def call(done: dict[str, Any]) -> tuple[Callable[..., Any], tuple]:
             return run_stage, (s.name, out, s.run, s.config(cfg, out, done), progress(s.name))
 
@@ -261,8 +171,8 @@ def run_jobs(
 
 class ThreadLane:
     """One lane of the schedule in this process: a job at a time in a thread, as a worker process runs one,
-    but without a process of its own to start and to fill with torch and transformers (~340 MB, which this
-    process has imported already). `stop` interrupts the job as Ctrl-C would (its stage resumes on the next
+    but without a process of its own to start and to fill with torch and transformers (which this process
+    has imported already). `stop` interrupts the job as Ctrl-C would (its stage resumes on the next
     run)."""
 
     def __init__(self) -> None:
@@ -356,60 +266,3 @@ def init_worker(parent: int) -> None:
         if os.getppid() != parent:  # the demo died before the line above: nothing would stop this worker
             os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-# ---- what it costs ------------------------------------------------------------------------------------------
-def cpu_seconds() -> float:
-    """User + system CPU time of this process and its finished (joined) children: the workers' time counts
-    once the pool is shut down."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-class MemorySampler:
-    """The largest sum of resident memory of this process and its live child processes (the workers),
-    sampled every ``interval`` seconds in a thread (Linux: /proc; elsewhere only this process's peak). Not
-    their proportional share (PSS): /proc's smaps_rollup costs ~10 ms of CPU a read, 14% of a core here."""
-
-    def __init__(self, interval: float = 0.2) -> None:
-        self.interval, self.peak_bytes = interval, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> MemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        while True:
-            pids = [os.getpid(), *child_pids(os.getpid())]
-            self.peak_bytes = max(self.peak_bytes, sum(rss_bytes(pid) for pid in pids))
-            if self._stop.wait(self.interval):
-                return
-
-    @property
-    def peak_mb(self) -> float:
-        return self.peak_bytes / 2**20
-
-
-def child_pids(pid: int) -> list[int]:
-    """The live child processes of ``pid`` (Linux /proc; [] elsewhere)."""
-    found: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
-                found += [int(c) for c in f.read().split()]
-    return found
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident memory of process ``pid`` now (0 when it is gone or /proc is missing)."""
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
