@@ -9,17 +9,16 @@ about 0 on the questions until SFT shows it the format).
 
 How the equations are written (``equations``): "draws", the built-in base model's until it left out the
 carries (below), draws them from the train problems with repeats ("47+38=85"); whether the sums then carry
-over to the questions is a lottery on the pretraining seed (the demo's SFT reaches 0.08 - 0.77 held-out accuracy on seeds 0 - 4). "rounds" writes
-every train problem once per round, in a fresh order each round, with the result after a space, as the
-task writes its answers, and after "=", ":" or ";" at random ("47+38; 85"), so the sums do not hang on one
-sign and SFT only has to show that a question's "?" is one more: the same SFT reaches 0.66 - 0.94 on seeds
-0 - 4, 0.73 - 0.98 with weight decay 0.3 (benchmarks/pretrain_seeds.py has the tables).
+over to the questions is a lottery on the pretraining seed. "rounds" writes every train problem once per
+round, in a fresh order each round, with the result after a space, as the task writes its answers, and after
+"=", ":" or ";" at random ("47+38; 85"), so the sums do not hang on one sign and SFT only has to show that a
+question's "?" is one more (benchmarks/pretrain_seeds.py has the demo's SFT accuracy per pretraining seed for
+both, and for the recipe below).
 
 ``carries=False`` (the built-in base model's recipe, with "rounds") leaves out the sums whose units digits
 carry (47+38: 7 + 8 ≥ 10; 44% of the 2-digit sums): pretraining learns to add without carrying, reliably on
 every seed, and the questions that need a carry are left for SFT's 200 demonstrations and GRPO's verifier to
-teach. SFT then lands at 0.54 - 0.70 on pretraining seeds 0 - 4, where what a seed decides is no longer
-whether the sums were learnt at all.
+teach: what a pretraining seed decides is then no longer whether the sums were learnt at all.
 """
 
 from __future__ import annotations
