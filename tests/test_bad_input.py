@@ -99,6 +99,8 @@ def _fill(ws: Path, out: Path) -> dict[str, str]:
 def _copy_run(ws: Path, case: Case, tmp_path: Path) -> Path:
     name = "notarun" if case.out == "notarun" else f"{case.cmd.replace(' ', '-')}-{case.out}"
     out = tmp_path / "run"
+    if case.out == "none":
+        return out
     shutil.copytree(ws / "runs" / name, out, symlinks=True)
     return out
 

@@ -92,6 +92,16 @@ BUDGETS: dict[str, dict[str, Any]] = {
         "plots": False,
         **LM,
     },
+    "kto": {
+        **TRAIN,
+        "train.max_length": FIT,
+        "eval_size": 2,
+        "eval_samples": 2,
+        "sampling.max_new_tokens": 4,
+        "plots": False,
+        **LM,
+    },
+    "control bench": {"env.n_envs": 1, "ppo.n_steps": 64, "ppo.batch_size": 64, "ppo.epochs": 1},
     "demo": {
         "from_scratch": True,  # the pretrain.* budgets below apply only then (else: the built-in base model)
         "compare_sft": False,
@@ -120,9 +130,12 @@ FLAGS: dict[str, dict[str, Any]] = {
     "ppo": {"--model": "{model}", "--reward-model": "{rm}", "--out": "{out}"},
     "grpo": {"--model": "{model}", "--data": D + "prompts.jsonl", "--out": "{out}"},
     "dpo": {"--model": "{model}", "--data": D + "prefs.jsonl", "--out": "{out}"},
+    "kto": {"--model": "{model}", "--data": D + "kto.jsonl", "--out": "{out}"},
+    "control bench": {"--config": "ppo-cartpole", "--seeds": "0", "--workers": "1", "--out": "{out}"},
     "demo": {"--quick": True, "--out": "{out}"},
 }
-COMMANDS = tuple(c for c in FLAGS if c != "control eval")
+COMMANDS = tuple(c for c in FLAGS if c not in ("control eval", "control bench"))
+"""The commands that leave a run folder (each has a finished run in the workspace)."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +150,9 @@ class Case:
     flags: dict[str, Any] = field(default_factory=dict)
     positional: tuple[str, ...] = ()
     out: str = "finished"
-    """The run folder --out points at: finished, interrupted (corrupt checkpoint only) or notarun."""
+    """The run folder --out points at (`tests.bad_input.workspace`): finished, interrupted (corrupt checkpoint
+    only), damaged (finished, every checkpoint corrupt), a run of the command named in `RUN_KINDS`, notarun,
+    or none (a folder that does not exist yet)."""
     resume: bool = False
     """Resume the run folder (LM stages: --resume --out DIR; control: --resume DIR), no budget or flags."""
     overwrite: bool = True

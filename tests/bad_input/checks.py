@@ -9,7 +9,9 @@ from typing import Any
 
 def snapshot(root: Path) -> dict[str, tuple[int, bytes | None]]:
     """Every path under ``root`` (and ``root``) → (mode, bytes); byte-code caches of imported files aside."""
-    out = {}
+    out: dict[str, tuple[int, bytes | None]] = {}
+    if not root.exists():  # a run folder the command should not create
+        return out
     for path in [root, *root.rglob("*")]:
         if "__pycache__" in path.parts:
             continue

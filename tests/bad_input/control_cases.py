@@ -80,3 +80,53 @@ CASES: list[Case] = [
         overrides={"run.checkpoint_every": 1},
     ),
 ]
+
+# ---- issue #41 items 2 and 9 for control train: a refused resume of a finished run changes nothing; a config.yaml
+# whose env.id is a module:Env entry point is not imported on resume until --env names it again ---------------------
+CASES += [
+    C("ct-resume-damaged-finished-run", CT, "step_00000001", out="damaged", resume=True, overwrite=False),
+    C(
+        "ct-resume-env-entry-point",
+        CT,
+        "postrl_bad_input_envs:Corridor",
+        "--env",
+        out="entry-point",
+        resume=True,
+        overwrite=False,
+    ),
+]
+
+# ---- control bench (a bench folder, not a run: --out points at a folder that must not be created) ---------------
+CB = "control bench"
+CASES += [
+    C(
+        "bench-target-not-a-number",
+        CB,
+        "--target",
+        "abc",
+        flags={"--target": "abc"},
+        out="none",
+        overwrite=False,
+    ),
+    C("bench-target-nan", CB, "--target", flags={"--target": "nan"}, out="none", overwrite=False),
+    C("bench-seeds-empty", CB, "--seeds", flags={"--seeds": ""}, out="none", overwrite=False),
+    C("bench-workers-negative", CB, "--workers", flags={"--workers": "-2"}, out="none", overwrite=False),
+    C(
+        "bench-unknown-preset",
+        CB,
+        "ppo-cartpol",
+        flags={"--config": "ppo-cartpol"},
+        out="none",
+        overwrite=False,
+    ),
+    C("bench-unknown-key", CB, "ppo.lrr", overrides={"ppo.lrr": 1}, out="none", overwrite=False),
+    C(
+        "bench-out-under-a-file",
+        CB,
+        "sft.jsonl",
+        flags={"--out": "{ws}/data/sft.jsonl/bench"},
+        out="none",
+        overwrite=False,
+    ),
+    C("bench-out-not-a-bench", CB, "{out}", out="notarun", overwrite=False),
+]

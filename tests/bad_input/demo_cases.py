@@ -21,3 +21,23 @@ CASES: list[Case] = [
     ),
     C("demo-old-grpo-mu", "demo", "'grpo.grpo.mu'", "'grpo.grpo.epochs'", overrides={"grpo.grpo.mu": 1}),
 ]
+
+# ---- demo flags: --resume of a folder that is no demo, --out under a file, --config of a non-demo YAML -----------
+CASES += [
+    C("demo-resume-not-a-demo", "demo", "{out}", flags={"--resume": True}, out="notarun", overwrite=False),
+    C(
+        "demo-out-under-a-file",
+        "demo",
+        "sft.jsonl",
+        flags={"--out": "{ws}/data/sft.jsonl/demo"},
+        out="none",
+        overwrite=False,
+    ),
+    C(
+        "demo-config-of-another-command",
+        "demo",
+        "ct_unknown_key.yaml",
+        flags={"--config": "{ws}/configs/ct_unknown_key.yaml"},
+    ),
+    C("demo-threads-0", "demo", "threads", overrides={"threads": 0}),
+]

@@ -61,6 +61,8 @@ def write_inputs(ws: Path) -> None:
     _jsonl(data / "prompts_empty_prompt.jsonl", [*prompts[:2], {"prompt": "", "answer": "1"}, *prompts[3:]])
     _write_issue_41_inputs(data, prefs, prompts)
     _write_pickled_model(ws / "pickled")
+    _write_kto_inputs(data)
+    _write_more_issue_41_inputs(data, prefs, prompts)
     long = " great food" * 80  # far more than the tiny model's 128 positions
     _jsonl(data / "sft_long.jsonl", [*sft[:3], {**sft[3], "completion": long}, *sft[4:10]])
     _jsonl(data / "prefs_long.jsonl", [*prefs[:3], {**prefs[3], "chosen": long}, *prefs[4:]])
@@ -141,3 +143,44 @@ def _write_pickled_model(path: Path) -> None:
     (path / "config.json").write_text(json.dumps(config))
     weights = {"model.embed_tokens.weight": torch.zeros(400, 32), "args": argparse.Namespace(lr=1e-4)}
     torch.save(weights, path / "pytorch_model.bin")
+
+
+def _kto(i: int) -> dict[str, Any]:
+    return {
+        "prompt": f"Review {i}:",
+        "completion": " great food" if i % 2 == 0 else " bad",
+        "label": i % 2 == 0,
+    }
+
+
+def _write_kto_inputs(data: Path) -> None:
+    """TRL's unpaired format (prompt, completion, label), good and bad."""
+    rows = [_kto(i) for i in range(40)]
+    _jsonl(data / "kto.jsonl", rows)
+    _jsonl(data / "kto_label_string.jsonl", [*rows[:2], {**rows[2], "label": "yes"}, *rows[3:10]])
+    _jsonl(data / "kto_no_label.jsonl", [rows[0], {"prompt": "Review 1:", "completion": " bad"}, *rows[2:10]])
+    _jsonl(data / "kto_no_completion.jsonl", [rows[0], {"prompt": "Review 1:", "label": False}, *rows[2:10]])
+    _jsonl(data / "kto_one_kind.jsonl", [{**r, "label": True} for r in rows[:10]])
+    chat = [{"prompt": [{"role": "user", "content": r["prompt"]}],
+             "completion": [{"role": "assistant", "content": r["completion"]}], "label": r["label"]}
+            for r in rows[:10]]  # fmt: skip
+    _jsonl(data / "kto_chat.jsonl", chat)
+    _jsonl(data / "kto_mixed.jsonl", [*rows[:3], chat[3], *rows[4:10]])
+    _jsonl(data / "kto_images.jsonl", [rows[0], {**rows[1], "images": ["dots.png"]}, *rows[2:10]])
+
+
+def _write_more_issue_41_inputs(
+    data: Path, prefs: list[dict[str, Any]], prompts: list[dict[str, Any]]
+) -> None:
+    """Issue #41 items 5, 6 and 15 beyond the first cases: pictures a processor cannot take (not a picture, cut
+    short, missing), pictures in preference pairs for a text-only model, conversational prompts for GRPO."""
+    (data / "not_a_picture.png").write_text("this is text, not a PNG\n")
+    whole = (data / "dots.png").read_bytes()
+    (data / "cut_short.png").write_bytes(whole[: len(whole) // 2])
+    pictured = {"prompt": "<image>How many dots?", "completion": " 3", "images": ["dots.png"]}
+    for name, picture in (("not_picture", "not_a_picture.png"), ("cut_short", "cut_short.png"),
+                          ("missing_picture", "no_such.png")):  # fmt: skip
+        _jsonl(data / f"vlm_{name}.jsonl", [pictured, {**pictured, "images": [picture]}, *[pictured] * 8])
+    _jsonl(data / "prefs_images.jsonl", [*prefs[:2], {**prefs[2], "images": ["dots.png"]}, *prefs[3:]])
+    chat = [{"prompt": [{"role": "user", "content": p["prompt"]}], "answer": p["answer"]} for p in prompts]
+    _jsonl(data / "prompts_chat.jsonl", chat)

@@ -101,3 +101,126 @@ CASES: list[Case] = [
         overrides={"tokenizer": "{ws}/tok_nochat"},
     ),
 ]
+
+# ---- kto (TRL's unpaired format): labels, one kind only, batch size 1, data, models, resume ------------------
+KTO_CHAT = {"--data": D + "kto_chat.jsonl"}
+CASES += [
+    C(
+        "kto-data-label-string",
+        "kto",
+        "kto_label_string.jsonl:3",
+        "'label'",
+        flags={"--data": D + "kto_label_string.jsonl"},
+    ),
+    C(
+        "kto-data-no-label",
+        "kto",
+        "kto_no_label.jsonl:2",
+        "'label'",
+        flags={"--data": D + "kto_no_label.jsonl"},
+    ),
+    C(
+        "kto-data-no-completion",
+        "kto",
+        "kto_no_completion.jsonl:2",
+        "'completion'",
+        flags={"--data": D + "kto_no_completion.jsonl"},
+    ),
+    C(
+        "kto-data-one-kind-only",
+        "kto",
+        "kto_one_kind.jsonl",
+        "every row is desirable",
+        flags={"--data": D + "kto_one_kind.jsonl"},
+    ),
+    C("kto-data-sft-rows", "kto", "sft.jsonl:1", "'label'", flags={"--data": D + "sft.jsonl"}),
+    C("kto-data-mixed-formats", "kto", "kto_mixed.jsonl:4", MIXED, flags={"--data": D + "kto_mixed.jsonl"}),
+    C(
+        "kto-data-no-chat-template",
+        "kto",
+        "kto_chat.jsonl:1",
+        "{ws}/tok_nochat",
+        "chat template",
+        flags=KTO_CHAT,
+        overrides={"tokenizer": "{ws}/tok_nochat"},
+    ),
+    C(
+        "kto-data-images-text-model",
+        "kto",
+        "kto_images.jsonl:2",
+        "'images'",
+        "text-only",
+        flags={"--data": D + "kto_images.jsonl"},
+    ),
+    C("kto-batch-size-1", "kto", "train.batch_size", ">= 2", overrides={"train.batch_size": 1}),
+    C("kto-beta-0", "kto", "kto.beta", overrides={"kto.beta": 0}),
+    C("kto-desirable-weight-negative", "kto", "kto.desirable_weight", overrides={"kto.desirable_weight": -1}),
+    C("kto-unknown-key", "kto", "kto.betta", "kto.beta", overrides={"kto.betta": 0.1}),
+    C("kto-model-missing", "kto", "no_such_model", flags={"--model": "{ws}/no_such_model"}),
+    C("kto-ref-model-missing", "kto", "no_such_ref", overrides={"ref_model": "{ws}/no_such_ref"}),
+    C(
+        "kto-model-pickled-bin",
+        "kto",
+        "{ws}/pickled",
+        "pytorch_model.bin",
+        flags={"--model": "{ws}/pickled"},
+        overrides={"tokenizer": "{model}"},
+    ),
+    C(
+        "kto-resume-corrupt-checkpoint",
+        "kto",
+        "step_00000001",
+        out="interrupted",
+        resume=True,
+        overwrite=False,
+    ),
+]
+
+# ---- issue #41 items 2, 3, 5 and 9 for the preference stages: a refused resume of a finished run changes nothing
+# (its summary.json stays), a data file changed in place (or inputs.json damaged) is named before anything loads,
+# trust_remote_code in a run folder's config.yaml is not taken on resume, pictures for a text-only model -------
+CASES += [
+    C("dpo-resume-damaged-finished-run", "dpo", "step_00000001", out="damaged", resume=True, overwrite=False),
+    C("kto-resume-damaged-finished-run", "kto", "step_00000001", out="damaged", resume=True, overwrite=False),
+    C(
+        "dpo-resume-data-changed",
+        "dpo",
+        "data={ws}/data/prefs.jsonl changed since",
+        out="changed",
+        resume=True,
+        overwrite=False,
+    ),
+    C(
+        "kto-resume-data-changed",
+        "kto",
+        "data={ws}/data/kto.jsonl changed since",
+        out="changed",
+        resume=True,
+        overwrite=False,
+    ),
+    C(
+        "dpo-resume-inputs-json-damaged",
+        "dpo",
+        "inputs.json is damaged",
+        out="inputs-damaged",
+        resume=True,
+        overwrite=False,
+    ),
+    C(
+        "kto-resume-trust-remote-code",
+        "kto",
+        "trust_remote_code: true",
+        "--trust-remote-code",
+        out="trusting",
+        resume=True,
+        overwrite=False,
+    ),
+    C(
+        "dpo-data-images-text-model",
+        "dpo",
+        "prefs_images.jsonl:3",
+        "'images'",
+        "text-only",
+        flags={"--data": D + "prefs_images.jsonl"},
+    ),
+]

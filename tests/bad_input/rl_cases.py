@@ -173,3 +173,52 @@ CASES: list[Case] = [
         overwrite=False,
     ),
 ]
+
+# ---- issue #41 items 2, 6, 8, 12 and 13 for ppo and grpo: a refused resume of a finished run changes nothing,
+# conversational prompts without a chat template, pickled weights, a LoRA adapter whose base is gone, a sequence
+# classifier with 3 labels given as the reward model (a one-label one, TRL's RewardTrainer format, is good
+# input: tests/lm/test_reward_export.py trains PPO with it as reward model and critic) --------------------------
+GOOD = {"rewards": "[" + R + "good.py:reward]"}
+CASES += [
+    C(
+        "grpo-resume-damaged-finished-run",
+        "grpo",
+        "step_00000001",
+        out="damaged",
+        resume=True,
+        overwrite=False,
+        overrides=GOOD,
+    ),
+    C(
+        "grpo-data-chat-no-template",
+        "grpo",
+        "prompts_chat.jsonl:1",
+        "{ws}/tok_nochat",
+        "chat template",
+        flags={"--data": D + "prompts_chat.jsonl"},
+        overrides={"tokenizer": "{ws}/tok_nochat"},
+    ),
+    C(
+        "grpo-model-pickled-bin",
+        "grpo",
+        "{ws}/pickled",
+        "pytorch_model.bin",
+        flags={"--model": "{ws}/pickled"},
+        overrides={"tokenizer": "{model}"},
+    ),
+    C(
+        "grpo-lora-adapter-base-gone",
+        "grpo",
+        "{ws}/adapter_nobase",
+        "no_such_base",
+        flags={"--model": "{ws}/adapter_nobase"},
+        overrides={"tokenizer": "{model}"},
+    ),
+    C(
+        "ppo-reward-model-three-labels",
+        "ppo",
+        "{ws}/rm_3labels",
+        "3 score outputs",
+        flags={"--reward-model": "{ws}/rm_3labels"},
+    ),
+]

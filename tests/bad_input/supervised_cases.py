@@ -219,3 +219,66 @@ CASES: list[Case] = [
         overrides={"tokenizer": "{model}"},
     ),
 ]
+
+# ---- issue #41 items 2, 3, 9, 12 and 15 for sft: a refused resume changes nothing, changed data is named, a run
+# folder's trust_remote_code is not taken on resume, LoRA adapter folders that cannot load, VLM pictures the
+# processor cannot take (not a picture, cut short, missing) --------------------------------------------------------
+CASES += [
+    C("sft-resume-damaged-finished-run", "sft", "step_00000001", out="damaged", resume=True, overwrite=False),
+    C(
+        "sft-resume-data-changed",
+        "sft",
+        "data={ws}/data/sft.jsonl changed since",
+        out="changed",
+        resume=True,
+        overwrite=False,
+    ),
+    C(
+        "sft-resume-trust-remote-code",
+        "sft",
+        "trust_remote_code: true",
+        "--trust-remote-code",
+        out="trusting",
+        resume=True,
+        overwrite=False,
+    ),
+    C(
+        "sft-lora-adapter-base-gone",
+        "sft",
+        "{ws}/adapter_nobase",
+        "no_such_base",
+        flags={"--model": "{ws}/adapter_nobase"},
+        overrides={"tokenizer": "{model}"},
+    ),
+    C(
+        "sft-lora-adapter-weights-misfit",
+        "sft",
+        "{ws}/adapter_misfit",
+        flags={"--model": "{ws}/adapter_misfit"},
+        overrides={"tokenizer": "{model}"},
+    ),
+    C(
+        "sft-vlm-not-a-picture",
+        "sft",
+        "vlm_not_picture.jsonl:2",
+        "'images'",
+        "not_a_picture.png",
+        flags={**VLM, "--data": D + "vlm_not_picture.jsonl"},
+    ),
+    C(
+        "sft-vlm-picture-cut-short",
+        "sft",
+        "vlm_cut_short.jsonl:2",
+        "'images'",
+        "cut_short.png",
+        flags={**VLM, "--data": D + "vlm_cut_short.jsonl"},
+    ),
+    C(
+        "sft-vlm-picture-missing",
+        "sft",
+        "vlm_missing_picture.jsonl:2",
+        "'images'",
+        "no_such.png",
+        flags={**VLM, "--data": D + "vlm_missing_picture.jsonl"},
+    ),
+]

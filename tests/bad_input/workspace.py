@@ -54,6 +54,7 @@ def _tiny_models(ws: Path) -> None:
     tokenizer.chat_template = None  # issue #41 item 6: conversational rows with a tokenizer without one
     tokenizer.save_pretrained(str(ws / "tok_nochat"))
     _tiny_vlm(ws)
+    _issue_41_models(ws, tokenizer)
 
 
 def _tiny_vlm(ws: Path) -> None:
@@ -64,6 +65,27 @@ def _tiny_vlm(ws: Path) -> None:
     config = TinyVLMConfig(vision_hidden_size=32, hidden_size=64, intermediate_size=128, vocab_size=300)
     tokenizer = build_vlm_tokenizer(get_task("shapes", n_train=50, n_test=10).corpus_lines(300), 300)
     save_vlm(*build_tiny_vlm(tokenizer, config, seed=0), ws / "vlm")
+
+
+def _issue_41_models(ws: Path, tokenizer: Any) -> None:
+    """Item 13: a sequence classifier with 3 labels (not a reward model) at ``ws/rm_3labels``; item 12: LoRA
+    adapter folders whose base model is gone (``ws/adapter_nobase``) or whose weights do not fit their base
+    (``ws/adapter_misfit``)."""
+    import torch
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(ws / "model", num_labels=3)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(str(ws / "rm_3labels"))
+    tokenizer.save_pretrained(str(ws / "rm_3labels"))
+    for name, base in (("adapter_nobase", ws / "no_such_base"), ("adapter_misfit", ws / "model")):
+        lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], task_type="CAUSAL_LM")
+        lora.base_model_name_or_path = str(base)
+        lora.save_pretrained(str(ws / name))
+        prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+        weights = {f"{prefix}.lora_A.weight": torch.zeros(2, 7), f"{prefix}.lora_B.weight": torch.zeros(7, 2)}
+        save_file(weights, str(ws / name / "adapter_model.safetensors"))
 
 
 def _nested(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -88,9 +110,9 @@ def _config_yaml(cmd: str, ws: Path) -> str:
     module, cls_name, preset = CONFIG_CLASSES.get(cmd, ("", "", None))
     base = read_yaml(REPO / "configs" / preset) if preset else None
     try:
-        if cmd in LM_STAGES:
-            from postrl.lm.stages import STAGES
+        from postrl.lm.stages import STAGES
 
+        if cmd in STAGES:
             module, cls_name = STAGES[cmd].module, STAGES[cmd].config_name
         cls = getattr(importlib.import_module(module), cls_name)
         if cmd == "demo":
@@ -102,8 +124,9 @@ def _config_yaml(cmd: str, ws: Path) -> str:
         return yaml.safe_dump({**(base or {}), **_nested(dict(t.split("=", 1) for t in texts))})
 
 
-def _fake_run(path: Path, config: str, lm: bool, finished: bool = True) -> None:
-    """A run folder as a training command leaves it: finished, or interrupted with a corrupt checkpoint."""
+def _fake_run(path: Path, config: str, lm: bool, finished: bool = True, corrupt: bool | None = None) -> None:
+    """A run folder as a training command leaves it: finished, or interrupted with a corrupt checkpoint
+    (``corrupt``: every checkpoint cut in half; by default when not finished)."""
     import torch
     from safetensors.torch import save_file
 
@@ -119,6 +142,7 @@ def _fake_run(path: Path, config: str, lm: bool, finished: bool = True) -> None:
         if lm:
             (path / "model").mkdir()
             (path / "model" / "config.json").write_text('{"model_type": "llama"}\n')
+    if not (not finished if corrupt is None else corrupt):
         return
     for name in ("state.pt", "model.safetensors"):  # cut in half: no intact checkpoint is left
         data = (ckpt / name).read_bytes()
@@ -139,10 +163,47 @@ def _runs(ws: Path) -> None:
         lm = cmd in LM_STAGES
         _fake_run(ws / "runs" / f"{key}-finished", config, lm)
         _fake_run(ws / "runs" / f"{key}-interrupted", config, lm, finished=False)
+    _issue_41_runs(ws)
     notarun = ws / "runs" / "notarun"
     (notarun / "sub").mkdir(parents=True)
     (notarun / "notes.txt").write_text("not a run\n")
     (notarun / "sub" / "data.csv").write_text("a,b\n1,2\n")
+
+
+RUN_KINDS = {
+    "damaged": ("control train", "sft", "grpo", "dpo", "kto"),
+    "changed": ("sft", "dpo", "kto"),
+    "inputs-damaged": ("dpo",),
+    "trusting": ("sft", "kto"),
+    "entry-point": ("control train",),
+}
+"""Run folders of issue #41 items 2, 3 and 9 (``{cmd}-{kind}`` under ``ws/runs``): damaged, a finished run whose
+every checkpoint is corrupt (a refused resume must not make it look interrupted); changed, an interrupted run
+whose inputs.json records another content of its data file (the file changed in place since it started);
+inputs-damaged, inputs.json that is not JSON; trusting, a config.yaml that sets trust_remote_code: true;
+entry-point, a control run whose env.id is a module:Env entry point (importing it runs the module)."""
+
+
+def _issue_41_runs(ws: Path) -> None:
+    for kind, commands in RUN_KINDS.items():
+        for cmd in commands:
+            config, path = (
+                yaml.safe_load(_config_yaml(cmd, ws)),
+                ws / "runs" / f"{cmd.replace(' ', '-')}-{kind}",
+            )
+            if kind == "trusting":
+                config["trust_remote_code"] = True
+            if kind == "entry-point":
+                config["env"]["id"] = "postrl_bad_input_envs:Corridor"
+            lm = cmd in LM_STAGES
+            _fake_run(
+                path, yaml.safe_dump(config, sort_keys=False), lm, finished=kind == "damaged", corrupt=True
+            )
+            if kind == "changed":
+                entry = {"key": "data", "path": config["data"], "sha256": "0" * 64}
+                (path / "inputs.json").write_text(json.dumps({"inputs": [entry]}, indent=2) + "\n")
+            if kind == "inputs-damaged":
+                (path / "inputs.json").write_text('{"inputs": [\n')
 
 
 def build_workspace(ws: Path) -> Path:
