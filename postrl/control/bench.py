@@ -157,8 +157,11 @@ def _presets_root() -> Path:
 
 
 def check_out(out: Path, spec: BenchSpec) -> None:
-    """``out`` must be new, empty, or a bench folder of the same config and overrides."""
+    """``out`` must be new (and creatable), empty, or a bench folder of the same config and overrides."""
     if not out.exists():
+        from postrl.runtime.rundir import check_can_create  # deferred: torch
+
+        check_can_create(out)  # under a file it was a NotADirectoryError traceback at the first mkdir
         return
     if not out.is_dir():
         raise ConfigError(f"--out {out}: a file, not a folder")
