@@ -339,7 +339,13 @@ def load_adapter_folder(path: str | Path, what: str, load_base: Any) -> nn.Modul
     config.inference_mode = False
     peft.inject_adapter_in_model(config, model)
     tensors = {k.removeprefix(PEFT_PREFIX): v for k, v in load_file(str(path / ADAPTER_WEIGHTS)).items()}
-    result = peft.set_peft_model_state_dict(model, tensors)
+    try:
+        result = peft.set_peft_model_state_dict(model, tensors)
+    except RuntimeError as err:  # torch's size mismatch: a multi-line message, put on one line
+        raise ModelError(
+            f"{what} '{path}': {ADAPTER_WEIGHTS} does not fit its base model {base} "
+            f"({' '.join(str(err).split())[:300]})"
+        ) from None
     if result.unexpected_keys:
         raise ModelError(
             f"{what} '{path}': {ADAPTER_WEIGHTS} does not fit its base model {base} (e.g. "
