@@ -83,7 +83,10 @@ def load_image(value: Any, base: str | None, where: str) -> Any:
             f"MAX_IMAGE_PIXELS; a damaged file or a decompression bomb): {err}"
         ) from None
     except (UnidentifiedImageError, OSError) as err:
-        raise DataError(f"{where}: field 'images': not a readable picture: {err}") from None
+        named = (
+            f" {source}" if isinstance(source, Path) else ""
+        )  # Pillow's "image file is truncated" names none
+        raise DataError(f"{where}: field 'images': not a readable picture{named}: {err}") from None
 
 
 def _text_of(value: Any) -> str:
