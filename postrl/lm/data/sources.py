@@ -169,6 +169,8 @@ def register_records(rows: Any, label: str = "data") -> str:
     whose config.yaml names them) gives the same name. Rows in memory are not saved with a run.
     """
     records = _as_records(rows, label)
+    if not records:  # found later, it named the memory:<hash> source and called it an empty file
+        raise DataError(f"{label}: no rows (an empty {type(rows).__name__})")
     text = json.dumps(records, sort_keys=True, default=repr, ensure_ascii=False)
     name = MEMORY_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:16]
     _IN_MEMORY[name] = (label, records)
