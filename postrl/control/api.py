@@ -144,6 +144,10 @@ def train(
         raise UserError(f"unknown algorithm {algo!r}; choose one of {', '.join(loop.ALGORITHMS)}")
     if resume and out is None:
         raise UserError("postrl.control.train: resume=True needs out= (the run folder to continue)")
+    if out is not None and not isinstance(out, (str, os.PathLike)):  # as postrl.sft(...) checks it
+        raise UserError(
+            f"postrl.control.train: out= is the run folder's path, got {type(out).__name__} {out!r}"
+        )
     recorded = _run_env(Path(out)) if resume else ""
     name = recorded if recorded.startswith(f"{NAMESPACE}/") else None
     env_name = env_id(env, name) if env is not None else None
