@@ -94,8 +94,8 @@ def continued_sft(model_dir: Path, task_opts: dict, seconds: float, args: argpar
     import torch
 
     from postrl.lm.data import tokenize_sft
+    from postrl.lm.evaluation import evaluate_task
     from postrl.lm.models import load_causal_lm
-    from postrl.lm.rollout.evaluation import evaluate_task
     from postrl.lm.spine import RunConfig
     from postrl.lm.tasks import get_task
     from postrl.lm.tokenizer import load_tokenizer

@@ -140,9 +140,9 @@ def bench_train(args: argparse.Namespace) -> dict:
     from pathlib import Path
 
     from postrl.demo import DemoConfig
+    from postrl.lm.evaluation import evaluate_task
     from postrl.lm.models import load_causal_lm
     from postrl.lm.pretrain import run_pretrain
-    from postrl.lm.rollout.evaluation import evaluate_task
     from postrl.lm.sft import run_sft
     from postrl.lm.tasks import get_task
     from postrl.lm.tokenizer import load_tokenizer

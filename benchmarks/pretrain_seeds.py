@@ -207,9 +207,9 @@ from typing import Any
 
 from postrl.demo import ARITHMETIC, DemoConfig, copy_base_model
 from postrl.lm import base_model
+from postrl.lm.evaluation import complete, evaluate_task
 from postrl.lm.models import load_causal_lm
 from postrl.lm.pretrain import PretrainConfig, run_pretrain
-from postrl.lm.rollout.evaluation import complete, evaluate_task
 from postrl.lm.sft import run_sft
 from postrl.lm.tasks import get_task
 from postrl.lm.tokenizer import load_tokenizer

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from postrl.cli import main
+from postrl.lm.evaluation import complete
 from postrl.lm.models import load_causal_lm
-from postrl.lm.rollout.evaluation import complete
 from postrl.lm.tokenizer import load_tokenizer
 from tests.lm.conftest import tiny_corpus, tiny_lm_dir, tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401
 

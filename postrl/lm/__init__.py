@@ -9,8 +9,11 @@ Bottom to top (a module imports only from the lines above it and from `postrl.co
     data/            reading and validating rows (sources.py), rendering and tokenising them (tokens.py)
     fast/            the guests: fused decode-only forwards of Llama and GPT-2 (llama.py, gpt2.py)
     rollout/         sampling (engine.py, sampling.py), teacher-forced scoring (scoring.py), decoders,
-                     shared prompts, the one batch of PPO and GRPO (batch.py), held-out evaluation
+                     shared prompts, the one batch of PPO and GRPO (batch.py)
     rewards/         reward functions on TRL's contract: specs, loading, calling, checking
+    roles.py         `Roles`: policy, critic, reference and reward model, named by what they do
+    evaluation.py    the LM stages' held-out evaluation: task accuracy and gold reward, sampled responses'
+                     score, gold reward, KL to the reference and length (PPO, DPO, KTO)
     spine.py         the loop every LM trainer shares: steps, logging, evaluation, checkpoints, exact resume
     onpolicy.py      the on-policy update PPO and GRPO share: epochs × minibatches × grad_accum micro-batches
     master_adamw.py  AdamW for bfloat16 weights: float32 master weights and moments in the optimiser state
@@ -23,7 +26,7 @@ Bottom to top (a module imports only from the lines above it and from `postrl.co
     grpo/            `postrl grpo`: group-relative advantages, no critic (algorithm.py, rollouts.py,
                      config.py, build.py)
     dpo/             `postrl dpo`: DPO/IPO on preference pairs against a frozen reference (algorithm.py,
-                     config.py, build.py; PPO's held-out evaluation), and the gold-reward frontier (frontier.py)
+                     config.py, build.py), and the gold-reward frontier (frontier.py)
     vlm/             vision-language models: the tiny built-in LLaVA, rows with pictures, sampling and scoring
                      with pixel values, SFT and GRPO on them (`postrl sft|grpo` hand a VLM folder there)
     commands.py      `postrl data export|check`

@@ -97,7 +97,7 @@ class ReferenceRecipe(abc.ABC):
 
     def load(self, setup: Setup) -> None:
         """The policy, its examples, the reference, the held-out scorer and prompts; all checked."""
-        from postrl.lm.dpo.build import heldout_prompts, reward_model_scorer  # the shared held-out evaluation
+        from postrl.lm.evaluation import heldout_prompts, reward_model_scorer  # deferred: transformers
         from postrl.lm.models import check_context  # deferred: transformers
         from postrl.lm.rollout.decoders import check_backend
 
@@ -119,7 +119,7 @@ class ReferenceRecipe(abc.ABC):
 
     def build(self, setup: Setup, resumed: bool) -> Algorithm:
         """The reference's log-probs (read back on resume), the held-out sampling, the algorithm."""
-        from postrl.lm.dpo.build import sample_metrics  # the shared held-out evaluation
+        from postrl.lm.evaluation import sample_metrics  # deferred: transformers
 
         cfg, x = setup.cfg, setup.extra
         size = getattr(cfg, self.section).ref_batch_size

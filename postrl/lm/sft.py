@@ -103,7 +103,7 @@ def accuracy_callback(tasks: list[Any], tokenizer: Any, cfg: SFTConfig):
     if not verified:
         return None
     task = verified[0]
-    from postrl.lm.rollout.evaluation import evaluate_task  # deferred: transformers (see run_sft)
+    from postrl.lm.evaluation import evaluate_task  # deferred: transformers (see run_sft)
 
     def evaluate(model: Any) -> dict[str, float]:
         result = evaluate_task(

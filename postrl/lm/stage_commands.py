@@ -123,8 +123,8 @@ def _chat_prompts(tokenizer: Any, prompts: Sequence[str], system: str | None, fl
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from postrl.lm.evaluation import complete
     from postrl.lm.models import check_vocab, load_causal_lm
-    from postrl.lm.rollout.evaluation import complete
     from postrl.lm.tokenizer import load_tokenizer
 
     if args.max_new_tokens < 1:

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from postrl.core import gae, kl_shaped_rewards
+from postrl.lm.evaluation import sequence_kl
 from postrl.lm.models import ScalarHeadModel, assert_dropout_off, load_causal_lm
 from postrl.lm.ppo import (
     PPOConfig,
@@ -37,7 +38,7 @@ from postrl.lm.ppo.advantages import (
     normalize_scores,
     reward_model_scores,
 )
-from postrl.lm.ppo.build import build_roles, sequence_kl, trainable_parts
+from postrl.lm.ppo.build import build_roles, trainable_parts
 from postrl.lm.ppo.config import PtxConfig
 from postrl.lm.reward_model.evaluation import NORM_FILE
 from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig

@@ -3,7 +3,7 @@
     algorithm.py   the optimiser step, `DPO` (the spine's algorithm), `run_dpo`
     config.py      `DPOConfig` and `DPOLossConfig`
     build.py       the pairs, summed response log-probs, the reference's (once, stored with the run),
-                   held-out evaluation (implicit-reward accuracy and margin; gold reward, RM score, KL)
+                   the held-out implicit-reward accuracy and margin (sampled responses: `postrl.lm.evaluation`)
     frontier.py    the gold-reward frontier: held-out gold reward and proxy (RM) score against the KL to the
                    SFT policy, for best-of-n, PPO, DPO and GRPO run folders, and its chart
 

@@ -1,12 +1,13 @@
 """What a `postrl dpo` run loads, computes once and evaluates (`postrl.lm.dpo`): the preference pairs, the
 summed response log-probs of a pair under a model, the reference's log-probs (computed once before training,
-stored with the run), and the held-out evaluation: the implicit reward's accuracy and margin on held-out pairs,
-and the gold reward, reward-model score and KL to the reference of sampled held-out responses."""
+stored with the run), and the implicit reward's accuracy and margin on held-out pairs. The gold reward,
+reward-model score and KL to the reference of sampled held-out responses are the LM stages' shared
+evaluation (`postrl.lm.evaluation.sample_metrics`)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -15,12 +16,9 @@ from torch import Tensor
 from postrl.core import dpo_loss, masked_sum
 from postrl.lm.data import collate_preferences
 from postrl.lm.dpo.config import DPOConfig, DPOLossConfig
-from postrl.lm.ppo.advantages import Roles
-from postrl.lm.ppo.build import PromptSet, evaluate_heldout
 from postrl.lm.reference import REF_FILE as REF_FILE
 from postrl.lm.reward_model.pairs import load_pair_rows, tokenize_pairs
-from postrl.lm.rollout import Rollout, token_log_probs
-from postrl.lm.rollout.evaluation import evaluate_task
+from postrl.lm.rollout import token_log_probs
 from postrl.lm.rollout.shared_prefix import response_logits
 from postrl.lm.trainer import to_device
 from postrl.runtime import distributed as dist
@@ -127,64 +125,3 @@ def pair_metrics(
         sums += torch.tensor([float(v) * len(part) for v in values] + [len(part)], dtype=torch.float64)
     totals = dist.all_reduce_sum(sums)
     return {f"heldout_{k}": float(totals[j] / totals[-1]) for j, k in enumerate(keys)}
-
-
-def heldout_prompts(task: Any, evals: Sequence[dict[str, Any]]) -> PromptSet:
-    """Prompts to sample held-out responses for: a built-in task's test prompts, else the distinct prompts
-    of the held-out pairs (already rendered)."""
-    if task is not None:
-        return PromptSet(task.prompt_rows("test"))
-    return PromptSet([{"prompt": p} for p in dict.fromkeys(e["row"]["prompt"] for e in evals)])
-
-
-def reward_model_scorer(cfg: DPOConfig, device: torch.device) -> Callable[[Rollout, Any], Tensor] | None:
-    """The reward model of ``cfg.reward_model`` as the held-out scorer (on the decoded texts, through its own
-    tokenizer), or None."""
-    if cfg.reward_model is None:
-        return None
-    from postrl.lm.models import ScalarHeadModel  # deferred: transformers (seconds), as in run_dpo
-    from postrl.lm.rewards.scorer import RewardModelScorer
-    from postrl.lm.tokenizer import load_tokenizer
-
-    model = ScalarHeadModel.from_pretrained(cfg.reward_model, device=device, what="reward_model")
-    scorer = RewardModelScorer(
-        model.requires_grad_(False), load_tokenizer(cfg.reward_model, what="reward_model")
-    )
-
-    def score(rollout: Rollout, rows: Any) -> Tensor:
-        return torch.tensor(scorer(rollout.prompts, rollout.texts), dtype=torch.float32)
-
-    return score
-
-
-def sample_metrics(
-    policy: torch.nn.Module,
-    reference: torch.nn.Module,
-    tokenizer: Any,
-    prompts: PromptSet,
-    cfg: DPOConfig,
-    task: Any,
-    scorer: Callable[[Rollout, Any], Tensor] | None,
-) -> dict[str, float]:
-    """Held-out responses sampled from ``policy`` (PPO's evaluation, `postrl.lm.ppo.build.evaluate_heldout`):
-    their KL to the reference (k1 and k3 summed per response), length, gold reward (built-in task) and
-    reward-model score, each a mean; every rank samples its share of ``cfg.eval_samples``. On a built-in task
-    also the gold reward of the greedy response to each held-out prompt."""
-    if cfg.eval_samples == 0 or not prompts.rows:
-        return {}
-    roles = Roles(actor=policy, critic=None, reference=reference, reward_model=None)
-    zeros = lambda rollout, rows: torch.zeros(rollout.input_ids.shape[0])  # noqa: E731
-    was_training = policy.training
-    policy.eval()
-    out = evaluate_heldout(
-        roles, tokenizer, prompts, cfg.sampling, scorer or zeros, task, n=cfg.eval_samples, seed=cfg.run.seed
-    )
-    if task is not None:  # the greedy response's gold reward too (one per held-out prompt, every rank alike)
-        greedy = evaluate_task(
-            policy, tokenizer, task, n=len(prompts.rows), max_new_tokens=cfg.sampling.max_new_tokens
-        )
-        out["heldout_gold_reward_greedy"] = float(greedy["gold_reward"])
-    policy.train(was_training)
-    if scorer is None:
-        out.pop("heldout_rm_score", None)
-    return out

@@ -10,7 +10,7 @@ reward, so every method can be put on the same axes:
   of best-of-n sampling, Stiennon et al. 2020 / Gao et al. 2022);
 - PPO-RLHF, DPO and GRPO/RLOO: each checkpoint of a run, its sampled held-out responses' gold reward,
   reward-model score and KL to the SFT policy (k1, summed over each response's tokens, averaged), all measured
-  by the same evaluator (`postrl.lm.rollout.evaluation.evaluate_preference_policy`) on the same prompts.
+  by the same evaluator (`postrl.lm.evaluation.evaluate_preference_policy`) on the same prompts.
 
 A checkpoint's policy is read from its safetensors file (``model`` for SFT/DPO, ``actor`` for PPO, ``policy``
 for GRPO) into the SFT model's architecture. `frontier_points` measures run folders, `best_of_n` the
@@ -75,7 +75,7 @@ def evaluate(
     max_new_tokens: int, seed: int,
 ) -> dict[str, float]:  # fmt: skip
     """Gold reward, reward-model score and KL to ``reference`` of ``n`` held-out samples (temperature 1)."""
-    from postrl.lm.rollout.evaluation import evaluate_preference_policy
+    from postrl.lm.evaluation import evaluate_preference_policy
 
     out = evaluate_preference_policy(
         policy, tokenizer, task, reference=reference, reward_model=scorer, n=n, max_new_tokens=max_new_tokens,
@@ -128,9 +128,9 @@ def best_of_n(
     """Best-of-n from the SFT policy, ranked by the reward model: max(ns) samples for each of ``prompts``
     held-out prompt draws (cycling through the test prompts); for each n the samples are cut into max(ns)/n
     disjoint groups, the RM's favourite of each group is kept, and its gold reward and RM score averaged."""
+    from postrl.lm.evaluation import complete
     from postrl.lm.models import ScalarHeadModel, load_causal_lm
     from postrl.lm.rewards.scorer import RewardModelScorer
-    from postrl.lm.rollout.evaluation import complete
     from postrl.lm.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(sft_model)

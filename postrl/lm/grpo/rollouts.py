@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,7 +19,15 @@ from torch import Tensor
 
 from postrl.core import group_advantages, overlong_penalty, reinforce_pp_advantages, rloo_advantages
 from postrl.lm.grpo.config import GRPOConfig, GRPOLossConfig
-from postrl.lm.rewards import Phase, RewardFunction, TrainerState, combine, completion_ids_of, reward_terms
+from postrl.lm.rewards import (
+    Phase,
+    RewardFunction,
+    TrainerState,
+    columns_of,
+    combine,
+    completion_ids_of,
+    reward_terms,
+)
 from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, left_pad, score
 from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.tasks.base import stable_hash
@@ -67,11 +74,6 @@ class Prompts:
 
     rows: list[dict[str, Any]]
     ids: list[list[int]]
-
-
-def _columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
-    keys = dict.fromkeys(k for r in rows for k in r if k != "prompt")
-    return {k: [r.get(k) for r in rows] for k in keys}
 
 
 # ---- sampling and scoring -----------------------------------------------------------------------------------
@@ -123,7 +125,7 @@ def _rewards(
     ids = completion_ids_of(rollout.response_ids, rollout.response_mask)
     prompts = [r["prompt"] for r in rows]
     return reward_terms(
-        run.fns, prompts, texts, _columns(rows), completion_ids=ids, trainer_state=state, phase=phase
+        run.fns, prompts, texts, columns_of(rows), completion_ids=ids, trainer_state=state, phase=phase
     )
 
 

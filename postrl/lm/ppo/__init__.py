@@ -3,7 +3,7 @@
     algorithm.py   the PPO loss, `PPOObjective` (its part of `postrl.lm.onpolicy`), `PPO`, `run_ppo`
     advantages.py  phase 2 and 3 of a step: scores, KL-shaped rewards, values and GAE → `RolloutBatch`
     config.py      `PPOConfig` and its parts (`PPOLossConfig`, `PtxConfig`), `check_config`
-    build.py       the four roles, prompts and ptx data, the reward scorer, held-out evaluation, export, plots
+    build.py       the four roles, prompts and ptx data, the reward scorer, export, plots
 
 `run_ppo`, `PPOConfig` and its parts (and the loss helpers tests use) are importable from here.
 """

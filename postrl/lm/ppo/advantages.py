@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from postrl.core import gae, kl_estimate, kl_shaped_rewards, masked_mean, masked_sum, masked_whiten
+from postrl.lm.roles import Roles
 from postrl.lm.rollout import Rollout, score, score_values
 from postrl.lm.rollout.batch import RolloutBatch
 from postrl.runtime import distributed as dist
@@ -67,23 +68,6 @@ class GAEConfig:
     """Normalise advantages to mean 0, std 1 over the batch (all ranks)."""
 
     CHECKS = {"gamma": "[0, 1]", "lam": "[0, 1]"}  # valid ranges
-
-
-@dataclass
-class Roles:
-    """The four models of PPO-RLHF. ``critic`` is None when the value head shares the actor's trunk (then
-    ``actor`` is a `PolicyWithValueHead` returning (logits, values)); ``reward_model`` is None when reward
-    functions give the scores."""
-
-    actor: torch.nn.Module
-    critic: torch.nn.Module | None
-    reference: torch.nn.Module
-    reward_model: torch.nn.Module | None
-
-    @property
-    def policy(self) -> torch.nn.Module:
-        """The causal LM that generates (the actor without a shared value head)."""
-        return getattr(self.actor, "lm", self.actor)
 
 
 # ---- scores ----------------------------------------------------------------------------------------------

@@ -37,13 +37,13 @@ from torch import Tensor
 
 from postrl.core import entropy_from_logits, masked_mean, ppo_clip_loss, value_loss
 from postrl.lm import onpolicy
+from postrl.lm.evaluation import evaluate_heldout
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.onpolicy import Term
-from postrl.lm.ppo.advantages import Roles, make_batch
+from postrl.lm.ppo.advantages import make_batch
 from postrl.lm.ppo.build import (
     PPORun,
     build_run,
-    evaluate_heldout,
     export_models,
     plot_run,
     seeded_generator,
@@ -51,6 +51,7 @@ from postrl.lm.ppo.build import (
 )
 from postrl.lm.ppo.config import PPOConfig, PPOLossConfig, check_config
 from postrl.lm.rewards import TrainerState
+from postrl.lm.roles import Roles
 from postrl.lm.rollout import Rollout, RolloutEngine, token_log_probs
 from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.spine import Parts, train_loop

@@ -1,6 +1,6 @@
-"""PPO-RLHF set-up and bookkeeping: the four roles, prompts, the ptx data, the reward scorer, the held-out
-evaluation (RM score, gold reward, KL to the reference) that makes over-optimisation visible, the export, the
-summary and the plots."""
+"""PPO-RLHF set-up and bookkeeping: the four roles, prompts, the ptx data, the reward scorer, the export, the
+summary and the plots. The held-out evaluation (RM score, gold reward, KL to the reference), which makes
+over-optimisation visible, is the LM stages' shared one (`postrl.lm.evaluation.evaluate_heldout`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from postrl.core import AdaptiveKLController, FixedKLController, kl_estimate, masked_sum
+from postrl.core import AdaptiveKLController, FixedKLController
 from postrl.lm.data import (
     DataError,
     load_rows,
@@ -21,6 +21,7 @@ from postrl.lm.data import (
     tokenize_prompts,
     tokenize_sft,
 )
+from postrl.lm.evaluation import PromptSet
 from postrl.lm.models import (
     PolicyWithValueHead,
     ScalarHeadModel,
@@ -31,11 +32,19 @@ from postrl.lm.models import (
     load_causal_lm,
     resolve_dtype,
 )
-from postrl.lm.ppo.advantages import Roles, reward_model_scores
+from postrl.lm.ppo.advantages import reward_model_scores
 from postrl.lm.ppo.config import PPOConfig
 from postrl.lm.reward_model.evaluation import NORM_FILE, read_reward_norm
-from postrl.lm.rewards import Phase, TrainerState, completion_ids_of, compute_rewards, load_reward_fns
-from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, score
+from postrl.lm.rewards import (
+    Phase,
+    TrainerState,
+    columns_of,
+    completion_ids_of,
+    compute_rewards,
+    load_reward_fns,
+)
+from postrl.lm.roles import Roles
+from postrl.lm.rollout import Rollout
 from postrl.lm.rollout.decoders import check_backend
 from postrl.lm.tasks import get_task
 from postrl.lm.tasks.base import stable_hash
@@ -90,17 +99,6 @@ def trainable_parts(roles: Roles) -> dict[str, torch.nn.Module]:
 
 
 # ---- data ------------------------------------------------------------------------------------------------
-@dataclass
-class PromptSet:
-    """Prompt rows (all columns kept for reward functions) and their texts."""
-
-    rows: list[dict[str, Any]]
-
-    @property
-    def texts(self) -> list[str]:
-        return [r["prompt"] for r in self.rows]
-
-
 def load_prompts(cfg: PPOConfig, tokenizer: Any) -> tuple[PromptSet, PromptSet]:
     """(train, held-out) prompts, rendered (chat template where conversational), overlong ones dropped."""
     rows, heldout = load_train_heldout(cfg.data, "prompts", cfg.eval_data, cfg.task, empty=cfg.empty_rows)
@@ -133,11 +131,6 @@ def load_ptx_examples(cfg: PPOConfig, tokenizer: Any) -> list[dict[str, list[int
 
 
 # ---- rewards ---------------------------------------------------------------------------------------------
-def _columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
-    keys = dict.fromkeys(k for r in rows for k in r if k != "prompt")
-    return {k: [r.get(k) for r in rows] for k in keys}
-
-
 def make_scorer(cfg: PPOConfig, roles: Roles, device: torch.device) -> Scorer:
     """The `Scorer`: the frozen RM on the rollout's own tokens, or the weighted sum of the reward functions on
     the decoded texts, called as TRL calls them (completion_ids and trainer_state, evaluation included)."""
@@ -148,7 +141,7 @@ def make_scorer(cfg: PPOConfig, roles: Roles, device: torch.device) -> Scorer:
     def reward_sum(rollout: Rollout, rows: list[dict[str, Any]], state: TrainerState, phase: Phase) -> Tensor:
         ids = completion_ids_of(rollout.response_ids, rollout.response_mask)
         return compute_rewards(
-            fns, rollout.prompts, rollout.texts, _columns(rows),
+            fns, rollout.prompts, rollout.texts, columns_of(rows),
             completion_ids=ids, trainer_state=state, phase=phase,
         )  # fmt: skip
 
@@ -166,66 +159,6 @@ def read_norm_stats(cfg: PPOConfig) -> dict[str, float] | None:
             "norm.samples > 0, or set reward.normalize to none or batch)"
         )
     return {"mean": float(stats["mean"]), "std": float(stats["std"])}
-
-
-# ---- evaluation ------------------------------------------------------------------------------------------
-@torch.no_grad()
-def sequence_kl(
-    rollout: Rollout, reference: torch.nn.Module, temperature: float, use_fast: bool | None = None
-) -> tuple[Tensor, Tensor]:
-    """Per-response KL(π‖π_ref) estimates (k1 and k3 summed over tokens) → ([B], [B])."""
-    ref = score(
-        reference, rollout.input_ids, rollout.attention_mask, rollout.prompt_len, temperature=temperature,
-        use_fast=use_fast,
-    )  # fmt: skip
-    m = rollout.response_mask.float()
-    k1 = masked_sum(kl_estimate(rollout.log_probs, ref, "k1"), m, dim=-1)
-    k3 = masked_sum(kl_estimate(rollout.log_probs, ref, "k3"), m, dim=-1)
-    return k1, k3
-
-
-@torch.no_grad()
-def evaluate_heldout(
-    roles: Roles,
-    tokenizer: Any,
-    prompts: PromptSet,
-    sampling: SamplingConfig,
-    scorer: Callable[[Rollout, Sequence[dict[str, Any]]], Tensor],
-    task: Any,
-    *,
-    n: int,
-    seed: int,
-    batch_size: int = 128,
-) -> dict[str, float]:
-    """Sample ``n`` held-out responses (the held-out prompts in turn, a fixed sampling seed, this rank's share)
-    and report the mean raw score (``scorer(rollout, rows)``), gold reward (built-in task), KL to the reference
-    and length."""
-    if not prompts.rows or n <= 0:
-        return {}
-    rows = [prompts.rows[i % len(prompts.rows)] for i in dist.shard_range(n)]
-    engine = RolloutEngine(roles.policy, tokenizer, sampling)
-    device = next(roles.policy.parameters()).device
-    generator = torch.Generator(device=device).manual_seed(seed)
-    sums: dict[str, float] = {}
-    for i in range(0, len(rows), batch_size):
-        part = rows[i : i + batch_size]
-        rollout = engine.generate([r["prompt"] for r in part], generator=generator)
-        k1, k3 = sequence_kl(rollout, roles.reference, sampling.temperature or 1.0, sampling.use_fast)
-        values = {
-            "heldout_rm_score": scorer(rollout, part).float().cpu(),
-            "heldout_kl": k1.cpu(),
-            "heldout_kl_k3": k3.cpu(),
-            "heldout_length": rollout.response_lengths.float().cpu(),
-        }
-        if task is not None:
-            values["heldout_gold_reward"] = torch.tensor(task.gold_reward(rollout.prompts, rollout.texts))
-        for key, v in values.items():
-            sums[key] = sums.get(key, 0.0) + float(v.double().sum())
-    keys = sorted(sums)
-    totals = dist.all_reduce_sum(
-        torch.tensor([sums[k] for k in keys] + [float(len(rows))], dtype=torch.float64)
-    )
-    return {k: float(totals[j] / totals[-1]) for j, k in enumerate(keys)}
 
 
 # ---- the run ---------------------------------------------------------------------------------------------

@@ -28,10 +28,12 @@ prompt and completion.
     contract.py   the call's keywords, `RewardFunction`, `TrainerState`, `RewardError`, `check_signature`
     loading.py    specs → `RewardFunction`s (`load_reward_fn`, `load_reward_fns`)
     scorer.py     `RewardModelScorer`: a trained reward model as a reward function
-    calling.py    `reward_terms`, `combine`, `compute_rewards`: calling the functions, checking their values
+    calling.py    `reward_terms`, `combine`, `compute_rewards`: calling the functions, checking their values;
+                  `columns_of`: the data rows' other columns, as the functions get them
 """
 
 from postrl.lm.rewards.calling import Phase as Phase
+from postrl.lm.rewards.calling import columns_of as columns_of
 from postrl.lm.rewards.calling import combine as combine
 from postrl.lm.rewards.calling import completion_ids_of as completion_ids_of
 from postrl.lm.rewards.calling import compute_rewards as compute_rewards

@@ -46,6 +46,13 @@ def completion_ids_of(response_ids: torch.Tensor, response_mask: torch.Tensor) -
     return [ids[m.bool()].tolist() for ids, m in zip(response_ids.cpu(), response_mask.cpu(), strict=True)]
 
 
+def columns_of(rows: Sequence[dict[str, Any]], hidden: Sequence[str] = ("prompt",)) -> dict[str, list[Any]]:
+    """The ``columns`` a reward function gets: every key of the data ``rows`` except ``hidden``, as a list
+    aligned with the rows (None where a row lacks the key), in the order the keys first appear."""
+    keys = dict.fromkeys(k for r in rows for k in r if k not in hidden)
+    return {k: [r.get(k) for r in rows] for k in keys}
+
+
 def reward_kwargs(
     prompts: Sequence[Any],
     completions: Sequence[Any],

@@ -7,7 +7,6 @@
     decoders.py       prefill-then-step decoders: the model's own HF forward, or one of `postrl.lm.fast`
     shared_prefix.py  teacher-forced forwards that run each distinct prompt of a group once
     batch.py          `RolloutBatch`: the one batch of PPO and GRPO, from the rollout to the loss
-    evaluation.py     held-out evaluation of a policy: exact-match accuracy, gold reward, KL to a reference
 
 `generate`, `score`, `Rollout`, `RolloutEngine`, `SamplingConfig`, `token_log_probs` and `RolloutBatch`
 are importable from here.

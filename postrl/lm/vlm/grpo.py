@@ -36,7 +36,7 @@ from postrl.lm.grpo.algorithm import GRPOObjective, PolicyForward, update
 from postrl.lm.grpo.build import check_config, reward_fns
 from postrl.lm.grpo.config import GRPOConfig
 from postrl.lm.grpo.rollouts import PromptStream, compute_advantages
-from postrl.lm.rewards import Phase, TrainerState, combine, completion_ids_of, reward_terms
+from postrl.lm.rewards import Phase, TrainerState, columns_of, combine, completion_ids_of, reward_terms
 from postrl.lm.rollout import Rollout
 from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.spine import Parts, train_loop
@@ -53,11 +53,6 @@ from postrl.runtime.rundir import open_run
 
 log = logging.getLogger(__name__)
 HIDDEN_COLUMNS = ("prompt", "where", "base")
-
-
-def _columns(examples: list[VLMExample]) -> dict[str, list[Any]]:
-    keys = dict.fromkeys(k for e in examples for k in e.row if k not in HIDDEN_COLUMNS)
-    return {k: [e.row.get(k) for e in examples] for k in keys}
 
 
 class VLMGRPO:
@@ -99,8 +94,9 @@ class VLMGRPO:
         """Checked reward terms, called as TRL calls them; ``step``: the optimizer steps taken
         (TrainerState.global_step), in training and at evaluation alike."""
         state = TrainerState(global_step=step, max_steps=self.cfg.run.steps)
+        data = [e.row for e in rows]
         return reward_terms(
-            self.fns, [e.row["prompt"] for e in rows], texts, _columns(rows),
+            self.fns, [r["prompt"] for r in data], texts, columns_of(data, HIDDEN_COLUMNS),
             completion_ids=completion_ids_of(rollout.response_ids, rollout.response_mask), trainer_state=state,
             phase=phase,
         )  # fmt: skip

@@ -18,9 +18,10 @@ import torch
 from safetensors.torch import save_model
 
 from postrl.lm.ppo import PPOConfig, PPOLossConfig, optimise, run_ppo
-from postrl.lm.ppo.advantages import KLConfig, Roles, make_batch
+from postrl.lm.ppo.advantages import KLConfig, make_batch
 from postrl.lm.ppo.build import build_roles, trainable_parts
 from postrl.lm.reward_model import NormConfig, RMConfig, run_rm
+from postrl.lm.roles import Roles
 from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig
 from postrl.lm.spine import RunConfig
 from postrl.lm.tokenizer import load_tokenizer
