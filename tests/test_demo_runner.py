@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from postrl.demo.machine import auto_workers, busy_cores
-from postrl.demo.progress import Progress, critical_path
-from postrl.demo.runner import DemoStage, Job, ThreadLane, run_jobs, stage_jobs
+from postrl.demo.runner import DemoStage, ThreadLane, run_jobs, stage_jobs
+from postrl.demo.schedule import Job, Progress, critical_path
 from postrl.runtime.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]

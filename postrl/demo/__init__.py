@@ -11,8 +11,8 @@ nothing in the library imports it. Its modules, top to bottom:
     config.py       `DemoConfig` (every stage's config, nested) and `quick` (the same stages, small budgets)
     stages.py       the pipeline as `DemoStage` rows: a registry stage, its config, the stages it needs
     pipeline.py     `run_demo`: check, schedule the stages and the evaluation, write summary.json and the report
-    runner.py       the schedule: ready jobs at the same time on lanes (a thread here, worker processes)
-    progress.py     the progress line and the critical path
+    schedule.py     a job, the critical path of the jobs, the progress line
+    runner.py       running the jobs: the ready ones at the same time on lanes (a thread here, workers)
     machine.py      how many lanes the machine has free, CPU seconds and peak memory
     evaluation.py   every checkpoint on the same held-out prompts; the gold-reward frontier's points
     verdicts.py     each stage against its baseline, with two standard errors of the difference

@@ -12,9 +12,9 @@ import torch
 
 from postrl.lm.data import tokenize_sft
 from postrl.lm.dpo.frontier import best_of_n
+from postrl.lm.evaluation import evaluate_preference_policy, evaluate_task
 from postrl.lm.models import load_causal_lm
 from postrl.lm.rewards import load_reward_fn
-from postrl.lm.rollout.evaluation import evaluate_preference_policy, evaluate_task
 from postrl.lm.tasks import get_task
 from postrl.lm.tokenizer import load_tokenizer
 from postrl.lm.trainer import heldout_loss, make_batches

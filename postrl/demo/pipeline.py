@@ -20,9 +20,9 @@ from postrl.demo import vlm_eval
 from postrl.demo.config import DemoConfig
 from postrl.demo.evaluation import evaluate_checkpoints, frontier
 from postrl.demo.machine import MemorySampler, auto_workers, cpu_seconds
-from postrl.demo.progress import Progress, critical_path
 from postrl.demo.report import PLOTTED, plot_stage, write_report
-from postrl.demo.runner import Job, Summaries, finished_stages, run_jobs, stage_jobs
+from postrl.demo.runner import Summaries, finished_stages, run_jobs, stage_jobs
+from postrl.demo.schedule import Job, Progress, critical_path
 from postrl.demo.stages import check_base_model, stages, wire
 from postrl.demo.verdicts import PER_ITEM, verdicts
 from postrl.lm.tasks import get_task

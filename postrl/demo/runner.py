@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from postrl.demo.progress import Progress
+from postrl.demo.schedule import Job, Progress
 from postrl.runtime.interrupts import sigterm_as_interrupt
 
 Summaries = dict[str, dict[str, Any]]
@@ -45,18 +45,6 @@ class DemoStage:
     config: Callable[[Any, Path, Summaries], Any]
     idle_seconds: Callable[[Any], float]
     after: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Job:
-    """A unit of the schedule: ``name``, the jobs it needs (``after``), its idle-machine estimate in
-    seconds, and ``call(results of the finished jobs) -> (function, args)``, made when the job is ready; the
-    function runs in a worker, so it and its args must pickle."""
-
-    name: str
-    after: tuple[str, ...]
-    seconds: float
-    call: Callable[[dict[str, Any]], tuple[Callable[..., Any], tuple]]
 
 
 # ---- one stage ----------------------------------------------------------------------------------------------

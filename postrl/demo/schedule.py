@@ -1,12 +1,25 @@
-"""The demo's progress line, and the critical path of a schedule (its wall time with unlimited lanes)."""
+"""The demo's schedule on paper: a `Job` (what it needs, its idle-machine estimate), the critical path of a set
+of jobs (their wall time with unlimited lanes), and the progress line that lays the estimates on the lanes.
+`postrl.demo.runner` runs the jobs."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-if TYPE_CHECKING:  # the runner imports this module: the type only
-    from postrl.demo.runner import Job
+
+@dataclass(frozen=True)
+class Job:
+    """A unit of the schedule: ``name``, the jobs it needs (``after``), its idle-machine estimate in
+    seconds, and ``call(results of the finished jobs) -> (function, args)``, made when the job is ready; the
+    function runs in a worker, so it and its args must pickle."""
+
+    name: str
+    after: tuple[str, ...]
+    seconds: float
+    call: Callable[[dict[str, Any]], tuple[Callable[..., Any], tuple]]
 
 
 class Progress:
