@@ -266,7 +266,9 @@ def test_signatures_that_take_the_call_load(tmp_path):
 
 
 def test_a_reward_model_folder_without_a_head_is_named(tiny_lm_dir):
-    with pytest.raises(RewardError, match=r"reward spec 'rm:.*': .*value_head.safetensors not found"):
+    with pytest.raises(
+        RewardError, match=r"reward spec 'rm:.*': .*not a reward model: it has neither postrl's value_head"
+    ):
         load_reward_fns([f"rm:{tiny_lm_dir}"])
 
 
