@@ -85,7 +85,8 @@ class Setup:
 
 
 class Recipe(Protocol):
-    """What a stage brings to `run_recipe`: its checks, its loading, its algorithm and its ending."""
+    """What a stage brings to `run_recipe`: its checks, its loading, its algorithm and its ending. The first
+    evaluation is before step 1 when the config's ``eval_at_start`` (or else the recipe's) says so."""
 
     def check(self, cfg: Any) -> None:
         """Refuse what the config's value ranges cannot say (raises `postrl.UserError`)."""
@@ -120,6 +121,6 @@ def run_recipe(
         setup.run_dir, setup.cfg, resume=resume, overwrite=overwrite, tensorboard=run.tensorboard
     )
     algo = recipe.build(setup, ckpt is not None)
-    eval_at_start = bool(getattr(setup.cfg, "eval_at_start", False))
+    eval_at_start = bool(getattr(setup.cfg, "eval_at_start", getattr(recipe, "eval_at_start", False)))
     state = train_loop(algo, setup.cfg.run, setup.run_dir, logger, ckpt, eval_at_start=eval_at_start)
     return logger.finish(recipe.finish(setup, algo, state))

@@ -72,17 +72,15 @@ from postrl.lm.grpo.build import build_run, check_config
 from postrl.lm.grpo.config import GRPOConfig, GRPOLossConfig
 from postrl.lm.grpo.rollouts import PromptStream, Run, collect, evaluate
 from postrl.lm.onpolicy import Term
+from postrl.lm.recipe import Setup, run_recipe
 from postrl.lm.rollout import token_log_probs
 from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.rollout.shared_prefix import response_logits
-from postrl.lm.spine import LoopState, Parts, train_loop
-from postrl.lm.trainer import clip_grad_norm, export_on_main, make_optimizer, set_threads
+from postrl.lm.spine import LoopState, Parts
+from postrl.lm.trainer import clip_grad_norm, export_on_main, make_optimizer
 from postrl.runtime import distributed as dist
-from postrl.runtime.config import validate
 from postrl.runtime.logging import read_jsonl
 from postrl.runtime.plots import plot_curves
-from postrl.runtime.rundir import open_run
-from postrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
 # Said once per run, and only when it holds: with minibatches > 1 every minibatch after the first is taken
@@ -368,29 +366,41 @@ def plot_run(run_dir: Path) -> Path | None:
     return plot_curves(rows, keys, run_dir / "curves.png", title="GRPO")
 
 
+class GRPORecipe:
+    """GRPO as a `postrl.lm.recipe.Recipe`: the policy, reference, prompts and reward functions
+    (`build.build_run`), `GRPO`, the policy's export."""
+
+    def check(self, cfg: GRPOConfig) -> None:
+        """The world-size checks need the distributed set-up: `load` makes them."""
+
+    def load(self, setup: Setup) -> None:
+        check_config(setup.cfg, setup.info.world_size)
+        run = build_run(setup.cfg, setup.info)
+        setup.cfg = run.cfg  # its max_prompt_length clipped to the model's context (build.build_run)
+        setup.extra["run"] = run
+
+    def build(self, setup: Setup, resumed: bool) -> GRPO:
+        cfg = setup.cfg
+        if cfg.grpo.epochs == 1 and cfg.grpo.minibatches == 1 and setup.info.is_main:
+            log.info(MU_ONE_NOTE)
+            print(MU_ONE_NOTE, file=sys.stderr)
+        return GRPO(setup.extra["run"])
+
+    def finish(self, setup: Setup, algo: GRPO, state: LoopState) -> dict[str, Any]:
+        export_on_main(algo.run.policy, algo.run.tokenizer, setup.run_dir / "model")
+        if setup.info.is_main:
+            plot_run(setup.run_dir)
+        return summarize(algo, state)
+
+
 def run_grpo(
     cfg: GRPOConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False
 ) -> dict[str, Any]:
     """Train with GRPO, export ``RUN_DIR/model`` (HF format), write the run folder, return the summary.
-    Models, prompts and reward functions are loaded and checked before the run folder is touched."""
+    Models, prompts and reward functions are loaded and checked before the run folder is touched
+    (`postrl.lm.recipe`); a vision-language model runs `postrl.lm.vlm.run_vlm_grpo`."""
     from postrl.lm.vlm import is_vlm, run_vlm_grpo  # deferred: postrl.lm.vlm imports grpo's build and config
 
     if is_vlm(cfg.model):  # a vision-language model: pictures in the prompts
         return run_vlm_grpo(cfg, run_dir, resume=resume, overwrite=overwrite)
-    run_dir = Path(run_dir)
-    validate(cfg)
-    info = dist.init_distributed(cfg.run.device)
-    check_config(cfg, info.world_size)
-    set_threads(cfg.run.threads)
-    seed_everything(cfg.run.seed, info.rank)
-    algo = GRPO(build_run(cfg, info))
-    cfg = algo.run.cfg  # its max_prompt_length clipped to the model's context (build.build_run)
-    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.run.tensorboard)
-    if cfg.grpo.epochs == 1 and cfg.grpo.minibatches == 1 and info.is_main:
-        log.info(MU_ONE_NOTE)
-        print(MU_ONE_NOTE, file=sys.stderr)
-    state = train_loop(algo, cfg.run, run_dir, logger, ckpt, eval_at_start=cfg.eval_at_start)
-    export_on_main(algo.run.policy, algo.run.tokenizer, run_dir / "model")
-    if info.is_main:
-        plot_run(run_dir)
-    return logger.finish(summarize(algo, state))
+    return run_recipe(GRPORecipe(), cfg, run_dir, resume=resume, overwrite=overwrite)

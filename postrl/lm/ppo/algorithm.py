@@ -50,16 +50,14 @@ from postrl.lm.ppo.build import (
     summarize,
 )
 from postrl.lm.ppo.config import PPOConfig, PPOLossConfig, check_config
+from postrl.lm.recipe import Setup, run_recipe
 from postrl.lm.rewards import TrainerState
 from postrl.lm.roles import Roles
 from postrl.lm.rollout import Rollout, RolloutEngine, token_log_probs
 from postrl.lm.rollout.batch import RolloutBatch
-from postrl.lm.spine import Parts, train_loop
-from postrl.lm.trainer import iterate_batches, make_batches, set_threads, sft_step_loss, to_device
+from postrl.lm.spine import LoopState, Parts
+from postrl.lm.trainer import iterate_batches, make_batches, sft_step_loss, to_device
 from postrl.runtime import distributed as dist
-from postrl.runtime.config import validate
-from postrl.runtime.rundir import open_run
-from postrl.runtime.seeding import seed_everything
 
 
 # ---- the loss --------------------------------------------------------------------------------------------
@@ -331,24 +329,35 @@ class PPO:
         )
 
 
+class PPORecipe:
+    """PPO-RLHF as a `postrl.lm.recipe.Recipe`: the four roles, prompts and rewards (`build.build_run`), `PPO`,
+    the actor's and critic's export; the policy is evaluated before the first step too."""
+
+    eval_at_start = True
+
+    def check(self, cfg: PPOConfig) -> None:
+        check_config(cfg)
+
+    def load(self, setup: Setup) -> None:
+        run = build_run(setup.cfg, setup.info)
+        setup.cfg = run.cfg  # its length ceilings clipped to the model's context (build.fit_lengths)
+        setup.extra["run"] = run
+
+    def build(self, setup: Setup, resumed: bool) -> PPO:
+        return PPO(setup.extra["run"])
+
+    def finish(self, setup: Setup, algo: PPO, state: LoopState) -> dict[str, Any]:
+        run = algo.run
+        export_models(run, setup.run_dir)
+        if setup.info.is_main and setup.cfg.plots:
+            plot_run(setup.run_dir)
+        return summarize(algo.history, algo.totals, state.step, run.kl_ctl.value)
+
+
 def run_ppo(
     cfg: PPOConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False
 ) -> dict[str, Any]:
     """Train with PPO-RLHF; writes the run folder (metrics, plots, checkpoints) and ``RUN_DIR/model``;
     returns the summary. Every model, the prompts and the reward functions are loaded and checked before
-    the run folder is touched."""
-    validate(cfg)
-    check_config(cfg)
-    run_dir, r = Path(run_dir), cfg.run
-    info = dist.init_distributed(r.device)
-    set_threads(r.threads)
-    seed_everything(r.seed, info.rank)
-    run = build_run(cfg, info)
-    # run.cfg: its length ceilings clipped to the model's context (build.fit_lengths), as the run uses them
-    logger, ckpt = open_run(run_dir, run.cfg, resume=resume, overwrite=overwrite, tensorboard=r.tensorboard)
-    algo = PPO(run)
-    state = train_loop(algo, r, run_dir, logger, ckpt, eval_at_start=True)
-    export_models(run, run_dir)
-    if info.is_main and cfg.plots:
-        plot_run(run_dir)
-    return logger.finish(summarize(algo.history, algo.totals, state.step, run.kl_ctl.value))
+    the run folder is touched (`postrl.lm.recipe`)."""
+    return run_recipe(PPORecipe(), cfg, run_dir, resume=resume, overwrite=overwrite)
