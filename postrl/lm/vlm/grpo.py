@@ -36,20 +36,19 @@ from postrl.lm.grpo.algorithm import GRPOObjective, PolicyForward, update
 from postrl.lm.grpo.build import check_config, reward_fns
 from postrl.lm.grpo.config import GRPOConfig
 from postrl.lm.grpo.rollouts import PromptStream, compute_advantages
+from postrl.lm.recipe import Setup, run_recipe
 from postrl.lm.rewards import Phase, TrainerState, columns_of, combine, completion_ids_of, reward_terms
 from postrl.lm.rollout import Rollout
 from postrl.lm.rollout.batch import RolloutBatch
-from postrl.lm.spine import Parts, train_loop
+from postrl.lm.spine import LoopState, Parts
 from postrl.lm.trainer import export_on_main, make_optimizer
 from postrl.lm.vlm.data import VLMExample, encode_rows, load_vlm_rows, prompt_batch
 from postrl.lm.vlm.inputs import select_rows
 from postrl.lm.vlm.model import image_token_id, load_vlm
 from postrl.lm.vlm.rollout import generate, score
-from postrl.lm.vlm.train import accuracy_by_kind, decode, gather_shares, start_processes, to_device, wrap_vlm
+from postrl.lm.vlm.train import accuracy_by_kind, check_parallel, decode, gather_shares, to_device, wrap_vlm
 from postrl.runtime import distributed as dist
-from postrl.runtime.config import validate
 from postrl.runtime.errors import UserError
-from postrl.runtime.rundir import open_run
 
 log = logging.getLogger(__name__)
 HIDDEN_COLUMNS = ("prompt", "where", "base")
@@ -255,6 +254,60 @@ def freeze_vision_parts(model: torch.nn.Module) -> int:
     return len(frozen)
 
 
+class VLMGRPORecipe:
+    """GRPO on a vision-language model (`postrl.lm.recipe.Recipe`): its prompts with pictures, the reward
+    functions, the reference, `VLMGRPO`; ``freeze_vision`` keeps the vision tower and projector as SFT left them."""
+
+    def __init__(self, freeze_vision: bool = False) -> None:
+        self.freeze_vision = freeze_vision
+
+    def check(self, cfg: GRPOConfig) -> None:
+        if cfg.grpo.dynamic_sampling:
+            raise UserError("grpo.dynamic_sampling is not supported for vision-language models yet")
+
+    def load(self, setup: Setup) -> None:
+        cfg, info = setup.cfg, setup.info
+        check_parallel(cfg.run, info.world_size, trains_vision=not self.freeze_vision)
+        check_config(cfg, info.world_size)
+        model, processor = load_vlm(cfg.model, cfg.run.dtype, info.device, cfg.trust_remote_code)
+        train, heldout, rows = load_prompts(cfg, processor)
+        if len(train) < cfg.grpo.prompts_per_step and not cfg.grpo.repeat_prompts:
+            raise UserError(
+                f"{cfg.data}: {len(train)} prompts for grpo.prompts_per_step={cfg.grpo.prompts_per_step}; "
+                "lower it or set grpo.repeat_prompts=true"
+            )
+        columns = [{k: v for k, v in r.items() if k not in ("images", "image")} for r in rows]
+        fns = reward_fns(cfg, columns, info.device)
+        ref = None
+        if cfg.grpo.beta != 0:
+            what = "ref_model" if cfg.ref_model else "model"
+            ref, _ = load_vlm(
+                cfg.ref_model or cfg.model, cfg.run.dtype, info.device, cfg.trust_remote_code, what=what
+            )
+            ref.eval().requires_grad_(False)
+        if self.freeze_vision:
+            frozen = freeze_vision_parts(model)
+            log.info(
+                "grpo: %d vision parameters frozen (the vision tower and projector); RL trains the language model",
+                frozen,
+            )
+        setup.policy, setup.tokenizer = model, processor
+        setup.extra.update(ref=ref, fns=fns, train=train, heldout=heldout)
+
+    def build(self, setup: Setup, resumed: bool) -> VLMGRPO:
+        cfg, x = setup.cfg, setup.extra
+        model = wrap_vlm(setup.policy, setup.info, cfg.run.parallel)
+        return VLMGRPO(cfg, model, x["ref"], setup.tokenizer, x["fns"], x["train"], x["heldout"])
+
+    def finish(self, setup: Setup, algo: VLMGRPO, state: LoopState) -> dict[str, Any]:
+        export_on_main(algo.model, setup.tokenizer, setup.run_dir / "model")
+        start = {f"{k}_start": v for k, v in state.start_eval.items()}
+        summary = {**state.last_eval, **start, "reward_mean": state.last_metrics.get("reward_mean")}
+        summary |= {"steps": state.step, "train_seconds": round(state.train_seconds, 3)}
+        summary["tokens_per_second"] = algo.generated_tokens / max(1e-9, state.train_seconds)
+        return summary
+
+
 def run_vlm_grpo(
     cfg: GRPOConfig,
     run_dir: str | Path,
@@ -268,39 +321,4 @@ def run_vlm_grpo(
     scored as well as or better than training the language model alone: benchmarks/vlm.py); the tower's
     backward runs once per distinct picture (`postrl.lm.vlm.rollout.response_logits`). ``freeze_vision``:
     the vision tower and projector stay as SFT left them (`freeze_vision_parts`; logged at info level)."""
-    validate(cfg)
-    if cfg.grpo.dynamic_sampling:
-        raise UserError("grpo.dynamic_sampling is not supported for vision-language models yet")
-    info = start_processes(cfg.run, trains_vision=not freeze_vision)
-    check_config(cfg, info.world_size)
-    device = info.device
-    model, processor = load_vlm(cfg.model, cfg.run.dtype, device, cfg.trust_remote_code)
-    train, heldout, rows = load_prompts(cfg, processor)
-    if len(train) < cfg.grpo.prompts_per_step and not cfg.grpo.repeat_prompts:
-        raise UserError(
-            f"{cfg.data}: {len(train)} prompts for grpo.prompts_per_step={cfg.grpo.prompts_per_step}; "
-            "lower it or set grpo.repeat_prompts=true"
-        )
-    fns = reward_fns(
-        cfg, [{k: v for k, v in r.items() if k not in ("images", "image")} for r in rows], device
-    )
-    ref = None
-    if cfg.grpo.beta != 0:
-        what = "ref_model" if cfg.ref_model else "model"
-        ref, _ = load_vlm(cfg.ref_model or cfg.model, cfg.run.dtype, device, cfg.trust_remote_code, what=what)
-        ref.eval().requires_grad_(False)
-    if freeze_vision:
-        frozen = freeze_vision_parts(model)
-        log.info(
-            "grpo: %d vision parameters frozen (the vision tower and projector); RL trains the language model",
-            frozen,
-        )
-    algo = VLMGRPO(cfg, wrap_vlm(model, info, cfg.run.parallel), ref, processor, fns, train, heldout)
-    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.run.tensorboard)
-    state = train_loop(algo, cfg.run, Path(run_dir), logger, ckpt, eval_at_start=cfg.eval_at_start)
-    export_on_main(algo.model, processor, Path(run_dir) / "model")
-    start = {f"{k}_start": v for k, v in state.start_eval.items()}
-    summary = {**state.last_eval, **start, "reward_mean": state.last_metrics.get("reward_mean")}
-    summary |= {"steps": state.step, "train_seconds": round(state.train_seconds, 3)}
-    summary["tokens_per_second"] = algo.generated_tokens / max(1e-9, state.train_seconds)
-    return logger.finish(summary)
+    return run_recipe(VLMGRPORecipe(freeze_vision), cfg, run_dir, resume=resume, overwrite=overwrite)

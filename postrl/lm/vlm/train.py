@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from postrl.lm.spine import Parts, RunConfig, accumulate, train_loop
+from postrl.lm.recipe import Setup, run_recipe
+from postrl.lm.spine import LoopState, Parts, RunConfig, accumulate
 from postrl.lm.tasks import get_task
 from postrl.lm.trainer import (
     OptimConfig,
@@ -32,16 +33,12 @@ from postrl.lm.trainer import (
     make_optimizer,
     micro_batches,
     model_parts,
-    set_threads,
 )
 from postrl.lm.vlm.data import VLMExample, encode_rows, load_vlm_rows, prompt_batch, sft_batch
 from postrl.lm.vlm.model import TinyVLMConfig, build_tiny_vlm, build_vlm_tokenizer, image_token_id, load_vlm
 from postrl.lm.vlm.rollout import generate, response_logits
 from postrl.runtime import distributed as dist
-from postrl.runtime.config import validate
 from postrl.runtime.errors import UserError
-from postrl.runtime.rundir import open_run
-from postrl.runtime.seeding import seed_everything
 
 Reward = Callable[..., list[float]]
 
@@ -212,16 +209,6 @@ class VLMSupervised:
         self.batches = iterate_batches(len(self.examples), self.cfg.batch_size, self.run.seed, self.position)
 
 
-def start_processes(run: RunConfig, trains_vision: bool = True) -> dist.DistInfo:
-    """Join torchrun's process group if there is one (`check_parallel`), set the threads, seed
-    ``run.seed + rank``."""
-    info = dist.init_distributed(run.device)
-    check_parallel(run, info.world_size, trains_vision)
-    set_threads(run.threads)
-    seed_everything(run.seed, info.rank)
-    return info
-
-
 def check_parallel(run: RunConfig, world_size: int, trains_vision: bool) -> None:
     """``run.parallel=fsdp`` shards a VLM only when its vision parts are frozen (`run_vlm_grpo`'s
     ``freeze_vision``): a vision tower has parameters no loss reaches (CLIP's ``post_layernorm``), which get
@@ -244,14 +231,18 @@ def wrap_vlm(model: torch.nn.Module, info: dist.DistInfo, parallel: str) -> torc
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
 
 
-def train_and_export(algo: VLMSupervised, cfg: Any, run_dir: Path, resume: bool, overwrite: bool) -> dict:
-    """Open the run folder, run the spine, export ``RUN_DIR/model`` (model + processor); the summary."""
-    logger, ckpt = open_run(run_dir, cfg, resume=resume, overwrite=overwrite, tensorboard=cfg.run.tensorboard)
-    state = train_loop(algo, cfg.run, run_dir, logger, ckpt)
-    export_on_main(algo.model, algo.processor, run_dir / "model")
-    rate = algo.tokens / max(state.train_seconds, 1e-9)
-    summary = {**state.last_eval, "steps": state.step, "train_seconds": round(state.train_seconds, 3)}
-    return logger.finish(summary | {"train_tokens_per_second": rate, "train_examples": len(algo.examples)})
+class VLMSupervisedRecipe:
+    """The end every supervised VLM stage shares (`postrl.lm.recipe.Recipe`): the model and its processor
+    exported to ``RUN_DIR/model``, and the summary."""
+
+    def check(self, cfg: Any) -> None:
+        """Nothing beyond the value ranges; the world-size check runs in `load` (it needs the set-up)."""
+
+    def finish(self, setup: Setup, algo: VLMSupervised, state: LoopState) -> dict[str, Any]:
+        export_on_main(algo.model, algo.processor, setup.run_dir / "model")
+        rate = algo.tokens / max(state.train_seconds, 1e-9)
+        summary = {**state.last_eval, "steps": state.step, "train_seconds": round(state.train_seconds, 3)}
+        return summary | {"train_tokens_per_second": rate, "train_examples": len(algo.examples)}
 
 
 # ---- postrl sft on a VLM ---------------------------------------------------------------------------------
@@ -275,27 +266,38 @@ def sft_data(cfg: Any, processor: Any) -> tuple[list[VLMExample], list[VLMExampl
     return train, evals, verifier
 
 
+class VLMSFTRecipe(VLMSupervisedRecipe):
+    """`postrl sft` on a vision-language model: its rows (pictures in the prompts) and `VLMSupervised`."""
+
+    def load(self, setup: Setup) -> None:
+        cfg, info = setup.cfg, setup.info
+        check_parallel(cfg.run, info.world_size, trains_vision=True)
+        model, processor = load_vlm(cfg.model, cfg.run.dtype, info.device, cfg.trust_remote_code)
+        train, evals, verifier = sft_data(cfg, processor)
+        evaluate = None
+        if verifier is not None and cfg.eval_size > 0:
+
+            def evaluate(m: torch.nn.Module) -> dict[str, float]:
+                return answer_accuracy(
+                    m, processor, evals[: cfg.eval_size], verifier, max_new_tokens=cfg.eval_max_new_tokens
+                )
+
+        setup.policy, setup.tokenizer = model, processor
+        setup.extra.update(train=train, evals=evals, evaluate=evaluate)
+
+    def build(self, setup: Setup, resumed: bool) -> VLMSupervised:
+        cfg, x = setup.cfg, setup.extra
+        return VLMSupervised(
+            wrap_vlm(setup.policy, setup.info, cfg.run.parallel), setup.tokenizer, x["train"], x["evals"],
+            cfg.train, cfg.optim, cfg.run, name="sft", evaluate=x["evaluate"], stop_accuracy=cfg.stop_accuracy,
+        )  # fmt: skip
+
+
 def run_vlm_sft(
     cfg: Any, run_dir: str | Path, resume: bool = False, overwrite: bool = False
 ) -> dict[str, Any]:
     """`postrl sft` for a vision-language model (`postrl.lm.sft.SFTConfig`; the hook in `run_sft`)."""
-    validate(cfg)
-    info = start_processes(cfg.run)
-    model, processor = load_vlm(cfg.model, cfg.run.dtype, info.device, cfg.trust_remote_code)
-    train, evals, verifier = sft_data(cfg, processor)
-    evaluate = None
-    if verifier is not None and cfg.eval_size > 0:
-
-        def evaluate(m: torch.nn.Module) -> dict[str, float]:
-            return answer_accuracy(
-                m, processor, evals[: cfg.eval_size], verifier, max_new_tokens=cfg.eval_max_new_tokens
-            )
-
-    algo = VLMSupervised(
-        wrap_vlm(model, info, cfg.run.parallel), processor, train, evals, cfg.train, cfg.optim, cfg.run,
-        name="sft", evaluate=evaluate, stop_accuracy=cfg.stop_accuracy,
-    )  # fmt: skip
-    return train_and_export(algo, cfg, Path(run_dir), resume, overwrite)
+    return run_recipe(VLMSFTRecipe(), cfg, run_dir, resume=resume, overwrite=overwrite)
 
 
 # ---- the built-in tiny VLM and its alignment stage ----------------------------------------------------------
@@ -322,23 +324,39 @@ class VLMPretrainConfig:
     CHECKS = {"tokenizer_lines": ">= 1"}
 
 
+class VLMPretrainRecipe(VLMSupervisedRecipe):
+    """`postrl vlm-pretrain`: the tiny VLM built from its config and aligned on captions of the shapes pictures."""
+
+    def check(self, cfg: VLMPretrainConfig) -> None:
+        if cfg.train.max_length > cfg.model.max_position_embeddings:
+            raise UserError(
+                f"train.max_length={cfg.train.max_length} exceeds model.max_position_embeddings="
+                f"{cfg.model.max_position_embeddings}"
+            )
+
+    def load(self, setup: Setup) -> None:
+        cfg, info = setup.cfg, setup.info
+        check_parallel(cfg.run, info.world_size, trains_vision=True)
+        task = get_task("shapes", **cfg.task)
+        tokenizer = build_vlm_tokenizer(task.corpus_lines(cfg.tokenizer_lines), cfg.model.vocab_size)
+        model, processor = build_tiny_vlm(tokenizer, cfg.model, seed=cfg.run.seed)
+        size = cfg.train.max_length
+        setup.policy, setup.tokenizer = model.to(info.device), processor
+        setup.extra.update(
+            train=encode_rows(processor, task.caption_rows("train"), "sft", size),
+            evals=encode_rows(processor, task.caption_rows("test"), "sft", size),
+        )
+
+    def build(self, setup: Setup, resumed: bool) -> VLMSupervised:
+        cfg, x = setup.cfg, setup.extra
+        model = wrap_vlm(setup.policy, setup.info, cfg.run.parallel)
+        return VLMSupervised(
+            model, setup.tokenizer, x["train"], x["evals"], cfg.train, cfg.optim, cfg.run, name="align"
+        )
+
+
 def run_vlm_pretrain(
     cfg: VLMPretrainConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False
 ) -> dict[str, Any]:
     """Build the tiny VLM (weights fixed by run.seed), align it on captions, export ``RUN_DIR/model``."""
-    validate(cfg)
-    info = start_processes(cfg.run)
-    task = get_task("shapes", **cfg.task)
-    tokenizer = build_vlm_tokenizer(task.corpus_lines(cfg.tokenizer_lines), cfg.model.vocab_size)
-    model, processor = build_tiny_vlm(tokenizer, cfg.model, seed=cfg.run.seed)
-    if cfg.train.max_length > cfg.model.max_position_embeddings:
-        raise UserError(
-            f"train.max_length={cfg.train.max_length} exceeds model.max_position_embeddings="
-            f"{cfg.model.max_position_embeddings}"
-        )
-    size = cfg.train.max_length
-    train = encode_rows(processor, task.caption_rows("train"), "sft", size)
-    evals = encode_rows(processor, task.caption_rows("test"), "sft", size)
-    model = wrap_vlm(model.to(info.device), info, cfg.run.parallel)
-    algo = VLMSupervised(model, processor, train, evals, cfg.train, cfg.optim, cfg.run, name="align")
-    return train_and_export(algo, cfg, Path(run_dir), resume, overwrite)
+    return run_recipe(VLMPretrainRecipe(), cfg, run_dir, resume=resume, overwrite=overwrite)
