@@ -31,7 +31,7 @@ IterationCallback = Callable[[dict[str, Any]], Any]
 _CALLBACK: ContextVar[IterationCallback | None] = ContextVar("postrl_on_iteration", default=None)
 
 
-def describe(fn: Any) -> str:
+def _describe(fn: Any) -> str:
     """``fn``'s name as an error names it (``module.qualname``)."""
     module = getattr(fn, "__module__", None)
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
@@ -52,7 +52,7 @@ def check_callback(fn: Any) -> None:
         signature.bind({})
     except TypeError as err:
         raise UserError(
-            f"on_iteration={describe(fn)}{signature} cannot be called with one argument, info ({err}); "
+            f"on_iteration={_describe(fn)}{signature} cannot be called with one argument, info ({err}); "
             "write it as def on_iteration(info): ..."
         ) from None
 
@@ -85,7 +85,7 @@ def poll(info: dict[str, Any]) -> tuple[bool, str | None]:
         return fn(dict(info)) is False, None
     except Exception as err:  # the user's code: any exception is theirs to see, with where it happened
         return True, (
-            f"on_iteration={describe(fn)} raised {type(err).__name__} at step {info.get('step')}: {err} "
+            f"on_iteration={_describe(fn)} raised {type(err).__name__} at step {info.get('step')}: {err} "
             f"(the run is checkpointed at that step: resume=True continues it)"
         )
 

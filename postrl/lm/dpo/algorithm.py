@@ -216,7 +216,7 @@ class DPORecipe(ReferenceRecipe):
         )  # fmt: skip
 
     def summarize(self, setup: Setup, algo: DPO, state: LoopState) -> dict[str, Any]:
-        return summarize(algo, state, len(setup.extra["train"]))
+        return _summarize(algo, state, len(setup.extra["train"]))
 
     def plot(self, run_dir: Path) -> None:
         plot_dpo(run_dir)
@@ -230,7 +230,7 @@ def run_dpo(
     return run_recipe(DPORecipe(), cfg, run_dir, resume=resume, overwrite=overwrite)
 
 
-def summarize(algo: DPO, state: LoopState, n_pairs: int) -> dict[str, Any]:
+def _summarize(algo: DPO, state: LoopState, n_pairs: int) -> dict[str, Any]:
     """The last evaluation (and the first, as ``*_start``), the last step's training metrics, throughput."""
     start = {f"{k}_start": v for k, v in state.start_eval.items()}
     last = state.last_metrics

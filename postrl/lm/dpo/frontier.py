@@ -70,7 +70,7 @@ def checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(out.items())
 
 
-def evaluate(
+def _evaluate(
     policy: torch.nn.Module, reference: torch.nn.Module, tokenizer: Any, task: Any, scorer: Any, *, n: int,
     max_new_tokens: int, seed: int,
 ) -> dict[str, float]:  # fmt: skip
@@ -104,12 +104,12 @@ def frontier_points(
     reference = load_causal_lm(sft_model).eval()
     scorer = RewardModelScorer(ScalarHeadModel.from_pretrained(reward_model), load_tokenizer(reward_model))
     kw = {"n": n, "max_new_tokens": max_new_tokens, "seed": seed}
-    points = [{"method": "sft", "step": 0, **evaluate(reference, reference, tokenizer, task, scorer, **kw)}]
+    points = [{"method": "sft", "step": 0, **_evaluate(reference, reference, tokenizer, task, scorer, **kw)}]
     for label, run_dir in runs.items():
         for step, weights in checkpoints(run_dir):
             policy = load_policy(sft_model, weights)
             points.append(
-                {"method": label, "step": step, **evaluate(policy, reference, tokenizer, task, scorer, **kw)}
+                {"method": label, "step": step, **_evaluate(policy, reference, tokenizer, task, scorer, **kw)}
             )
     return points
 

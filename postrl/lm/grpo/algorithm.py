@@ -333,7 +333,7 @@ class GRPO:
         self.generated_tokens = float(extra["generated_tokens"])
 
 
-def summarize(algo: GRPO, state: LoopState) -> dict[str, Any]:
+def _summarize(algo: GRPO, state: LoopState) -> dict[str, Any]:
     """The run's summary: the last evaluation (and the first, as ``*_start``), the last step's reward and KL,
     and the throughput over training steps (evaluation and checkpoints excluded)."""
     evals, metrics = state.last_eval, state.last_metrics
@@ -351,7 +351,7 @@ def summarize(algo: GRPO, state: LoopState) -> dict[str, Any]:
     }
 
 
-def plot_run(run_dir: Path) -> Path | None:
+def _plot_run(run_dir: Path) -> Path | None:
     """``RUN_DIR/curves.png``: reward, held-out accuracy (greedy and sampled), KL, entropy, length."""
     keys = [
         "reward_mean",
@@ -389,8 +389,8 @@ class GRPORecipe:
     def finish(self, setup: Setup, algo: GRPO, state: LoopState) -> dict[str, Any]:
         export_on_main(algo.run.policy, algo.run.tokenizer, setup.run_dir / "model")
         if setup.info.is_main:
-            plot_run(setup.run_dir)
-        return summarize(algo, state)
+            _plot_run(setup.run_dir)
+        return _summarize(algo, state)
 
 
 def run_grpo(

@@ -207,7 +207,7 @@ class KTORecipe(ReferenceRecipe):
         )  # fmt: skip
 
     def summarize(self, setup: Setup, algo: KTO, state: LoopState) -> dict[str, Any]:
-        return summarize(algo, state, len(setup.extra["train"]))
+        return _summarize(algo, state, len(setup.extra["train"]))
 
     def plot(self, run_dir: Path) -> None:
         plot_kto(run_dir)
@@ -233,7 +233,7 @@ def run_kto(
     return run_recipe(KTORecipe(), cfg, run_dir, resume=resume, overwrite=overwrite)
 
 
-def summarize(algo: KTO, state: LoopState, n_rows: int) -> dict[str, Any]:
+def _summarize(algo: KTO, state: LoopState, n_rows: int) -> dict[str, Any]:
     """The last evaluation (and the first, as ``*_start``), the last step's training metrics, throughput."""
     start = {f"{k}_start": v for k, v in state.start_eval.items()}
     last = state.last_metrics

@@ -99,7 +99,7 @@ def trainable_parts(roles: Roles) -> dict[str, torch.nn.Module]:
 
 
 # ---- data ------------------------------------------------------------------------------------------------
-def load_prompts(cfg: PPOConfig, tokenizer: Any) -> tuple[PromptSet, PromptSet]:
+def _load_prompts(cfg: PPOConfig, tokenizer: Any) -> tuple[PromptSet, PromptSet]:
     """(train, held-out) prompts, rendered (chat template where conversational), overlong ones dropped."""
     rows, heldout = load_train_heldout(cfg.data, "prompts", cfg.eval_data, cfg.task, empty=cfg.empty_rows)
     out = []
@@ -226,7 +226,7 @@ def build_run(cfg: PPOConfig, info: dist.DistInfo) -> PPORun:
         kl_ctl = AdaptiveKLController(cfg.kl.beta, cfg.kl.target, cfg.kl.horizon)
     else:
         kl_ctl = FixedKLController(cfg.kl.beta)
-    prompts, heldout = load_prompts(cfg, tokenizer)
+    prompts, heldout = _load_prompts(cfg, tokenizer)
     return PPORun(
         cfg, roles, train_roles, parts, optimizers, schedulers, kl_ctl, read_norm_stats(cfg), tokenizer,
         prompts, heldout, load_task(cfg), make_scorer(cfg, roles, info.device),

@@ -226,7 +226,7 @@ class RewardModelRecipe:
         cfg = setup.cfg = replace(cfg, train=fit_train_length(rm, cfg.train))  # a ceiling: clipped
         tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
         check_vocab(rm, tokenizer, "tokenizer" if cfg.tokenizer else "model")
-        train, evals, loss, task = load_pairs(cfg, tokenizer)
+        train, evals, loss, task = _load_pairs(cfg, tokenizer)
         evaluate = heldout_evaluation(
             rm, evals, task, loss, tokenizer.pad_token_id, info.device, cfg.ece_bins
         )
@@ -273,7 +273,7 @@ def run_rm(
     return run_recipe(RewardModelRecipe(), cfg, run_dir, resume=resume, overwrite=overwrite)
 
 
-def load_pairs(cfg: RMConfig, tokenizer: Any) -> tuple[list[dict], list[dict], str, Any]:
+def _load_pairs(cfg: RMConfig, tokenizer: Any) -> tuple[list[dict], list[dict], str, Any]:
     """(train pairs, held-out pairs, the loss, the built-in task or None), tokenised and checked."""
     rows, heldout, task = load_pair_rows(cfg.data, cfg.eval_data, cfg.task, cfg.empty_rows, tokenizer)
     train = tokenize_pairs(rows, tokenizer, cfg.train.max_length, cfg.train.overlong)

@@ -223,7 +223,7 @@ class VLMGRPO:
         self.generated_tokens = float(extra["generated_tokens"])
 
 
-def load_prompts(cfg: GRPOConfig, processor: Any) -> tuple[list[VLMExample], list[VLMExample], list[dict]]:
+def _load_prompts(cfg: GRPOConfig, processor: Any) -> tuple[list[VLMExample], list[VLMExample], list[dict]]:
     """(train, held-out) prompts with pictures, and the train rows (for the reward functions' columns)."""
     rows = load_vlm_rows(cfg.data, "train", cfg.task)
     if cfg.eval_data is not None or cfg.data.startswith("task:"):
@@ -270,7 +270,7 @@ class VLMGRPORecipe:
         check_parallel(cfg.run, info.world_size, trains_vision=not self.freeze_vision)
         check_config(cfg, info.world_size)
         model, processor = load_vlm(cfg.model, cfg.run.dtype, info.device, cfg.trust_remote_code)
-        train, heldout, rows = load_prompts(cfg, processor)
+        train, heldout, rows = _load_prompts(cfg, processor)
         if len(train) < cfg.grpo.prompts_per_step and not cfg.grpo.repeat_prompts:
             raise UserError(
                 f"{cfg.data}: {len(train)} prompts for grpo.prompts_per_step={cfg.grpo.prompts_per_step}; "
