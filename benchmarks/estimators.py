@@ -134,8 +134,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from postrl.lm.grpo.algorithm import GRPO
-    from postrl.lm.grpo.build import build_run, check_config
-    from postrl.lm.grpo.rollouts import evaluate
+    from postrl.lm.grpo.build import build_grpo_run, check_grpo_config
+    from postrl.lm.grpo.rollouts import evaluate_grpo_heldout
     from postrl.lm.models import load_causal_lm
     from postrl.runtime import distributed as dist
     from postrl.runtime.config import validate
@@ -145,16 +145,16 @@ def worker(args: argparse.Namespace) -> None:
     cfg = _config(args, args.member)
     validate(cfg)
     info = dist.init_distributed("cpu")
-    check_config(cfg, 1)
+    check_grpo_config(cfg, 1)
     seed_everything(cfg.run.seed, 0)
-    run = build_run(cfg, info)
+    run = build_grpo_run(cfg, info)
     reference = load_causal_lm(args.sft).eval().requires_grad_(False)
     algo = _sft_algorithm(args, run) if args.member == "sft" else GRPO(run)
     checks = [args.budget * k / args.checks for k in range(args.checks + 1)]
     curve, cpu, wall, steps, tokens, last = [], 0.0, 0.0, 0, 0.0, {}
 
     def check() -> None:
-        evals = evaluate(run)
+        evals = evaluate_grpo_heldout(run)
         kl = kl_to_reference(run, reference, 10_000 + len(curve))
         curve.append({"cpu_s": round(cpu, 2), "step": steps, **evals, "kl_to_sft": kl})
 

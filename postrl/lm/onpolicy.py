@@ -46,7 +46,7 @@ class Objective(Protocol):
         ...
 
 
-def micro_batches(minibatch: RolloutBatch, grad_accum: int) -> list[RolloutBatch]:
+def split_micro_batches(minibatch: RolloutBatch, grad_accum: int) -> list[RolloutBatch]:
     """``minibatch`` cut into ``grad_accum`` contiguous micro-batches of ⌈n / grad_accum⌉ rows (fewer when
     the rows run out), each trimmed to its longest response (`RolloutBatch.rows`)."""
     n = len(minibatch)
@@ -70,7 +70,7 @@ def shuffled_minibatches(batch: RolloutBatch, n: int, generator: torch.Generator
 
 def backward_minibatch(objective: Objective, minibatch: RolloutBatch, grad_accum: int) -> dict[str, float]:
     """Accumulate ``minibatch``'s gradient over ``grad_accum`` micro-batches; returns its stats."""
-    terms = objective.terms(minibatch, micro_batches(minibatch, grad_accum))
+    terms = objective.terms(minibatch, split_micro_batches(minibatch, grad_accum))
     total = accumulate(objective.models, terms, lambda term: term())
     return objective.stats(total)
 

@@ -19,7 +19,7 @@ from postrl.cli import main
 from postrl.core import dpo_loss
 from postrl.lm.dpo import DPOConfig, DPOLossConfig, run_dpo
 from postrl.lm.dpo import algorithm as dpo_algorithm
-from postrl.lm.dpo.build import REF_FILE, load_pairs, reference_log_probs
+from postrl.lm.dpo.build import REF_FILE, load_pairs, reference_pair_log_probs
 from postrl.lm.models import TinyLMConfig, build_tiny_lm, load_causal_lm
 from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig, TrainConfig, batch_order
@@ -121,7 +121,9 @@ def test_reference_log_probs_equal_a_fresh_computation(
     for name, examples in (("train", train), ("heldout", evals)):
         assert saved[name].shape == (len(examples), 2)
         torch.testing.assert_close(saved[name].double(), _hand_pairs(reference, examples), atol=2e-5, rtol=0)
-        other = reference_log_probs(reference, examples, tiny_tokenizer.pad_token_id, torch.device("cpu"), 5)
+        other = reference_pair_log_probs(
+            reference, examples, tiny_tokenizer.pad_token_id, torch.device("cpu"), 5
+        )
         torch.testing.assert_close(other, saved[name], atol=2e-5, rtol=0)  # batching never matters
 
 
@@ -142,7 +144,7 @@ def test_resume_is_exact_and_reads_the_stored_reference(
     def no_recompute(*args, **kwargs):
         raise AssertionError("the resumed run recomputed the reference log-probs")
 
-    monkeypatch.setattr(dpo_algorithm, "reference_log_probs", no_recompute)
+    monkeypatch.setattr(dpo_algorithm, "reference_pair_log_probs", no_recompute)
     run_dpo(cfg, tmp_path / "b", resume=True)
     resumed = load_causal_lm(tmp_path / "b" / "model")
     for (name, p), q in zip(straight.state_dict().items(), resumed.state_dict().values(), strict=True):

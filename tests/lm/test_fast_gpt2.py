@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from postrl.lm.fast.gpt2 import FastGPT2, unsupported_reason
+from postrl.lm.fast.gpt2 import FastGPT2, gpt2_unsupported_reason
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.rollout import generate, left_pad, score
 from postrl.lm.rollout.decoders import HFDecoder, make_decoder
@@ -55,7 +55,7 @@ VARIANTS = {
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_prefill_and_decode_log_probs_match_hf_on_a_left_padded_batch(variant):
     model = tiny_gpt2(**VARIANTS[variant])
-    assert unsupported_reason(model) is None
+    assert gpt2_unsupported_reason(model) is None
     ids, mask = prompts(batch=4, width=8)
     g = torch.Generator().manual_seed(1)
     full_ids = torch.cat((ids, torch.randint(2, 48, (4, 6), generator=g)), dim=1)
@@ -76,12 +76,12 @@ def test_make_decoder_picks_the_gpt2_fast_path_and_refuses_what_it_cannot_run():
     assert isinstance(make_decoder(model), FastGPT2)
     assert isinstance(make_decoder(model, use_fast=False), HFDecoder)
     model.train()  # GPT-2's default dropout 0.1 is active in training mode
-    assert "dropout" in unsupported_reason(model) and isinstance(make_decoder(model), HFDecoder)
+    assert "dropout" in gpt2_unsupported_reason(model) and isinstance(make_decoder(model), HFDecoder)
     with pytest.raises(ValueError, match="n_positions"):
         run(tiny_gpt2().eval(), *prompts(width=9), max_new_tokens=60)
     biased = tiny_gpt2()  # GPT-2's lm_head has no bias; one added by a user is not silently dropped
     biased.lm_head = torch.nn.Linear(64, 48, bias=True)
-    assert "bias" in unsupported_reason(biased) and isinstance(make_decoder(biased), HFDecoder)
+    assert "bias" in gpt2_unsupported_reason(biased) and isinstance(make_decoder(biased), HFDecoder)
 
 
 def test_greedy_tokens_and_log_probs_equal_hf_generate_and_the_fallback():

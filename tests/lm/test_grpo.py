@@ -20,8 +20,8 @@ from postrl.lm.grpo import (
     MU_ONE_NOTE,
     GRPOConfig,
     GRPOLossConfig,
-    backward_minibatch,
-    optimise,
+    backward_grpo_minibatch,
+    optimise_grpo,
     policy_log_probs,
     run_grpo,
 )
@@ -81,7 +81,7 @@ def test_a_step_raises_the_log_prob_of_the_best_response(tiny_lm, tiny_tokenizer
     before = _sequence_log_probs(tiny_lm, batch)
     opt = torch.optim.AdamW(tiny_lm.parameters(), lr=1e-2)
     cfg = GRPOLossConfig(group_size=4, beta=0.04, loss_type=loss_type)
-    stats = optimise(tiny_lm, opt, batch, cfg, temperature=1.0, max_len=8, max_grad_norm=1.0)
+    stats = optimise_grpo(tiny_lm, opt, batch, cfg, temperature=1.0, max_len=8, max_grad_norm=1.0)
     after = _sequence_log_probs(tiny_lm, batch)
     assert after[0] > before[0] + 0.05  # the rewarded response became more likely
     # and more likely relative to the others (they share the space and EOS tokens, so may rise too)
@@ -94,7 +94,7 @@ def test_zero_variance_groups_give_zero_policy_gradient(tiny_lm, tiny_tokenizer,
     batch = _fixed_batch(tiny_lm, tiny_tokenizer, rewards=[0.5, 0.5, 0.5, 0.5])
     assert torch.equal(batch.advantages, torch.zeros(4))
     cfg = GRPOLossConfig(group_size=4, beta=beta)
-    backward_minibatch(tiny_lm, batch, cfg, temperature=1.0, max_len=8)
+    backward_grpo_minibatch(tiny_lm, batch, cfg, temperature=1.0, max_len=8)
     for p in tiny_lm.parameters():
         # k3's gradient vanishes where π = π_ref, so nothing but the (zero) advantages could move the policy
         assert p.grad is None or float(p.grad.abs().max()) < 1e-7
@@ -126,7 +126,7 @@ def test_four_micro_batches_equal_one_batch(tiny_lm_dir, tiny_tokenizer, loss_ty
             batch.ref_log_probs - 0.2 * torch.rand(8, 4, generator=g)
         ) * batch.response_mask
         cfg = GRPOLossConfig(group_size=4, beta=0.1, grad_accum=accum, loss_type=loss_type)
-        stats = backward_minibatch(model, batch, cfg, temperature=1.0, max_len=8)
+        stats = backward_grpo_minibatch(model, batch, cfg, temperature=1.0, max_len=8)
         grads.append((stats, _grads(model)))
     assert grads[0][0]["loss"] == pytest.approx(grads[1][0]["loss"], abs=1e-6)
     assert grads[0][0]["clip_fraction"] > 0

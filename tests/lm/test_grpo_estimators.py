@@ -243,7 +243,7 @@ def test_every_ratio_level_honours_each_aggregation_under_accumulation(
 ):
     """Each loss_type gives its own loss at every importance level, and 4 micro-batches of 2 give the loss
     and gradient of one batch of 8 (each aggregation's global normaliser reaches the sequence levels too)."""
-    from postrl.lm.grpo.algorithm import backward_minibatch
+    from postrl.lm.grpo.algorithm import backward_grpo_minibatch
     from postrl.lm.models import load_causal_lm
     from tests.lm.test_grpo import _fixed_batch
 
@@ -265,7 +265,7 @@ def test_every_ratio_level_honours_each_aggregation_under_accumulation(
                 group_size=4, beta=0.0, grad_accum=accum, loss_type=loss_type,
                 importance_level=importance_level, advantage="rloo",
             )  # fmt: skip
-            stats = backward_minibatch(model, batch, cfg, temperature=1.0, max_len=8)
+            stats = backward_grpo_minibatch(model, batch, cfg, temperature=1.0, max_len=8)
             results.append(
                 (stats["loss"], [p.grad.clone() for p in model.parameters() if p.grad is not None])
             )

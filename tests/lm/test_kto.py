@@ -19,8 +19,8 @@ from postrl.core import kto_loss
 from postrl.lm.data import unpair
 from postrl.lm.kto import KTOConfig, KTOLossConfig, run_kto
 from postrl.lm.kto.algorithm import kto_train_step, load_examples
-from postrl.lm.kto.build import REF_FILE, batch_loss, kl_reference_point, reference_log_probs
-from postrl.lm.kto.data import collate, tokenize
+from postrl.lm.kto.build import REF_FILE, batch_loss, kl_reference_point, reference_completion_log_probs
+from postrl.lm.kto.data import collate_kto_rows, tokenize
 from postrl.lm.models import TinyLMConfig, build_tiny_lm, load_causal_lm
 from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig, TrainConfig, make_optimizer
@@ -163,7 +163,9 @@ def test_first_batch_loss_equals_core_kto_loss_on_hand_log_probs(tiny_lm_dir, re
     batch = train[:4]
     policy, reference = load_causal_lm(tiny_lm_dir), load_causal_lm(ref_dir)
     pad = tiny_tokenizer.pad_token_id
-    ref = reference_log_probs(reference, batch, pad, CPU, 3)  # batches of 3: the sizes do not matter
+    ref = reference_completion_log_probs(
+        reference, batch, pad, CPU, 3
+    )  # batches of 3: the sizes do not matter
     hand_ref = torch.tensor(
         [
             [
@@ -180,7 +182,7 @@ def test_first_batch_loss_equals_core_kto_loss_on_hand_log_probs(tiny_lm_dir, re
         hand_ref[:, 1].mean()
     )
     assert float(z0) == pytest.approx(max(hand_kl, 0.0), abs=1e-4)
-    loss, _ = batch_loss(policy, collate(batch, pad), ref[:, 0], z0, KTOLossConfig(beta=0.5))
+    loss, _ = batch_loss(policy, collate_kto_rows(batch, pad), ref[:, 0], z0, KTOLossConfig(beta=0.5))
     logps = torch.tensor(
         [_alone(policy, e["prompt_ids"], e["completion_ids"]) for e in batch], dtype=torch.float64
     )
@@ -193,7 +195,7 @@ def _grads_after_step(model_dir: Path, ref_dir: Path, tokenizer, grad_accum: int
     cfg = _cfg(model_dir, ref_dir, train=TrainConfig(batch_size=6, grad_accum=grad_accum, max_length=64))
     train, _, _ = load_examples(cfg, tokenizer)
     pad = tokenizer.pad_token_id
-    ref = reference_log_probs(load_causal_lm(ref_dir), train, pad, CPU, 64)
+    ref = reference_completion_log_probs(load_causal_lm(ref_dir), train, pad, CPU, 64)
     model = load_causal_lm(model_dir).train()
     optimizer, _ = make_optimizer(model, replace(cfg.optim, max_grad_norm=None), 1)
     optimizer.step = lambda: None  # keep the gradient for the comparison

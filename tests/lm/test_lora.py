@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel  # no
 from postrl.lm.data import tokenize_sft  # noqa: E402
 from postrl.lm.fast import gpt2 as fast_gpt2  # noqa: E402
 from postrl.lm.fast import llama as fast_llama  # noqa: E402
-from postrl.lm.grpo import GRPOLossConfig, optimise, run_grpo  # noqa: E402
+from postrl.lm.grpo import GRPOLossConfig, optimise_grpo, run_grpo  # noqa: E402
 from postrl.lm.models import (  # noqa: E402
     AdapterFreeReference,
     ScalarHeadModel,
@@ -130,7 +130,7 @@ def test_the_reference_is_the_base_model_exactly(tiny_lm_dir: Path) -> None:
 
 def test_the_fast_decoder_samples_from_the_merged_weights(tiny_lm_dir: Path) -> None:
     policy = _perturbed(apply_lora(load_causal_lm(tiny_lm_dir), LORA_HEAD))
-    assert fast_llama.unsupported_reason(policy) is None
+    assert fast_llama.llama_unsupported_reason(policy) is None
     P = 4
     fast = response_logits(policy, IDS, MASK, P, use_fast=True)  # (B, T, V) through FastLlama
     full = _logits(policy)[:, P - 1 : -1]
@@ -144,13 +144,13 @@ def test_the_fast_decoders_say_why_they_refuse_an_adapter() -> None:
     run = RunConfig(lora=LoraConfig(enabled=True, rank=2, dropout=0.1, target_modules=["c_attn"]))
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32))
     gpt2 = apply_lora(gpt2.eval(), run)
-    assert "LoRA" in fast_gpt2.unsupported_reason(gpt2)
+    assert "LoRA" in fast_gpt2.gpt2_unsupported_reason(gpt2)
     llama_run = RunConfig(lora=LoraConfig(enabled=True, rank=2, dropout=0.1))
     from postrl.lm.models import TinyLMConfig, build_tiny_lm
 
     llama = apply_lora(build_tiny_lm(50, TinyLMConfig(n_layers=1, hidden_size=16, n_heads=2)), llama_run)
-    assert "LoRA dropout is active" in fast_llama.unsupported_reason(llama.train())
-    assert fast_llama.unsupported_reason(llama.eval()) is None
+    assert "LoRA dropout is active" in fast_llama.llama_unsupported_reason(llama.train())
+    assert fast_llama.llama_unsupported_reason(llama.eval()) is None
 
 
 # ---- exports ---------------------------------------------------------------------------------------------
@@ -192,7 +192,7 @@ def test_a_lora_grpo_step_raises_the_best_response_and_leaves_the_base(tiny_lm_d
     before = _sequence_log_probs(model, batch)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-3)
     for _ in range(3):
-        optimise(
+        optimise_grpo(
             model, opt, batch, GRPOLossConfig(group_size=4), temperature=1.0, max_len=8, max_grad_norm=1.0
         )
     after = _sequence_log_probs(model, batch)

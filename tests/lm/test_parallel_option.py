@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from postrl.lm.grpo import GRPOConfig
-from postrl.lm.grpo.build import check_config as check_grpo_config
-from postrl.lm.ppo import PPOConfig, check_config
+from postrl.lm.grpo.build import check_grpo_config
+from postrl.lm.ppo import PPOConfig, check_ppo_config
 from postrl.lm.spine import RunConfig
 from postrl.runtime.errors import UserError
 
@@ -15,13 +15,13 @@ UNKNOWN = r"parallel must be one of \('ddp', 'fsdp'\), got 'zero3'"
 
 
 def test_ppo_offers_fsdp_with_a_separate_critic():
-    check_config(PPOConfig(run=RunConfig(parallel="fsdp"), critic="sft", reward_model="rm"))
+    check_ppo_config(PPOConfig(run=RunConfig(parallel="fsdp"), critic="sft", reward_model="rm"))
     with pytest.raises(
         UserError, match=r"parallel=fsdp with critic=shared: the value head lives in the actor"
     ):
-        check_config(PPOConfig(run=RunConfig(parallel="fsdp"), critic="shared", reward_model="rm"))
+        check_ppo_config(PPOConfig(run=RunConfig(parallel="fsdp"), critic="shared", reward_model="rm"))
     with pytest.raises(UserError, match=UNKNOWN):
-        check_config(PPOConfig(run=RunConfig(parallel="zero3"), critic="sft", reward_model="rm"))
+        check_ppo_config(PPOConfig(run=RunConfig(parallel="zero3"), critic="sft", reward_model="rm"))
 
 
 def test_grpo_offers_fsdp():

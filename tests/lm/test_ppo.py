@@ -22,8 +22,8 @@ from postrl.lm.models import ScalarHeadModel, assert_dropout_off, load_causal_lm
 from postrl.lm.ppo import (
     PPOConfig,
     PPOLossConfig,
-    backward_minibatch,
-    optimise,
+    backward_ppo_minibatch,
+    optimise_ppo,
     policy_forward,
     ppo_loss,
     run_ppo,
@@ -282,7 +282,7 @@ def test_ppo_update_lowers_the_loss_on_a_fixed_batch(
         before, stats0 = ppo_loss(roles, batch, cfg.ppo, 0.7)
     assert float(stats0["ratio_mean"]) == pytest.approx(1.0, abs=1e-4)
     reference = copy.deepcopy([p.detach().clone() for p in roles.reference.parameters()])
-    stats = optimise(roles, batch, cfg, opts, params, torch.Generator().manual_seed(0))
+    stats = optimise_ppo(roles, batch, cfg, opts, params, torch.Generator().manual_seed(0))
     with torch.no_grad():
         after, stats1 = ppo_loss(roles, batch, cfg.ppo, 0.7)
     assert float(after) < float(before)
@@ -349,7 +349,7 @@ def test_a_one_row_minibatch_gradient_is_its_token_mean(tiny_lm_dir, tiny_rm_dir
     )
     one = full.rows(torch.tensor([1]))
     (mb,) = one.minibatches(torch.arange(1), cfg.ppo.minibatches)
-    backward_minibatch(roles, mb, cfg.ppo, 0.7)
+    backward_ppo_minibatch(roles, mb, cfg.ppo, 0.7)
     got = [p.grad.clone() for p in roles.actor.parameters()]
     roles.actor.zero_grad(set_to_none=True)
     roles.critic.zero_grad(set_to_none=True)
@@ -375,7 +375,9 @@ def test_optimise_on_a_one_row_batch_with_two_minibatches(tiny_lm_dir, tiny_rm_d
     parts = trainable_parts(roles)
     opts = {k: make_optimizer(m, OptimConfig(lr=1e-3, warmup_steps=0), 10)[0] for k, m in parts.items()}
     params = {k: list(m.parameters()) for k, m in parts.items()}
-    stats = optimise(roles, full.rows(torch.tensor([0])), cfg, opts, params, torch.Generator().manual_seed(0))
+    stats = optimise_ppo(
+        roles, full.rows(torch.tensor([0])), cfg, opts, params, torch.Generator().manual_seed(0)
+    )
     assert math.isfinite(stats["loss"])
 
 

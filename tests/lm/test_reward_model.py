@@ -22,7 +22,7 @@ from postrl.lm.reward_model.evaluation import (
     expected_calibration_error,
     read_reward_norm,
 )
-from postrl.lm.reward_model.pairs import choose_loss, collate, pair_scores, rm_loss, tokenize_pairs
+from postrl.lm.reward_model.pairs import choose_loss, collate_pairs, pair_scores, rm_loss, tokenize_pairs
 from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig, TrainConfig, make_optimizer
 from postrl.runtime.config import ConfigError, from_dict, load_config
@@ -63,7 +63,7 @@ class LastIdModel(torch.nn.Module):
 def test_score_is_on_last_real_token_not_pad_after_eos(tiny_lm, tiny_tokenizer) -> None:
     rm = ScalarHeadModel.from_causal_lm(tiny_lm).eval()
     examples = tokenize_pairs(toy_rows(), tiny_tokenizer, 64)
-    batch = collate(examples, tiny_tokenizer.pad_token_id)
+    batch = collate_pairs(examples, tiny_tokenizer.pad_token_id)
     chosen, rejected = pair_scores(rm, batch)
     for k, e in enumerate(examples):  # each row alone, no padding at all
         for ids, got in ((e["chosen_ids"], chosen[k]), (e["rejected_ids"], rejected[k])):
@@ -78,8 +78,8 @@ def test_score_ignores_pad_ids_when_pad_equals_eos(tiny_lm, tiny_tokenizer) -> N
     rm = ScalarHeadModel.from_causal_lm(tiny_lm).eval()
     examples = tokenize_pairs(toy_rows(), tiny_tokenizer, 64)
     eos = tiny_tokenizer.eos_token_id
-    a = pair_scores(rm, collate(examples, tiny_tokenizer.pad_token_id))
-    b = pair_scores(rm, collate(examples, eos))
+    a = pair_scores(rm, collate_pairs(examples, tiny_tokenizer.pad_token_id))
+    b = pair_scores(rm, collate_pairs(examples, eos))
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
@@ -124,7 +124,7 @@ def test_loss_choice_and_margin(tiny_tokenizer) -> None:
     assert choose_loss("auto", examples) == "pairwise"
     with pytest.raises(UserError, match="soft"):
         choose_loss("soft", examples)
-    batch = collate(examples, 0)
+    batch = collate_pairs(examples, 0)
     torch.testing.assert_close(batch["margin"], torch.full((len(TOY),), 0.5))
     assert choose_loss("auto", tokenize_pairs(toy_rows(), tiny_tokenizer, 64)) == "soft"
     with pytest.raises(UserError, match="margin"):
@@ -145,7 +145,7 @@ def test_overlong_pairs_are_dropped_or_cut(tiny_tokenizer) -> None:
 def test_training_lowers_loss_and_learns_toy_preferences(tiny_lm, tiny_tokenizer, loss) -> None:
     torch.manual_seed(0)
     rm = ScalarHeadModel.from_causal_lm(tiny_lm)
-    batch = collate(tokenize_pairs(toy_rows(), tiny_tokenizer, 64), tiny_tokenizer.pad_token_id)
+    batch = collate_pairs(tokenize_pairs(toy_rows(), tiny_tokenizer, 64), tiny_tokenizer.pad_token_id)
     opt, _ = make_optimizer(rm, OptimConfig(lr=1e-2, warmup_steps=0), 15)
     first, metrics0 = rm_loss(rm, batch, loss)
     for _ in range(15):
@@ -180,7 +180,9 @@ def test_micro_batches_give_the_gradient_of_the_whole_batch(tiny_lm, tiny_tokeni
     rows = toy_rows() + [{"prompt": "Review: the bread", "chosen": " was warm .", "rejected": " was stale ."}]
     pairs = tokenize_pairs(rows, tiny_tokenizer, 64)
     pad = tiny_tokenizer.pad_token_id
-    value, _ = rm_loss(rm, collate(pairs, pad), loss)  # the independent formulation: one batch, one mean
+    value, _ = rm_loss(
+        rm, collate_pairs(pairs, pad), loss
+    )  # the independent formulation: one batch, one mean
     value.backward()
     whole = {n: p.grad.clone() for n, p in rm.named_parameters()}
     rm.zero_grad(set_to_none=True)

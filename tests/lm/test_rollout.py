@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from postrl.lm.fast.llama import FastLlama, unsupported_reason
+from postrl.lm.fast.llama import FastLlama, llama_unsupported_reason
 from postrl.lm.models import (
     PolicyWithValueHead,
     ScalarHeadModel,
@@ -96,7 +96,7 @@ LLAMA_VARIANTS = {
 @pytest.mark.parametrize("variant", sorted(LLAMA_VARIANTS))
 def test_fast_path_logits_match_hf_on_left_padded_batch_and_decode_steps(variant):
     model = tiny_llama(**LLAMA_VARIANTS[variant])
-    assert unsupported_reason(model) is None
+    assert llama_unsupported_reason(model) is None
     ids, mask = prompts(batch=4, width=8)
     full_ids = torch.cat(
         (ids, torch.randint(2, 64, (4, 6), generator=torch.Generator().manual_seed(1))), dim=1
@@ -115,10 +115,10 @@ def test_fast_path_logits_match_hf_on_left_padded_batch_and_decode_steps(variant
 
 
 def test_fast_path_refuses_unsupported_models():
-    assert "LlamaForCausalLM" in unsupported_reason(tiny_gpt2())
+    assert "LlamaForCausalLM" in llama_unsupported_reason(tiny_gpt2())
     llama = tiny_llama()
     llama.config.hidden_act = "gelu"
-    assert "silu" in unsupported_reason(llama)
+    assert "silu" in llama_unsupported_reason(llama)
     with pytest.raises(ValueError, match="fast decoders cannot run"):  # float64: neither fast decoder runs it
         run(tiny_gpt2().double(), *prompts(), use_fast=True)
 

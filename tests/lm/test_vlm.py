@@ -19,15 +19,15 @@ from postrl.lm.vlm import (
     build_tiny_vlm,
     build_vlm_tokenizer,
     encode_rows,
-    generate,
     image_token_id,
     is_vlm,
     load_vlm,
     load_vlm_rows,
     prompt_batch,
     save_vlm,
-    score,
     sft_batch,
+    vlm_generate,
+    vlm_score,
 )
 from postrl.lm.vlm.rollout import shared_rows
 
@@ -86,14 +86,14 @@ def test_sampled_log_probs_equal_teacher_forced(vlm, task, temperature) -> None:
     ids, mask, images = _prompts(vlm, task, 6)
     banned = [image_token_id(model, processor)]
     gen = torch.Generator().manual_seed(0)
-    rollout = generate(
+    rollout = vlm_generate(
         model, ids, mask, images, max_new_tokens=6, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
         banned=banned, repeat=3, temperature=temperature, generator=gen,
     )  # fmt: skip
     assert rollout.input_ids.shape[0] == 18 and rollout.response_mask.sum() > 18
     pixels = images["pixel_values"].repeat_interleave(3, 0)
     with torch.no_grad():
-        forced = score(
+        forced = vlm_score(
             model, rollout.input_ids, rollout.attention_mask, rollout.prompt_len, {"pixel_values": pixels},
             temperature=temperature, banned=banned,
         )  # fmt: skip
@@ -109,7 +109,7 @@ def test_vision_encoder_runs_once_per_prompt(vlm, task) -> None:
     handle = model.model.vision_tower.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
     try:
         ids, mask, images = _prompts(vlm, task, 4)
-        rollout = generate(
+        rollout = vlm_generate(
             model, ids, mask, images, max_new_tokens=5, eos_token_id=-1, pad_token_id=tok.pad_token_id,
             repeat=4, generator=torch.Generator().manual_seed(1),
         )  # fmt: skip
@@ -141,7 +141,7 @@ def test_shared_prompt_scoring_equals_the_plain_forward(vlm, task) -> None:
     ids, mask, images = prompt_batch(examples, tok.pad_token_id)
     pixels = images["pixel_values"]
     banned = [image_token_id(model, processor)]
-    rollout = generate(
+    rollout = vlm_generate(
         model, ids, mask, {"pixel_values": pixels}, max_new_tokens=5, eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id, banned=banned, repeat=3, generator=torch.Generator().manual_seed(2),
     )  # fmt: skip
@@ -162,7 +162,7 @@ def test_shared_prompt_scoring_equals_the_plain_forward(vlm, task) -> None:
         results = []
         for share in (False, True):
             calls.clear()
-            log_probs = score(model, *args, rows, banned=banned, share=share)
+            log_probs = vlm_score(model, *args, rows, banned=banned, share=share)
             grads = torch.autograd.grad((log_probs * weights).sum(), params, allow_unused=True)
             grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
             results.append((log_probs, grads, list(calls)))

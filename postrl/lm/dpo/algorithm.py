@@ -5,7 +5,7 @@ DPO skips the reward model and the sampling of RLHF: the policy's log-ratio to a
 β·log(π(y|x)/π_ref(y|x)), is an implicit reward, and fitting it to the pairs with the Bradley–Terry loss is
 maximum likelihood for the policy that the KL-regularised RL objective would reach. One step:
 
-    B pairs ──collate: 2B rows (chosen, rejected) in the rollout layout──▶ teacher-forced forward of π
+    B pairs ──collate_dpo_batch: 2B rows (chosen, rejected) in the rollout layout──▶ teacher-forced forward of π
       ──Σ log π over each response's tokens──▶ log π(y_w), log π(y_l) [B]
       + log π_ref(y_w), log π_ref(y_l) [B] (computed once before training, `build.reference_log_probs`)
       ──core.dpo_loss (sigmoid or ipo; target p per pair, 0.5 a tie)──▶ AdamW step
@@ -34,11 +34,11 @@ from torch import Tensor
 
 from postrl.lm.dpo.build import (
     REF_FILE,
-    collate,
+    collate_dpo_batch,
     dpo_batch_loss,
     load_pairs,
     pair_metrics,
-    reference_log_probs,
+    reference_pair_log_probs,
 )
 from postrl.lm.dpo.config import DPOConfig
 from postrl.lm.recipe import Setup, run_recipe
@@ -108,7 +108,7 @@ def dpo_train_step(
     def micro_loss(mb: tuple[list[int], float]) -> Tensor:
         rows, weight = mb
         share = weight * len(rows) / len(indices)  # b/N; 0 for a rank whose share ran out
-        batch = collate([pairs[i] for i in rows], pad_id, device)
+        batch = collate_dpo_batch([pairs[i] for i in rows], pad_id, device)
         value, stats = dpo_batch_loss(model, batch, ref[rows], cfg.dpo, use_fast)
         sums["loss"] += float(value.detach()) * share
         for key in STAT_KEYS:
@@ -206,7 +206,7 @@ class DPORecipe(ReferenceRecipe):
         self, reference: torch.nn.Module, examples: list[dict], setup: Setup, batch_size: int
     ) -> Tensor:
         pad, fast = setup.tokenizer.pad_token_id, setup.cfg.sampling.use_fast
-        return reference_log_probs(reference, examples, pad, setup.info.device, batch_size, fast)
+        return reference_pair_log_probs(reference, examples, pad, setup.info.device, batch_size, fast)
 
     def algorithm(self, setup: Setup, refs: dict[str, Tensor], evaluate_samples: Any) -> DPO:
         cfg, info = setup.cfg, setup.info

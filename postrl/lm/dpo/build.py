@@ -41,7 +41,9 @@ def load_pairs(cfg: DPOConfig, tokenizer: Any) -> tuple[list[dict], list[dict], 
     return train, evals, task
 
 
-def collate(examples: Sequence[dict[str, Any]], pad_id: int, device: torch.device) -> dict[str, Tensor]:
+def collate_dpo_batch(
+    examples: Sequence[dict[str, Any]], pad_id: int, device: torch.device
+) -> dict[str, Tensor]:
     """2b rows in the rollout layout (chosen 0..b−1, rejected b..2b−1: a pair shares its prompt, which
     `response_logits` runs once) and ``target`` [b], on ``device``."""
     return to_device(collate_preferences(examples, pad_id), device)
@@ -62,7 +64,7 @@ def sequence_log_probs(
 
 # ---- the reference, once -------------------------------------------------------------------------------
 @torch.no_grad()
-def reference_log_probs(
+def reference_pair_log_probs(
     reference: torch.nn.Module,
     examples: Sequence[dict[str, Any]],
     pad_id: int,
@@ -77,7 +79,7 @@ def reference_log_probs(
     starts = list(range(0, len(examples), batch_size))
     mine = {}
     for k in range(dist.rank(), len(starts), dist.world_size()):
-        batch = collate(examples[starts[k] : starts[k] + batch_size], pad_id, device)
+        batch = collate_dpo_batch(examples[starts[k] : starts[k] + batch_size], pad_id, device)
         chosen, rejected = sequence_log_probs(reference, batch, use_fast)
         mine[k] = torch.stack((chosen, rejected), dim=1).float().cpu()  # (b, 2)
     parts = {k: v for ranks in dist.all_gather_object(mine) for k, v in ranks.items()}
@@ -119,7 +121,7 @@ def pair_metrics(
     sums = torch.zeros(len(keys) + 1, dtype=torch.float64)
     for i in range(0, len(rows), batch_size):
         part = rows[i : i + batch_size]
-        batch = collate([examples[j] for j in part], pad_id, device)
+        batch = collate_dpo_batch([examples[j] for j in part], pad_id, device)
         loss, stats = dpo_batch_loss(model, batch, ref[part], cfg)
         values = [loss, *(stats[k] for k in keys[1:])]
         sums += torch.tensor([float(v) * len(part) for v in values] + [len(part)], dtype=torch.float64)

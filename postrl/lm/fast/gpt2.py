@@ -15,7 +15,7 @@ forward:
 
 It reads the LIVE parameters (references, no copies), and still is built anew for every `generate` call as
 `FastLlama` is. Like it, it runs under the caller's grad mode (teacher-forced training forwards take it,
-`postrl.lm.rollout.shared_prefix.response_logits`). `unsupported_reason` says why a model must take the
+`postrl.lm.rollout.shared_prefix.response_logits`). `gpt2_unsupported_reason` says why a model must take the
 Hugging Face fallback instead.
 """
 
@@ -38,7 +38,7 @@ TANH_GELUS = frozenset({"gelu_new", "gelu_pytorch_tanh", "gelu_fast"})
 _TWO_SQRT_2_OVER_PI = 2 * math.sqrt(2 / math.pi)
 
 
-def unsupported_reason(model: torch.nn.Module) -> str | None:
+def gpt2_unsupported_reason(model: torch.nn.Module) -> str | None:
     """None when `FastGPT2` reproduces ``model``'s forward, else why not (the caller falls back to HF)."""
     if not isinstance(model, GPT2LMHeadModel):
         return f"{type(model).__name__} is not a GPT2LMHeadModel"
@@ -109,8 +109,8 @@ class FastGPT2:
     `postrl.lm.fast.llama.FastLlama` (``prefill`` once, then ``step`` per token), positions from ``wpe``."""
 
     def __init__(self, model: torch.nn.Module, checked: bool = False) -> None:
-        """``checked``: the caller has just seen `unsupported_reason` return None (it is not run again)."""
-        reason = None if checked else unsupported_reason(model)
+        """``checked``: the caller has just seen `gpt2_unsupported_reason` return None (it is not run again)."""
+        reason = None if checked else gpt2_unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"FastGPT2 cannot run this model: {reason}")
         cfg, body = model.config, model.transformer

@@ -20,7 +20,7 @@ It runs under the caller's grad mode: with gradients on, the folded weights are 
 parameters and the KV cache grows by concatenation instead (autograd cannot go through in-place writes into a
 buffer that an earlier attention read), so a teacher-forced training forward
 (`postrl.lm.rollout.shared_prefix.response_logits`) takes the same short path as sampling.
-`unsupported_reason` says why a model must take the Hugging Face fallback instead.
+`llama_unsupported_reason` says why a model must take the Hugging Face fallback instead.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from postrl.lm.fast.adapters import linear_weight, unsupported_projection
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 
 
-def unsupported_reason(model: torch.nn.Module) -> str | None:
+def llama_unsupported_reason(model: torch.nn.Module) -> str | None:
     """None when `FastLlama` reproduces ``model``'s forward, else why not (the caller falls back to HF)."""
     if not isinstance(model, LlamaForCausalLM):
         return f"{type(model).__name__} is not a LlamaForCausalLM"
@@ -176,8 +176,8 @@ class FastLlama:
     """
 
     def __init__(self, model: torch.nn.Module, checked: bool = False) -> None:
-        """``checked``: the caller has just seen `unsupported_reason` return None (it is not run again)."""
-        reason = None if checked else unsupported_reason(model)
+        """``checked``: the caller has just seen `llama_unsupported_reason` return None (it is not run again)."""
+        reason = None if checked else llama_unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"FastLlama cannot run this model: {reason}")
         cfg = model.config

@@ -10,8 +10,8 @@
 
 from postrl.core import overlong_penalty as overlong_penalty  # re-exported: its name before postrl.core
 from postrl.lm.grpo.algorithm import MU_ONE_NOTE as MU_ONE_NOTE
-from postrl.lm.grpo.algorithm import backward_minibatch as backward_minibatch
-from postrl.lm.grpo.algorithm import optimise as optimise
+from postrl.lm.grpo.algorithm import backward_grpo_minibatch as backward_grpo_minibatch
+from postrl.lm.grpo.algorithm import optimise_grpo as optimise_grpo
 from postrl.lm.grpo.algorithm import policy_log_probs as policy_log_probs
 from postrl.lm.grpo.algorithm import run_grpo as run_grpo
 from postrl.lm.grpo.config import GRPOConfig as GRPOConfig

@@ -68,9 +68,9 @@ from torch import Tensor
 
 from postrl.core import entropy_from_logits, grpo_loss, masked_mean
 from postrl.lm import onpolicy
-from postrl.lm.grpo.build import build_run, check_config
+from postrl.lm.grpo.build import build_grpo_run, check_grpo_config
 from postrl.lm.grpo.config import GRPOConfig, GRPOLossConfig
-from postrl.lm.grpo.rollouts import PromptStream, Run, collect, evaluate
+from postrl.lm.grpo.rollouts import PromptStream, Run, collect, evaluate_grpo_heldout
 from postrl.lm.onpolicy import Term
 from postrl.lm.recipe import Setup, run_recipe
 from postrl.lm.rollout import token_log_probs
@@ -231,7 +231,7 @@ class GRPOObjective:
         return {"grad_norm": clip_grad_norm(self.model, self.max_grad_norm)}
 
 
-def backward_minibatch(
+def backward_grpo_minibatch(
     model: torch.nn.Module,
     batch: RolloutBatch,
     cfg: GRPOLossConfig,
@@ -245,7 +245,7 @@ def backward_minibatch(
     return onpolicy.backward_minibatch(objective, batch, cfg.grad_accum)
 
 
-def update(
+def update_grpo(
     objective: GRPOObjective, optimizer: torch.optim.Optimizer, batch: RolloutBatch, cfg: GRPOLossConfig
 ) -> dict[str, float]:
     """μ epochs over ``batch``, ``minibatches`` optimiser steps each, every m-th row per minibatch
@@ -254,7 +254,7 @@ def update(
     return onpolicy.update(objective, [optimizer], batch, cfg.epochs, split, cfg.grad_accum)
 
 
-def optimise(
+def optimise_grpo(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     batch: RolloutBatch,
@@ -264,10 +264,10 @@ def optimise(
     max_grad_norm: float | None,
     use_fast: bool | None = None,
 ) -> dict[str, float]:
-    """`update` of a causal LM policy. ``use_fast``: which forward the training pass takes
+    """`update_grpo` of a causal LM policy. ``use_fast``: which forward the training pass takes
     (`postrl.lm.rollout.SamplingConfig.use_fast`)."""
     objective = GRPOObjective(model, text_policy(model, temperature, use_fast), cfg, max_len, max_grad_norm)
-    return update(objective, optimizer, batch, cfg)
+    return update_grpo(objective, optimizer, batch, cfg)
 
 
 def grpo_step(
@@ -277,7 +277,7 @@ def grpo_step(
     start = time.perf_counter()
     batch, metrics = collect(run, stream, step)
     middle = time.perf_counter()
-    stats = optimise(
+    stats = optimise_grpo(
         run.policy,
         optimizer,
         batch,
@@ -320,7 +320,7 @@ class GRPO:
         return {"reward": metrics["reward_mean"], "kl": metrics["kl"]}
 
     def evaluate(self) -> dict[str, float]:
-        return evaluate(self.run, self.steps_done)
+        return evaluate_grpo_heldout(self.run, self.steps_done)
 
     def parts(self) -> Parts:
         extra = {"position": self.stream.position, "generated_tokens": self.generated_tokens}
@@ -374,8 +374,8 @@ class GRPORecipe:
         """The world-size checks need the distributed set-up: `load` makes them."""
 
     def load(self, setup: Setup) -> None:
-        check_config(setup.cfg, setup.info.world_size)
-        run = build_run(setup.cfg, setup.info)
+        check_grpo_config(setup.cfg, setup.info.world_size)
+        run = build_grpo_run(setup.cfg, setup.info)
         setup.cfg = run.cfg  # its max_prompt_length clipped to the model's context (build.build_run)
         setup.extra["run"] = run
 

@@ -28,7 +28,7 @@ from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
 
 
-def check_config(cfg: GRPOConfig, world: int) -> None:
+def check_grpo_config(cfg: GRPOConfig, world: int) -> None:
     """What the value ranges cannot say: relations between keys, and the number of ranks."""
     g = cfg.grpo
     problems = {
@@ -83,7 +83,7 @@ def reward_fns(cfg: GRPOConfig, rows: list[dict[str, Any]], device: torch.device
     return fns
 
 
-def build_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
+def build_grpo_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
     """Load and check everything a run needs (models, tokenizer, prompts, reward functions)."""
     load = {
         "dtype": resolve_dtype(cfg.run.dtype, "run.dtype"),

@@ -4,7 +4,7 @@
 responses per prompt from π_old, rewards them (plus the DAPO overlong penalty), refills zero-variance groups
 under dynamic sampling, scores log π_old (μ > 1) and log π_ref (β > 0) teacher-forced, and computes the group
 advantages.
-`evaluate` samples the held-out prompts greedily and at the training temperature and rewards them.
+`evaluate_grpo_heldout` samples the held-out prompts greedily and at the training temperature and rewards them.
 """
 
 from __future__ import annotations
@@ -332,7 +332,7 @@ def _rollout_metrics(run: Run, rounds: list[_Round]) -> dict[str, float]:
 
 # ---- evaluation ---------------------------------------------------------------------------------------------
 @torch.no_grad()
-def evaluate(run: Run, step: int, batch_size: int = 256) -> dict[str, float]:
+def evaluate_grpo_heldout(run: Run, step: int, batch_size: int = 256) -> dict[str, float]:
     """Held-out greedy and sampled (pass@1, one sample per prompt at the training temperature) reward, and
     accuracy where a verifier exists, after ``step`` optimizer steps (the reward functions' trainer_state).
     Every rank evaluates the same prompts (only rank 0 logs)."""

@@ -31,9 +31,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from postrl.lm.kto.build import REF_FILE, batch_loss, heldout_metrics, kl_reference_point, reference_log_probs
+from postrl.lm.kto.build import (
+    REF_FILE,
+    batch_loss,
+    heldout_metrics,
+    kl_reference_point,
+    reference_completion_log_probs,
+)
 from postrl.lm.kto.config import KTOConfig
-from postrl.lm.kto.data import check_labels, collate, load_train_heldout_kto, tokenize
+from postrl.lm.kto.data import check_labels, collate_kto_rows, load_train_heldout_kto, tokenize
 from postrl.lm.recipe import Setup, run_recipe
 from postrl.lm.reference import ReferenceRecipe
 from postrl.lm.spine import LoopState, Parts, accumulate
@@ -76,7 +82,7 @@ def kto_train_step(
     def micro_loss(mb: tuple[list[int], float]) -> Tensor:
         rows, weight = mb
         share = weight * len(rows) / len(indices)  # b/N; 0 for a rank whose share ran out
-        batch = to_device(collate([examples[i] for i in rows], pad_id), device)
+        batch = to_device(collate_kto_rows([examples[i] for i in rows], pad_id), device)
         value, stats = batch_loss(model, batch, ref[rows, 0], z0, cfg.kto, use_fast)
         good = batch["desirable"].cpu()
         n_good, n_bad = float(good.sum()) * weight, float((~good).sum()) * weight
@@ -197,7 +203,7 @@ class KTORecipe(ReferenceRecipe):
         self, reference: torch.nn.Module, examples: list[dict], setup: Setup, batch_size: int
     ) -> Tensor:
         pad, fast = setup.tokenizer.pad_token_id, setup.cfg.sampling.use_fast
-        return reference_log_probs(reference, examples, pad, setup.info.device, batch_size, fast)
+        return reference_completion_log_probs(reference, examples, pad, setup.info.device, batch_size, fast)
 
     def algorithm(self, setup: Setup, refs: dict[str, Tensor], evaluate_samples: Any) -> KTO:
         cfg, info = setup.cfg, setup.info

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from postrl.core import kto_loss, masked_sum
 from postrl.lm.kto.config import KTOLossConfig
-from postrl.lm.kto.data import collate
+from postrl.lm.kto.data import collate_kto_rows
 from postrl.lm.reference import REF_FILE as REF_FILE
 from postrl.lm.rollout import token_log_probs
 from postrl.lm.rollout.shared_prefix import response_logits
@@ -41,15 +41,15 @@ def rows_log_probs(
 ) -> Tensor:
     """``[len(rows), 2]``: (matched, mismatched) summed log-probs of the given rows, under the caller's grad mode."""
     part = [examples[i] for i in rows]
-    matched = completion_log_probs(model, to_device(collate(part, pad_id), device), use_fast)
+    matched = completion_log_probs(model, to_device(collate_kto_rows(part, pad_id), device), use_fast)
     mismatched = completion_log_probs(
-        model, to_device(collate(part, pad_id, mismatched=True), device), use_fast
+        model, to_device(collate_kto_rows(part, pad_id, mismatched=True), device), use_fast
     )
     return torch.stack((matched, mismatched), dim=1)
 
 
 @torch.no_grad()
-def reference_log_probs(
+def reference_completion_log_probs(
     reference: torch.nn.Module,
     examples: Sequence[dict[str, Any]],
     pad_id: int,
@@ -84,7 +84,7 @@ def kl_reference_point(
     for rows, weight in parts:
         if weight == 0:
             continue
-        batch = to_device(collate([examples[i] for i in rows], pad_id, mismatched=True), device)
+        batch = to_device(collate_kto_rows([examples[i] for i in rows], pad_id, mismatched=True), device)
         logps = completion_log_probs(model, batch, use_fast).double().cpu()  # (b,)
         total += torch.stack(((logps - ref[rows, 1].double()).sum(), torch.tensor(float(len(rows)))))
     total = dist.all_reduce_sum(total)
@@ -127,7 +127,7 @@ def heldout_metrics(
     z0 = kl_reference_point(model, examples, ref, parts, pad_id, device)
     sums = torch.zeros(5, dtype=torch.float64)  # loss·n, Σ βr desirable, n desirable, Σ βr undesirable, n
     for rows, _ in parts:
-        batch = to_device(collate([examples[i] for i in rows], pad_id), device)
+        batch = to_device(collate_kto_rows([examples[i] for i in rows], pad_id), device)
         logps = completion_log_probs(model, batch).double().cpu()
         loss, _ = kto_loss(logps, ref[rows, 0].double(), batch["desirable"].cpu(), z0.double(), cfg.beta,
                            cfg.desirable_weight, cfg.undesirable_weight)  # fmt: skip

@@ -92,7 +92,7 @@ def check_labels(examples: Sequence[dict[str, Any]], what: str) -> None:
         raise DataError(f"{what}: every row is {only}; KTO needs desirable (label true) and undesirable rows")
 
 
-def collate(
+def collate_kto_rows(
     examples: Sequence[dict[str, Any]], pad_id: int, mismatched: bool = False
 ) -> dict[str, torch.Tensor]:
     """b rows in the rollout layout (`join_prompt_response`): each prompt with its completion, or with its

@@ -43,13 +43,13 @@ from postrl.lm.onpolicy import Term
 from postrl.lm.ppo.advantages import make_batch
 from postrl.lm.ppo.build import (
     PPORun,
-    build_run,
+    build_ppo_run,
     export_models,
     plot_run,
     seeded_generator,
     summarize,
 )
-from postrl.lm.ppo.config import PPOConfig, PPOLossConfig, check_config
+from postrl.lm.ppo.config import PPOConfig, PPOLossConfig, check_ppo_config
 from postrl.lm.recipe import Setup, run_recipe
 from postrl.lm.rewards import TrainerState
 from postrl.lm.roles import Roles
@@ -165,7 +165,7 @@ class PPOObjective:
         }
 
 
-def backward_minibatch(
+def backward_ppo_minibatch(
     roles: Roles,
     mb: RolloutBatch,
     cfg: PPOLossConfig,
@@ -179,7 +179,7 @@ def backward_minibatch(
     return onpolicy.backward_minibatch(objective, mb, cfg.grad_accum)
 
 
-def optimise(
+def optimise_ppo(
     roles: Roles,
     batch: RolloutBatch,
     cfg: PPOConfig,
@@ -266,7 +266,7 @@ class PPO:
         params = {k: [p for p in m.parameters() if p.requires_grad] for k, m in run.parts.items()}
         order = seeded_generator(torch.device("cpu"), cfg.run.seed, "minibatches", step, dist.rank())
         ptx = self.ptx_loss if run.ptx_examples else None
-        metrics.update(optimise(run.train_roles, batch, cfg, run.optimizers, params, order, ptx))
+        metrics.update(optimise_ppo(run.train_roles, batch, cfg, run.optimizers, params, order, ptx))
         t2 = time.perf_counter()
         for sched in run.schedulers.values():
             sched.step()
@@ -336,10 +336,10 @@ class PPORecipe:
     eval_at_start = True
 
     def check(self, cfg: PPOConfig) -> None:
-        check_config(cfg)
+        check_ppo_config(cfg)
 
     def load(self, setup: Setup) -> None:
-        run = build_run(setup.cfg, setup.info)
+        run = build_ppo_run(setup.cfg, setup.info)
         setup.cfg = run.cfg  # its length ceilings clipped to the model's context (build.fit_lengths)
         setup.extra["run"] = run
 

@@ -207,7 +207,7 @@ def build_models(cfg: PPOConfig, info: dist.DistInfo) -> tuple[Roles, Any]:
     return roles, tokenizer
 
 
-def build_run(cfg: PPOConfig, info: dist.DistInfo) -> PPORun:
+def build_ppo_run(cfg: PPOConfig, info: dist.DistInfo) -> PPORun:
     """Load and check everything a run needs (models, tokenizer, prompts, reward functions, ptx data) before
     the run folder is touched."""
     roles, tokenizer = build_models(cfg, info)

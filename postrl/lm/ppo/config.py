@@ -151,7 +151,7 @@ SHARED_FSDP = (
 )
 
 
-def check_config(cfg: PPOConfig) -> None:
+def check_ppo_config(cfg: PPOConfig) -> None:
     """Refuse settings that cannot work, naming the key."""
     p, parallel = cfg.ppo, cfg.run.parallel
     problems = {

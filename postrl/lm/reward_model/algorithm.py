@@ -33,7 +33,7 @@ from postrl.lm.reward_model.evaluation import (
 )
 from postrl.lm.reward_model.pairs import (
     choose_loss,
-    collate,
+    collate_pairs,
     drop_ties,
     gold_pairs,
     load_pair_rows,
@@ -122,7 +122,7 @@ def rm_train_step(
     micro-batch of b pairs whose mean loss is ℓ̄ contributes ℓ̄·b/N (its summed pair loss / N), so
     accumulation and sharding give the gradient of one big batch."""
     micro = [
-        (to_device(collate([pairs[i] for i in c], pad_id), device), w)
+        (to_device(collate_pairs([pairs[i] for i in c], pad_id), device), w)
         for c, w in micro_batches(indices, train.grad_accum)
     ]
     scale = dist.world_size()  # DDP and FSDP average gradients over ranks; the loss is a global pair sum

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from postrl.lm.reward_model.pairs import LOSSES, collate, pair_scores
+from postrl.lm.reward_model.pairs import LOSSES, collate_pairs, pair_scores
 from postrl.lm.trainer import to_device
 from postrl.runtime.checkpoint import write_dir_atomically
 
@@ -73,7 +73,7 @@ def evaluate_pairs(
     model.eval()
     diffs, targets, scores, total = [], [], [], 0.0
     for i in range(0, len(examples), batch_size):
-        batch = to_device(collate(examples[i : i + batch_size], pad_id), device)
+        batch = to_device(collate_pairs(examples[i : i + batch_size], pad_id), device)
         chosen, rejected = pair_scores(model, batch)
         total += float(LOSSES[loss](chosen, rejected, batch)) * chosen.shape[0]
         diffs.append((chosen - rejected).cpu())

@@ -74,7 +74,7 @@ def tokenize_pairs(
     return out
 
 
-def collate(examples: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
+def collate_pairs(examples: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
     """2b rows (chosen 0..b−1, rejected b..2b−1) in the rollout layout, plus ``target`` and ``margin`` [b]."""
     batch = collate_preferences(examples, pad_id)
     if examples and examples[0]["margin"] is not None:

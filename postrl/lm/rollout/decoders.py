@@ -73,8 +73,8 @@ class HFDecoder:
 
 
 FAST_DECODERS = {
-    llama.FastLlama: llama.unsupported_reason,
-    gpt2.FastGPT2: gpt2.unsupported_reason,
+    llama.FastLlama: llama.llama_unsupported_reason,
+    gpt2.FastGPT2: gpt2.gpt2_unsupported_reason,
 }
 
 

@@ -3,7 +3,7 @@
     model.py     the built-in tiny LLaVA (CLIP tower, projector, tiny Llama) and its processor; loading any
                  Hugging Face image-text-to-text model (`load_vlm`), `is_vlm` (the trainers' hook)
     data.py      rows with ``images`` → prompt ids with image placeholders, pixel values, completion ids
-    rollout.py   `generate` (the vision encoder once per prompt, then the KV cache) and teacher-forced `score`
+    rollout.py   `vlm_generate` (the vision encoder once per prompt, then the KV cache) and teacher-forced `vlm_score`
     train.py     supervised training on the spine: `run_vlm_pretrain` (the tiny VLM aligned on captions),
                  `run_vlm_sft` (`postrl sft` when the model is a VLM), greedy held-out accuracy
     grpo.py      `run_vlm_grpo` (`postrl grpo` when the model is a VLM): the text trainer's config, estimators
@@ -26,8 +26,8 @@ from postrl.lm.vlm.model import image_token_id as image_token_id
 from postrl.lm.vlm.model import is_vlm as is_vlm
 from postrl.lm.vlm.model import load_vlm as load_vlm
 from postrl.lm.vlm.model import save_vlm as save_vlm
-from postrl.lm.vlm.rollout import generate as generate
-from postrl.lm.vlm.rollout import score as score
+from postrl.lm.vlm.rollout import vlm_generate as vlm_generate
+from postrl.lm.vlm.rollout import vlm_score as vlm_score
 from postrl.lm.vlm.train import VLMPretrainConfig as VLMPretrainConfig
 from postrl.lm.vlm.train import answer_accuracy as answer_accuracy
 from postrl.lm.vlm.train import run_vlm_pretrain as run_vlm_pretrain

@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from postrl.core import overlong_penalty
-from postrl.lm.grpo.algorithm import GRPOObjective, PolicyForward, update
-from postrl.lm.grpo.build import check_config, reward_fns
+from postrl.lm.grpo.algorithm import GRPOObjective, PolicyForward, update_grpo
+from postrl.lm.grpo.build import check_grpo_config, reward_fns
 from postrl.lm.grpo.config import GRPOConfig
 from postrl.lm.grpo.rollouts import PromptStream, compute_advantages
 from postrl.lm.recipe import Setup, run_recipe
@@ -45,8 +45,15 @@ from postrl.lm.trainer import export_on_main, make_optimizer
 from postrl.lm.vlm.data import VLMExample, encode_rows, load_vlm_rows, prompt_batch
 from postrl.lm.vlm.inputs import select_rows
 from postrl.lm.vlm.model import image_token_id, load_vlm
-from postrl.lm.vlm.rollout import generate, score
-from postrl.lm.vlm.train import accuracy_by_kind, check_parallel, decode, gather_shares, to_device, wrap_vlm
+from postrl.lm.vlm.rollout import vlm_generate, vlm_score
+from postrl.lm.vlm.train import (
+    accuracy_by_kind,
+    check_parallel,
+    decode,
+    gather_shares,
+    nested_to_device,
+    wrap_vlm,
+)
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
 
@@ -79,8 +86,8 @@ class VLMGRPO:
         was_training = model.training
         model.eval()
         with dist.gathered(self.model):  # whole weights; ranks may decode different numbers of tokens
-            rollout = generate(
-                model, ids.to(self.device), mask.to(self.device), to_device(images, self.device),
+            rollout = vlm_generate(
+                model, ids.to(self.device), mask.to(self.device), nested_to_device(images, self.device),
                 max_new_tokens=sampling.max_new_tokens, eos_token_id=tok.eos_token_id,
                 pad_token_id=tok.pad_token_id, banned=self.banned, repeat=repeat,
                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
@@ -122,7 +129,7 @@ class VLMGRPO:
         )
         advantages = compute_advantages(rewards, g).to(self.device)
         _, _, images = prompt_batch(rows, self.processor.tokenizer.pad_token_id)  # each row's own inputs
-        images = to_device(images, self.device)
+        images = nested_to_device(images, self.device)
         n = rollout.input_ids.shape[0]
         with torch.no_grad(), dist.gathered(self.model):
             old = rollout.log_probs
@@ -139,7 +146,7 @@ class VLMGRPO:
             self.model, self.policy(images, n), g, batch.input_ids.shape[1] - batch.prompt_len,
             self.cfg.optim.max_grad_norm,
         )  # fmt: skip
-        stats = update(objective, self.optimizer, batch, g)
+        stats = update_grpo(objective, self.optimizer, batch, g)
         lengths = rollout.response_lengths.float()
         metrics = {
             "reward_mean": float(rewards.mean()),
@@ -164,7 +171,7 @@ class VLMGRPO:
 
     def score(self, model: torch.nn.Module, rollout: Rollout, images: dict[str, Tensor]) -> Tensor:
         """log π_τ of every row's response under ``model`` (old log-probs, reference log-probs)."""
-        return score(
+        return vlm_score(
             model, rollout.input_ids, rollout.attention_mask, rollout.prompt_len, images,
             temperature=self.cfg.sampling.temperature, banned=self.banned,
         )  # fmt: skip
@@ -175,7 +182,7 @@ class VLMGRPO:
 
         def forward(batch: RolloutBatch) -> tuple[Tensor, Tensor]:
             assert batch.row_ids is not None
-            return score(
+            return vlm_score(
                 self.model, batch.input_ids, batch.attention_mask, batch.prompt_len,
                 select_rows(images, batch.row_ids, n), temperature=self.cfg.sampling.temperature,
                 banned=self.banned, with_entropy=True,
@@ -268,7 +275,7 @@ class VLMGRPORecipe:
     def load(self, setup: Setup) -> None:
         cfg, info = setup.cfg, setup.info
         check_parallel(cfg.run, info.world_size, trains_vision=not self.freeze_vision)
-        check_config(cfg, info.world_size)
+        check_grpo_config(cfg, info.world_size)
         model, processor = load_vlm(cfg.model, cfg.run.dtype, info.device, cfg.trust_remote_code)
         train, heldout, rows = _load_prompts(cfg, processor)
         if len(train) < cfg.grpo.prompts_per_step and not cfg.grpo.repeat_prompts:
@@ -319,6 +326,6 @@ def run_vlm_grpo(
     """`postrl grpo` for a vision-language model (the hook in `postrl.lm.grpo.run_grpo`). RL trains the whole
     model, vision tower and projector included, as TRL's GRPOTrainer does by default (on task:shapes it
     scored as well as or better than training the language model alone: benchmarks/vlm.py); the tower's
-    backward runs once per distinct picture (`postrl.lm.vlm.rollout.response_logits`). ``freeze_vision``:
+    backward runs once per distinct picture (`postrl.lm.vlm.rollout.vlm_response_logits`). ``freeze_vision``:
     the vision tower and projector stay as SFT left them (`freeze_vision_parts`; logged at info level)."""
     return run_recipe(VLMGRPORecipe(freeze_vision), cfg, run_dir, resume=resume, overwrite=overwrite)

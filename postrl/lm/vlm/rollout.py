@@ -1,9 +1,9 @@
 """Sampling and teacher-forced scoring for vision-language models, in the text engine's `Rollout` layout.
 
-`generate` prefills each distinct prompt once with its pictures (the vision encoder runs once per prompt,
+`vlm_generate` prefills each distinct prompt once with its pictures (the vision encoder runs once per prompt,
 never per generated token: a GRPO group's G rows share the prefilled KV cache), then decodes token ids only
-through the language model's cache. `score` runs the forward teacher-forced, with or without gradients, the
-same way: each distinct prompt with its pictures once, a group's rows on its cache (`response_logits`; in
+through the language model's cache. `vlm_score` runs the forward teacher-forced, with or without gradients, the
+same way: each distinct prompt with its pictures once, a group's rows on its cache (`vlm_response_logits`; in
 a GRPO step the vision tower's forward and backward run once per picture, not once per answer). Both take
 log π_τ from the same masked logits: the image placeholder token (and any other ``banned`` id) gets −∞
 before the softmax, so it is never drawn and the sampled log-probs equal the teacher-forced ones
@@ -85,7 +85,7 @@ class VLMDecoder:
 
 
 @torch.no_grad()
-def generate(
+def vlm_generate(
     model: torch.nn.Module,
     prompt_ids: Tensor,
     prompt_mask: Tensor,
@@ -173,7 +173,7 @@ def _can_share(model: torch.nn.Module) -> bool:
     return not (getattr(model, "is_gradient_checkpointing", False) if flag is None else flag)
 
 
-def response_logits(
+def vlm_response_logits(
     model: torch.nn.Module,
     input_ids: Tensor,
     attention_mask: Tensor,
@@ -209,7 +209,7 @@ def response_logits(
     cache = getattr(head, "cache", None) or head.past_key_values
     cache.batch_select_indices(inverse)  # every row gets its prompt's keys and values (differentiable)
     # no pictures: a response never holds an image placeholder (banned from sampling); per-token inputs
-    # continue over the response as in `generate`
+    # continue over the response as in `vlm_generate`
     token, _ = split_inputs(images, P, B)
     kind = model_type(model)
     tail = model(
@@ -220,7 +220,7 @@ def response_logits(
     return torch.cat((logits, tail.logits), dim=1)  # (B, T, V)
 
 
-def score(
+def vlm_score(
     model: torch.nn.Module,
     input_ids: Tensor,
     attention_mask: Tensor,
@@ -234,8 +234,8 @@ def score(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Teacher-forced log π_τ of the response tokens → [B, T] float32, 0 where masked (and, ``with_entropy``,
     the per-token entropy, detached). Runs under the caller's grad mode; ``images`` hold the pictures of the B
-    rows in row order; rows that share a prompt and its pictures share its forward (`response_logits`)."""
-    logits = response_logits(model, input_ids, attention_mask, prompt_len, images, share)
+    rows in row order; rows that share a prompt and its pictures share its forward (`vlm_response_logits`)."""
+    logits = vlm_response_logits(model, input_ids, attention_mask, prompt_len, images, share)
     logits = masked_logits(logits, banned)
     log_pi = torch.log_softmax(logits / temperature, dim=-1)  # (B, T, V)
     mask = attention_mask[:, prompt_len:].float()

@@ -36,7 +36,7 @@ from postrl.lm.trainer import (
 )
 from postrl.lm.vlm.data import VLMExample, encode_rows, load_vlm_rows, prompt_batch, sft_batch
 from postrl.lm.vlm.model import TinyVLMConfig, build_tiny_vlm, build_vlm_tokenizer, image_token_id, load_vlm
-from postrl.lm.vlm.rollout import generate, response_logits
+from postrl.lm.vlm.rollout import vlm_generate, vlm_response_logits
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
 
@@ -47,7 +47,7 @@ Reward = Callable[..., list[float]]
 def completion_nll(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[Tensor, int]:
     """(Σ −log p of the completion tokens, their count) of an `sft_batch`."""
     P = batch["prompt_len"]
-    logits = response_logits(
+    logits = vlm_response_logits(
         model, batch["input_ids"], batch["attention_mask"], P, batch["images"]
     )  # (B, T, V)
     mask = batch["attention_mask"][:, P:].float()
@@ -55,10 +55,14 @@ def completion_nll(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[Tenso
     return -(log_p * mask).sum(), int(mask.sum())
 
 
-def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+def nested_to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """The tensors of ``batch`` (and of the dicts it holds: the processor inputs) on ``device``."""
     return {
-        k: v.to(device) if isinstance(v, Tensor) else to_device(v, device) if isinstance(v, dict) else v
+        k: v.to(device)
+        if isinstance(v, Tensor)
+        else nested_to_device(v, device)
+        if isinstance(v, dict)
+        else v
         for k, v in batch.items()
     }
 
@@ -84,8 +88,8 @@ def answer_accuracy(
     for start in range(0, len(mine), batch_size):
         part = mine[start : start + batch_size]
         ids, mask, images = prompt_batch(part, tok.pad_token_id)
-        rollout = generate(
-            model, ids.to(device), mask.to(device), to_device(images, device),
+        rollout = vlm_generate(
+            model, ids.to(device), mask.to(device), nested_to_device(images, device),
             max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
             banned=[image_token_id(model, processor)], greedy=True,
         )  # fmt: skip
@@ -157,7 +161,7 @@ class VLMSupervised:
         self.position += 1
         pad = self.processor.tokenizer.pad_token_id
         batches = [
-            (to_device(sft_batch([self.examples[i] for i in m], pad), self.device), w)
+            (nested_to_device(sft_batch([self.examples[i] for i in m], pad), self.device), w)
             for m, w in micro_batches(indices, self.cfg.grad_accum)
         ]
         local = sum(int(b["attention_mask"][:, b["prompt_len"] :].sum()) * w for b, w in batches)
@@ -189,7 +193,7 @@ class VLMSupervised:
         sums = torch.zeros(2, dtype=torch.float64)  # Σ NLL, token count
         with dist.gathered(self.model):
             for start in range(0, len(mine), 64):
-                batch = to_device(sft_batch(mine[start : start + 64], pad), self.device)
+                batch = nested_to_device(sft_batch(mine[start : start + 64], pad), self.device)
                 nll, n = completion_nll(model, batch)
                 sums += torch.tensor([float(nll), n], dtype=torch.float64)
             extra = self._evaluate(model) if self._evaluate is not None else {}

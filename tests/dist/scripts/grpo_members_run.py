@@ -6,7 +6,7 @@ run by the tests with 1 process or 2.
 1. for each member of ``MEMBERS``: the global batch of `grpo_run.global_rollout` (identical on every rank),
    each rank keeps its share of whole groups, computes their advantages with the trainer's own
    `postrl.lm.grpo.rollouts.compute_advantages` from its rows' rewards only (REINFORCE++'s whitening then
-   needs every rank's rewards), and takes μ = 2 passes of `optimise`, 2 minibatches each, 2 micro-batches
+   needs every rank's rewards), and takes μ = 2 passes of `optimise_grpo`, 2 minibatches each, 2 micro-batches
    per minibatch; rank 0 saves the weights to ``OUT_DIR/<member>.safetensors``;
 2. a 2-step `run_grpo` of DAPO (β = 0, dynamic sampling, overlong penalty) with REINFORCE++ advantages into
    ``OUT_DIR/run`` (the refill decision is all-reduced; checkpoint and export by rank 0).
@@ -23,7 +23,7 @@ from safetensors.torch import save_model
 sys.path.insert(0, str(Path(__file__).parent))  # grpo_run, beside this file (also when loaded by path)
 from grpo_run import MAX_LEN, N_PROMPTS, global_rollout  # noqa: E402
 
-from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, optimise, run_grpo  # noqa: E402
+from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, optimise_grpo, run_grpo  # noqa: E402
 from postrl.lm.grpo.rollouts import compute_advantages  # noqa: E402
 from postrl.lm.models import load_causal_lm  # noqa: E402
 from postrl.lm.rollout import SamplingConfig, score  # noqa: E402
@@ -44,7 +44,7 @@ MEMBERS = {  # name → GRPOLossConfig keys (the presets' choices, on the test's
 
 
 def one_step(model_dir: Path, member: str, info: dist.DistInfo) -> torch.nn.Module:
-    """This rank's share of the global batch, its advantages and `optimise` (μ = 2, grad_accum 2)."""
+    """This rank's share of the global batch, its advantages and `optimise_grpo` (μ = 2, grad_accum 2)."""
     tokenizer = load_tokenizer(model_dir)
     model, ref = load_causal_lm(model_dir), load_causal_lm(model_dir).eval()
     rollout, rewards = global_rollout(model, tokenizer)
@@ -66,7 +66,7 @@ def one_step(model_dir: Path, member: str, info: dist.DistInfo) -> torch.nn.Modu
     batch = RolloutBatch(ids, mask, P, rollout.response_mask[rows], old, advantages, ref_lp)
     policy = dist.wrap_model(model, info, "ddp")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # linear in the gradient (see grpo_run.py)
-    optimise(policy, optimizer, batch, cfg, 1.0, MAX_LEN, 1.0)
+    optimise_grpo(policy, optimizer, batch, cfg, 1.0, MAX_LEN, 1.0)
     return model
 
 

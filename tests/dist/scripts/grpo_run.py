@@ -3,7 +3,7 @@
 ``python -m torch.distributed.run --standalone --nproc_per_node 2 grpo_run.py MODEL_DIR OUT_DIR``:
 
 1. the same global batch on every rank (4 prompts × G = 4 responses sampled with one fixed generator), each
-   rank keeps its share of whole groups, computes their advantages and takes μ = 2 passes of `optimise`, 2
+   rank keeps its share of whole groups, computes their advantages and takes μ = 2 passes of `optimise_grpo`, 2
    minibatches each (every other row: the same split as 1 process), with
    2 micro-batches per minibatch (4 rows in one process, 2 per rank: the ranks' micro-batches differ from one
    process's), for each loss type;
@@ -21,7 +21,7 @@ from safetensors.torch import save_model
 
 from postrl.core import group_advantages
 from postrl.lm.data import encode_prompts
-from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, optimise, run_grpo
+from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, optimise_grpo, run_grpo
 from postrl.lm.models import load_causal_lm
 from postrl.lm.rollout import SamplingConfig, generate, left_pad, score
 from postrl.lm.rollout.batch import RolloutBatch
@@ -58,7 +58,7 @@ def global_rollout(model: torch.nn.Module, tokenizer) -> tuple:
 
 
 def one_step(model_dir: Path, loss_type: str, info: dist.DistInfo, parallel: str = "ddp") -> torch.nn.Module:
-    """This rank's share of the global batch through `optimise` (μ = 2, grad_accum 2); the policy
+    """This rank's share of the global batch through `optimise_grpo` (μ = 2, grad_accum 2); the policy
     replicated (``parallel=ddp``) or sharded in place (``fsdp``)."""
     tokenizer = load_tokenizer(model_dir)
     model, ref = load_causal_lm(model_dir), load_causal_lm(model_dir).eval()
@@ -84,7 +84,7 @@ def one_step(model_dir: Path, loss_type: str, info: dist.DistInfo, parallel: str
     # SGD, so the weights after the update are linear in the gradients: Adam's first steps are ≈ sign(g), and
     # for an element whose gradient is ~0 the sign is round-off (in 1 process as in 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    optimise(policy, optimizer, batch, cfg, 1.0, MAX_LEN, 1.0)
+    optimise_grpo(policy, optimizer, batch, cfg, 1.0, MAX_LEN, 1.0)
     return model
 
 

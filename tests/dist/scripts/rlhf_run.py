@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_model
 
-from postrl.lm.ppo import PPOConfig, PPOLossConfig, optimise, run_ppo
+from postrl.lm.ppo import PPOConfig, PPOLossConfig, optimise_ppo, run_ppo
 from postrl.lm.ppo.advantages import KLConfig, make_batch
 from postrl.lm.ppo.build import build_roles, trainable_parts
 from postrl.lm.reward_model import NormConfig, RMConfig, run_rm
@@ -78,7 +78,7 @@ def _rows(rollout: Rollout, rows: list[int]) -> Rollout:
 def ppo_update(
     model_dir: Path, rm_dir: Path, info: dist.DistInfo, parallel: str = "ddp"
 ) -> dict[str, torch.nn.Module]:
-    """This rank's share of one global batch through `make_batch` (global whitening) and `optimise`, actor and
+    """This rank's share of one global batch through `make_batch` (global whitening) and `optimise_ppo`, actor and
     critic replicated (``parallel=ddp``) or sharded in place (``fsdp``)."""
     cfg = ppo_config(model_dir, rm_dir)
     tokenizer = load_tokenizer(model_dir)
@@ -98,7 +98,7 @@ def ppo_update(
     opts = {k: torch.optim.SGD(m.parameters(), lr=0.1) for k, m in parts.items()}
     params = {k: [p for p in m.parameters() if p.requires_grad] for k, m in parts.items()}
     train_roles = Roles(actor, critic, roles.reference, roles.reward_model)
-    optimise(train_roles, batch, cfg, opts, params, torch.Generator().manual_seed(info.rank))
+    optimise_ppo(train_roles, batch, cfg, opts, params, torch.Generator().manual_seed(info.rank))
     return parts
 
 
