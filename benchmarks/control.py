@@ -152,14 +152,14 @@ PEERS = Path(os.environ.get("POSTRL_PEERS", "/work/shared/peers"))
 
 
 def run_postrl(task: str, seed: int, steps: int, out_root: Path, ppo_backend: str = "auto") -> dict:
-    from postrl.control.commands import preset_path
-    from postrl.control.loop import algorithm, train
+    from postrl.control.commands import control_preset_path
+    from postrl.control.loop import algorithm, train_from_config
     from postrl.runtime.config import load_config
 
     algo, env_id, _, goal, _ = TASKS[task]
     cfg = load_config(
         algorithm(algo).Config,
-        preset_path(algo, env_id),
+        control_preset_path(algo, env_id),
         [
             f"run.steps={steps}",
             f"run.seed={seed}",
@@ -169,7 +169,7 @@ def run_postrl(task: str, seed: int, steps: int, out_root: Path, ppo_backend: st
         ],
     )
     cpu_start = time.process_time()
-    summary = train(cfg, out_root / f"{task}-s{seed}", overwrite=True)
+    summary = train_from_config(cfg, out_root / f"{task}-s{seed}", overwrite=True)
     cpu_seconds = time.process_time() - cpu_start  # CPU time, robust to other jobs on a shared machine
     keys = ("eval_return_mean", "eval_return_std", "steps_per_second", "steps_to_threshold", "peak_rss_mb")
     row = {"backend": "postrl", "task": task, "seed": seed, "env_steps": summary["env_steps"]}
@@ -239,16 +239,18 @@ def reinforce_gradient_variance(train_steps: int, batches: int, out_root: Path) 
     import torch
 
     from postrl.control import reinforce
-    from postrl.control.commands import preset_path
+    from postrl.control.commands import control_preset_path
     from postrl.control.envs import VecEnv
-    from postrl.control.loop import train
+    from postrl.control.loop import train_from_config
     from postrl.core import flat_grad, reinforce_loss
     from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint
     from postrl.runtime.config import load_config
 
-    cfg = load_config(reinforce.Config, preset_path("reinforce", "CartPole-v1"), [f"run.steps={train_steps}"])
+    cfg = load_config(
+        reinforce.Config, control_preset_path("reinforce", "CartPole-v1"), [f"run.steps={train_steps}"]
+    )
     run_dir = out_root / "reinforce-variance"
-    train(cfg, run_dir, overwrite=True)
+    train_from_config(cfg, run_dir, overwrite=True)
     env = VecEnv(cfg.env, 0)
     agent = reinforce.build(cfg, env)
     load_checkpoint(latest_checkpoint(run_dir / "checkpoints"), modules=agent.modules, restore_rng=False)

@@ -81,7 +81,7 @@ def run_one(env: str, seed: int, noise: float | None, steps: int, labels: int | 
 
     torch.set_num_threads(1)
     from postrl.control import ppo, prefs
-    from postrl.control.loop import train
+    from postrl.control.loop import train_from_config
     from postrl.runtime.config import load_config
 
     common = [
@@ -93,7 +93,7 @@ def run_one(env: str, seed: int, noise: float | None, steps: int, labels: int | 
     row = {"env": env, "seed": seed, "noise": noise}
     if noise is None:
         cfg = load_config(ppo.Config, ROOT / f"configs/ppo-{env}.yaml", common)
-        summary = train(cfg, Path(out) / f"ppo-{env}-s{seed}", overwrite=True)
+        summary = train_from_config(cfg, Path(out) / f"ppo-{env}-s{seed}", overwrite=True)
         return {
             **row,
             "algo": "ppo",

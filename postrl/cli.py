@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from postrl import __version__
-from postrl.control.commands import add_parser as control
-from postrl.lm.commands import add_parser as data
-from postrl.lm.stage_commands import add_parser as lm_stages
+from postrl.control.commands import add_control_command as control
+from postrl.lm.commands import add_data_command as data
+from postrl.lm.stage_commands import add_stage_commands as lm_stages
 from postrl.runtime import notices
 from postrl.runtime.config import format_help, load_config, to_dict
 from postrl.runtime.errors import UserError

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from postrl.demo import DemoConfig, quick, run_demo, stages
-from postrl.demo.runner import run_stage
+from postrl.demo import DemoConfig, demo_stages, quick, run_demo
+from postrl.demo.runner import run_demo_stage
 
 REQUIRED = {
     "pretrain": ["heldout_loss"],
@@ -101,7 +101,7 @@ def test_a_resumed_demo_says_which_stages_finished_before_it(demo_dir, tmp_path)
     shutil.copytree(demo_dir, copy)
     cfg = quick(DemoConfig(threads=1))
     summary = run_demo(cfg, copy, resume=True)  # every stage finished before: all skipped
-    names = [s.name for s in stages(cfg)]
+    names = [s.name for s in demo_stages(cfg)]
     assert list(summary["finished_before"]) == names
     own = sum(json.loads((copy / n / "summary.json").read_text())["wall_seconds"] for n in names)
     assert sum(summary["finished_before"].values()) == pytest.approx(own) and own > 10
@@ -122,8 +122,8 @@ def test_finished_stages_are_skipped_and_unfinished_ones_resume(tmp_path):
         return {"wall_seconds": 1.0}
 
     (tmp_path / "x" / "checkpoints").mkdir(parents=True)  # an interrupted run
-    run_stage("x", tmp_path, stage, None)
-    run_stage("x", tmp_path, stage, None)  # finished: skipped
+    run_demo_stage("x", tmp_path, stage, None)
+    run_demo_stage("x", tmp_path, stage, None)  # finished: skipped
     assert calls == [True]
 
 

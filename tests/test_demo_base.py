@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from postrl.demo import DemoConfig, check_base_model, stages
+from postrl.demo import DemoConfig, check_base_model, demo_stages
 from postrl.lm import base_model
 from postrl.lm.tasks import build_corpus, get_task
 from postrl.runtime.errors import UserError
@@ -42,9 +42,9 @@ def test_every_base_model_file_is_package_data():
 
 
 def test_the_demo_starts_from_it_unless_from_scratch():
-    assert [s.name for s in stages(DemoConfig())][:2] == ["pretrain", "sft"]
-    assert stages(DemoConfig())[0].run.__name__ == "copy_base_model"
-    assert stages(DemoConfig(from_scratch=True))[0].run.__name__ == "run_pretrain"
+    assert [s.name for s in demo_stages(DemoConfig())][:2] == ["pretrain", "sft"]
+    assert demo_stages(DemoConfig())[0].run.__name__ == "copy_base_model"
+    assert demo_stages(DemoConfig(from_scratch=True))[0].run.__name__ == "run_pretrain"
     check_base_model(DemoConfig())
     changed = DemoConfig(pretrain=dataclasses.replace(base_model.recipe(), corpus_lines=100))
     with pytest.raises(UserError, match="--from-scratch"):

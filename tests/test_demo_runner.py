@@ -16,7 +16,7 @@ import pytest
 
 from postrl.demo.machine import auto_workers, busy_cores
 from postrl.demo.runner import DemoStage, ThreadLane, run_jobs, stage_jobs
-from postrl.demo.schedule import Job, Progress, critical_path
+from postrl.demo.schedule import DemoProgress, Job, critical_path
 from postrl.runtime.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +56,7 @@ def rows(seconds: dict[str, float], fail: str = "", meet: bool = False) -> list[
 def run(out: Path, stages: list[DemoStage], workers: int = 2) -> dict:
     names = [s.name for s in stages]
     jobs = stage_jobs(stages, None, out, lambda name: progress.line(name))
-    progress = Progress(jobs, workers, names)
+    progress = DemoProgress(jobs, workers, names)
     return run_jobs(jobs, workers, progress)[0]
 
 
@@ -156,9 +156,9 @@ def test_critical_path_is_the_longest_chain():
 
 def test_progress_lays_the_time_left_on_the_lanes():
     jobs = [Job("a", (), 10.0, None), Job("b", ("a",), 10.0, None), Job("c", (), 30.0, None)]
-    progress = Progress(jobs, 2, ["a", "b", "c"])
+    progress = DemoProgress(jobs, 2, ["a", "b", "c"])
     assert progress.left() == 30.0  # c alone is longer than a then b, and than half of all
-    assert Progress(jobs, 1, ["a", "b", "c"]).left() == 50.0
+    assert DemoProgress(jobs, 1, ["a", "b", "c"]).left() == 50.0
     progress.start("a")
     progress.finish("a", 0.2)  # already done: says nothing about the pace
     assert progress.line("b") == "[demo] 2/3 b: about 10s, about 30s left"

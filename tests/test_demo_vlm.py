@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from postrl.demo import DemoConfig, quick, stages, vlm_eval
+from postrl.demo import DemoConfig, demo_stages, quick, vlm_eval
 from postrl.demo import vlm as demo_vlm
 from postrl.demo.report_html import to_html
 from postrl.lm import base_model
@@ -61,11 +61,13 @@ def test_the_branch_checks_the_shipped_model_against_its_recipe():
     with pytest.raises(UserError, match="--from-scratch"):
         demo_vlm.check(changed)
     demo_vlm.check(demo_config(vlm=changed.vlm, from_scratch=True))
-    assert demo_vlm.stages(demo_config(vlm=demo_vlm.VLMDemo(enabled=False))) == []
-    names = [s.name for s in demo_vlm.stages(demo_config(from_scratch=True))]
+    assert demo_vlm.vlm_demo_stages(demo_config(vlm=demo_vlm.VLMDemo(enabled=False))) == []
+    names = [s.name for s in demo_vlm.vlm_demo_stages(demo_config(from_scratch=True))]
     assert names == ["vlm-align", "vlm-sft", "vlm-grpo", "vlm-sft-vs-grpo", "vlm-eval"]
-    assert demo_vlm.stages(demo_config(from_scratch=True))[0].run.__name__ == "_run_align"
-    in_demo = {s.name: s for s in stages(quick(DemoConfig()))}  # the demo's rows, --quick: no continued SFT
+    assert demo_vlm.vlm_demo_stages(demo_config(from_scratch=True))[0].run.__name__ == "_run_align"
+    in_demo = {
+        s.name: s for s in demo_stages(quick(DemoConfig()))
+    }  # the demo's rows, --quick: no continued SFT
     assert {"vlm-align", "vlm-sft", "vlm-grpo", "vlm-eval"} <= set(
         in_demo
     ) and "vlm-sft-vs-grpo" not in in_demo
@@ -92,7 +94,7 @@ def tiny() -> demo_vlm.VLMDemo:
 def test_the_branch_end_to_end_with_verdicts_and_sample_pictures(tmp_path):
     cfg = demo_config(vlm=tiny(), seed=0, threads=1)
     done: dict = {}
-    for stage in demo_vlm.stages(cfg):
+    for stage in demo_vlm.vlm_demo_stages(cfg):
         assert set(stage.after) <= set(done)
         done[stage.name] = stage.run(stage.config(cfg, tmp_path, done), tmp_path / stage.name)
     assert done["vlm-sft-vs-grpo"]["train_seconds"] <= done["vlm-grpo"]["train_seconds"] + 5

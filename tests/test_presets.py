@@ -76,9 +76,9 @@ def test_a_wheel_installs_the_presets_and_the_control_command_finds_them(tmp_pat
         capture_output=True,
     )
     code = (
-        "import argparse, postrl; from postrl.control.commands import resolve_config; "
+        "import argparse, postrl; from postrl.control.commands import resolve_control_config; "
         "a = argparse.Namespace(resume=None, algo='ppo', config=None, env='CartPole-v1', total_steps=None, "
-        "seed=None, overrides=[]); c = resolve_config(a); print(postrl.__file__, c.ppo.n_steps, c.ppo.epochs)"
+        "seed=None, overrides=[]); c = resolve_control_config(a); print(postrl.__file__, c.ppo.n_steps, c.ppo.epochs)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],

@@ -40,7 +40,7 @@ import torch
 
 from postrl.control import loop
 from postrl.control.commands import train_config
-from postrl.control.evaluation import evaluate as evaluate_vector
+from postrl.control.evaluation import evaluate_policy_episodes
 from postrl.runtime import callbacks
 from postrl.runtime.config import from_dict, read_yaml, to_dict
 from postrl.runtime.errors import UserError
@@ -160,7 +160,7 @@ def train(
     if algo == "prefs":
         from postrl.control.prefs import run as run_fn
     else:
-        run_fn = loop.train
+        run_fn = loop.train_from_config
     with callbacks.on_iteration(on_iteration):
         summary = run_fn(cfg, run_dir, resume=resume, overwrite=overwrite)
     agent = load(run_dir)
@@ -267,7 +267,7 @@ def evaluate(
     if n_episodes < 1:
         raise UserError(f"n_episodes must be >= 1, got {n_episodes}")
     if env is None:
-        returns = evaluate_vector(
+        returns = evaluate_policy_episodes(
             agent.actor, agent._env, agent.config, n_episodes, deterministic=deterministic, seed=seed
         )
     else:

@@ -24,7 +24,7 @@ from postrl.runtime.presets import presets_dir
 ALGOS = ("reinforce", "a2c", "trpo", "ppo")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_control_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``control`` with its ``train`` and ``eval`` subcommands."""
     control = subparsers.add_parser("control", help="Part 1: REINFORCE, A2C, TRPO, PPO on Gymnasium envs")
     sub = control.add_subparsers(dest="control_command", metavar="{train,eval,bench,prefs}")
@@ -105,7 +105,7 @@ def _add_overwrite(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def preset_path(algo: str, env_id: str) -> Path | None:
+def control_preset_path(algo: str, env_id: str) -> Path | None:
     """The shipped preset ``<algo>-<env>`` for e.g. ("ppo", "CartPole-v1") → ppo-cartpole.yaml, if postrl has
     one (`postrl.runtime.presets`); without one the algorithm's defaults run (logged at info level)."""
     name = re.sub(r"-v\d+$", "", env_id).lower().replace("/", "-")
@@ -118,7 +118,7 @@ def preset_path(algo: str, env_id: str) -> Path | None:
     return None
 
 
-def resolve_config(args: argparse.Namespace):
+def resolve_control_config(args: argparse.Namespace):
     """The config of a ``train`` (or ``prefs``) command line (see the module docstring for the precedence)."""
     resume_dir(args)
     return train_config(
@@ -152,7 +152,7 @@ def train_config(
     module = algorithm(algo)
     path = config
     if path is None:
-        path = preset_path(algo, env or module.Config().env.id)
+        path = control_preset_path(algo, env or module.Config().env.id)
     if path is not None and (found := read_yaml(path).get("algo", algo)) != algo:
         raise ConfigError(f"{path} is a config for algo '{found}', not '{algo}'")
     flags = [f"env.id={env}"] if env else []
@@ -194,10 +194,10 @@ def _train(args: argparse.Namespace) -> int:
 
         print(format_help(algorithm(args.algo).Config))
         return 0
-    from postrl.control.loop import train  # deferred: torch
+    from postrl.control.loop import train_from_config  # deferred: torch
 
-    cfg = resolve_config(args)
-    return _run(cfg, args, train)
+    cfg = resolve_control_config(args)
+    return _run(cfg, args, train_from_config)
 
 
 def _run(cfg, args: argparse.Namespace, train_fn) -> int:
@@ -217,13 +217,15 @@ def _run(cfg, args: argparse.Namespace, train_fn) -> int:
 def _eval(args: argparse.Namespace) -> int:
     import numpy as np  # deferred, as torch: `postrl --help` stays instant
 
-    from postrl.control.loop import evaluate, load_agent, record_gif
+    from postrl.control.loop import evaluate_policy_episodes, load_agent, record_gif
 
     cfg, agent, env = load_agent(args.run_dir)
     seed = cfg.run.seed if args.seed is None else args.seed
     result = {}
     for mode, deterministic in (("deterministic", True), ("stochastic", False)):
-        returns = evaluate(agent.actor, env, cfg, args.episodes, deterministic=deterministic, seed=seed)
+        returns = evaluate_policy_episodes(
+            agent.actor, env, cfg, args.episodes, deterministic=deterministic, seed=seed
+        )
         result[mode] = {"mean": float(np.mean(returns)), "std": float(np.std(returns))}
         print(f"{mode:>13}: {np.mean(returns):9.2f} ± {np.std(returns):.2f}  ({args.episodes} episodes)")
     if args.gif:
@@ -344,4 +346,4 @@ def _prefs(args: argparse.Namespace) -> int:
     if args.noise is not None:
         flags.append(f"labeller.flip_prob={args.noise}")
     args.overrides = [*flags, *args.overrides]
-    return _run(resolve_config(args), args, run)
+    return _run(resolve_control_config(args), args, run)

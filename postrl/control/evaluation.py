@@ -16,7 +16,7 @@ from postrl.control.envs import VecEnv, make_env
 
 
 @torch.no_grad()
-def evaluate(
+def evaluate_policy_episodes(
     actor: nn.Module,
     env: VecEnv,
     cfg: Any,

@@ -33,7 +33,7 @@ from torch import nn
 
 from postrl.control import ranks
 from postrl.control.envs import VecEnv
-from postrl.control.evaluation import evaluate, record_gif
+from postrl.control.evaluation import evaluate_policy_episodes, record_gif
 from postrl.runtime import callbacks
 from postrl.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from postrl.runtime.config import ConfigError, load_config, read_yaml, validate
@@ -44,7 +44,14 @@ from postrl.runtime.progress import Progress
 from postrl.runtime.rundir import open_run
 from postrl.runtime.seeding import seed_everything
 
-__all__ = ["ALGORITHMS", "Learner", "ControlRunConfig", "evaluate", "load_agent", "train"]
+__all__ = [
+    "ALGORITHMS",
+    "Learner",
+    "ControlRunConfig",
+    "evaluate_policy_episodes",
+    "load_agent",
+    "train_from_config",
+]
 
 ALGORITHMS = {
     "reinforce": "postrl.control.reinforce",
@@ -163,7 +170,9 @@ class _Progress:
             setattr(self, key, deque(value, maxlen=WINDOW) if key == "recent" else value)
 
 
-def train(cfg: Any, run_dir: str | Path, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+def train_from_config(
+    cfg: Any, run_dir: str | Path, resume: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
     """Train ``cfg.algo`` on ``cfg.env``; write the run folder; return the summary. The config, the env
     and the agent are built and checked before the run folder is touched (`postrl.runtime.rundir`)."""
     validate(cfg)
@@ -210,7 +219,9 @@ def _loop(cfg, run_dir: Path, agent: Learner, env: VecEnv, progress: _Progress, 
             done = done or stop
             if main and run.eval_every and _crossed(progress.env_steps, n_steps, run.eval_every):
                 eval_start = time.perf_counter()
-                row["eval_return"] = float(np.mean(evaluate(agent.actor, env, cfg, run.eval_episodes)))
+                row["eval_return"] = float(
+                    np.mean(evaluate_policy_episodes(agent.actor, env, cfg, run.eval_episodes))
+                )
                 eval_seconds = time.perf_counter() - eval_start
             if (it + 1) % run.log_every == 0 or "eval_return" in row or done:
                 logger.log(progress.env_steps, row)
@@ -240,7 +251,7 @@ def _finish(cfg, run_dir: Path, agent: Learner, env: VecEnv, progress: _Progress
     if not is_main():
         env.close()
         return broadcast_object(None)
-    returns = evaluate(agent.actor, env, cfg, cfg.run.eval_episodes)
+    returns = evaluate_policy_episodes(agent.actor, env, cfg, cfg.run.eval_episodes)
     if cfg.run.gif:
         record_gif(agent.actor, env, cfg, run_dir / "eval.gif")
     env.close()

@@ -50,7 +50,7 @@ import torch
 from postrl.control import ppo
 from postrl.control.buffer import RolloutBuffer
 from postrl.control.envs import RunningMeanStd, VecEnv
-from postrl.control.loop import Learner, train
+from postrl.control.loop import Learner, train_from_config
 from postrl.control.prefs_config import Config as Config
 from postrl.control.prefs_config import PrefsConfig as PrefsConfig
 from postrl.control.prefs_config import validate_prefs
@@ -288,10 +288,10 @@ def build(cfg: Config, env: VecEnv) -> Prefs:
 
 
 def run(cfg: Config, run_dir, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
-    """Train (``postrl.control.loop.train``), then add the preference metrics to summary.json and curves.png,
+    """Train (``postrl.control.loop.train_from_config``), then add the preference metrics to summary.json and curves.png,
     and plot the true return against the labels used (``true_return_vs_labels.png``)."""
     run_dir = Path(run_dir)
-    summary = train(cfg, run_dir, resume=resume, overwrite=overwrite)
+    summary = train_from_config(cfg, run_dir, resume=resume, overwrite=overwrite)
     rows = read_jsonl(run_dir / "metrics.jsonl")
     last = rows[-1] if rows else {}
     summary = {

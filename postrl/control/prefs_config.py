@@ -10,7 +10,7 @@ from postrl.control import ppo
 from postrl.control.envs import EnvConfig
 from postrl.control.loop import ControlRunConfig
 from postrl.control.policies import PolicyConfig
-from postrl.control.prefs_reward import LabellerConfig, RewardModelConfig
+from postrl.control.prefs_reward import RewardModelConfig, SegmentLabellerConfig
 from postrl.runtime.config import ConfigError
 
 
@@ -73,7 +73,7 @@ class Config:
     """Segments, label schedule, pair selection, normalisation of r̂."""
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     """The reward-model ensemble and its optimiser."""
-    labeller: LabellerConfig = field(default_factory=LabellerConfig)
+    labeller: SegmentLabellerConfig = field(default_factory=SegmentLabellerConfig)
     """The synthetic labeller standing in for the human."""
 
 

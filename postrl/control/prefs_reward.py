@@ -27,7 +27,7 @@ from torch import nn
 from postrl.core import preference_loss
 
 __all__ = [
-    "LabellerConfig",
+    "SegmentLabellerConfig",
     "Pairs",
     "RewardEnsemble",
     "RewardModelConfig",
@@ -43,7 +43,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class LabellerConfig:
+class SegmentLabellerConfig:
     tie_tolerance: float = 0.0
     """Label 0.5 (equally good) when the two segments' true returns differ by at most this."""
     flip_prob: float = 0.0

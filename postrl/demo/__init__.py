@@ -24,7 +24,7 @@ How the budgets were tuned and what the demo measured on which machine: benchmar
 
 from postrl.demo.config import ARITHMETIC, SFT_DEMOS, DemoConfig, quick
 from postrl.demo.pipeline import build_summary, check_same_config, evaluation_jobs, run_demo
-from postrl.demo.stages import check_base_model, continued_sft, copy_base_model, rl_seconds, stages, wire
+from postrl.demo.stages import check_base_model, continued_sft, copy_base_model, demo_stages, rl_seconds, wire
 
 __all__ = [
     "ARITHMETIC",
@@ -39,6 +39,6 @@ __all__ = [
     "quick",
     "rl_seconds",
     "run_demo",
-    "stages",
+    "demo_stages",
     "wire",
 ]

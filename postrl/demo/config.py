@@ -178,5 +178,5 @@ def quick(cfg: DemoConfig) -> DemoConfig:
             optim=r(cfg.grpo.optim, lr=1e-4),
             run=r(cfg.grpo.run, steps=40, eval_every=40, save_every=40),
         ),
-        vlm=vision.quick(cfg.vlm),
+        vlm=vision.quick_vlm(cfg.vlm),
     )

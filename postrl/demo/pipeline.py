@@ -22,8 +22,8 @@ from postrl.demo.evaluation import evaluate_checkpoints, frontier
 from postrl.demo.machine import MemorySampler, auto_workers, cpu_seconds
 from postrl.demo.report import PLOTTED, plot_stage, write_report
 from postrl.demo.runner import Summaries, finished_stages, run_jobs, stage_jobs
-from postrl.demo.schedule import Job, Progress, critical_path
-from postrl.demo.stages import check_base_model, stages, wire
+from postrl.demo.schedule import DemoProgress, Job, critical_path
+from postrl.demo.stages import check_base_model, demo_stages, wire
 from postrl.demo.verdicts import PER_ITEM, verdicts
 from postrl.lm.tasks import get_task
 from postrl.runtime.checkpoint import atomic_write_text
@@ -43,12 +43,12 @@ def run_demo(
     out = Path(out)
     wall_started, cpu_started, load_before = time.perf_counter(), cpu_seconds(), os.getloadavg()
     cfg = open_demo(cfg, out, resume, overwrite)
-    rows = stages(cfg)
+    rows = demo_stages(cfg)
     finished_before = finished_stages(out, [s.name for s in rows])  # skipped here: not in this time
     workers = cfg.workers or auto_workers()
     names = [s.name for s in rows]
     jobs = stage_jobs(rows, cfg, out, lambda name: progress.line(name)) + evaluation_jobs(cfg, out, names)
-    progress = Progress(jobs, workers, names)
+    progress = DemoProgress(jobs, workers, names)
     print(
         f"[demo] {len(rows)} stages in {workers} worker{'s' * (workers > 1)}, each checkpoint evaluated on "
         "the same held-out prompts once it is trained",

@@ -5,7 +5,7 @@ A `DemoStage` names the stages it needs (``after``); `run_jobs` starts every job
 the others are processes of a spawn-context pool, each job with one torch thread (``workers=1``: one after
 another in this process). A worker dies with the demo (``PR_SET_PDEATHSIG`` on Linux), so a killed demo
 leaves no stage training on; Ctrl-C or SIGTERM stop the lanes, and rerunning the demo resumes each
-interrupted stage from its last checkpoint and skips the finished ones (`run_stage`).
+interrupted stage from its last checkpoint and skips the finished ones (`run_demo_stage`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from postrl.demo.schedule import Job, Progress
+from postrl.demo.schedule import DemoProgress, Job
 from postrl.runtime.interrupts import sigterm_as_interrupt
 
 Summaries = dict[str, dict[str, Any]]
@@ -48,7 +48,7 @@ class DemoStage:
 
 
 # ---- one stage ----------------------------------------------------------------------------------------------
-def run_stage(
+def run_demo_stage(
     name: str, out: Path, fn: Callable[..., dict[str, Any]], cfg: Any, label: str = ""
 ) -> dict[str, Any]:
     """Run one stage into ``out/name`` unless it already finished; resume it if it was interrupted."""
@@ -94,12 +94,12 @@ def finished_stages(out: Path, names: list[str]) -> dict[str, float]:
 
 
 def stage_jobs(stages: list[DemoStage], cfg: Any, out: Path, progress: Callable[[str], str]) -> list[Job]:
-    """The stages as jobs: each runs `run_stage` with the config made from the summaries of those before it,
+    """The stages as jobs: each runs `run_demo_stage` with the config made from the summaries of those before it,
     under the progress line ``progress(name)``."""
 
     def job(s: DemoStage) -> Job:
         def call(done: dict[str, Any]) -> tuple[Callable[..., Any], tuple]:
-            return run_stage, (s.name, out, s.run, s.config(cfg, out, done), progress(s.name))
+            return run_demo_stage, (s.name, out, s.run, s.config(cfg, out, done), progress(s.name))
 
         return Job(s.name, s.after, s.idle_seconds(cfg), call)
 
@@ -108,7 +108,7 @@ def stage_jobs(stages: list[DemoStage], cfg: Any, out: Path, progress: Callable[
 
 # ---- the schedule -------------------------------------------------------------------------------------------
 def run_jobs(
-    jobs: list[Job], workers: int, progress: Progress | None = None
+    jobs: list[Job], workers: int, progress: DemoProgress | None = None
 ) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """Run every job once its ``after`` jobs are done, at most ``workers`` at a time in worker processes
     (``workers=1``: one after another in this process, in the list's order); returns each job's result and
@@ -225,7 +225,7 @@ def _longest_path_from(jobs: list[Job]) -> list[float]:
     return [tail[j.name] for j in jobs]
 
 
-def _mark(progress: Progress | None, what: str, *args: Any) -> None:
+def _mark(progress: DemoProgress | None, what: str, *args: Any) -> None:
     if progress is not None:
         getattr(progress, what)(*args)
 

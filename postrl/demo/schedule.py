@@ -22,7 +22,7 @@ class Job:
     call: Callable[[dict[str, Any]], tuple[Callable[..., Any], tuple]]
 
 
-class Progress:
+class DemoProgress:
     """The demo's progress line: stage k of n, its estimate and the time left on ``workers`` lanes (the longer
     of the remaining critical path and the remaining work shared by the lanes), rescaled by how the finished
     jobs compared with their idle-machine estimates."""

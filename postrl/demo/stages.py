@@ -34,7 +34,7 @@ TEXT_STAGES = (
 )
 
 
-def stages(cfg: DemoConfig) -> list[DemoStage]:
+def demo_stages(cfg: DemoConfig) -> list[DemoStage]:
     """The demo's pipeline in dependency order: each row after the stages it needs (``after``: the reward
     model starts from SFT, PPO and DPO use the reward model, continued SFT needs its RL stage's time)."""
     pretrain = DemoStage("pretrain", copy_base_model, lambda c, out, done: None, lambda c: 1.0)
@@ -45,7 +45,7 @@ def stages(cfg: DemoConfig) -> list[DemoStage]:
     for name, per_step, overhead, after in TEXT_STAGES:
         run = STAGES[name].run_function()
         rows.append(DemoStage(name, run, _section(name), _steps(per_step, name, overhead), after))
-    rows += vision.stages(cfg)
+    rows += vision.vlm_demo_stages(cfg)
     if cfg.compare_sft:
         for rl in ("ppo", "grpo"):
             rows.append(

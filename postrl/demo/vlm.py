@@ -10,7 +10,7 @@
     vlm-eval         every checkpoint above, greedy, on the same held-out scenes: accuracy per question kind,
                      the image-free baselines, a few pictures with the SFT and GRPO answers
 
-The branch needs none of the text stages, so the demo runs it beside them. `stages` gives its `DemoStage`
+The branch needs none of the text stages, so the demo runs it beside them. `vlm_demo_stages` gives its `DemoStage`
 rows; `postrl.demo.vlm_eval` holds vlm-eval, the branch's numbers in summary.json and its section of the
 report.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from postrl.demo.runner import DemoStage, Summaries
-from postrl.demo.vlm_eval import CHECKPOINTS, EvalConfig, evaluate
+from postrl.demo.vlm_eval import CHECKPOINTS, EvalConfig, evaluate_vlm_checkpoints
 from postrl.lm import base_model as text_base_model
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig
 from postrl.lm.rollout import SamplingConfig
@@ -93,7 +93,7 @@ class VLMDemo:
     CHECKS = {"eval_scenes": ">= 1", "samples": ">= 0"}
 
 
-def quick(v: VLMDemo) -> VLMDemo:
+def quick_vlm(v: VLMDemo) -> VLMDemo:
     """The branch at `postrl demo --quick`'s budget."""
     r = dataclasses.replace
     return r(v, grpo=r(v.grpo, run=r(v.grpo.run, steps=40)), eval_scenes=400, compare_sft=False)
@@ -116,7 +116,7 @@ def check(cfg: Any) -> None:
 
 
 # ---- the stages ---------------------------------------------------------------------------------------------
-def stages(cfg: Any) -> list[DemoStage]:
+def vlm_demo_stages(cfg: Any) -> list[DemoStage]:
     """The branch's `DemoStage` rows (none when ``vlm.enabled`` is false); ``cfg`` is the demo's config."""
     run_sft, run_grpo = STAGES["sft"].run_function(), STAGES["grpo"].run_function()
     if not cfg.vlm.enabled:
@@ -136,14 +136,20 @@ def stages(cfg: Any) -> list[DemoStage]:
             DemoStage(
                 "vlm-sft-vs-grpo",
                 run_sft,
-                lambda c, out, done: continued_sft(c, out, done["vlm-grpo"]),
+                lambda c, out, done: continued_vlm_sft(c, out, done["vlm-grpo"]),
                 lambda c: 1 + 0.135 * c.vlm.grpo.run.steps,
                 ("vlm-grpo",),
             )
         )
     names = tuple(s.name for s in rows)
     rows.append(
-        DemoStage("vlm-eval", evaluate, _eval, lambda c: 1 + 0.0017 * c.vlm.eval_scenes * len(names), names)
+        DemoStage(
+            "vlm-eval",
+            evaluate_vlm_checkpoints,
+            _eval,
+            lambda c: 1 + 0.0017 * c.vlm.eval_scenes * len(names),
+            names,
+        )
     )
     return rows
 
@@ -170,7 +176,7 @@ def _grpo(c: Any, out: Path, done: Summaries) -> GRPOConfig:
     return dataclasses.replace(g, model=str(out / "vlm-sft" / "model"), run=_run(c, g.run))
 
 
-def continued_sft(c: Any, out: Path, grpo: dict[str, Any]) -> SFTConfig:
+def continued_vlm_sft(c: Any, out: Path, grpo: dict[str, Any]) -> SFTConfig:
     """SFT from the SFT checkpoint on the same demonstrations for GRPO's training seconds (no band)."""
     s = _sft(c, out, {})
     seconds = float(grpo.get("train_seconds") or grpo["wall_seconds"])

@@ -43,7 +43,7 @@ class EvalConfig:
     threads: int | None
 
 
-def evaluate(cfg: EvalConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]:
+def evaluate_vlm_checkpoints(cfg: EvalConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]:
     """Every checkpoint's greedy answers to the same held-out scenes, scored by the verifier: accuracy overall
     and per question kind (with the count behind it), chance and the best image-free guess for these scenes,
     and the sample pictures (``run_dir/samples``) with each checkpoint's answers."""

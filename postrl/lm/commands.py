@@ -1,4 +1,4 @@
-"""``postrl`` subcommands of the LM world. ``add_parser(subparsers)`` registers them with the CLI.
+"""``postrl`` subcommands of the LM world. ``add_data_command(subparsers)`` registers them with the CLI.
 
     postrl data export --task arithmetic --kind sft --split train --out sft.jsonl [--option digits=3]
     postrl data check --kind prefs FILE.jsonl
@@ -107,6 +107,6 @@ def _add_data_parser(subparsers: Any) -> None:
     _add_check_parser(commands)
 
 
-def add_parser(subparsers: Any) -> None:
+def add_data_command(subparsers: Any) -> None:
     """Register the LM subcommands on the ``postrl`` command's subparsers."""
     _add_data_parser(subparsers)

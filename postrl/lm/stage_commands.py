@@ -152,7 +152,7 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers: Any) -> None:
+def add_stage_commands(subparsers: Any) -> None:
     """Register pretrain, sft and generate."""
     for name in STAGES:
         add_stage_parser(subparsers, name)

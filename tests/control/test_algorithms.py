@@ -7,7 +7,7 @@ import torch
 from postrl.control import a2c, ppo, reinforce, trpo
 from postrl.control.buffer import collect_rollout
 from postrl.control.envs import VecEnv
-from postrl.control.loop import train
+from postrl.control.loop import train_from_config
 from postrl.runtime.config import load_config
 
 RANDOM_CARTPOLE = 22.0  # mean return of the uniform random policy on CartPole-v1
@@ -67,7 +67,7 @@ def test_trpo_step_stays_in_the_trust_region_and_improves_the_surrogate():
 
 def _quick(module, overrides, tmp_path):
     cfg = load_config(module.Config, None, ["run.eval_episodes=10", "run.save_every=0", *overrides])
-    return train(cfg, tmp_path / "run")
+    return train_from_config(cfg, tmp_path / "run")
 
 
 @pytest.mark.parametrize(
@@ -87,10 +87,10 @@ def test_short_runs_beat_the_random_policy(module, overrides, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_ppo_zoo_preset_solves_cartpole(seed, tmp_path):
-    from postrl.control.commands import preset_path
+    from postrl.control.commands import control_preset_path
 
-    cfg = load_config(ppo.Config, preset_path("ppo", "CartPole-v1"), [f"run.seed={seed}"])
-    summary = train(cfg, tmp_path / "run")
+    cfg = load_config(ppo.Config, control_preset_path("ppo", "CartPole-v1"), [f"run.seed={seed}"])
+    summary = train_from_config(cfg, tmp_path / "run")
     assert summary["eval_return_mean"] >= 475
 
 

@@ -13,7 +13,7 @@ import torch
 
 import postrl.control as control
 from postrl.cli import main
-from postrl.control.evaluation import evaluate as evaluate_vector
+from postrl.control.evaluation import evaluate_policy_episodes
 from postrl.control.loop import load_agent
 from postrl.runtime.errors import UserError
 
@@ -76,7 +76,7 @@ def test_evaluate_matches_the_command(tmp_path, capsys) -> None:
     control.train("ppo", "CartPole-v1", total_steps=128, out=out, n_envs=2, **TINY)
     mean, std = control.evaluate(out, n_episodes=4)
     cfg, inner, env = load_agent(out)
-    returns = evaluate_vector(inner.actor, env, cfg, 4)
+    returns = evaluate_policy_episodes(inner.actor, env, cfg, 4)
     assert (mean, std) == (float(np.mean(returns)), float(np.std(returns)))
     assert main(["control", "eval", str(out), "--episodes", "4"]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from postrl.control import ranks
 from postrl.control.envs import EnvConfig
-from postrl.control.loop import ControlRunConfig, train
+from postrl.control.loop import ControlRunConfig, train_from_config
 from postrl.control.ppo import Config, PPOHyperparams
 from postrl.core import masked_whiten
 from postrl.runtime.errors import UserError
@@ -42,10 +42,10 @@ def test_whiten_in_a_group_is_the_plain_whitening(group):
 
 
 def test_training_in_a_group_of_one_equals_no_group(tmp_path):
-    train(_config(), tmp_path / "plain")
+    train_from_config(_config(), tmp_path / "plain")
     tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        train(_config(), tmp_path / "group")
+        train_from_config(_config(), tmp_path / "group")
     finally:
         tdist.destroy_process_group()
     plain, grouped = (read_jsonl(tmp_path / run / "metrics.jsonl") for run in ("plain", "group"))
@@ -68,7 +68,7 @@ def test_other_algorithms_refuse_torchrun(monkeypatch, tmp_path, algo):
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(UserError, match="only ppo runs under torchrun"):
-        train(algorithm(algo).Config(), tmp_path)
+        train_from_config(algorithm(algo).Config(), tmp_path)
     assert not (tmp_path / "metrics.jsonl").exists()
 
 

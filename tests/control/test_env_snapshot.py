@@ -16,7 +16,7 @@ import pytest
 
 from postrl.control import ppo
 from postrl.control.envs import EnvConfig, VecEnv
-from postrl.control.loop import train
+from postrl.control.loop import train_from_config
 from postrl.runtime.config import load_config
 from postrl.runtime.errors import UserError
 
@@ -151,7 +151,7 @@ def test_a_run_resumed_from_the_snapshot_equals_an_uninterrupted_one(tmp_path, c
     overrides = [f"env.id={env_id}", "env.kwargs={max_episode_steps: 20}", "run.steps=160", *SMALL]
     cfg = load_config(ppo.Config, None, overrides)
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    train(cfg, straight)
+    train_from_config(cfg, straight)
     shutil.copytree(straight, interrupted)
     for ckpt in (interrupted / "checkpoints").iterdir():
         assert {p.suffix for p in ckpt.iterdir()} == {".safetensors", ".pt", ".npz"}  # no pickle
@@ -159,7 +159,7 @@ def test_a_run_resumed_from_the_snapshot_equals_an_uninterrupted_one(tmp_path, c
             shutil.rmtree(ckpt)
     (interrupted / "summary.json").unlink()
     capsys.readouterr()
-    train(cfg, interrupted, resume=True)
+    train_from_config(cfg, interrupted, resume=True)
     assert "not bit-identical" not in capsys.readouterr().err
     last = straight / "checkpoints" / "step_00000160"
     for name in ("actor.safetensors", "critic.safetensors", "env_state.npz"):
@@ -186,7 +186,7 @@ class _RunsCode:
 def checkpoint(tmp_path):
     """A finished run's last checkpoint, and a marker file that a payload creates when it is unpickled."""
     cfg = load_config(ppo.Config, None, ["env.id=CartPole-v1", "run.steps=32", *SMALL])
-    train(cfg, tmp_path / "run")
+    train_from_config(cfg, tmp_path / "run")
     marker = tmp_path / "marker"
     pickle.loads(pickle.dumps(_RunsCode(marker)))  # noqa: S301 - the payload works when unpickled ...
     assert marker.exists()
@@ -199,7 +199,7 @@ def test_an_old_pickled_snapshot_is_never_loaded(checkpoint, capsys):
     (ckpt / "env_state.npz").unlink()
     (ckpt / "env_state.pkl").write_bytes(pickle.dumps({"envs": _RunsCode(marker), "obs": None}))
     capsys.readouterr()
-    train(cfg, run, resume=True)
+    train_from_config(cfg, run, resume=True)
     err = capsys.readouterr().err
     assert "env_state.pkl is a pickled env snapshot (older postrl); it is not loaded" in err
     assert "not bit-identical" in err
@@ -217,5 +217,5 @@ def test_a_hostile_file_under_the_snapshot_name_is_refused(checkpoint, payload):
         blob = buffer.getvalue()
     (ckpt / "env_state.npz").write_bytes(blob)
     with pytest.raises(UserError, match="env_state.npz is not a valid env snapshot"):
-        train(cfg, run, resume=True)
+        train_from_config(cfg, run, resume=True)
     assert not marker.exists()

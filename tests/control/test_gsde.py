@@ -12,9 +12,9 @@ import torch
 from postrl.control import ppo, reinforce, trpo
 from postrl.control.buffer import RolloutBuffer, collect_rollout
 from postrl.control.envs import VecEnv
-from postrl.control.fast.numpy_actor import refusal
+from postrl.control.fast.numpy_actor import numpy_actor_refusal
 from postrl.control.fast.ppo_step import use_fused
-from postrl.control.loop import train
+from postrl.control.loop import train_from_config
 from postrl.control.policies import GaussianActor, GSDEActor, PolicyConfig, make_actor
 from postrl.runtime.config import ConfigError, load_config
 
@@ -157,7 +157,7 @@ def test_ppo_auto_takes_autograd_and_says_why_fused_refuses(caplog):
         agent = ppo.build(cfg, env)
     assert agent.fused is False
     assert "gSDE" in caplog.text and "autograd" in caplog.text
-    assert "gSDE" in refusal(agent.actor)
+    assert "gSDE" in numpy_actor_refusal(agent.actor)
     fused = load_config(ppo.Config, "ppo-pendulum", ["policy.use_sde=true", "ppo.backend=fused"])
     with pytest.raises(ConfigError, match="gSDE"):
         use_fused(fused.ppo.backend, agent.actor, agent.critic)
@@ -178,11 +178,11 @@ def test_gsde_run_resumes_bit_exactly(tmp_path, algo):
     keys += ["run.keep_last=10"]
     keys += ["ppo.n_steps=32", "ppo.batch_size=32", "ppo.epochs=2"] if algo is ppo else ["trpo.n_steps=32"]
     cfg = load_config(algo.Config, None, keys)
-    train(cfg, tmp_path / "a")
+    train_from_config(cfg, tmp_path / "a")
     ckpts = tmp_path / "a" / "checkpoints"
     final = (ckpts / "step_00000192" / "actor.safetensors").read_bytes()
     for step in sorted(ckpts.glob("step_*"))[2:]:  # keep steps 64 and 128 of 64, 128, 192
         shutil.rmtree(step)
     (tmp_path / "a" / "summary.json").unlink()
-    train(cfg, tmp_path / "a", resume=True)
+    train_from_config(cfg, tmp_path / "a", resume=True)
     assert (ckpts / "step_00000192" / "actor.safetensors").read_bytes() == final

@@ -91,10 +91,12 @@ def _tempered(actor):
 def test_the_fused_path_refuses_networks_it_does_not_write_out():
     """A subclass may change the forward that the hand gradient and the numpy actor copy: autograd then."""
     actor, critic, _ = setup(True, "tanh")
-    assert ppo_grad.refusal(actor, critic) is None and numpy_actor.refusal(actor) is None
-    assert "Linear" in ppo_grad.refusal(actor, torch.nn.Linear(3, 1))
+    assert ppo_grad.fused_refusal(actor, critic) is None and numpy_actor.numpy_actor_refusal(actor) is None
+    assert "Linear" in ppo_grad.fused_refusal(actor, torch.nn.Linear(3, 1))
     _tempered(actor)
-    assert "Tempered" in ppo_grad.refusal(actor, critic) and "Tempered" in numpy_actor.refusal(actor)
+    assert "Tempered" in ppo_grad.fused_refusal(
+        actor, critic
+    ) and "Tempered" in numpy_actor.numpy_actor_refusal(actor)
 
 
 def test_backend_auto_takes_the_fused_path_for_postrls_mlps_and_says_so(caplog):

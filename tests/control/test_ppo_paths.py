@@ -12,7 +12,7 @@ import torch
 from postrl.control import ppo
 from postrl.control.envs import VecEnv
 from postrl.control.fast.flat import FlatAdam, FlatParameters, split_flat_state
-from postrl.control.loop import train
+from postrl.control.loop import train_from_config
 from postrl.control.policies import CategoricalActor, Critic, PolicyConfig
 from postrl.runtime.checkpoint import load_checkpoint
 from postrl.runtime.config import load_config
@@ -127,10 +127,10 @@ def _interrupt(run, after_step):
 @pytest.mark.parametrize("backend", ["fused", "autograd"])
 def test_a_run_resumes_exactly_on_either_path(tmp_path, backend):
     cfg = load_config(ppo.Config, None, [*SMALL, f"ppo.backend={backend}"])
-    train(cfg, tmp_path / "straight")
+    train_from_config(cfg, tmp_path / "straight")
     shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
     _interrupt(tmp_path / "resumed", 96)
-    train(cfg, tmp_path / "resumed", resume=True)
+    train_from_config(cfg, tmp_path / "resumed", resume=True)
     last = [tmp_path / run / "checkpoints" / "step_00000192" for run in ("straight", "resumed")]
     for name in ("actor.safetensors", "critic.safetensors"):
         assert (last[0] / name).read_bytes() == (last[1] / name).read_bytes(), name
@@ -144,7 +144,7 @@ def test_a_fast_path_checkpoint_resumes_on_the_reference_path(tmp_path):
     either backend) is split into the reference's per-parameter state: the same numbers, and it steps on. (A
     run folder itself refuses a resume with another ppo.backend: the config must match.)"""
     fused = load_config(ppo.Config, None, [*SMALL, "ppo.backend=fused"])
-    train(fused, tmp_path / "run")
+    train_from_config(fused, tmp_path / "run")
     ckpt = tmp_path / "run" / "checkpoints" / "step_00000096"
     agents = {}
     for backend in ("fused", "autograd"):

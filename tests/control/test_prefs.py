@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from postrl.control import prefs
-from postrl.control.commands import add_parser
+from postrl.control.commands import add_control_command
 from postrl.control.prefs_reward import (
     Pairs,
     RewardEnsemble,
@@ -236,7 +236,7 @@ def test_bad_config_is_refused(tmp_path):
 
 def _parser():
     parser = argparse.ArgumentParser(prog="postrl")
-    add_parser(parser.add_subparsers(dest="command"))
+    add_control_command(parser.add_subparsers(dest="command"))
     return parser
 
 

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from postrl.control import a2c, ppo, prefs, reinforce, trpo
-from postrl.control.commands import add_parser, preset_path, resolve_config
-from postrl.control.loop import evaluate, train
+from postrl.control.commands import add_control_command, control_preset_path, resolve_control_config
+from postrl.control.loop import evaluate_policy_episodes, train_from_config
 from postrl.runtime.config import ConfigError, load_config
 
 
 def _cli(*argv):
     parser = argparse.ArgumentParser(prog="postrl")
-    add_parser(parser.add_subparsers(dest="command"))
+    add_control_command(parser.add_subparsers(dest="command"))
     return parser.parse_args(argv)
 
 
@@ -38,9 +38,9 @@ def _random_return(episodes=20):
 
 def test_ppo_learns_cartpole_in_seconds(tmp_path):
     cfg = load_config(
-        ppo.Config, preset_path("ppo", "CartPole-v1"), ["run.steps=12000", "run.eval_episodes=10"]
+        ppo.Config, control_preset_path("ppo", "CartPole-v1"), ["run.steps=12000", "run.eval_episodes=10"]
     )
-    summary = train(cfg, tmp_path / "run")
+    summary = train_from_config(cfg, tmp_path / "run")
     assert summary["eval_return_mean"] > 3 * _random_return()  # random ≈ 22; PPO reaches ≈ 150–500 here
     for key in ("eval_return_std", "env_steps", "steps_per_second", "wall_seconds", "peak_rss_mb"):
         assert key in summary
@@ -68,14 +68,14 @@ def test_resume_is_exact(tmp_path, env_id):
         overrides += ["env.normalize_obs=true", "env.normalize_reward=true"]
     cfg = load_config(ppo.Config, None, overrides)
     straight = tmp_path / "straight"
-    train(cfg, straight)
+    train_from_config(cfg, straight)
     interrupted = tmp_path / "interrupted"
     shutil.copytree(straight, interrupted)
     for ckpt in (interrupted / "checkpoints").iterdir():
         if int(ckpt.name.split("_")[1]) > 96:  # as if killed after the 3rd of 6 iterations
             shutil.rmtree(ckpt)
     (interrupted / "summary.json").unlink()
-    train(cfg, interrupted, resume=True)
+    train_from_config(cfg, interrupted, resume=True)
     last = "step_00000192"
     for name in ("actor.safetensors", "critic.safetensors"):
         a = (straight / "checkpoints" / last / name).read_bytes()
@@ -91,16 +91,18 @@ def test_resume_is_exact(tmp_path, env_id):
 
 
 def test_cli_preset_flags_and_overrides():
-    cfg = resolve_config(_cli("control", "train", "--algo", "ppo", "--env", "CartPole-v1", "--seed", "3"))
+    cfg = resolve_control_config(
+        _cli("control", "train", "--algo", "ppo", "--env", "CartPole-v1", "--seed", "3")
+    )
     assert (cfg.ppo.n_steps, cfg.ppo.epochs, cfg.ppo.gamma, cfg.ppo.lam) == (32, 20, 0.98, 0.8)
     assert cfg.ppo.anneal_clip and cfg.run.seed == 3 and cfg.env.n_envs == 8
     args = _cli(
         "control", "train", "--env", "Pendulum-v1", "--total-steps", "1e4", "ppo.lr=3e-4", "env.n_envs=2"
     )
-    cfg = resolve_config(args)
+    cfg = resolve_control_config(args)
     assert (cfg.env.id, cfg.run.steps, cfg.ppo.lr, cfg.env.n_envs) == ("Pendulum-v1", 10_000, 3e-4, 2)
     with pytest.raises(ConfigError, match="ppo.clip_eps"):
-        resolve_config(_cli("control", "train", "ppo.clip_epss=0.1"))
+        resolve_control_config(_cli("control", "train", "ppo.clip_epss=0.1"))
 
 
 RENAMED = [  # old key → new: one vocabulary with the LM trainers (run.*, epochs, vf_clip)
@@ -117,12 +119,12 @@ RENAMED = [  # old key → new: one vocabulary with the LM trainers (run.*, epoc
 def test_an_old_key_is_an_error_that_names_the_new_one(tmp_path, old, new):
     said = re.escape(f"'{old}' was renamed: use '{new}'")
     with pytest.raises(ConfigError, match=said):
-        resolve_config(_cli("control", "train", f"{old}=2"))
+        resolve_control_config(_cli("control", "train", f"{old}=2"))
     section, key = old.split(".")
     path = tmp_path / "old.yaml"
     path.write_text(f"algo: ppo\n{section}:\n  {key}: 2\n")
     with pytest.raises(ConfigError, match=said + r".*old\.yaml"):
-        resolve_config(_cli("control", "train", "--config", str(path)))
+        resolve_control_config(_cli("control", "train", "--config", str(path)))
 
 
 @pytest.mark.parametrize("module", [reinforce, a2c, trpo, prefs])
@@ -139,7 +141,7 @@ def test_every_control_config_names_the_new_keys(module):
 
 def test_max_seconds_stops_at_the_end_of_an_iteration(tmp_path):
     cfg = load_config(ppo.Config, None, [*SMALL, "run.max_seconds=1e-9", "run.threads=null"])
-    summary = train(cfg, tmp_path / "run")
+    summary = train_from_config(cfg, tmp_path / "run")
     assert summary["env_steps"] == 32  # one iteration of 2 envs × 16 steps, of the 192 asked for
     assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*")] == ["step_00000032"]
 
@@ -173,7 +175,7 @@ def test_stochastic_evaluation_does_not_touch_the_training_rng():
     actor = ppo.build(cfg, env).actor
     torch.manual_seed(1)
     before = torch.get_rng_state()
-    evaluate(actor, env, cfg, 2, deterministic=False)
+    evaluate_policy_episodes(actor, env, cfg, 2, deterministic=False)
     assert torch.equal(before, torch.get_rng_state())
 
 
@@ -210,7 +212,7 @@ def test_resume_runs_no_env_module_the_run_folder_names_unless_named_again(tmp_p
     config.write_text(config.read_text().replace("id: CartPole-v1", "id: evil_env_mod:Env"))
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     with pytest.raises(ConfigError, match=r"imports the module 'evil_env_mod'.*--env evil_env_mod:Env"):
-        resolve_config(_cli("control", "train", "--resume", str(out)))
+        resolve_control_config(_cli("control", "train", "--resume", str(out)))
     assert not marker.exists()
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
@@ -223,12 +225,12 @@ def test_resume_is_spelt_as_the_lm_stages_spell_it(tmp_path, capsys):
         "control", "train", "--env", "CartPole-v1", "--total-steps", "64", "--out", str(out), *SMALL[:4]
     )
     args.handler(args)
-    assert resolve_config(_cli("control", "train", "--out", str(out), "--resume")) == resolve_config(
-        _cli("control", "train", "--resume", str(out))
-    )
-    cfg = resolve_config(_cli("control", "train", "--out", str(out), "--resume", "run.steps=128"))
+    assert resolve_control_config(
+        _cli("control", "train", "--out", str(out), "--resume")
+    ) == resolve_control_config(_cli("control", "train", "--resume", str(out)))
+    cfg = resolve_control_config(_cli("control", "train", "--out", str(out), "--resume", "run.steps=128"))
     assert cfg.run.steps == 128
     with pytest.raises(ConfigError, match="--resume needs the run folder"):
-        resolve_config(_cli("control", "train", "--resume"))
+        resolve_control_config(_cli("control", "train", "--resume"))
     with pytest.raises(ConfigError, match="name two folders"):
-        resolve_config(_cli("control", "train", "--out", str(tmp_path / "b"), "--resume", str(out)))
+        resolve_control_config(_cli("control", "train", "--out", str(tmp_path / "b"), "--resume", str(out)))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from postrl.control.loop import evaluate, load_agent
+from postrl.control.loop import evaluate_policy_episodes, load_agent
 from postrl.runtime.logging import read_jsonl
 from tests.dist.launch import assert_same_weights, load_script, torchrun
 
@@ -41,4 +41,4 @@ def test_two_processes_match_one(tmp_path):
             assert torch.equal(x, b[key]), f"{name}.{key}"
     # the 2-rank checkpoint in one process, as `postrl control eval` loads it
     cfg, agent, env = load_agent(straight)
-    assert len(evaluate(agent.actor, env, cfg, episodes=2)) == 2
+    assert len(evaluate_policy_episodes(agent.actor, env, cfg, episodes=2)) == 2

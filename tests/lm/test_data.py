@@ -244,10 +244,10 @@ def test_encode_prompts_follows_the_tokenizer_and_never_doubles_bos(tiny_corpus,
 def test_data_check_command(tmp_path, capsys) -> None:
     import argparse
 
-    from postrl.lm.commands import add_parser
+    from postrl.lm.commands import add_data_command
 
     parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers())
+    add_data_command(parser.add_subparsers())
     good = write_jsonl([{"prompt": "a", "completion": "b"}], tmp_path / "good.jsonl")
     args = parser.parse_args(["data", "check", "--kind", "sft", str(good)])
     assert args.handler(args) == 0 and "1 valid sft rows" in capsys.readouterr().out

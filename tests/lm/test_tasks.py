@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from postrl.lm.commands import add_parser
+from postrl.lm.commands import add_data_command
 from postrl.lm.tasks import (
     LabellerConfig,
     SyntheticLabeller,
@@ -252,7 +252,7 @@ def test_corpus_never_contains_held_out_prompts() -> None:
 
 def test_data_export_writes_trl_columns(tmp_path) -> None:
     parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers())
+    add_data_command(parser.add_subparsers())
     out = tmp_path / "prefs.jsonl"
     argv = ["data", "export", "--task", "reviews", "--kind", "prefs", "--split", "test", "--out", str(out)]
     args = parser.parse_args([*argv, "--option", "n_pairs_test=7", "--option", "label_noise=0"])

@@ -6,7 +6,7 @@ reference is ``actor.act`` (`postrl.control.policies`): random numbers still com
 in the same order), so both draw the same actions and log-probs up to float rounding
 (tests/control/test_policies.py).
 
-The loop uses it only where the copy is exact: :func:`refusal` says why it cannot for an actor, and
+The loop uses it only where the copy is exact: :func:`numpy_actor_refusal` says why it cannot for an actor, and
 :func:`use_numpy_actor` picks the path once per run and logs which one runs and why (PPO's ``ppo.backend``
 switch; A2C and TRPO take it whenever the actor allows).
 """
@@ -22,7 +22,7 @@ from torch import nn
 from postrl.control.policies import MLP, CategoricalActor, GaussianActor
 from postrl.core import diag_gaussian_log_prob
 
-__all__ = ["NumpyActor", "refusal", "use_numpy_actor"]
+__all__ = ["NumpyActor", "numpy_actor_refusal", "use_numpy_actor"]
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ _NUMPY_ACTIVATIONS = {
 }
 
 
-def refusal(actor: nn.Module) -> str | None:
+def numpy_actor_refusal(actor: nn.Module) -> str | None:
     """Why `NumpyActor` cannot stand in for ``actor`` (None: it can). Exact types only: a subclass may change
     the forward that the numpy copy writes out."""
     if getattr(actor, "use_sde", False):
@@ -50,7 +50,7 @@ def refusal(actor: nn.Module) -> str | None:
 def use_numpy_actor(actor: nn.Module, who: str) -> bool:
     """Whether ``who``'s rollout loop may sample with `NumpyActor` (it does whenever ``actor`` allows); logs
     the path that runs and, when torch's, why."""
-    reason = refusal(actor)
+    reason = numpy_actor_refusal(actor)
     if reason is None:
         log.info(
             "%s: the rollout samples actions with the numpy actor (postrl.control.fast.numpy_actor)", who

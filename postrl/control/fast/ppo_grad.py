@@ -47,7 +47,7 @@ from postrl.control.fast import numpy_actor
 from postrl.control.policies import MLP, CategoricalActor, Critic, GaussianActor
 from postrl.core import diag_gaussian_entropy, diag_gaussian_log_prob
 
-__all__ = ["STATS", "HandGradient", "Minibatch", "minibatch_gradient", "refusal", "stat_names"]
+__all__ = ["STATS", "HandGradient", "Minibatch", "fused_refusal", "minibatch_gradient", "stat_names"]
 
 # The statistics of `postrl.control.ppo.ppo_actor_critic_loss`, in the order of the vector a gradient step returns.
 STATS = ("policy_loss", "value_loss", "clip_fraction", "approx_kl", "ratio_mean", "entropy")
@@ -68,10 +68,10 @@ def stat_names(ent_coef: float) -> tuple[str, ...]:
     return STATS if ent_coef else STATS[:-1]
 
 
-def refusal(actor: nn.Module, critic: nn.Module) -> str | None:
+def fused_refusal(actor: nn.Module, critic: nn.Module) -> str | None:
     """Why the fused path cannot run these networks (None: it can). Exact types only: a subclass may change
     the forward that this module and the numpy actor write out."""
-    reason = numpy_actor.refusal(actor)
+    reason = numpy_actor.numpy_actor_refusal(actor)
     if reason is not None:
         return reason
     if type(critic) is not Critic:

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from postrl.control import ranks
 from postrl.control.buffer import Batch
 from postrl.control.fast.flat import FlatAdam, FlatParameters
-from postrl.control.fast.ppo_grad import HandGradient, Minibatch, refusal, stat_names
+from postrl.control.fast.ppo_grad import HandGradient, Minibatch, fused_refusal, stat_names
 from postrl.runtime.config import ConfigError
 
 __all__ = ["BACKENDS", "FusedStep", "use_fused"]
@@ -40,7 +40,7 @@ def use_fused(backend: str, actor: nn.Module, critic: nn.Module) -> bool:
     if backend == "autograd":
         log.info("ppo.backend=autograd: gradients through autograd, the rollout's actor in torch")
         return False
-    reason = refusal(actor, critic)
+    reason = fused_refusal(actor, critic)
     if reason is None:
         log.info(
             "ppo.backend=%s: the fused path runs (hand-written gradient, numpy actor: postrl.control.fast)",

@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from postrl.control.buffer import collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
-from postrl.control.loop import ControlRunConfig, train
+from postrl.control.loop import ControlRunConfig, train_from_config
 from postrl.control.ppo import PPO, Config, PPOHyperparams
 from postrl.core import gae
 from postrl.runtime import distributed as dist
@@ -74,12 +74,12 @@ def main(out: Path) -> None:
             weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
             save_file(weights, str(out / f"update_{name}.safetensors"))
     cfg = run_config()
-    train(cfg, out / "straight")
+    train_from_config(cfg, out / "straight")
     if info.is_main:  # the resumed run starts from the iteration-2 checkpoint of the straight one
         shutil.copytree(out / "straight" / "checkpoints" / "step_00000256",
                         out / "resumed" / "checkpoints" / "step_00000256")  # fmt: skip
     dist.barrier()
-    train(replace(cfg, run=replace(cfg.run, save_every=0)), out / "resumed", resume=True)
+    train_from_config(replace(cfg, run=replace(cfg.run, save_every=0)), out / "resumed", resume=True)
     dist.cleanup()
 
 
