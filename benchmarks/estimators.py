@@ -154,7 +154,7 @@ def worker(args: argparse.Namespace) -> None:
     curve, cpu, wall, steps, tokens, last = [], 0.0, 0.0, 0, 0.0, {}
 
     def check() -> None:
-        evals = evaluate_grpo_heldout(run)
+        evals = evaluate_grpo_heldout(run, steps)
         kl = kl_to_reference(run, reference, 10_000 + len(curve))
         curve.append({"cpu_s": round(cpu, 2), "step": steps, **evals, "kl_to_sft": kl})
 
