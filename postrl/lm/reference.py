@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,8 @@ from safetensors.torch import load_file, save
 from torch import Tensor
 
 from postrl.lm.recipe import Setup
-from postrl.lm.spine import Algorithm, LoopState
-from postrl.lm.trainer import export_on_main
+from postrl.lm.spine import Algorithm, LoopState, Parts
+from postrl.lm.trainer import export_on_main, iterate_batches, make_optimizer, model_parts
 from postrl.runtime import distributed as dist
 from postrl.runtime.checkpoint import atomic_write_bytes
 from postrl.runtime.errors import UserError
@@ -50,6 +51,82 @@ def load_or_compute_reference(
         atomic_write_bytes(path, save({k: v.contiguous() for k, v in refs.items()}))
     dist.barrier()
     return refs
+
+
+class ReferenceAlgorithm(abc.ABC):
+    """The `postrl.lm.spine` algorithm of a stage trained on fixed data against stored reference log-probs: a
+    step is one AdamW step on a batch of examples drawn in a seeded order (``train_step``); an evaluation is
+    the stage's held-out metrics (``heldout_metrics``) and, when given, sampled-response metrics; a checkpoint
+    holds the policy (a folder `from_pretrained` loads), AdamW, the schedule and the data position."""
+
+    name = ""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        examples: list[dict[str, Any]],
+        refs: dict[str, Tensor],
+        cfg: Any,
+        *,
+        evals: list[dict[str, Any]],
+        evaluate_samples: Any = None,
+        device: torch.device,
+    ) -> None:
+        self.model, self.tokenizer, self.examples, self.evals, self.cfg = (
+            model,
+            tokenizer,
+            examples,
+            evals,
+            cfg,
+        )
+        self.ref, self.eval_ref, self.device = refs["train"], refs["heldout"], device
+        self.evaluate_samples = evaluate_samples
+        self.optimizer, self.scheduler = make_optimizer(dist.unwrap(model), cfg.optim, cfg.run.steps)
+        self.position, self.seconds = 0, 0.0  # batches drawn since step 0; step seconds of this invocation
+        self.batches = iterate_batches(len(examples), cfg.train.batch_size, cfg.run.seed)
+        model.train()
+
+    @abc.abstractmethod
+    def train_step(self, indices: list[int]) -> dict[str, float]:
+        """One optimiser step on the examples ``indices`` (all ranks'): the step's metrics."""
+
+    @abc.abstractmethod
+    def heldout_metrics(self, inner: torch.nn.Module) -> dict[str, float]:
+        """The stage's metrics of the held-out examples under the (unwrapped) policy."""
+
+    def step(self, step: int) -> dict[str, float]:
+        self.position, indices = next(self.batches)
+        self.position += 1
+        tic = time.perf_counter()
+        out = self.train_step(indices)
+        out["time_step"] = time.perf_counter() - tic
+        self.seconds += out["time_step"]
+        out["lr"] = self.scheduler.get_last_lr()[0]  # the lr this step used
+        self.scheduler.step()
+        return out
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out metrics and (``eval_samples`` > 0) sampled-response metrics; every rank calls it (an
+        FSDP-sharded model needs every rank in each forward) and computes its share."""
+        inner = dist.unwrap(self.model)
+        was_training = inner.training
+        inner.eval()
+        with dist.gathered(self.model):  # sampling reads whole weights
+            out = self.heldout_metrics(inner)
+            if self.evaluate_samples is not None:
+                out.update(self.evaluate_samples(inner))
+        inner.train(was_training)
+        return out
+
+    def parts(self) -> Parts:
+        return model_parts(self.model, self.optimizer, self.scheduler, self.tokenizer, self.position)
+
+    def load_extra(self, extra: dict[str, Any]) -> None:
+        self.position = int(extra["position"])
+        self.batches = iterate_batches(
+            len(self.examples), self.cfg.train.batch_size, self.cfg.run.seed, self.position
+        )
 
 
 class ReferenceRecipe(abc.ABC):

@@ -25,7 +25,6 @@ config is in `config.py`; the pairs, log-probs, reference and evaluation in `bui
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +41,11 @@ from postrl.lm.dpo.build import (
 )
 from postrl.lm.dpo.config import DPOConfig
 from postrl.lm.recipe import Setup, run_recipe
-from postrl.lm.reference import ReferenceRecipe
-from postrl.lm.spine import LoopState, Parts, accumulate
+from postrl.lm.reference import ReferenceAlgorithm, ReferenceRecipe
+from postrl.lm.spine import LoopState, accumulate
 from postrl.lm.trainer import (
     clip_grad_norm,
-    iterate_batches,
-    make_optimizer,
     micro_batches,
-    model_parts,
 )
 from postrl.runtime import distributed as dist
 from postrl.runtime.logging import read_jsonl
@@ -124,73 +120,26 @@ def dpo_train_step(
 
 
 # ---- the algorithm on the spine ------------------------------------------------------------------------
-class DPO:
-    """DPO as a `postrl.lm.spine` algorithm: a step is one AdamW step on a batch of pairs; a checkpoint holds
-    the policy (a folder `from_pretrained` loads), AdamW, the schedule and the data position."""
+class DPO(ReferenceAlgorithm):
+    """DPO as a `postrl.lm.spine` algorithm (`postrl.lm.reference.ReferenceAlgorithm`): a step is one AdamW
+    step on a batch of pairs."""
 
     name = "dpo"
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        tokenizer: Any,
-        pairs: list[dict[str, Any]],
-        refs: dict[str, Tensor],
-        cfg: DPOConfig,
-        *,
-        evals: list[dict[str, Any]],
-        evaluate_samples: Any = None,
-        device: torch.device,
-    ) -> None:
-        self.model, self.tokenizer, self.pairs, self.evals, self.cfg = model, tokenizer, pairs, evals, cfg
-        self.ref, self.eval_ref, self.device = refs["train"], refs["heldout"], device
-        self.evaluate_samples = evaluate_samples
-        self.optimizer, self.scheduler = make_optimizer(dist.unwrap(model), cfg.optim, cfg.run.steps)
-        self.position, self.seconds = 0, 0.0  # batches drawn since step 0; step seconds of this invocation
-        self.batches = iterate_batches(len(pairs), cfg.train.batch_size, cfg.run.seed)
-        model.train()
-
-    def step(self, step: int) -> dict[str, float]:
-        self.position, indices = next(self.batches)
-        self.position += 1
-        tic = time.perf_counter()
-        out = dpo_train_step(
-            self.model, self.optimizer, self.pairs, self.ref, indices, self.cfg,
+    def train_step(self, indices: list[int]) -> dict[str, float]:
+        return dpo_train_step(
+            self.model, self.optimizer, self.examples, self.ref, indices, self.cfg,
             self.tokenizer.pad_token_id, self.device,
         )  # fmt: skip
-        out["time_step"] = time.perf_counter() - tic
-        self.seconds += out["time_step"]
-        out["lr"] = self.scheduler.get_last_lr()[0]  # the lr this step used
-        self.scheduler.step()
-        return out
 
     def bar(self, metrics: dict[str, float]) -> dict[str, float]:
         return {"loss": metrics["loss"], "acc": metrics["reward_accuracy"]}
 
-    def evaluate(self) -> dict[str, float]:
-        """Held-out pair metrics and (``eval_samples`` > 0) sampled-response metrics; every rank calls it (an
-        FSDP-sharded model needs every rank in each forward) and computes its share."""
-        inner = dist.unwrap(self.model)
-        was_training = inner.training
-        inner.eval()
-        with dist.gathered(self.model):  # sampling reads whole weights
-            out = pair_metrics(
-                inner, self.evals, self.eval_ref, self.cfg.dpo, self.tokenizer.pad_token_id, self.device,
-                self.cfg.dpo.ref_batch_size,
-            )  # fmt: skip
-            if self.evaluate_samples is not None:
-                out.update(self.evaluate_samples(inner))
-        inner.train(was_training)
-        return out
-
-    def parts(self) -> Parts:
-        return model_parts(self.model, self.optimizer, self.scheduler, self.tokenizer, self.position)
-
-    def load_extra(self, extra: dict[str, Any]) -> None:
-        self.position = int(extra["position"])
-        self.batches = iterate_batches(
-            len(self.pairs), self.cfg.train.batch_size, self.cfg.run.seed, self.position
-        )
+    def heldout_metrics(self, inner: torch.nn.Module) -> dict[str, float]:
+        return pair_metrics(
+            inner, self.evals, self.eval_ref, self.cfg.dpo, self.tokenizer.pad_token_id, self.device,
+            self.cfg.dpo.ref_batch_size,
+        )  # fmt: skip
 
 
 # ---- the command ---------------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ in `data.py`, the log-probs, reference and held-out metrics in `build.py`.
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +33,20 @@ from torch import Tensor
 from postrl.lm.kto.build import (
     REF_FILE,
     batch_loss,
-    heldout_metrics,
     kl_reference_point,
     reference_completion_log_probs,
+)
+from postrl.lm.kto.build import (
+    heldout_metrics as kto_heldout_metrics,
 )
 from postrl.lm.kto.config import KTOConfig
 from postrl.lm.kto.data import check_labels, collate_kto_rows, load_train_heldout_kto, tokenize
 from postrl.lm.recipe import Setup, run_recipe
-from postrl.lm.reference import ReferenceRecipe
-from postrl.lm.spine import LoopState, Parts, accumulate
+from postrl.lm.reference import ReferenceAlgorithm, ReferenceRecipe
+from postrl.lm.spine import LoopState, accumulate
 from postrl.lm.trainer import (
     clip_grad_norm,
-    iterate_batches,
-    make_optimizer,
     micro_batches,
-    model_parts,
     to_device,
 )
 from postrl.runtime import distributed as dist
@@ -108,78 +106,26 @@ def kto_train_step(
     }
 
 
-class KTO:
-    """KTO as a `postrl.lm.spine` algorithm: a step is one AdamW step on a batch of labelled rows; a checkpoint
-    holds the policy (a folder `from_pretrained` loads), AdamW, the schedule and the data position."""
+class KTO(ReferenceAlgorithm):
+    """KTO as a `postrl.lm.spine` algorithm (`postrl.lm.reference.ReferenceAlgorithm`): a step is one AdamW
+    step on a batch of labelled rows."""
 
     name = "kto"
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        tokenizer: Any,
-        examples: list[dict[str, Any]],
-        refs: dict[str, Tensor],
-        cfg: KTOConfig,
-        *,
-        evals: list[dict[str, Any]],
-        evaluate_samples: Any = None,
-        device: torch.device,
-    ) -> None:
-        self.model, self.tokenizer, self.examples, self.evals, self.cfg = (
-            model,
-            tokenizer,
-            examples,
-            evals,
-            cfg,
-        )
-        self.ref, self.eval_ref, self.device = refs["train"], refs["heldout"], device
-        self.evaluate_samples = evaluate_samples
-        self.optimizer, self.scheduler = make_optimizer(dist.unwrap(model), cfg.optim, cfg.run.steps)
-        self.position = 0  # batches drawn since step 0
-        self.batches = iterate_batches(len(examples), cfg.train.batch_size, cfg.run.seed)
-        model.train()
-
-    def step(self, step: int) -> dict[str, float]:
-        self.position, indices = next(self.batches)
-        self.position += 1
-        tic = time.perf_counter()
-        out = kto_train_step(
+    def train_step(self, indices: list[int]) -> dict[str, float]:
+        return kto_train_step(
             self.model, self.optimizer, self.examples, self.ref, indices, self.cfg,
             self.tokenizer.pad_token_id, self.device,
         )  # fmt: skip
-        out["time_step"] = time.perf_counter() - tic
-        out["lr"] = self.scheduler.get_last_lr()[0]  # the lr this step used
-        self.scheduler.step()
-        return out
 
     def bar(self, metrics: dict[str, float]) -> dict[str, float]:
         return {"loss": metrics["loss"], "kl": metrics["kl"]}
 
-    def evaluate(self) -> dict[str, float]:
-        """Held-out loss and implicit rewards and (``eval_samples`` > 0) sampled-response metrics; every rank
-        calls it and computes its share."""
-        inner = dist.unwrap(self.model)
-        was_training = inner.training
-        inner.eval()
-        with dist.gathered(self.model):  # sampling reads whole weights
-            out = heldout_metrics(
-                inner, self.evals, self.eval_ref, self.cfg.kto, self.tokenizer.pad_token_id, self.device,
-                self.cfg.kto.ref_batch_size,
-            )  # fmt: skip
-            if self.evaluate_samples is not None:
-                out.update(self.evaluate_samples(inner))
-        inner.train(was_training)
-        return out
-
-    def parts(self) -> Parts:
-        return model_parts(self.model, self.optimizer, self.scheduler, self.tokenizer, self.position)
-
-    def load_extra(self, extra: dict[str, Any]) -> None:
-        self.position = int(extra["position"])
-        self.batches = iterate_batches(
-            len(self.examples), self.cfg.train.batch_size, self.cfg.run.seed, self.position
-        )
+    def heldout_metrics(self, inner: torch.nn.Module) -> dict[str, float]:
+        return kto_heldout_metrics(
+            inner, self.evals, self.eval_ref, self.cfg.kto, self.tokenizer.pad_token_id, self.device,
+            self.cfg.kto.ref_batch_size,
+        )  # fmt: skip
 
 
 class KTORecipe(ReferenceRecipe):
