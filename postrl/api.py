@@ -82,7 +82,8 @@ def _reward_specs(rewards: Any) -> tuple[list[str], dict[str, Callable[..., Any]
             continue
         if not callable(item):
             raise UserError(f"rewards: expected spec strings or functions, got {type(item).__name__}")
-        name = f"{getattr(item, '__module__', None) or 'builtins'}.{getattr(item, '__qualname__', None) or type(item).__qualname__}"
+        module = getattr(item, "__module__", None) or "builtins"
+        name = f"{module}.{getattr(item, '__qualname__', None) or type(item).__qualname__}"
         spec = f"callable:{name}"
         if spec in functions:  # two functions of the same name (e.g. two lambdas): numbered in order
             spec = f"{spec}#{len(specs)}"

@@ -122,7 +122,8 @@ class BenchSpec:
 def resolve_spec(config: str, seeds: str, overrides: Sequence[str], target: float | None = None) -> BenchSpec:
     """Check everything a bench needs before any folder is touched: the config (file or preset), its
     algorithm, the overrides (each key against the algorithm's config, ranges included), the env and the agent
-    (built once: e.g. ppo.backend=fused with a policy it cannot run) and the seed range. Errors are ConfigErrors naming what is wrong."""
+    (built once: e.g. ppo.backend=fused with a policy it cannot run) and the seed range. Errors are
+    ConfigErrors naming what is wrong."""
     from postrl.control.envs import VecEnv  # deferred: gymnasium, torch
     from postrl.control.loop import algorithm
     from postrl.runtime.config import load_config, validate

@@ -49,8 +49,8 @@ Options from DAPO (Yu et al. 2025, arXiv:2503.14476): clip-higher (``clip_eps_hi
 
 This file: the batch → loss, GRPO's part of the on-policy update PPO shares (`GRPOObjective`, run by
 `postrl.lm.onpolicy`; the policy's forward is injected: a causal LM's, `text_policy`, or a VLM's), and
-:class:`GRPO`, the algorithm the LM trainers' shared loop runs (`postrl.lm.spine`). The configs are in `config.py`; loading and checking a run's input in `build.py`;
-the prompt stream, sampling, rewards, the batch (`collect`) and evaluation in `rollouts.py`.
+:class:`GRPO`, the algorithm the LM trainers' shared loop runs (`postrl.lm.spine`). The configs are in
+`config.py`; loading and checking a run's input in `build.py`; the prompt stream, sampling, rewards, the batch (`collect`) and evaluation in `rollouts.py`.
 """
 
 from __future__ import annotations

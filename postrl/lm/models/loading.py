@@ -84,7 +84,10 @@ def model_source(path_or_name: str | Path, what: str = "model") -> tuple[str, bo
     def problem(path: Path) -> str | None:
         if (path / "config.json").is_file():
             return None
-        return "the folder has no config.json, so it is not a Hugging Face model (expected a folder written by save_pretrained)"
+        return (
+            "the folder has no config.json, so it is not a Hugging Face model (expected a folder written by "
+            "save_pretrained)"
+        )
 
     return folder_or_hub_name(path_or_name, what, "model", problem)
 

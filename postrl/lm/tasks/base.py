@@ -3,7 +3,8 @@
 A task is a small, fully generated world: prompts, demonstrations, (where it fits) preference pairs, a
 reward function that takes TRL's call ``fn(prompts=..., completions=..., completion_ids=..., **columns) ->
 list[float]`` (completions as text or as TRL's conversational ``[{"role": "assistant", "content": ...}]``;
-positional ``fn(prompts, completions)`` works too) and a hidden gold reward. Everything is a pure function of the task's config (which holds the seed).
+positional ``fn(prompts, completions)`` works too) and a hidden gold reward. Everything is a pure function
+of the task's config (which holds the seed).
 """
 
 from __future__ import annotations
