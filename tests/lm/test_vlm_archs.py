@@ -23,7 +23,7 @@ from postrl.lm.sft import SFTConfig, run_sft
 from postrl.lm.spine import RunConfig
 from postrl.lm.tasks import get_task
 from postrl.lm.trainer import OptimConfig, TrainConfig
-from postrl.lm.vlm import encode_rows, generate, prompt_batch, score, sft_batch
+from postrl.lm.vlm import encode_rows, prompt_batch, sft_batch, vlm_generate, vlm_score
 from postrl.lm.vlm.model import VLM_CHAT_TEMPLATE, build_vlm_tokenizer
 
 SHAPES = {"n_train": 16, "n_test": 8}
@@ -216,7 +216,7 @@ def test_teacher_forced_log_probs_are_the_models_own(arch: str) -> None:
     batch = sft_batch(examples, processor.tokenizer.pad_token_id)
     P = batch["prompt_len"]
     with torch.no_grad():
-        ours = score(model, batch["input_ids"], batch["attention_mask"], P, batch["images"])
+        ours = vlm_score(model, batch["input_ids"], batch["attention_mask"], P, batch["images"])
     for i, (row, e) in enumerate(zip(rows, examples, strict=True)):
         text = processor.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
         completion = row["completion"][-1]["content"]
@@ -233,15 +233,15 @@ def test_sampled_log_probs_equal_teacher_forced(arch: str) -> None:
     tok = processor.tokenizer
     examples = encode_rows(processor, get_task("shapes", **SHAPES).prompt_rows("test")[:3], "prompts", 512)
     ids, mask, images = prompt_batch(examples, tok.pad_token_id)
-    rollout = generate(
+    rollout = vlm_generate(
         model, ids, mask, images, max_new_tokens=6, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
         repeat=2, temperature=0.8, generator=torch.Generator().manual_seed(0),
     )  # fmt: skip
     rows = {k: v.repeat_interleave(2, 0) for k, v in images.items()}
     args = (rollout.input_ids, rollout.attention_mask, rollout.prompt_len, rows)
     with torch.no_grad():
-        shared = score(model, *args, temperature=0.8)  # each prompt once, its rows on its cache
-        plain = score(model, *args, temperature=0.8, share=False)
+        shared = vlm_score(model, *args, temperature=0.8)  # each prompt once, its rows on its cache
+        plain = vlm_score(model, *args, temperature=0.8, share=False)
     torch.testing.assert_close(shared, rollout.log_probs, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(plain, rollout.log_probs, atol=2e-5, rtol=1e-5)
 

@@ -43,7 +43,7 @@ from postrl.lm.vlm import (
     encode_rows,
     prompt_batch,
     run_vlm_pretrain,
-    score,
+    vlm_score,
 )
 from postrl.lm.vlm import grpo as vlm_grpo
 from postrl.lm.vlm import train as vlm_train
@@ -85,7 +85,7 @@ def replayable_sample(self: VLMGRPO, examples, repeat: int, sampling, seed: int)
     ids = torch.cat((prompt.repeat_interleave(repeat, 0), response), 1)
     mask = torch.cat((prompt_mask.repeat_interleave(repeat, 0), response_mask), 1)
     with torch.no_grad(), dist.gathered(self.model):
-        log_probs = score(
+        log_probs = vlm_score(
             dist.unwrap(self.model), ids, mask, prompt.shape[1],
             {k: v.repeat_interleave(repeat, 0) for k, v in images.items()},
             temperature=sampling.temperature, banned=self.banned,
