@@ -83,8 +83,9 @@ def load_head(path: str | Path, hidden_size: int) -> nn.Linear:
 
 
 def _require_head(path: str | Path, what: str) -> None:
-    """Before the trunk is loaded: a folder without a scalar head is not a reward model or critic."""
-    if not (Path(path) / HEAD_WEIGHTS).is_file() and not is_sequence_classifier(path):
+    """Before the trunk is loaded: a folder without a scalar head is not a reward model or critic (a name that
+    is no folder is left to the loader, which says whether it is a hub name)."""
+    if Path(path).is_dir() and not (Path(path) / HEAD_WEIGHTS).is_file() and not is_sequence_classifier(path):
         raise ModelError(
             f"{what}={path}: not a reward model: it has neither postrl's {HEAD_WEIGHTS} nor a one-label "
             "*ForSequenceClassification head (as TRL's RewardTrainer saves); give the model/ folder of a "
@@ -256,7 +257,7 @@ class PolicyWithValueHead(nn.Module):
         what: str = "model",
     ) -> PolicyWithValueHead:
         """Load a saved policy + value head; ``new_head=True`` starts a head on a plain causal LM."""
-        if not new_head and not (Path(path) / HEAD_WEIGHTS).is_file():
+        if not new_head and Path(path).is_dir() and not (Path(path) / HEAD_WEIGHTS).is_file():
             raise ModelError(f"{what}={path}: no {HEAD_WEIGHTS}: not a policy saved with its value head")
         lm = load_causal_lm(path, dtype, device, trust_remote_code, what=what)
         return cls(lm, _head_for(path, hidden_size_of(lm), new_head, seed))
