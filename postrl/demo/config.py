@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from postrl.demo import vlm as vision
+import postrl.demo.vlm as vision
 from postrl.demo.vlm import VLMDemo
 from postrl.lm import base_model
 from postrl.lm.dpo import DPOConfig, DPOLossConfig

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from postrl.demo import vlm_eval
+import postrl.demo.vlm_eval as vlm_eval
 from postrl.demo.config import DemoConfig
 from postrl.demo.evaluation import evaluate_checkpoints, frontier
 from postrl.demo.machine import MemorySampler, auto_workers, cpu_seconds

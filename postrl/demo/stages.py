@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from postrl.demo import vlm as vision
+import postrl.demo.vlm as vision
 from postrl.demo.config import DemoConfig
 from postrl.demo.runner import DemoStage, Summaries
 from postrl.lm import base_model

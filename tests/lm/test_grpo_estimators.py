@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import postrl.lm.grpo.algorithm as grpo_algorithm
+import postrl.lm.grpo.objective as grpo_objective
 import postrl.lm.grpo.rollouts as grpo_rollouts
 from postrl.core import group_advantages, reinforce_pp_advantages, rloo_advantages
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, run_grpo
@@ -77,7 +77,7 @@ def test_the_default_is_grpo_and_scale_rewards_false_is_dr_grpo():
 def _spy(monkeypatch) -> dict[str, list]:
     """Record the rewards each step's advantages are computed from, and what `grpo_loss` receives."""
     seen: dict[str, list] = {"rewards": [], "advantages": [], "importance_level": []}
-    compute, loss = grpo_rollouts.compute_advantages, grpo_algorithm.grpo_loss
+    compute, loss = grpo_rollouts.compute_advantages, grpo_objective.grpo_loss
 
     def compute_spy(rewards, g):
         seen["rewards"].append(rewards.clone())
@@ -89,7 +89,7 @@ def _spy(monkeypatch) -> dict[str, list]:
         return loss(*args, **kwargs)
 
     monkeypatch.setattr(grpo_rollouts, "compute_advantages", compute_spy)
-    monkeypatch.setattr(grpo_algorithm, "grpo_loss", loss_spy)
+    monkeypatch.setattr(grpo_objective, "grpo_loss", loss_spy)  # where the loss is looked up
     return seen
 
 

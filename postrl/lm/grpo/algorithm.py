@@ -55,29 +55,50 @@ This file: the batch → loss, GRPO's part of the on-policy update PPO shares (`
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 
-from postrl.core import entropy_from_logits, grpo_loss, masked_mean
-from postrl.lm import onpolicy
 from postrl.lm.grpo.build import build_grpo_run, check_grpo_config
-from postrl.lm.grpo.config import GRPOConfig, GRPOLossConfig
+from postrl.lm.grpo.config import GRPOConfig
+from postrl.lm.grpo.objective import (
+    GRPOObjective as GRPOObjective,
+)
+from postrl.lm.grpo.objective import (
+    PolicyForward as PolicyForward,
+)
+from postrl.lm.grpo.objective import (
+    backward_grpo_minibatch as backward_grpo_minibatch,
+)
+from postrl.lm.grpo.objective import (
+    grpo_batch_loss as grpo_batch_loss,
+)
+from postrl.lm.grpo.objective import (
+    loss_normalizer as loss_normalizer,
+)
+from postrl.lm.grpo.objective import (
+    loss_of as loss_of,
+)
+from postrl.lm.grpo.objective import (
+    optimise_grpo as optimise_grpo,
+)
+from postrl.lm.grpo.objective import (
+    policy_log_probs as policy_log_probs,
+)
+from postrl.lm.grpo.objective import (
+    text_policy as text_policy,
+)
+from postrl.lm.grpo.objective import (
+    update_grpo as update_grpo,
+)
 from postrl.lm.grpo.rollouts import PromptStream, Run, collect, evaluate_grpo_heldout
-from postrl.lm.onpolicy import Term
 from postrl.lm.recipe import Setup, run_recipe
-from postrl.lm.rollout import token_log_probs
-from postrl.lm.rollout.batch import RolloutBatch
-from postrl.lm.rollout.shared_prefix import response_logits
 from postrl.lm.spine import LoopState, Parts
-from postrl.lm.trainer import clip_grad_norm, export_on_main, make_optimizer
+from postrl.lm.trainer import export_on_main, make_optimizer
 from postrl.runtime import distributed as dist
 from postrl.runtime.logging import read_jsonl
 from postrl.runtime.plots import plot_curves
@@ -89,185 +110,6 @@ MU_ONE_NOTE = (
     "grpo: one update per batch (grpo.epochs=1, grpo.minibatches=1), so the ratio is 1: clip_fraction 0 and "
     "loss ~0 are expected, the gradient is not 0"
 )
-
-
-# ---- the batch's loss -----------------------------------------------------------------------------------
-PolicyForward = Callable[[RolloutBatch], tuple[Tensor, Tensor]]
-"""A teacher-forced forward of the policy on a batch's rows → (log π_τ of the response tokens [b, T], entropy
-per token [b, T] detached), both 0 past each response: a causal LM's (`text_policy`) or a VLM's, whose rows
-carry pictures (`postrl.lm.vlm.grpo`)."""
-
-
-def policy_log_probs(
-    model: torch.nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    prompt_len: int,
-    temperature: float,
-    use_fast: bool | None = None,
-) -> tuple[Tensor, Tensor]:
-    """One teacher-forced forward → (log π_τ of the response tokens [b, T], entropy per token [b, T] detached).
-    A group's shared prompt runs once (`postrl.lm.rollout.shared_prefix`); ``use_fast`` is
-    `SamplingConfig.use_fast`."""
-    logits = response_logits(model, input_ids, attention_mask, prompt_len, use_fast).float() / temperature
-    mask = attention_mask[:, prompt_len:].to(logits.dtype)
-    log_probs = token_log_probs(logits, input_ids[:, prompt_len:]) * mask
-    with torch.no_grad():
-        entropy = entropy_from_logits(logits) * mask
-    return log_probs, entropy
-
-
-def text_policy(model: torch.nn.Module, temperature: float, use_fast: bool | None = None) -> PolicyForward:
-    """The `PolicyForward` of a causal LM (`policy_log_probs`)."""
-
-    def forward(batch: RolloutBatch) -> tuple[Tensor, Tensor]:
-        return policy_log_probs(
-            model, batch.input_ids, batch.attention_mask, batch.prompt_len, temperature, use_fast
-        )
-
-    return forward
-
-
-def loss_of(
-    log_probs: Tensor,
-    entropy: Tensor,
-    batch: RolloutBatch,
-    cfg: GRPOLossConfig,
-    max_len: int,
-    normalizer: float | Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """`core.grpo_loss` of ``batch`` given the policy's log-probs and entropy [b, T] of its rows, and its stats
-    (clip fraction, k3 KL, ratio, entropy)."""
-    loss, stats = grpo_loss(
-        log_probs,
-        batch.old_log_probs,
-        batch.ref_log_probs,
-        batch.advantages,
-        batch.response_mask,
-        cfg.clip_eps,
-        cfg.beta,
-        cfg.loss_type,
-        clip_eps_high=cfg.clip_eps_high,
-        max_len=max_len,
-        normalizer=normalizer,
-        unbiased_kl=cfg.unbiased_kl,
-        importance_level=cfg.importance_level,
-    )
-    return loss, {**stats, "entropy": masked_mean(entropy, batch.response_mask)}
-
-
-def grpo_batch_loss(
-    model: torch.nn.Module,
-    batch: RolloutBatch,
-    cfg: GRPOLossConfig,
-    temperature: float,
-    max_len: int,
-    normalizer: float | Tensor | None = None,
-    use_fast: bool | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """The GRPO loss of ``batch`` under ``model`` and its stats (clip fraction, k3 KL, ratio, entropy).
-
-    ``normalizer``: the global count of the whole minibatch (`loss_normalizer`), so that micro-batch losses sum
-    to the minibatch loss; None normalises by this batch alone.
-    """
-    log_probs, entropy = text_policy(model, temperature, use_fast)(batch)
-    return loss_of(log_probs, entropy, batch, cfg, max_len, normalizer)
-
-
-def loss_normalizer(response_mask: Tensor, loss_type: str, max_len: int) -> float:
-    """The global denominator of `grpo_loss` for a minibatch: responses, tokens, or responses · max_len."""
-    local = {
-        "grpo": response_mask.shape[0],
-        "token": int(response_mask.sum()),
-        "dr_grpo": response_mask.shape[0] * max_len,
-    }[loss_type]
-    return float(dist.all_reduce_sum(torch.tensor(float(local))).item())
-
-
-# ---- the update ---------------------------------------------------------------------------------------------
-class GRPOObjective:
-    """GRPO's part of the on-policy update (`postrl.lm.onpolicy.Objective`): each micro-batch's `core.grpo_loss`
-    over the minibatch's global count (`loss_normalizer`), token-weighted mean stats of this rank's rows, the
-    policy's gradient norm clipped to ``max_grad_norm``."""
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        forward: PolicyForward,
-        cfg: GRPOLossConfig,
-        max_len: int,
-        max_grad_norm: float | None = None,
-    ) -> None:
-        self.model, self.forward, self.cfg = model, forward, cfg
-        self.max_len, self.max_grad_norm = max_len, max_grad_norm
-        self.models = [model]
-        self.totals: dict[
-            str, Tensor
-        ] = {}  # token-weighted sums, kept on the device in float64: no host sync
-        self.tokens: list[Tensor] = []  # per micro-batch (the float64 sums equal the Python-float ones)
-
-    def terms(self, minibatch: RolloutBatch, micro_batches: Sequence[RolloutBatch]) -> list[Term]:
-        normalizer = loss_normalizer(minibatch.response_mask, self.cfg.loss_type, self.max_len)
-        self.totals, self.tokens = {}, []
-        return [functools.partial(self.micro_loss, micro, normalizer) for micro in micro_batches]
-
-    def micro_loss(self, micro: RolloutBatch, normalizer: float) -> Tensor:
-        log_probs, entropy = self.forward(micro)
-        value, stats = loss_of(log_probs, entropy, micro, self.cfg, self.max_len, normalizer)
-        count = micro.response_mask.sum()
-        self.tokens.append(count)
-        for key, v in stats.items():
-            weighted = torch.as_tensor(v, device=count.device).detach().double() * count
-            self.totals[key] = self.totals[key] + weighted if key in self.totals else weighted
-        # DDP / FSDP average gradients over ranks and the normaliser is already global: × world makes the rank
-        # average of the sum (reduce_metrics) the global loss
-        return value * dist.world_size()
-
-    def stats(self, total: float) -> dict[str, float]:
-        n_tokens = max(1, int(torch.stack(self.tokens).sum())) if self.tokens else 1
-        return {"loss": total, **{k: float(v) / n_tokens for k, v in self.totals.items()}}
-
-    def clip(self) -> dict[str, float]:
-        return {"grad_norm": clip_grad_norm(self.model, self.max_grad_norm)}
-
-
-def backward_grpo_minibatch(
-    model: torch.nn.Module,
-    batch: RolloutBatch,
-    cfg: GRPOLossConfig,
-    temperature: float,
-    max_len: int,
-    use_fast: bool | None = None,
-) -> dict[str, float]:
-    """Accumulate the minibatch's gradient over ``grpo.grad_accum`` micro-batches (`onpolicy`: exactly the
-    full-batch gradient); token-weighted mean stats."""
-    objective = GRPOObjective(model, text_policy(model, temperature, use_fast), cfg, max_len)
-    return onpolicy.backward_minibatch(objective, batch, cfg.grad_accum)
-
-
-def update_grpo(
-    objective: GRPOObjective, optimizer: torch.optim.Optimizer, batch: RolloutBatch, cfg: GRPOLossConfig
-) -> dict[str, float]:
-    """μ epochs over ``batch``, ``minibatches`` optimiser steps each, every m-th row per minibatch
-    (`onpolicy.strided_minibatches`); returns the stats averaged over steps."""
-    split = functools.partial(onpolicy.strided_minibatches, n=cfg.minibatches)
-    return onpolicy.update(objective, [optimizer], batch, cfg.epochs, split, cfg.grad_accum)
-
-
-def optimise_grpo(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batch: RolloutBatch,
-    cfg: GRPOLossConfig,
-    temperature: float,
-    max_len: int,
-    max_grad_norm: float | None,
-    use_fast: bool | None = None,
-) -> dict[str, float]:
-    """`update_grpo` of a causal LM policy. ``use_fast``: which forward the training pass takes
-    (`postrl.lm.rollout.SamplingConfig.use_fast`)."""
-    objective = GRPOObjective(model, text_policy(model, temperature, use_fast), cfg, max_len, max_grad_norm)
-    return update_grpo(objective, optimizer, batch, cfg)
 
 
 def grpo_step(

@@ -32,9 +32,9 @@ import torch
 from torch import Tensor
 
 from postrl.core import overlong_penalty
-from postrl.lm.grpo.algorithm import GRPOObjective, PolicyForward, update_grpo
 from postrl.lm.grpo.build import check_grpo_config, reward_fns
 from postrl.lm.grpo.config import GRPOConfig
+from postrl.lm.grpo.objective import GRPOObjective, PolicyForward, update_grpo
 from postrl.lm.grpo.rollouts import PromptStream, compute_advantages
 from postrl.lm.recipe import Setup, run_recipe
 from postrl.lm.rewards import Phase, TrainerState, columns_of, combine, completion_ids_of, reward_terms
