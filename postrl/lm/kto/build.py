@@ -79,14 +79,14 @@ def kl_reference_point(
     use_fast: bool | None = None,
 ) -> Tensor:
     """z0 = max(0, mean over the rows of every rank's ``parts`` of log π(y'|x) − log π_ref(y'|x)), y' the
-    mismatched completion; parts of weight 0 (a rank whose share ran out) are left out. Detached."""
+    mismatched completion; parts of weight 0 (a rank whose share ran out) are left out of the mean but still
+    run, so that every rank runs the same forwards (FSDP gathers parameters in each). Detached."""
     total = torch.zeros(2, dtype=torch.float64)
     for rows, weight in parts:
-        if weight == 0:
-            continue
         batch = to_device(collate_kto_rows([examples[i] for i in rows], pad_id, mismatched=True), device)
         logps = completion_log_probs(model, batch, use_fast).double().cpu()  # (b,)
-        total += torch.stack(((logps - ref[rows, 1].double()).sum(), torch.tensor(float(len(rows)))))
+        if weight > 0:
+            total += torch.stack(((logps - ref[rows, 1].double()).sum(), torch.tensor(float(len(rows)))))
     total = dist.all_reduce_sum(total)
     return (total[0] / total[1].clamp(min=1)).clamp(min=0).float()
 
