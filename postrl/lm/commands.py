@@ -19,6 +19,9 @@ from postrl.lm.tasks import get_task
 from postrl.lm.tasks.base import KINDS, SPLITS
 from postrl.runtime.errors import UserError
 
+ROW_KINDS = (*KINDS, "kto")
+"""The kinds of rows a file can hold: a task's, and KTO's unpaired rows (its preference pairs, unpaired)."""
+
 
 def _parse_option(text: str) -> tuple[str, Any]:
     """ "key=value" → (key, value), the value read as YAML ("3" → 3, "true" → True, "+-" → "+-")."""
@@ -47,7 +50,12 @@ def run_data_export(args: argparse.Namespace) -> int:
         )
     check_can_create(out, "postrl data export --out")
     task = get_task(args.task, **dict(args.option))
-    rows = task.rows(args.kind, args.split)
+    if args.kind == "kto":
+        from postrl.lm.data import unpair  # deferred: data imports torch
+
+        rows = unpair(task.rows("prefs", args.split))
+    else:
+        rows = task.rows(args.kind, args.split)
     if args.limit is not None:
         rows = rows[: args.limit]
     if not rows:
@@ -75,7 +83,7 @@ def _add_check_parser(commands: Any) -> None:
         description="Read and validate every record; a bad one is reported with its file, line and field.",
     )
     check.add_argument("source", help="a .jsonl/.json/.parquet file, task:NAME, or a datasets name")
-    check.add_argument("--kind", required=True, choices=KINDS, help="which rows the file should hold")
+    check.add_argument("--kind", required=True, choices=ROW_KINDS, help="which rows the file should hold")
     check.add_argument("--split", default="train", help="split (for task:NAME and datasets names)")
     check.set_defaults(handler=run_data_check)
 
@@ -91,7 +99,7 @@ def _add_data_parser(subparsers: Any) -> None:
         "prompt/chosen/rejected/target, prompts → prompt (+ answer where a verifier exists).",
     )
     export.add_argument("--task", required=True, help="built-in task: arithmetic or reviews")
-    export.add_argument("--kind", required=True, choices=KINDS, help="which rows")
+    export.add_argument("--kind", required=True, choices=ROW_KINDS, help="which rows")
     export.add_argument("--split", default="train", choices=SPLITS, help="train, or the held-out test split")
     export.add_argument("--out", required=True, help="output JSONL file")
     export.add_argument(

@@ -250,3 +250,21 @@ def test_a_refused_input_is_one_line_even_when_a_length_was_clipped(tmp_path, ti
     )
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip() and "Loading weights" not in x]
     assert len(err) == 1 and err[0].startswith("postrl: error:") and "field 'label'" in err[0], err
+
+
+def test_data_export_and_check_know_kto_rows(tmp_path, capsys):
+    """`postrl data export --kind kto` unpairs a task's preference pairs; `postrl data check --kind kto` reads
+    them back, and names a bad label by file:line."""
+    out = tmp_path / "kto.jsonl"
+    assert (
+        main(["data", "export", "--task", "reviews", "--kind", "kto", "--split", "test", "--out", str(out)])
+        == 0
+    )
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert {r["label"] for r in rows} == {True, False} and all(
+        set(r) >= {"prompt", "completion"} for r in rows
+    )
+    assert main(["data", "check", str(out), "--kind", "kto"]) == 0
+    out.write_text(out.read_text().replace('"label": true', '"label": "yes"', 1))
+    assert main(["data", "check", str(out), "--kind", "kto"]) == 2
+    assert f"{out}:1: field 'label'" in capsys.readouterr().err
