@@ -158,7 +158,7 @@ def run_postrl(task: str, seed: int, steps: int, out_root: Path, ppo_backend: st
 
     algo, env_id, _, goal, _ = TASKS[task]
     cfg = load_config(
-        algorithm(algo).Config,
+        algorithm(algo).config,
         control_preset_path(algo, env_id),
         [
             f"run.steps={steps}",
@@ -247,12 +247,14 @@ def reinforce_gradient_variance(train_steps: int, batches: int, out_root: Path) 
     from postrl.runtime.config import load_config
 
     cfg = load_config(
-        reinforce.Config, control_preset_path("reinforce", "CartPole-v1"), [f"run.steps={train_steps}"]
+        reinforce.ControlReinforceConfig,
+        control_preset_path("reinforce", "CartPole-v1"),
+        [f"run.steps={train_steps}"],
     )
     run_dir = out_root / "reinforce-variance"
     train_from_config(cfg, run_dir, overwrite=True)
     env = VecEnv(cfg.env, 0)
-    agent = reinforce.build(cfg, env)
+    agent = reinforce.build_reinforce(cfg, env)
     load_checkpoint(latest_checkpoint(run_dir / "checkpoints"), modules=agent.modules, restore_rng=False)
     grads = {"without_baseline": [], "with_baseline": []}
     for b in range(batches):

@@ -92,7 +92,7 @@ def run_one(env: str, seed: int, noise: float | None, steps: int, labels: int | 
     ]
     row = {"env": env, "seed": seed, "noise": noise}
     if noise is None:
-        cfg = load_config(ppo.Config, ROOT / f"configs/ppo-{env}.yaml", common)
+        cfg = load_config(ppo.ControlPPOConfig, ROOT / f"configs/ppo-{env}.yaml", common)
         summary = train_from_config(cfg, Path(out) / f"ppo-{env}-s{seed}", overwrite=True)
         return {
             **row,
@@ -101,7 +101,7 @@ def run_one(env: str, seed: int, noise: float | None, steps: int, labels: int | 
             "wall_seconds": summary["wall_seconds"],
         }
     extra = [f"labeller.flip_prob={noise}"] + ([f"prefs.label_budget={labels}"] if labels else [])
-    cfg = load_config(prefs.Config, ROOT / f"configs/prefs-{env}.yaml", [*common, *extra])
+    cfg = load_config(prefs.ControlPrefsConfig, ROOT / f"configs/prefs-{env}.yaml", [*common, *extra])
     summary = prefs.run(cfg, Path(out) / f"prefs-{env}-s{seed}-n{noise}")
     return {**row, "algo": "prefs", **{k: summary[k] for k in KEYS}}
 

@@ -93,7 +93,7 @@ def _leaves(cfg, prefix=""):
         (["ppo"], "postrl.lm.ppo", "PPOConfig"),
         (["grpo"], "postrl.lm.grpo", "GRPOConfig"),
         (["demo"], "postrl.demo", "DemoConfig"),
-        (["control", "train", "--algo", "trpo"], "postrl.control.trpo", "Config"),
+        (["control", "train", "--algo", "trpo"], "postrl.control.trpo", "ControlTRPOConfig"),
     ],
 )
 def test_list_keys_prints_the_defaults_a_run_uses(argv, module, cls, capsys):

@@ -28,7 +28,7 @@ from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.core import gae, masked_whiten, reinforce_loss, td_errors, value_loss
 from postrl.runtime.config import ConfigError
 
-__all__ = ["A2CConfig", "Config", "TARGETS", "a2c_loss", "build"]
+__all__ = ["A2CConfig", "ControlA2CConfig", "TARGETS", "a2c_loss", "build_a2c"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,10 @@ class A2CConfig:
 
 
 @dataclass(frozen=True)
-class Config:
+class ControlA2CConfig:
+    """A ``postrl control train --algo a2c`` run, as its config.yaml holds it: env, networks, run and
+    the A2C section."""
+
     algo: str = "a2c"
     """Algorithm name (fixed for this config class)."""
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -121,7 +124,7 @@ def a2c_loss(
 
 
 class A2C(Learner):
-    def __init__(self, cfg: Config, env: VecEnv):
+    def __init__(self, cfg: ControlA2CConfig, env: VecEnv):
         self.cfg = cfg.a2c
         for key, table in (("target", TARGETS), ("optimizer", OPTIMIZERS)):
             if getattr(self.cfg, key) not in table:
@@ -153,5 +156,5 @@ class A2C(Learner):
         return {**{k: float(v) for k, v in metrics.items()}, "lr": lr}, episodes, buf.n_envs * buf.n_steps
 
 
-def build(cfg: Config, env: VecEnv) -> A2C:
+def build_a2c(cfg: ControlA2CConfig, env: VecEnv) -> A2C:
     return A2C(cfg, env)

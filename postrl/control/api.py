@@ -110,12 +110,12 @@ def _config(
     algo: str, env: str | None, config: Any, total_steps: Any, seed: Any, run_dir: Path | None
 ) -> Any:
     """The config as ``postrl control train`` resolves it (preset or ``config``, then the flags)."""
-    module = loop.algorithm(algo)
+    config_class = loop.algorithm(algo).config
     if dataclasses.is_dataclass(config) and not isinstance(config, type) or isinstance(config, dict):
         base = to_dict(config) if not isinstance(config, dict) else plain(config)
         flags = {"env.id": env, "run.steps": total_steps, "run.seed": seed}
         return apply_overrides(
-            module.Config, from_dict(module.Config, base), {k: v for k, v in flags.items() if v is not None}
+            config_class, from_dict(config_class, base), {k: v for k, v in flags.items() if v is not None}
         )
     return train_config(
         algo, env=env, config=config, total_steps=total_steps, seed=seed,

@@ -130,19 +130,19 @@ def resolve_spec(config: str, seeds: str, overrides: Sequence[str], target: floa
 
     path = config_file(config)
     algo = str(read_yaml(path).get("algo", "ppo"))
-    module = algorithm(algo)
+    entry = algorithm(algo)
     for item in overrides:
         key = item.split("=", 1)[0].strip()
         if key in ("run.seed", "seed"):
             raise ConfigError(f"override {item!r}: the bench sets run.seed from --seeds")
         if key == "algo":
             raise ConfigError(f"override {item!r}: the algorithm is the config's ({algo})")
-    cfg = load_config(module.Config, path, list(overrides))
+    cfg = load_config(entry.config, path, list(overrides))
     validate(cfg)
     seed_list = parse_seeds(seeds)
     env = VecEnv(cfg.env, cfg.run.seed)  # the env and the agent, built once as each seed will build them
     try:
-        module.build(cfg, env)
+        entry.build(cfg, env)
     finally:
         env.close()
     name = path.stem

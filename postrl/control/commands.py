@@ -145,14 +145,14 @@ def train_config(
     if resume:
         run_dir = os.fspath(resume)
         cfg = load_config(
-            algorithm(_run_algo(run_dir)).Config, Path(run_dir) / "config.yaml", list(overrides)
+            algorithm(_run_algo(run_dir)).config, Path(run_dir) / "config.yaml", list(overrides)
         )
         check_env_code(cfg.env.id, env, run_dir)
         return cfg
-    module = algorithm(algo)
+    config_class = algorithm(algo).config
     path = config
     if path is None:
-        path = control_preset_path(algo, env or module.Config().env.id)
+        path = control_preset_path(algo, env or config_class().env.id)
     if path is not None and (found := read_yaml(path).get("algo", algo)) != algo:
         raise ConfigError(f"{path} is a config for algo '{found}', not '{algo}'")
     flags = [f"env.id={env}"] if env else []
@@ -160,7 +160,7 @@ def train_config(
         flags.append(f"run.steps={int(total_steps)}")
     if seed is not None:
         flags.append(f"run.seed={seed}")
-    return load_config(module.Config, path, [*flags, *overrides])
+    return load_config(config_class, path, [*flags, *overrides])
 
 
 def check_env_code(env_id: str, named: str | None, run_dir: str) -> None:
@@ -192,7 +192,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.list_keys:
         from postrl.control.loop import algorithm  # deferred: torch
 
-        print(format_help(algorithm(args.algo).Config))
+        print(format_help(algorithm(args.algo).config))
         return 0
     from postrl.control.loop import train_from_config  # deferred: torch
 
@@ -337,10 +337,10 @@ def _add_prefs_parser(sub: argparse._SubParsersAction) -> None:
 
 def _prefs(args: argparse.Namespace) -> int:
     """Run ``postrl.control.prefs`` and print its summary (preference metrics included)."""
-    from postrl.control.prefs import Config, run  # deferred: torch
+    from postrl.control.prefs import ControlPrefsConfig, run  # deferred: torch
 
     if args.list_keys:
-        print(format_help(Config))
+        print(format_help(ControlPrefsConfig))
         return 0
     flags = [f"prefs.label_budget={args.labels}"] if args.labels is not None else []
     if args.noise is not None:

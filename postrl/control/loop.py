@@ -1,8 +1,9 @@
 """The training loop every control algorithm shares: run folder, logging, evaluation, checkpoints, resume.
 
-An algorithm file (``ppo.py``, ``a2c.py``, …) provides a ``Config`` dataclass and ``build(cfg, env)``
-returning an :class:`Learner` whose ``iteration`` collects experience and updates the networks once. This
-file runs the iterations and does everything around them; the evaluation episodes are ``evaluation.py``.
+An algorithm file (``ppo.py``, ``a2c.py``, …) provides a run config dataclass (``ControlPPOConfig``, …) and
+a builder (``build_ppo(cfg, env)``, …) returning a :class:`Learner` whose ``iteration`` collects experience
+and updates the networks once; :func:`algorithm` finds both by the config's ``algo:`` name. This file runs the
+iterations and does everything around them; the evaluation episodes are ``evaluation.py``.
 
 Exact resume. Checkpoints are taken at iteration boundaries and hold the networks, optimizers, every RNG
 state, the step counters, the normaliser statistics and a data-only snapshot of the sub-environments (their
@@ -23,6 +24,7 @@ import importlib
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ from postrl.runtime.seeding import seed_everything
 
 __all__ = [
     "ALGORITHMS",
+    "ControlAlgorithm",
     "Learner",
     "ControlRunConfig",
     "evaluate_policy_episodes",
@@ -53,12 +56,13 @@ __all__ = [
     "train_from_config",
 ]
 
-ALGORITHMS = {
-    "reinforce": "postrl.control.reinforce",
-    "a2c": "postrl.control.a2c",
-    "trpo": "postrl.control.trpo",
-    "ppo": "postrl.control.ppo",
-    "prefs": "postrl.control.prefs",  # PPO on a reward learned from segment preferences
+ALGORITHMS = {  # the `algo:` of a config.yaml → (module, its run config class, its learner builder)
+    "reinforce": ("postrl.control.reinforce", "ControlReinforceConfig", "build_reinforce"),
+    "a2c": ("postrl.control.a2c", "ControlA2CConfig", "build_a2c"),
+    "trpo": ("postrl.control.trpo", "ControlTRPOConfig", "build_trpo"),
+    "ppo": ("postrl.control.ppo", "ControlPPOConfig", "build_ppo"),
+    # PPO on a reward learned from segment preferences
+    "prefs": ("postrl.control.prefs", "ControlPrefsConfig", "build_prefs"),
 }
 # Score thresholds of "solved" used for steps_to_threshold (the peer benchmark's, else the env spec's).
 THRESHOLDS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "Pendulum-v1": -200.0}
@@ -129,11 +133,23 @@ class Learner(abc.ABC):
         """
 
 
-def algorithm(name: str):
-    """The module of algorithm ``name`` (imported lazily)."""
+@dataclass(frozen=True)
+class ControlAlgorithm:
+    """What the loop, the API and the bench need of an algorithm file."""
+
+    config: type
+    """The config class of a whole run (what config.yaml holds), e.g. ``ControlPPOConfig``."""
+    build: Callable[[Any, VecEnv], Learner]
+    """``build(cfg, env)``: the learner of a config, e.g. ``build_ppo``."""
+
+
+def algorithm(name: str) -> ControlAlgorithm:
+    """Algorithm ``name`` (the ``algo:`` key of its config), its module imported on first use."""
     if name not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
-    return importlib.import_module(ALGORITHMS[name])
+    module_name, config, build = ALGORITHMS[name]
+    module = importlib.import_module(module_name)
+    return ControlAlgorithm(config=getattr(module, config), build=getattr(module, build))
 
 
 @dataclass
@@ -352,7 +368,7 @@ def load_agent(run_dir: str | Path) -> tuple[Any, Learner, VecEnv]:
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} is not a run folder (no config.yaml)")
     algo_name = read_yaml(run_dir / "config.yaml").get("algo", "ppo")
-    cfg = load_config(algorithm(algo_name).Config, run_dir / "config.yaml")
+    cfg = load_config(algorithm(algo_name).config, run_dir / "config.yaml")
     ckpt = latest_checkpoint(run_dir / "checkpoints")
     if ckpt is None:
         raise ConfigError(f"{run_dir} has no checkpoint")

@@ -33,7 +33,7 @@ from postrl.control.loop import ControlRunConfig, Learner
 from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.core import gae, ppo_clip_loss, value_loss
 
-__all__ = ["Config", "PPOHyperparams", "build", "ppo_actor_critic_loss"]
+__all__ = ["ControlPPOConfig", "PPOHyperparams", "build_ppo", "ppo_actor_critic_loss"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,10 @@ class PPOHyperparams:
 
 
 @dataclass(frozen=True)
-class Config:
+class ControlPPOConfig:
+    """A ``postrl control train --algo ppo`` run, as its config.yaml holds it: env, networks, run and
+    the PPO section (``PPOConfig`` is the language-model stage's)."""
+
     algo: str = "ppo"
     """Algorithm name (fixed for this config class)."""
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -183,7 +186,9 @@ def make_step(cfg: PPOHyperparams, actor: nn.Module, critic: nn.Module) -> Minib
 
 
 class PPOLearner(Learner):
-    def __init__(self, cfg: Config, env: VecEnv, rollout_hook: Callable[[RolloutBuffer], None] | None = None):
+    def __init__(
+        self, cfg: ControlPPOConfig, env: VecEnv, rollout_hook: Callable[[RolloutBuffer], None] | None = None
+    ):
         """``rollout_hook(buf)``, when given, is called after each rollout is collected and before GAE; it
         may rewrite ``buf.rewards`` in place (e.g. with a learned reward: ``postrl.control.prefs``). None
         (the default) leaves PPO exactly as it is."""
@@ -253,5 +258,5 @@ def _explained_variance(batch: Batch) -> float:
     return float("nan") if var == 0 else float(1 - (batch.returns - batch.values).var() / var)
 
 
-def build(cfg: Config, env: VecEnv) -> PPOLearner:
+def build_ppo(cfg: ControlPPOConfig, env: VecEnv) -> PPOLearner:
     return PPOLearner(cfg, env)

@@ -51,7 +51,7 @@ from postrl.control import ppo
 from postrl.control.buffer import RolloutBuffer
 from postrl.control.envs import RunningMeanStd, VecEnv
 from postrl.control.loop import Learner, train_from_config
-from postrl.control.prefs_config import Config as Config
+from postrl.control.prefs_config import ControlPrefsConfig as ControlPrefsConfig
 from postrl.control.prefs_config import PrefsConfig as PrefsConfig
 from postrl.control.prefs_config import validate_prefs
 from postrl.control.prefs_reward import (
@@ -71,7 +71,15 @@ from postrl.runtime.config import ConfigError
 from postrl.runtime.logging import read_jsonl
 from postrl.runtime.plots import write_curves
 
-__all__ = ["Config", "PrefsConfig", "RewardTap", "build", "extract_segments", "run", "select_pairs"]
+__all__ = [
+    "ControlPrefsConfig",
+    "PrefsConfig",
+    "RewardTap",
+    "build_prefs",
+    "extract_segments",
+    "run",
+    "select_pairs",
+]
 
 
 class RewardTap(gym.Wrapper):
@@ -101,7 +109,7 @@ def _tap_envs(env: VecEnv) -> list[RewardTap]:
 class Prefs(Learner):
     """PPO whose reward is an ensemble learned from labelled segment pairs, trained as the policy trains."""
 
-    def __init__(self, cfg: Config, env: VecEnv):
+    def __init__(self, cfg: ControlPrefsConfig, env: VecEnv):
         validate_prefs(cfg)
         self.cfg, self.env = cfg, env
         _tap_envs(env)
@@ -283,11 +291,11 @@ def _mean(xs: list[float]) -> float | None:
     return float(np.mean(xs)) if xs else None
 
 
-def build(cfg: Config, env: VecEnv) -> Prefs:
+def build_prefs(cfg: ControlPrefsConfig, env: VecEnv) -> Prefs:
     return Prefs(cfg, env)
 
 
-def run(cfg: Config, run_dir, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+def run(cfg: ControlPrefsConfig, run_dir, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Train (``postrl.control.loop.train_from_config``), then add the preference metrics to summary.json and curves.png,
     and plot the true return against the labels used (``true_return_vs_labels.png``)."""
     run_dir = Path(run_dir)

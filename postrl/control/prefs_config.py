@@ -58,7 +58,10 @@ class PrefsConfig:
 
 
 @dataclass(frozen=True)
-class Config:
+class ControlPrefsConfig:
+    """A ``postrl control prefs`` run, as its config.yaml holds it: env, networks, run, PPO, the preference
+    schedule, the reward model and the labeller."""
+
     algo: str = "prefs"
     """Algorithm name (fixed for this config class)."""
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -81,7 +84,7 @@ CENTERS = ("absorbing", "mean")
 SELECTIONS = ("random", "disagreement")
 
 
-def validate_prefs(cfg: Config) -> None:
+def validate_prefs(cfg: ControlPrefsConfig) -> None:
     """Raise `ConfigError` for what the ``CHECKS`` ranges cannot say: the choices, ``segment_length`` within
     one rollout, ``initial_labels`` within the budget, no env reward normalisation."""
     p = cfg.prefs

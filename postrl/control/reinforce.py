@@ -29,7 +29,14 @@ from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.core import discounted_returns, reinforce_loss, value_loss
 from postrl.runtime.config import ConfigError
 
-__all__ = ["Config", "Episodes", "ReinforceConfig", "build", "collect_episodes", "policy_gradient_weights"]
+__all__ = [
+    "ControlReinforceConfig",
+    "Episodes",
+    "ReinforceConfig",
+    "build_reinforce",
+    "collect_episodes",
+    "policy_gradient_weights",
+]
 
 
 @dataclass(frozen=True)
@@ -59,7 +66,10 @@ class ReinforceConfig:
 
 
 @dataclass(frozen=True)
-class Config:
+class ControlReinforceConfig:
+    """A ``postrl control train --algo reinforce`` run, as its config.yaml holds it: env, networks, run and
+    the REINFORCE section."""
+
     algo: str = "reinforce"
     """Algorithm name (fixed for this config class)."""
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -149,7 +159,7 @@ def policy_gradient_weights(
 class Reinforce(Learner):
     needs_env_reset = True
 
-    def __init__(self, cfg: Config, env: VecEnv):
+    def __init__(self, cfg: ControlReinforceConfig, env: VecEnv):
         self.cfg, self.seed = cfg.reinforce, cfg.run.seed
         self.actor = make_actor(env.single_observation_space, env.single_action_space, cfg.policy)
         self.optimizer = torch.optim.Adam(self.actor.parameters(), lr=self.cfg.lr)
@@ -193,7 +203,7 @@ class Reinforce(Learner):
         return float(loss.detach())
 
 
-def build(cfg: Config, env: VecEnv) -> Reinforce:
+def build_reinforce(cfg: ControlReinforceConfig, env: VecEnv) -> Reinforce:
     if cfg.env.normalize_obs or cfg.env.normalize_reward:
         raise ConfigError("reinforce does not support env.normalize_obs / env.normalize_reward")
     if cfg.policy.use_sde:  # its episodes run on a shrinking set of envs: no per-env exploration weights

@@ -35,7 +35,7 @@ from postrl.core import (
     value_loss,
 )
 
-__all__ = ["Config", "TRPOConfig", "build", "surrogate_loss"]
+__all__ = ["ControlTRPOConfig", "TRPOConfig", "build_trpo", "surrogate_loss"]
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,10 @@ class TRPOConfig:
 
 
 @dataclass(frozen=True)
-class Config:
+class ControlTRPOConfig:
+    """A ``postrl control train --algo trpo`` run, as its config.yaml holds it: env, networks, run and
+    the TRPO section."""
+
     algo: str = "trpo"
     """Algorithm name (fixed for this config class)."""
     env: EnvConfig = field(default_factory=lambda: EnvConfig(n_envs=2))
@@ -104,7 +107,7 @@ def surrogate_loss(actor: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[s
 
 
 class TRPO(Learner):
-    def __init__(self, cfg: Config, env: VecEnv):
+    def __init__(self, cfg: ControlTRPOConfig, env: VecEnv):
         self.cfg = cfg.trpo
         self.actor = make_actor(env.single_observation_space, env.single_action_space, cfg.policy)
         self.critic = Critic(env.single_observation_space.shape[0], cfg.policy)
@@ -186,5 +189,5 @@ class TRPO(Learner):
         return float(loss.detach())
 
 
-def build(cfg: Config, env: VecEnv) -> TRPO:
+def build_trpo(cfg: ControlTRPOConfig, env: VecEnv) -> TRPO:
     return TRPO(cfg, env)

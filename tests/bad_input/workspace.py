@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 TINY_VOCAB = 400
 LM_STAGES = ("pretrain", "sft", "rm", "ppo", "grpo")
 CONFIG_CLASSES = {  # command → (module, config class, preset YAML giving the base); LM stages: the CLI's own
-    "control train": ("postrl.control.ppo", "Config", "ppo-cartpole.yaml"),
-    "control prefs": ("postrl.control.prefs", "Config", "prefs-cartpole.yaml"),
+    "control train": ("postrl.control.ppo", "ControlPPOConfig", "ppo-cartpole.yaml"),
+    "control prefs": ("postrl.control.prefs", "ControlPrefsConfig", "prefs-cartpole.yaml"),
     "demo": ("postrl.demo", "DemoConfig", None),
 }
 FLAG_KEYS = {

@@ -37,10 +37,10 @@ def test_reinforce_weights_by_hand():
 
 
 def test_a2c_targets_one_step_and_n_step():
-    cfg = load_config(a2c.Config, None, ["env.n_envs=2", "a2c.n_steps=6"])
+    cfg = load_config(a2c.ControlA2CConfig, None, ["env.n_envs=2", "a2c.n_steps=6"])
     env = VecEnv(cfg.env, 0)
     env.reset()
-    agent = a2c.build(cfg, env)
+    agent = a2c.build_a2c(cfg, env)
     buf = agent.buffer
     collect_rollout(env, agent.actor, agent.critic, buf)
     adv, ret = a2c.TARGETS["one_step"](buf, cfg.a2c)
@@ -55,32 +55,35 @@ def test_a2c_targets_one_step_and_n_step():
 
 def test_trpo_step_stays_in_the_trust_region_and_improves_the_surrogate():
     torch.manual_seed(0)
-    cfg = load_config(trpo.Config, None, ["env.n_envs=2", "trpo.n_steps=256", "trpo.max_kl=0.005"])
+    cfg = load_config(trpo.ControlTRPOConfig, None, ["env.n_envs=2", "trpo.n_steps=256", "trpo.max_kl=0.005"])
     env = VecEnv(cfg.env, 0)
     env.reset()
-    agent = trpo.build(cfg, env)
+    agent = trpo.build_trpo(cfg, env)
     metrics, _, _ = agent.iteration(env, 0, 0.0)
     assert metrics["step_accepted"] == 1.0
     assert 0 < metrics["kl"] <= 0.005
     assert metrics["surrogate_improvement"] > 0
 
 
-def _quick(module, overrides, tmp_path):
-    cfg = load_config(module.Config, None, ["run.eval_episodes=10", "run.save_every=0", *overrides])
+def _quick(config_class, overrides, tmp_path):
+    cfg = load_config(config_class, None, ["run.eval_episodes=10", "run.save_every=0", *overrides])
     return train_from_config(cfg, tmp_path / "run")
 
 
 @pytest.mark.parametrize(
-    ("module", "overrides"),
+    ("config_class", "overrides"),
     [
-        (reinforce, ["run.steps=6000", "reinforce.lr=0.005"]),
-        (a2c, ["run.steps=10000", "a2c.optimizer=adam", "a2c.lr=0.002"]),
-        (trpo, ["run.steps=6144", "env.n_envs=2", "trpo.n_steps=512", "trpo.critic_epochs=5"]),
+        (reinforce.ControlReinforceConfig, ["run.steps=6000", "reinforce.lr=0.005"]),
+        (a2c.ControlA2CConfig, ["run.steps=10000", "a2c.optimizer=adam", "a2c.lr=0.002"]),
+        (
+            trpo.ControlTRPOConfig,
+            ["run.steps=6144", "env.n_envs=2", "trpo.n_steps=512", "trpo.critic_epochs=5"],
+        ),
     ],
     ids=["reinforce", "a2c", "trpo"],
 )
-def test_short_runs_beat_the_random_policy(module, overrides, tmp_path):
-    summary = _quick(module, overrides, tmp_path)
+def test_short_runs_beat_the_random_policy(config_class, overrides, tmp_path):
+    summary = _quick(config_class, overrides, tmp_path)
     assert summary["train_return_ma20"] > 2 * RANDOM_CARTPOLE, summary
 
 
@@ -89,7 +92,7 @@ def test_short_runs_beat_the_random_policy(module, overrides, tmp_path):
 def test_ppo_zoo_preset_solves_cartpole(seed, tmp_path):
     from postrl.control.commands import control_preset_path
 
-    cfg = load_config(ppo.Config, control_preset_path("ppo", "CartPole-v1"), [f"run.seed={seed}"])
+    cfg = load_config(ppo.ControlPPOConfig, control_preset_path("ppo", "CartPole-v1"), [f"run.seed={seed}"])
     summary = train_from_config(cfg, tmp_path / "run")
     assert summary["eval_return_mean"] >= 475
 
@@ -97,14 +100,14 @@ def test_ppo_zoo_preset_solves_cartpole(seed, tmp_path):
 def test_reinforce_rejects_normalisation():
     from postrl.runtime.config import ConfigError
 
-    cfg = load_config(reinforce.Config, None, ["env.normalize_obs=true", "env.n_envs=1"])
+    cfg = load_config(reinforce.ControlReinforceConfig, None, ["env.normalize_obs=true", "env.n_envs=1"])
     with pytest.raises(ConfigError, match="normalize"):
-        reinforce.build(cfg, VecEnv(cfg.env, 0))
+        reinforce.build_reinforce(cfg, VecEnv(cfg.env, 0))
 
 
 def test_pendulum_gaussian_agent_runs(tmp_path):
     summary = _quick(
-        ppo,
+        ppo.ControlPPOConfig,
         [
             "env.id=Pendulum-v1",
             "env.n_envs=2",

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from postrl.control import ranks
 from postrl.control.envs import EnvConfig
 from postrl.control.loop import ControlRunConfig, train_from_config
-from postrl.control.ppo import Config, PPOHyperparams
+from postrl.control.ppo import ControlPPOConfig, PPOHyperparams
 from postrl.core import masked_whiten
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import read_jsonl
@@ -28,8 +28,8 @@ def group(tmp_path):
     tdist.destroy_process_group()
 
 
-def _config() -> Config:
-    return Config(
+def _config() -> ControlPPOConfig:
+    return ControlPPOConfig(
         env=EnvConfig(n_envs=4),
         ppo=PPOHyperparams(n_steps=16, batch_size=32, epochs=2, target_kl=0.5),
         run=ControlRunConfig(steps=3 * 64, eval_episodes=2, save_every=2),
@@ -68,7 +68,7 @@ def test_other_algorithms_refuse_torchrun(monkeypatch, tmp_path, algo):
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(UserError, match="only ppo runs under torchrun"):
-        train_from_config(algorithm(algo).Config(), tmp_path)
+        train_from_config(algorithm(algo).config(), tmp_path)
     assert not (tmp_path / "metrics.jsonl").exists()
 
 

@@ -149,7 +149,7 @@ SMALL += ["run.save_every=1", "run.keep_last=20"]
 def test_a_run_resumed_from_the_snapshot_equals_an_uninterrupted_one(tmp_path, capsys, env_id):
     """Episodes of 20 steps end inside every iteration, so the resumed envs' RNG and elapsed steps matter."""
     overrides = [f"env.id={env_id}", "env.kwargs={max_episode_steps: 20}", "run.steps=160", *SMALL]
-    cfg = load_config(ppo.Config, None, overrides)
+    cfg = load_config(ppo.ControlPPOConfig, None, overrides)
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     train_from_config(cfg, straight)
     shutil.copytree(straight, interrupted)
@@ -185,7 +185,7 @@ class _RunsCode:
 @pytest.fixture
 def checkpoint(tmp_path):
     """A finished run's last checkpoint, and a marker file that a payload creates when it is unpickled."""
-    cfg = load_config(ppo.Config, None, ["env.id=CartPole-v1", "run.steps=32", *SMALL])
+    cfg = load_config(ppo.ControlPPOConfig, None, ["env.id=CartPole-v1", "run.steps=32", *SMALL])
     train_from_config(cfg, tmp_path / "run")
     marker = tmp_path / "marker"
     pickle.loads(pickle.dumps(_RunsCode(marker)))  # noqa: S301 - the payload works when unpickled ...

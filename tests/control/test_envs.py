@@ -177,7 +177,7 @@ def test_an_unknown_env_keyword_names_env_kwargs_and_the_valid_ones():
 
 def test_env_config_ranges_are_checked():
     with pytest.raises(ConfigError, match="'env.n_envs' must be >= 1, got 0"):
-        load_config(ppo.Config, None, ["env.n_envs=0"])
+        load_config(ppo.ControlPPOConfig, None, ["env.n_envs=0"])
 
 
 @pytest.mark.parametrize(

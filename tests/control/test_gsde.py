@@ -139,7 +139,9 @@ class _Counting(GSDEActor):
 
 @pytest.mark.parametrize(("freq", "draws"), [(-1, 1), (0, 1), (4, 3), (1, 10)])
 def test_rollout_draws_at_its_start_and_every_sde_sample_freq_steps(freq, draws):
-    cfg = load_config(ppo.Config, None, ["env.id=Pendulum-v1", "env.n_envs=2", "policy.use_sde=true"])
+    cfg = load_config(
+        ppo.ControlPPOConfig, None, ["env.id=Pendulum-v1", "env.n_envs=2", "policy.use_sde=true"]
+    )
     env = VecEnv(cfg.env, 0)
     env.reset()
     _Counting.draws = 0
@@ -151,23 +153,23 @@ def test_rollout_draws_at_its_start_and_every_sde_sample_freq_steps(freq, draws)
 
 
 def test_ppo_auto_takes_autograd_and_says_why_fused_refuses(caplog):
-    cfg = load_config(ppo.Config, "ppo-pendulum", ["policy.use_sde=true", "env.n_envs=2"])
+    cfg = load_config(ppo.ControlPPOConfig, "ppo-pendulum", ["policy.use_sde=true", "env.n_envs=2"])
     env = VecEnv(cfg.env, 0)
     with caplog.at_level(logging.INFO):
-        agent = ppo.build(cfg, env)
+        agent = ppo.build_ppo(cfg, env)
     assert agent.fused is False
     assert "gSDE" in caplog.text and "autograd" in caplog.text
     assert "gSDE" in numpy_actor_refusal(agent.actor)
-    fused = load_config(ppo.Config, "ppo-pendulum", ["policy.use_sde=true", "ppo.backend=fused"])
+    fused = load_config(ppo.ControlPPOConfig, "ppo-pendulum", ["policy.use_sde=true", "ppo.backend=fused"])
     with pytest.raises(ConfigError, match="gSDE"):
         use_fused(fused.ppo.backend, agent.actor, agent.critic)
     env.close()
 
 
 def test_reinforce_refuses_gsde():
-    cfg = load_config(reinforce.Config, None, ["env.id=Pendulum-v1", "policy.use_sde=true"])
+    cfg = load_config(reinforce.ControlReinforceConfig, None, ["env.id=Pendulum-v1", "policy.use_sde=true"])
     with pytest.raises(ConfigError, match="use_sde"):
-        reinforce.build(cfg, VecEnv(cfg.env, 0))
+        reinforce.build_reinforce(cfg, VecEnv(cfg.env, 0))
 
 
 @pytest.mark.parametrize("algo", [ppo, trpo])
@@ -177,7 +179,7 @@ def test_gsde_run_resumes_bit_exactly(tmp_path, algo):
     keys += ["policy.hidden=[16,16]", "run.steps=192", "run.eval_episodes=1", "run.save_every=1"]
     keys += ["run.keep_last=10"]
     keys += ["ppo.n_steps=32", "ppo.batch_size=32", "ppo.epochs=2"] if algo is ppo else ["trpo.n_steps=32"]
-    cfg = load_config(algo.Config, None, keys)
+    cfg = load_config(ppo.ControlPPOConfig if algo is ppo else trpo.ControlTRPOConfig, None, keys)
     train_from_config(cfg, tmp_path / "a")
     ckpts = tmp_path / "a" / "checkpoints"
     final = (ckpts / "step_00000192" / "actor.safetensors").read_bytes()

@@ -125,11 +125,11 @@ def test_backend_fused_on_a_custom_actor_is_a_config_error(monkeypatch):
     with pytest.raises(ConfigError, match=r"'ppo.backend' is fused, but the actor is a .*Tempered"):
         ppo_step.use_fused("fused", _tempered(setup(True, "tanh")[0]), setup(True, "tanh")[1])
     monkeypatch.setattr(ppo, "make_actor", lambda *args: _tempered(make_actor(*args)))
-    cfg = load_config(ppo.Config, None, ["env.n_envs=1", "ppo.backend=fused"])
+    cfg = load_config(ppo.ControlPPOConfig, None, ["env.n_envs=1", "ppo.backend=fused"])
     with pytest.raises(ConfigError, match="Tempered"):
-        ppo.build(cfg, VecEnv(cfg.env, 0))
-    cfg = load_config(ppo.Config, None, ["env.n_envs=1"])  # auto: autograd for the custom actor
-    assert not ppo.build(cfg, VecEnv(cfg.env, 0)).fused
+        ppo.build_ppo(cfg, VecEnv(cfg.env, 0))
+    cfg = load_config(ppo.ControlPPOConfig, None, ["env.n_envs=1"])  # auto: autograd for the custom actor
+    assert not ppo.build_ppo(cfg, VecEnv(cfg.env, 0)).fused
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
@@ -139,12 +139,12 @@ def test_ppo_update_by_hand_equals_the_update_through_autograd(env_id, overrides
     statistics it logs): the same parameters and metrics by either backend."""
     base = [f"env.id={env_id}", "env.n_envs=4", "ppo.n_steps=16", *overrides]
     base.append(f"ppo.epochs={20 if not overrides else 3}")
-    cfg = load_config(ppo.Config, None, base)
+    cfg = load_config(ppo.ControlPPOConfig, None, base)
     env = VecEnv(cfg.env, 0)
     env.reset()
     torch.manual_seed(0)
-    by_hand = ppo.build(load_config(ppo.Config, None, [*base, "ppo.backend=fused"]), env)
-    by_autograd = ppo.build(load_config(ppo.Config, None, [*base, "ppo.backend=autograd"]), env)
+    by_hand = ppo.build_ppo(load_config(ppo.ControlPPOConfig, None, [*base, "ppo.backend=fused"]), env)
+    by_autograd = ppo.build_ppo(load_config(ppo.ControlPPOConfig, None, [*base, "ppo.backend=autograd"]), env)
     assert by_hand.fused and not by_autograd.fused
     for name in ("actor", "critic"):
         by_autograd.modules[name].load_state_dict(by_hand.modules[name].state_dict())
@@ -182,11 +182,11 @@ def test_iterations_by_either_backend_agree(env_id):
     runs = {}
     for backend in ("fused", "autograd"):
         overrides = [f"env.id={env_id}", "env.n_envs=4", "ppo.n_steps=32", "ppo.batch_size=64"]
-        cfg = load_config(ppo.Config, None, [*overrides, "ppo.epochs=4", f"ppo.backend={backend}"])
+        cfg = load_config(ppo.ControlPPOConfig, None, [*overrides, "ppo.epochs=4", f"ppo.backend={backend}"])
         torch.manual_seed(0)
         env = VecEnv(cfg.env, 0)
         env.reset()
-        agent = ppo.build(cfg, env)
+        agent = ppo.build_ppo(cfg, env)
         runs[backend] = agent, [agent.iteration(env, it, it / 3) for it in range(3)]
     (fused, fused_out), (autograd, autograd_out) = runs["fused"], runs["autograd"]
     for (m1, episodes1, n1), (m2, episodes2, n2) in zip(fused_out, autograd_out, strict=True):

@@ -126,7 +126,7 @@ def _interrupt(run, after_step):
 
 @pytest.mark.parametrize("backend", ["fused", "autograd"])
 def test_a_run_resumes_exactly_on_either_path(tmp_path, backend):
-    cfg = load_config(ppo.Config, None, [*SMALL, f"ppo.backend={backend}"])
+    cfg = load_config(ppo.ControlPPOConfig, None, [*SMALL, f"ppo.backend={backend}"])
     train_from_config(cfg, tmp_path / "straight")
     shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
     _interrupt(tmp_path / "resumed", 96)
@@ -143,20 +143,20 @@ def test_a_fast_path_checkpoint_resumes_on_the_reference_path(tmp_path):
     """The flat Adam state of a fused run (the format of every PPO checkpoint before the reference step, on
     either backend) is split into the reference's per-parameter state: the same numbers, and it steps on. (A
     run folder itself refuses a resume with another ppo.backend: the config must match.)"""
-    fused = load_config(ppo.Config, None, [*SMALL, "ppo.backend=fused"])
+    fused = load_config(ppo.ControlPPOConfig, None, [*SMALL, "ppo.backend=fused"])
     train_from_config(fused, tmp_path / "run")
     ckpt = tmp_path / "run" / "checkpoints" / "step_00000096"
     agents = {}
     for backend in ("fused", "autograd"):
-        cfg = load_config(ppo.Config, None, [*SMALL, f"ppo.backend={backend}"])
-        agents[backend] = ppo.build(cfg, VecEnv(cfg.env, 0))
+        cfg = load_config(ppo.ControlPPOConfig, None, [*SMALL, f"ppo.backend={backend}"])
+        agents[backend] = ppo.build_ppo(cfg, VecEnv(cfg.env, 0))
         load_checkpoint(ckpt, modules=agents[backend].modules, optimizers=agents[backend].optimizers)
     flat_state = agents["fused"].optimizer.state[agents["fused"].step.flat.param]
     reference = agents["autograd"].optimizer
     for key in ("exp_avg", "exp_avg_sq"):
         joined = torch.cat([reference.state[p][key].reshape(-1) for p in agents["autograd"].step.params])
         assert torch.equal(joined, flat_state[key])
-    env = VecEnv(load_config(ppo.Config, None, SMALL).env, 0)
+    env = VecEnv(load_config(ppo.ControlPPOConfig, None, SMALL).env, 0)
     env.reset()
     metrics, _, steps = agents["autograd"].iteration(env, 3, 0.5)  # and the reference steps on from it
     assert steps == 32 and all(torch.isfinite(torch.tensor(v)) for v in metrics.values())

@@ -132,7 +132,7 @@ def _cartpole_cfg(*overrides):
         "reward_model.pretrain_steps=20",
         "reward_model.steps_per_iteration=4",
     ]
-    return load_config(prefs.Config, "configs/prefs-cartpole.yaml", [*tiny, *overrides])
+    return load_config(prefs.ControlPrefsConfig, "configs/prefs-cartpole.yaml", [*tiny, *overrides])
 
 
 def _iterate(cfg, iterations):
@@ -142,7 +142,7 @@ def _iterate(cfg, iterations):
 
     seed_everything(cfg.run.seed)
     env = VecEnv(cfg.env, cfg.run.seed)
-    agent = prefs.build(cfg, env)
+    agent = prefs.build_prefs(cfg, env)
     env.reset(seed=cfg.run.seed)
     metrics = [agent.iteration(env, it, it / iterations) for it in range(iterations)]
     return agent, metrics
@@ -260,7 +260,9 @@ def test_cli_run(tmp_path):
 
 @pytest.mark.slow
 def test_learns_cartpole_from_preferences(tmp_path):
-    cfg = load_config(prefs.Config, "configs/prefs-cartpole.yaml", ["run.steps=30000", "run.eval_every=0"])
+    cfg = load_config(
+        prefs.ControlPrefsConfig, "configs/prefs-cartpole.yaml", ["run.steps=30000", "run.eval_every=0"]
+    )
     summary = prefs.run(cfg, tmp_path / "run")
     assert summary["true_return"] > 150  # random ≈ 22
 

@@ -38,7 +38,9 @@ def _random_return(episodes=20):
 
 def test_ppo_learns_cartpole_in_seconds(tmp_path):
     cfg = load_config(
-        ppo.Config, control_preset_path("ppo", "CartPole-v1"), ["run.steps=12000", "run.eval_episodes=10"]
+        ppo.ControlPPOConfig,
+        control_preset_path("ppo", "CartPole-v1"),
+        ["run.steps=12000", "run.eval_episodes=10"],
     )
     summary = train_from_config(cfg, tmp_path / "run")
     assert summary["eval_return_mean"] > 3 * _random_return()  # random ≈ 22; PPO reaches ≈ 150–500 here
@@ -66,7 +68,7 @@ def test_resume_is_exact(tmp_path, env_id):
     overrides = [f"env.id={env_id}", *SMALL]
     if env_id == "Pendulum-v1":
         overrides += ["env.normalize_obs=true", "env.normalize_reward=true"]
-    cfg = load_config(ppo.Config, None, overrides)
+    cfg = load_config(ppo.ControlPPOConfig, None, overrides)
     straight = tmp_path / "straight"
     train_from_config(cfg, straight)
     interrupted = tmp_path / "interrupted"
@@ -127,20 +129,28 @@ def test_an_old_key_is_an_error_that_names_the_new_one(tmp_path, old, new):
         resolve_control_config(_cli("control", "train", "--config", str(path)))
 
 
-@pytest.mark.parametrize("module", [reinforce, a2c, trpo, prefs])
-def test_every_control_config_names_the_new_keys(module):
+@pytest.mark.parametrize(
+    "config_class",
+    [
+        reinforce.ControlReinforceConfig,
+        a2c.ControlA2CConfig,
+        trpo.ControlTRPOConfig,
+        prefs.ControlPrefsConfig,
+    ],
+)
+def test_every_control_config_names_the_new_keys(config_class):
     with pytest.raises(
         ConfigError, match=re.escape("'run.checkpoint_every' was renamed: use 'run.save_every'")
     ):
-        load_config(module.Config, None, ["run.checkpoint_every=5"])
-    assert load_config(module.Config, None, ["run.save_every=5"]).run.save_every == 5
-    if module is prefs:  # prefs' policy learner is PPO
+        load_config(config_class, None, ["run.checkpoint_every=5"])
+    assert load_config(config_class, None, ["run.save_every=5"]).run.save_every == 5
+    if config_class is prefs.ControlPrefsConfig:  # prefs' policy learner is PPO
         with pytest.raises(ConfigError, match=re.escape("'ppo.n_epochs' was renamed: use 'ppo.epochs'")):
-            load_config(module.Config, None, ["ppo.n_epochs=2"])
+            load_config(config_class, None, ["ppo.n_epochs=2"])
 
 
 def test_max_seconds_stops_at_the_end_of_an_iteration(tmp_path):
-    cfg = load_config(ppo.Config, None, [*SMALL, "run.max_seconds=1e-9", "run.threads=null"])
+    cfg = load_config(ppo.ControlPPOConfig, None, [*SMALL, "run.max_seconds=1e-9", "run.threads=null"])
     summary = train_from_config(cfg, tmp_path / "run")
     assert summary["env_steps"] == 32  # one iteration of 2 envs × 16 steps, of the 192 asked for
     assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*")] == ["step_00000032"]
@@ -168,11 +178,11 @@ def test_cli_train_then_eval(tmp_path, capsys):
 
 
 def test_stochastic_evaluation_does_not_touch_the_training_rng():
-    cfg = load_config(ppo.Config, None, ["env.n_envs=1"])
+    cfg = load_config(ppo.ControlPPOConfig, None, ["env.n_envs=1"])
     from postrl.control.envs import VecEnv
 
     env = VecEnv(cfg.env, 0)
-    actor = ppo.build(cfg, env).actor
+    actor = ppo.build_ppo(cfg, env).actor
     torch.manual_seed(1)
     before = torch.get_rng_state()
     evaluate_policy_episodes(actor, env, cfg, 2, deterministic=False)

@@ -196,7 +196,7 @@ def test_every_shipped_config_default_is_valid():
     for cls in (DemoConfig, GRPOConfig, PPOConfig, PretrainConfig, RMConfig, SFTConfig):
         validate(cls())
     for algo in ("reinforce", "a2c", "trpo", "ppo", "prefs"):
-        validate(algorithm(algo).Config())
+        validate(algorithm(algo).config())
     configs = Path(__file__).resolve().parents[2] / "configs"
     for path in sorted(configs.glob("*.yaml")):
         kind = path.stem.split("-")[0]
@@ -208,7 +208,7 @@ def test_every_shipped_config_default_is_valid():
             "pretrain": PretrainConfig,
         }
         if kind in ("reinforce", "a2c", "trpo", "prefs") or (kind == "ppo" and "reviews" not in path.stem):
-            load_config(algorithm(kind).Config, path)
+            load_config(algorithm(kind).config, path)
         elif kind in cls:
             load_config(cls[kind], path)
 

@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from postrl.control.buffer import collect_rollout
 from postrl.control.envs import EnvConfig, VecEnv
 from postrl.control.loop import ControlRunConfig, train_from_config
-from postrl.control.ppo import PPO, Config, PPOHyperparams
+from postrl.control.ppo import ControlPPOConfig, PPOHyperparams, PPOLearner
 from postrl.core import gae
 from postrl.runtime import distributed as dist
 from postrl.runtime.seeding import seed_everything
@@ -31,18 +31,18 @@ from postrl.runtime.seeding import seed_everything
 N_ENVS, N_STEPS = 8, 16
 
 
-def update_config() -> Config:
+def update_config() -> ControlPPOConfig:
     ppo = PPOHyperparams(n_steps=N_STEPS, batch_size=N_ENVS * N_STEPS, epochs=3, ent_coef=0.01, vf_clip=0.2)
-    return Config(env=EnvConfig(n_envs=N_ENVS), ppo=ppo)
+    return ControlPPOConfig(env=EnvConfig(n_envs=N_ENVS), ppo=ppo)
 
 
-def one_update(info: dist.DistInfo) -> PPO:
-    """This rank's envs' rows of one global rollout (the same on every rank) through `PPO.update`."""
+def one_update(info: dist.DistInfo) -> PPOLearner:
+    """This rank's envs' rows of one global rollout (the same on every rank) through `PPOLearner.update`."""
     cfg = update_config()
     seed_everything(0)
     env = VecEnv(cfg.env, 0)
     env.reset()
-    agent = PPO(cfg, env)
+    agent = PPOLearner(cfg, env)
     buf = agent.buffer
     collect_rollout(env, agent.actor, agent.critic, buf)
     advantages, returns = gae(
@@ -57,8 +57,8 @@ def one_update(info: dist.DistInfo) -> PPO:
     return agent
 
 
-def run_config() -> Config:
-    return Config(
+def run_config() -> ControlPPOConfig:
+    return ControlPPOConfig(
         env=EnvConfig(n_envs=4),
         ppo=PPOHyperparams(n_steps=16, batch_size=64, epochs=2),
         run=ControlRunConfig(steps=4 * 2 * 4 * 16, eval_episodes=2, save_every=2, keep_last=4),
