@@ -2,6 +2,6 @@
 
 import sys
 
-from postrl.lm.base_model import main
+from postrl.lm.base_model import BASE_LM
 
-sys.exit(main())
+sys.exit(BASE_LM.main())

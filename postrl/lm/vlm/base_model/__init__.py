@@ -21,22 +21,25 @@ SFT shows it the questions and their answers.
 
 from __future__ import annotations
 
-import argparse
-import json
 from dataclasses import replace
-from importlib import resources
-from pathlib import Path
-from typing import Any
 
-from postrl.lm import base_model as text_base_model
-from postrl.lm.vlm.train import VLMPretrainConfig
+from postrl.lm.builtin_model import PROVENANCE, WEIGHTS, BuiltinModel
+from postrl.lm.vlm.train import VLMPretrainConfig, run_vlm_pretrain
 
-PROVENANCE = text_base_model.PROVENANCE
-WEIGHTS = text_base_model.WEIGHTS
-FILES = ("config.json", WEIGHTS, "tokenizer.json", "processor_config.json")
+__all__ = [
+    "BASE_VLM",
+    "PROVENANCE",
+    "WEIGHTS",
+    "command",
+    "is_available",
+    "make",
+    "path",
+    "provenance",
+    "recipe",
+]
 
 
-def recipe(seed: int = 0) -> VLMPretrainConfig:
+def align_recipe(seed: int = 0) -> VLMPretrainConfig:
     """The alignment config of the built-in VLM (and of `postrl demo --from-scratch`'s vlm-align stage):
     `postrl vlm-pretrain`'s defaults (600 steps; held-out caption loss 1.24 at 100, 0.41 at 200, 0.13 at
     600) on one thread."""
@@ -44,43 +47,20 @@ def recipe(seed: int = 0) -> VLMPretrainConfig:
     return replace(default, run=replace(default.run, seed=seed, threads=1))
 
 
-def path() -> Path:
-    """The folder of the shipped aligned VLM (inside the installed package)."""
-    return Path(str(resources.files("postrl.lm.vlm") / "base_model"))
-
-
-def provenance(folder: Path | None = None) -> dict[str, Any]:
-    """provenance.json (command, config, held-out loss, seconds, SHA-256), or {} if missing."""
-    return text_base_model.provenance(folder or path())
-
-
-def is_available(folder: Path | None = None) -> bool:
-    """Whether the weights, config, tokenizer and processor files are present."""
-    folder = folder or path()
-    return all((folder / name).is_file() for name in FILES)
-
-
-def command(cfg: VLMPretrainConfig) -> str:
-    """The `postrl vlm-pretrain` command that runs ``cfg``."""
-    return text_base_model.command(cfg, "vlm-pretrain", VLMPretrainConfig())
-
-
-def make(out: Path, seed: int = 0) -> dict[str, Any]:
-    """Align `recipe(seed)` in a temporary run folder, copy its model into ``out`` with provenance.json."""
-    from postrl.lm.vlm.train import run_vlm_pretrain  # deferred: torch and transformers
-
-    cfg = recipe(seed)
-    keys = ("heldout_loss", "steps", "train_examples", "peak_rss_mb")
-    return text_base_model.make_with(out, cfg, run_vlm_pretrain, command(cfg), keys)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m postrl.lm.vlm.base_model", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--out", default=None, help="folder to write (default: the package's folder)")
-    parser.add_argument("--seed", type=int, default=0, help="alignment seed (the shipped model: 0)")
-    args = parser.parse_args(argv)
-    record = make(Path(args.out) if args.out else path(), args.seed)
-    print(json.dumps(record, indent=2))
-    return 0
+BASE_VLM = BuiltinModel(
+    package="postrl.lm.vlm",
+    stage="vlm-pretrain",
+    recipe=align_recipe,
+    config_class=VLMPretrainConfig,
+    run=run_vlm_pretrain,
+    keys=("heldout_loss", "steps", "train_examples", "peak_rss_mb"),
+    files=("config.json", WEIGHTS, "tokenizer.json", "processor_config.json"),
+    description=__doc__.split("\n\n")[0],
+)
+# The module's functions are BASE_VLM's.
+recipe = BASE_VLM.recipe
+path = BASE_VLM.path
+provenance = BASE_VLM.provenance
+is_available = BASE_VLM.is_available
+command = BASE_VLM.command
+make = BASE_VLM.make

@@ -2,6 +2,6 @@
 
 import sys
 
-from postrl.lm.vlm.base_model import main
+from postrl.lm.vlm.base_model import BASE_VLM
 
-sys.exit(main())
+sys.exit(BASE_VLM.main())
