@@ -164,6 +164,14 @@ TRAINERS = [
             + ["run.eval_every=6", "train.eval_examples=8", "eval_size=8", "eval_samples=4", "plots=false"]
         ),
     ),
+    Trainer(  # issue #40: the stage added through the recipe, as the others
+        "kto",
+        lambda m, out: (
+            ["kto", "--model", str(m["lm"]), "--out", str(out), *LM, *TRAIN, "optim.warmup_steps=0"]
+            + ["task={n_pairs_train: 48, n_pairs_test: 8}", "run.steps=12", "train.max_length=48"]
+            + ["run.eval_every=6", "train.eval_examples=8", "eval_size=8", "eval_samples=4", "plots=false"]
+        ),
+    ),
     Trainer(
         "vlm sft",
         lambda m, out: (
