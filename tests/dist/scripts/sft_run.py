@@ -16,8 +16,9 @@ import torch
 
 from postrl.lm.data import tokenize_sft
 from postrl.lm.models import load_causal_lm
+from postrl.lm.spine import RunConfig
 from postrl.lm.tokenizer import load_tokenizer
-from postrl.lm.trainer import OptimConfig, TrainConfig, export_on_main, run_training
+from postrl.lm.trainer import OptimConfig, Supervised, TrainConfig, export_on_main, run_training
 from postrl.runtime import distributed as dist
 from postrl.runtime.logging import RunLogger
 
@@ -36,18 +37,15 @@ ROWS = [
 ]
 
 
-def config(parallel: str = "ddp", max_steps: int = 4) -> TrainConfig:
-    return TrainConfig(
-        max_steps=max_steps,
-        batch_size=5,
-        grad_accum=2,
-        eval_every=0,
-        save_every=2,
-        keep_last=3,
-        log_every=1,
-        parallel=parallel,
-        # lr 1e-3: Adam maps an element whose gradient is ~round-off to a step of ±lr, whatever the ranks
-        optim=OptimConfig(lr=1e-3, warmup_steps=1, weight_decay=0.1),
+def config(parallel: str = "ddp", max_steps: int = 4) -> tuple[TrainConfig, OptimConfig, RunConfig]:
+    run = RunConfig(
+        steps=max_steps, eval_every=0, save_every=2, keep_last=3, log_every=1, device="cpu", parallel=parallel
+    )
+    # lr 1e-3: Adam maps an element whose gradient is ~round-off to a step of ±lr, whatever the ranks
+    return (
+        TrainConfig(batch_size=5, grad_accum=2),
+        OptimConfig(lr=1e-3, warmup_steps=1, weight_decay=0.1),
+        run,
     )
 
 
@@ -58,10 +56,9 @@ def train(model_dir: Path, run_dir: Path, parallel: str = "ddp", resume: bool = 
     model = dist.wrap_model(load_causal_lm(model_dir), info, parallel)
     examples = tokenize_sft(ROWS, tokenizer, max_length=64)
     logger = RunLogger(run_dir, enabled=info.is_main, resume=resume)
-    run_training(
-        model, tokenizer, examples, examples[:3], config(parallel), run_dir, logger,
-        device=info.device, resume=resume,
-    )  # fmt: skip
+    train_cfg, optim, run = config(parallel)
+    algo = Supervised(model, tokenizer, examples, examples[:3], train_cfg, optim, run, device=info.device)
+    run_training(algo, run_dir, logger, resume=resume)
     return model
 
 
