@@ -131,10 +131,11 @@ class ReferenceAlgorithm(abc.ABC):
 
 class ReferenceRecipe(abc.ABC):
     """The `postrl.lm.recipe.Recipe` of a stage trained against a frozen reference on fixed data. A subclass
-    sets ``section`` (its loss's config section, which holds ``ref_batch_size``) and brings the abstract
-    methods: its examples, its reference pass, its algorithm, its summary and its plot."""
+    sets ``section`` (its loss's config section, which holds ``ref_batch_size``) and ``algorithm_class``, and
+    brings the abstract methods: its examples, its reference pass, its summary and its plot."""
 
     section = ""
+    algorithm_class: type[ReferenceAlgorithm]
 
     # ---- what a stage brings ----------------------------------------------------------------------------
     @abc.abstractmethod
@@ -147,9 +148,13 @@ class ReferenceRecipe(abc.ABC):
     ) -> Tensor:
         """The reference's log-probs of ``examples`` (``[N, k]``)."""
 
-    @abc.abstractmethod
-    def algorithm(self, setup: Setup, refs: dict[str, Tensor], evaluate_samples: Any) -> Algorithm:
-        """The stage's algorithm on the wrapped policy."""
+    def algorithm(self, setup: Setup, refs: dict[str, Tensor], evaluate_samples: Any) -> ReferenceAlgorithm:
+        """The stage's ``algorithm_class`` on the wrapped policy."""
+        cfg, info = setup.cfg, setup.info
+        return self.algorithm_class(
+            dist.wrap_model(setup.policy, info, cfg.run.parallel), setup.tokenizer, setup.extra["train"], refs,
+            cfg, evals=setup.extra["evals"], device=info.device, evaluate_samples=evaluate_samples,
+        )  # fmt: skip
 
     @abc.abstractmethod
     def summarize(self, setup: Setup, algo: Algorithm, state: LoopState) -> dict[str, Any]:

@@ -147,6 +147,7 @@ class DPORecipe(ReferenceRecipe):
     """DPO on `postrl.lm.reference.ReferenceRecipe`: its pairs, their reference pass, `DPO`, its summary."""
 
     section = "dpo"
+    algorithm_class = DPO
 
     def load_examples(self, cfg: DPOConfig, tokenizer: Any) -> tuple[list[dict], list[dict], Any]:
         return load_pairs(cfg, tokenizer)
@@ -156,13 +157,6 @@ class DPORecipe(ReferenceRecipe):
     ) -> Tensor:
         pad, fast = setup.tokenizer.pad_token_id, setup.cfg.sampling.use_fast
         return reference_pair_log_probs(reference, examples, pad, setup.info.device, batch_size, fast)
-
-    def algorithm(self, setup: Setup, refs: dict[str, Tensor], evaluate_samples: Any) -> DPO:
-        cfg, info = setup.cfg, setup.info
-        return DPO(
-            dist.wrap_model(setup.policy, info, cfg.run.parallel), setup.tokenizer, setup.extra["train"], refs,
-            cfg, evals=setup.extra["evals"], device=info.device, evaluate_samples=evaluate_samples,
-        )  # fmt: skip
 
     def summarize(self, setup: Setup, algo: DPO, state: LoopState) -> dict[str, Any]:
         return _summarize(algo, state, len(setup.extra["train"]))

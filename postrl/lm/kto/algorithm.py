@@ -133,6 +133,7 @@ class KTORecipe(ReferenceRecipe):
     mismatched completions), `KTO`, its summary."""
 
     section = "kto"
+    algorithm_class = KTO
 
     def check(self, cfg: KTOConfig) -> None:
         super().check(cfg)
@@ -150,13 +151,6 @@ class KTORecipe(ReferenceRecipe):
     ) -> Tensor:
         pad, fast = setup.tokenizer.pad_token_id, setup.cfg.sampling.use_fast
         return reference_completion_log_probs(reference, examples, pad, setup.info.device, batch_size, fast)
-
-    def algorithm(self, setup: Setup, refs: dict[str, Tensor], evaluate_samples: Any) -> KTO:
-        cfg, info = setup.cfg, setup.info
-        return KTO(
-            dist.wrap_model(setup.policy, info, cfg.run.parallel), setup.tokenizer, setup.extra["train"], refs,
-            cfg, evals=setup.extra["evals"], device=info.device, evaluate_samples=evaluate_samples,
-        )  # fmt: skip
 
     def summarize(self, setup: Setup, algo: KTO, state: LoopState) -> dict[str, Any]:
         return _summarize(algo, state, len(setup.extra["train"]))
