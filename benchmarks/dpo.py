@@ -119,16 +119,21 @@ def _postrl_loss(
     from postrl.lm.dpo.build import collate_dpo_batch, dpo_batch_loss, reference_pair_log_probs
     from postrl.lm.models import load_causal_lm
     from postrl.lm.reward_model.pairs import tokenize_pairs
+    from postrl.lm.rollout import response_forward
     from postrl.lm.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(policy)
     rows = render_rows(load_rows(str(data), "prefs")[:batch], "prefs", tokenizer)
     pairs = tokenize_pairs(rows, tokenizer, max_length)
     ref = reference_pair_log_probs(
-        load_causal_lm(reference), pairs, tokenizer.pad_token_id, torch.device("cpu"), 64
+        response_forward(load_causal_lm(reference), gradients=False),
+        pairs,
+        tokenizer.pad_token_id,
+        torch.device("cpu"),
+        64,
     )
     loss, _ = dpo_batch_loss(
-        load_causal_lm(policy), collate_dpo_batch(pairs, tokenizer.pad_token_id, torch.device("cpu")), ref,
+        response_forward(load_causal_lm(policy)), collate_dpo_batch(pairs, tokenizer.pad_token_id, torch.device("cpu")), ref,
         DPOLossConfig(beta=BETA),
     )  # fmt: skip
     ids = [[p["prompt_ids"], p["chosen_ids"], p["rejected_ids"]] for p in pairs]

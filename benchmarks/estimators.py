@@ -88,8 +88,7 @@ def kl_to_reference(run: Any, reference: Any, seed: int) -> float:
     (τ = 1) for the held-out prompts."""
     import torch
 
-    from postrl.lm.rollout import RolloutEngine, left_pad
-    from postrl.lm.rollout.shared_prefix import response_logits
+    from postrl.lm.rollout import RolloutEngine, left_pad, response_forward
 
     policy = run.inner
     was_training = policy.training
@@ -99,8 +98,8 @@ def kl_to_reference(run: Any, reference: Any, seed: int) -> float:
     with torch.no_grad():
         rollout = engine.sample(ids, mask, torch.Generator().manual_seed(seed))
         args = (rollout.input_ids, rollout.attention_mask, rollout.prompt_len)
-        log_p = torch.log_softmax(response_logits(policy, *args).float(), -1)  # (B, T, V)
-        log_q = torch.log_softmax(response_logits(reference, *args).float(), -1)
+        log_p = torch.log_softmax(response_forward(policy).logits(*args).float(), -1)  # (B, T, V)
+        log_q = torch.log_softmax(response_forward(reference).logits(*args).float(), -1)
         kl = (log_p.exp() * (log_p - log_q)).sum(-1)  # (B, T)
         m = rollout.response_mask.to(kl.dtype)
         value = float((kl * m).sum() / m.sum().clamp(min=1))

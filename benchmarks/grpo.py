@@ -114,7 +114,7 @@ Measured 2026-12-02 on the shared 2-core machine at a load average of 12-18 (so 
   / 180 s, 0.403 s/step (generation 0.082, reference 0.081, training 0.238), 2,920 generated tokens/s (14,370
   in generation alone), peak RSS 588 MB; continued SFT for the same 180 s: 0.725 -> 0.925.
 - TRL task, 2026-12-02 evening, on the idle machine (load 0.5-1.1), after the teacher-forced forwards through
-  the fast decoders (`postrl.lm.rollout.shared_prefix`), fused AdamW and the sigmoid-form GELU: warm start at 0.57,
+  the fast decoders (`postrl.lm.rollout.forwards`), fused AdamW and the sigmoid-form GELU: warm start at 0.57,
   lr 1e-4, contenders alternated. 200 steps x 6 seeds: postrl 0.0386 s/step vs TRL 0.0712 (1.84x), generation
   4,954 vs 2,455 tokens/s, peak RSS 413 vs 503 MB; held-out greedy accuracy at step 200 0.363 vs 0.377 (mean
   over seeds; over the ten checks from step 20 on 0.367 vs 0.387; per-seed sd 0.07-0.10, so 0.03 for a mean
@@ -458,6 +458,7 @@ def identical_batch(model: Path, train: Path, work: Path, member: str, args: arg
     from postrl.lm.grpo.algorithm import grpo_batch_loss
     from postrl.lm.grpo.rollouts import compute_advantages
     from postrl.lm.models import load_causal_lm
+    from postrl.lm.rollout import response_forward
     from postrl.lm.rollout.batch import RolloutBatch
 
     out = work / f"identical_{member}.safetensors"
@@ -480,7 +481,7 @@ def identical_batch(model: Path, train: Path, work: Path, member: str, args: arg
         torch.cat([trl["prompt_mask"], trl["completion_mask"]], dim=1),
         trl["prompt_ids"].shape[1], trl["completion_mask"], trl["old_per_token_logps"], advantages,
     )  # fmt: skip
-    loss, stats = grpo_batch_loss(policy, batch, cfg, 1.0, MAX_NEW_TOKENS)
+    loss, stats = grpo_batch_loss(response_forward(policy), batch, cfg, 1.0, MAX_NEW_TOKENS)
     loss.backward()
     grads = {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
     theirs = {k[len("grad.") :]: v for k, v in trl.items() if k.startswith("grad.")}

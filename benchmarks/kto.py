@@ -75,6 +75,7 @@ def _postrl_loss(policy: Path, reference: Path, data: Path, batch: int, max_leng
     from postrl.lm.kto.build import batch_loss, kl_reference_point, reference_completion_log_probs
     from postrl.lm.kto.data import collate_kto_rows, tokenize
     from postrl.lm.models import load_causal_lm
+    from postrl.lm.rollout import response_forward
     from postrl.lm.tokenizer import load_tokenizer
 
     cpu = torch.device("cpu")
@@ -83,11 +84,15 @@ def _postrl_loss(policy: Path, reference: Path, data: Path, batch: int, max_leng
     examples = tokenize(rows, tokenizer, max_length, "drop", batch)
     assert len(examples) == batch, "a row of the identical batch is over --max-length"
     pad = tokenizer.pad_token_id
-    ref = reference_completion_log_probs(load_causal_lm(reference), examples, pad, cpu, 64)
+    ref = reference_completion_log_probs(
+        response_forward(load_causal_lm(reference), gradients=False), examples, pad, cpu, 64
+    )
     model = load_causal_lm(policy).train()
     everything = [(list(range(batch)), 1.0)]
-    z0 = kl_reference_point(model, examples, ref, everything, pad, cpu)
-    loss, stats = batch_loss(model, collate_kto_rows(examples, pad), ref[:, 0], z0, KTOLossConfig(beta=BETA))
+    z0 = kl_reference_point(response_forward(model, gradients=False), examples, ref, everything, pad, cpu)
+    loss, stats = batch_loss(
+        response_forward(model), collate_kto_rows(examples, pad), ref[:, 0], z0, KTOLossConfig(beta=BETA)
+    )
     ids = [[e["prompt_ids"], e["completion_ids"], e["kl_completion_ids"]] for e in examples]
     return {"loss": float(loss.detach()), "kl": float(z0), **{k: float(v) for k, v in stats.items()}}, ids
 

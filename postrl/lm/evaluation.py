@@ -24,7 +24,8 @@ from postrl.lm.rewards import columns_of
 from postrl.lm.roles import Roles
 from postrl.lm.rollout import Rollout
 from postrl.lm.rollout.engine import RolloutEngine, SamplingConfig
-from postrl.lm.rollout.scoring import score
+from postrl.lm.rollout.forwards import ResponseForward, response_forward
+from postrl.lm.rollout.scoring import response_log_probs, score
 from postrl.runtime import distributed as dist
 
 
@@ -169,14 +170,12 @@ def evaluate_preference_policy(
 
 # ---- sampled held-out responses during training ------------------------------------------------------------
 @torch.no_grad()
-def sequence_kl(
-    rollout: Rollout, reference: torch.nn.Module, temperature: float, use_fast: bool | None = None
-) -> tuple[Tensor, Tensor]:
-    """Per-response KL(π‖π_ref) estimates (k1 and k3 summed over tokens) → ([B], [B])."""
-    ref = score(
-        reference, rollout.input_ids, rollout.attention_mask, rollout.prompt_len, temperature=temperature,
-        use_fast=use_fast,
-    )  # fmt: skip
+def sequence_kl(rollout: Rollout, reference: ResponseForward, temperature: float) -> tuple[Tensor, Tensor]:
+    """Per-response KL(π‖π_ref) estimates (k1 and k3 summed over tokens) → ([B], [B]), the reference's
+    log-probs through its ``forward`` (without gradients)."""
+    ref = response_log_probs(
+        reference, rollout.input_ids, rollout.attention_mask, rollout.prompt_len, temperature=temperature
+    )
     m = rollout.response_mask.float()
     k1 = masked_sum(kl_estimate(rollout.log_probs, ref, "k1"), m, dim=-1)
     k3 = masked_sum(kl_estimate(rollout.log_probs, ref, "k3"), m, dim=-1)
@@ -198,18 +197,19 @@ def evaluate_heldout(
 ) -> dict[str, float]:
     """Sample ``n`` held-out responses (the held-out prompts in turn, a fixed sampling seed, this rank's share)
     and report the mean raw score (``scorer(rollout, rows)``), gold reward (built-in task), KL to the reference
-    and length."""
+    and length. Every rank calls it with its sharded roles gathered (`postrl.runtime.distributed.gathered`)."""
     if not prompts.rows or n <= 0:
         return {}
     rows = [prompts.rows[i % len(prompts.rows)] for i in dist.shard_range(n)]
     engine = RolloutEngine(roles.policy, tokenizer, sampling)
+    reference = response_forward(roles.reference, sampling.use_fast, gradients=False, gathered=True)
     device = next(roles.policy.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     sums: dict[str, float] = {}
     for i in range(0, len(rows), batch_size):
         part = rows[i : i + batch_size]
         rollout = engine.generate([r["prompt"] for r in part], generator=generator)
-        k1, k3 = sequence_kl(rollout, roles.reference, sampling.temperature or 1.0, sampling.use_fast)
+        k1, k3 = sequence_kl(rollout, reference, sampling.temperature or 1.0)
         values = {
             "heldout_rm_score": scorer(rollout, part).float().cpu(),
             "heldout_kl": k1.cpu(),

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save
 from torch import Tensor
 
 from postrl.lm.recipe import Setup
+from postrl.lm.rollout.forwards import ResponseForward, response_forward
 from postrl.lm.spine import Algorithm, LoopState, Parts
 from postrl.lm.trainer import export_on_main, iterate_batches, make_optimizer, model_parts
 from postrl.runtime import distributed as dist
@@ -57,7 +58,11 @@ class ReferenceAlgorithm(abc.ABC):
     """The `postrl.lm.spine` algorithm of a stage trained on fixed data against stored reference log-probs: a
     step is one AdamW step on a batch of examples drawn in a seeded order (``train_step``); an evaluation is
     the stage's held-out metrics (``heldout_metrics``) and, when given, sampled-response metrics; a checkpoint
-    holds the policy (a folder `from_pretrained` loads), AdamW, the schedule and the data position."""
+    holds the policy (a folder `from_pretrained` loads), AdamW, the schedule and the data position.
+
+    The policy's forwards are chosen here, once (`postrl.lm.rollout.forwards.response_forward`): ``forward``
+    for the loss (gradients), ``scoring_forward`` for passes of the training step without gradients (KTO's
+    reference point) and ``eval_forward`` for held-out metrics (unwrapped, whole weights)."""
 
     name = ""
 
@@ -85,6 +90,10 @@ class ReferenceAlgorithm(abc.ABC):
         self.optimizer, self.scheduler = make_optimizer(dist.unwrap(model), cfg.optim, cfg.run.steps)
         self.position, self.seconds = 0, 0.0  # batches drawn since step 0; step seconds of this invocation
         self.batches = iterate_batches(len(examples), cfg.train.batch_size, cfg.run.seed)
+        use_fast = cfg.sampling.use_fast
+        self.forward = response_forward(model, use_fast)
+        self.scoring_forward = response_forward(model, use_fast, gradients=False)
+        self.eval_forward = response_forward(dist.unwrap(model), use_fast, gradients=False, gathered=True)
         model.train()
 
     @abc.abstractmethod
@@ -92,8 +101,8 @@ class ReferenceAlgorithm(abc.ABC):
         """One optimiser step on the examples ``indices`` (all ranks'): the step's metrics."""
 
     @abc.abstractmethod
-    def heldout_metrics(self, inner: torch.nn.Module) -> dict[str, float]:
-        """The stage's metrics of the held-out examples under the (unwrapped) policy."""
+    def heldout_metrics(self) -> dict[str, float]:
+        """The stage's metrics of the held-out examples under the policy (``eval_forward``)."""
 
     def step(self, step: int) -> dict[str, float]:
         self.position, indices = next(self.batches)
@@ -113,7 +122,7 @@ class ReferenceAlgorithm(abc.ABC):
         was_training = inner.training
         inner.eval()
         with dist.gathered(self.model):  # sampling reads whole weights
-            out = self.heldout_metrics(inner)
+            out = self.heldout_metrics()
             if self.evaluate_samples is not None:
                 out.update(self.evaluate_samples(inner))
         inner.train(was_training)
@@ -144,9 +153,9 @@ class ReferenceRecipe(abc.ABC):
 
     @abc.abstractmethod
     def reference_log_probs(
-        self, reference: torch.nn.Module, examples: list[dict], setup: Setup, batch_size: int
+        self, reference: ResponseForward, examples: list[dict], setup: Setup, batch_size: int
     ) -> Tensor:
-        """The reference's log-probs of ``examples`` (``[N, k]``)."""
+        """The reference's log-probs of ``examples`` (``[N, k]``) through its forward without gradients."""
 
     def algorithm(self, setup: Setup, refs: dict[str, Tensor], evaluate_samples: Any) -> ReferenceAlgorithm:
         """The stage's ``algorithm_class`` on the wrapped policy."""
@@ -207,9 +216,10 @@ class ReferenceRecipe(abc.ABC):
         size = getattr(cfg, self.section).ref_batch_size
 
         def compute() -> dict[str, Tensor]:
+            reference = response_forward(x["reference"], cfg.sampling.use_fast, gradients=False)
             return {
-                "train": self.reference_log_probs(x["reference"], x["train"], setup, size),
-                "heldout": self.reference_log_probs(x["reference"], x["evals"], setup, size),
+                "train": self.reference_log_probs(reference, x["train"], setup, size),
+                "heldout": self.reference_log_probs(reference, x["evals"], setup, size),
             }
 
         counts = {"train": len(x["train"]), "heldout": len(x["evals"])}

@@ -62,10 +62,12 @@ def test_lora_in_bfloat16_and_the_reference_is_the_base():
 
 
 def test_the_fast_decoder_agrees_with_the_hf_forward_in_float32():
-    from postrl.lm.rollout.shared_prefix import response_logits
+    from postrl.lm.rollout.forwards import FusedForward, response_forward
 
     for model in (_tiny(), _lora(_tiny())):
-        fast = response_logits(model, IDS.cuda(), MASK.cuda(), 4, use_fast=True)
+        forward = response_forward(model, use_fast=True)
+        assert isinstance(forward, FusedForward)
+        fast = forward.logits(IDS.cuda(), MASK.cuda(), 4)
         torch.testing.assert_close(fast, _logits(model)[:, 3:-1], rtol=0, atol=1e-4)
 
 

@@ -21,6 +21,7 @@ from postrl.lm.dpo import DPOConfig, DPOLossConfig, run_dpo
 from postrl.lm.dpo import algorithm as dpo_algorithm
 from postrl.lm.dpo.build import REF_FILE, load_pairs, reference_pair_log_probs
 from postrl.lm.models import TinyLMConfig, build_tiny_lm, load_causal_lm
+from postrl.lm.rollout import response_forward
 from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig, TrainConfig, batch_order
 
@@ -122,7 +123,11 @@ def test_reference_log_probs_equal_a_fresh_computation(
         assert saved[name].shape == (len(examples), 2)
         torch.testing.assert_close(saved[name].double(), _hand_pairs(reference, examples), atol=2e-5, rtol=0)
         other = reference_pair_log_probs(
-            reference, examples, tiny_tokenizer.pad_token_id, torch.device("cpu"), 5
+            response_forward(reference, gradients=False),
+            examples,
+            tiny_tokenizer.pad_token_id,
+            torch.device("cpu"),
+            5,
         )
         torch.testing.assert_close(other, saved[name], atol=2e-5, rtol=0)  # batching never matters
 

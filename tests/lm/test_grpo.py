@@ -27,7 +27,7 @@ from postrl.lm.grpo import (
 )
 from postrl.lm.grpo.rollouts import PromptStream
 from postrl.lm.rewards import RewardError
-from postrl.lm.rollout import SamplingConfig
+from postrl.lm.rollout import SamplingConfig, response_forward
 from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig
@@ -62,7 +62,9 @@ def _fixed_batch(model, tokenizer, rewards, prompts=("What is 1+1?",), responses
     joined = join_prompt_response(p, r, tokenizer.pad_token_id)
     P = joined["input_ids"].shape[1] - joined["response_mask"].shape[1]
     with torch.no_grad():
-        old, _ = policy_log_probs(model, joined["input_ids"], joined["attention_mask"], P, 1.0)
+        old, _ = policy_log_probs(
+            response_forward(model), joined["input_ids"], joined["attention_mask"], P, 1.0
+        )
     advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), G)
     return RolloutBatch(
         joined["input_ids"], joined["attention_mask"], P, joined["response_mask"], old, advantages, old
@@ -71,7 +73,9 @@ def _fixed_batch(model, tokenizer, rewards, prompts=("What is 1+1?",), responses
 
 def _sequence_log_probs(model, batch):
     with torch.no_grad():
-        lp, _ = policy_log_probs(model, batch.input_ids, batch.attention_mask, batch.prompt_len, 1.0)
+        lp, _ = policy_log_probs(
+            response_forward(model), batch.input_ids, batch.attention_mask, batch.prompt_len, 1.0
+        )
     return lp.sum(-1)
 
 

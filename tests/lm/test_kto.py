@@ -22,6 +22,7 @@ from postrl.lm.kto.algorithm import kto_train_step, load_examples
 from postrl.lm.kto.build import REF_FILE, batch_loss, kl_reference_point, reference_completion_log_probs
 from postrl.lm.kto.data import collate_kto_rows, tokenize
 from postrl.lm.models import TinyLMConfig, build_tiny_lm, load_causal_lm
+from postrl.lm.rollout import response_forward
 from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig, TrainConfig, make_optimizer
 
@@ -164,7 +165,7 @@ def test_first_batch_loss_equals_core_kto_loss_on_hand_log_probs(tiny_lm_dir, re
     policy, reference = load_causal_lm(tiny_lm_dir), load_causal_lm(ref_dir)
     pad = tiny_tokenizer.pad_token_id
     ref = reference_completion_log_probs(
-        reference, batch, pad, CPU, 3
+        response_forward(reference, gradients=False), batch, pad, CPU, 3
     )  # batches of 3: the sizes do not matter
     hand_ref = torch.tensor(
         [
@@ -177,12 +178,16 @@ def test_first_batch_loss_equals_core_kto_loss_on_hand_log_probs(tiny_lm_dir, re
         dtype=torch.float64,
     )
     assert torch.allclose(ref.double(), hand_ref, atol=1e-4)
-    z0 = kl_reference_point(policy, batch, ref, [([0, 1, 2, 3], 1.0)], pad, CPU)
+    z0 = kl_reference_point(
+        response_forward(policy, gradients=False), batch, ref, [([0, 1, 2, 3], 1.0)], pad, CPU
+    )
     hand_kl = sum(_alone(policy, e["prompt_ids"], e["kl_completion_ids"]) for e in batch) / 4 - float(
         hand_ref[:, 1].mean()
     )
     assert float(z0) == pytest.approx(max(hand_kl, 0.0), abs=1e-4)
-    loss, _ = batch_loss(policy, collate_kto_rows(batch, pad), ref[:, 0], z0, KTOLossConfig(beta=0.5))
+    loss, _ = batch_loss(
+        response_forward(policy), collate_kto_rows(batch, pad), ref[:, 0], z0, KTOLossConfig(beta=0.5)
+    )
     logps = torch.tensor(
         [_alone(policy, e["prompt_ids"], e["completion_ids"]) for e in batch], dtype=torch.float64
     )
@@ -195,12 +200,13 @@ def _grads_after_step(model_dir: Path, ref_dir: Path, tokenizer, grad_accum: int
     cfg = _cfg(model_dir, ref_dir, train=TrainConfig(batch_size=6, grad_accum=grad_accum, max_length=64))
     train, _, _ = load_examples(cfg, tokenizer)
     pad = tokenizer.pad_token_id
-    ref = reference_completion_log_probs(load_causal_lm(ref_dir), train, pad, CPU, 64)
+    ref = reference_completion_log_probs(response_forward(load_causal_lm(ref_dir)), train, pad, CPU, 64)
     model = load_causal_lm(model_dir).train()
     optimizer, _ = make_optimizer(model, replace(cfg.optim, max_grad_norm=None), 1)
     optimizer.step = lambda: None  # keep the gradient for the comparison
     optimizer.zero_grad = lambda set_to_none=True: None
-    out = kto_train_step(model, optimizer, train, ref, list(range(6)), cfg, pad, CPU)
+    forwards = response_forward(model), response_forward(model, gradients=False)
+    out = kto_train_step(model, *forwards, optimizer, train, ref, list(range(6)), cfg, pad, CPU)
     assert math.isfinite(out["loss"]) and out["kl"] >= 0
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 

@@ -33,8 +33,8 @@ from postrl.lm.models import (  # noqa: E402
     trainable_share,
 )
 from postrl.lm.models.layout import position_ids_from_mask  # noqa: E402
+from postrl.lm.rollout.forwards import FusedForward, response_forward  # noqa: E402
 from postrl.lm.rollout.sampling import token_log_probs  # noqa: E402
-from postrl.lm.rollout.shared_prefix import response_logits  # noqa: E402
 from postrl.lm.sft import SFTConfig, run_sft  # noqa: E402
 from postrl.lm.spine import LoraConfig, RunConfig  # noqa: E402
 from postrl.lm.trainer import (  # noqa: E402
@@ -132,11 +132,13 @@ def test_the_fast_decoder_samples_from_the_merged_weights(tiny_lm_dir: Path) -> 
     policy = _perturbed(apply_lora(load_causal_lm(tiny_lm_dir), LORA_HEAD))
     assert fast_llama.llama_unsupported_reason(policy) is None
     P = 4
-    fast = response_logits(policy, IDS, MASK, P, use_fast=True)  # (B, T, V) through FastLlama
+    forward = response_forward(policy, use_fast=True)
+    assert isinstance(forward, FusedForward)
+    fast = forward.logits(IDS, MASK, P)  # (B, T, V) through FastLlama
     full = _logits(policy)[:, P - 1 : -1]
     torch.testing.assert_close(fast, full, rtol=0, atol=2e-5)
     # gradients reach the adapters through the merged weights
-    response_logits(policy, IDS, MASK, P, use_fast=True).square().mean().backward()
+    forward.logits(IDS, MASK, P).square().mean().backward()
     assert all(p.grad is not None for n, p in policy.named_parameters() if "lora_B" in n)
 
 

@@ -41,7 +41,7 @@ from postrl.lm.ppo.advantages import (
 from postrl.lm.ppo.build import build_roles, trainable_parts
 from postrl.lm.ppo.config import PtxConfig
 from postrl.lm.reward_model.evaluation import NORM_FILE
-from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig
+from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, response_forward
 from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig, make_optimizer
@@ -237,7 +237,7 @@ def test_score_on_last_real_token_and_left_padding(tiny_lm_dir, tiny_rm_dir, tin
         norm_stats=None,
     )
     k1, _ = sequence_kl(
-        rollout, roles.reference, 0.7
+        rollout, response_forward(roles.reference, gradients=False), 0.7
     )  # Σ (0 − log π_ref): minus the reference log-likelihood
     for row in range(len(PROMPTS)):
         keep = rollout.attention_mask[row].bool()

@@ -42,6 +42,7 @@ from postrl.lm.dpo.build import (
 from postrl.lm.dpo.config import DPOConfig
 from postrl.lm.recipe import Setup, run_recipe
 from postrl.lm.reference import ReferenceAlgorithm, ReferenceRecipe
+from postrl.lm.rollout import ResponseForward
 from postrl.lm.spine import LoopState, accumulate
 from postrl.lm.trainer import (
     clip_grad_norm,
@@ -79,6 +80,7 @@ def length_groups(
 
 def dpo_train_step(
     model: torch.nn.Module,
+    forward: ResponseForward,
     optimizer: torch.optim.Optimizer,
     pairs: list[dict[str, Any]],
     ref: Tensor,
@@ -87,8 +89,9 @@ def dpo_train_step(
     pad_id: int,
     device: torch.device,
 ) -> dict[str, float]:
-    """One optimiser step over the pairs ``indices`` (all ranks'); returns the loss, the implicit-reward stats
-    and the gradient norm, each the mean over the step's pairs.
+    """One optimiser step over the pairs ``indices`` (all ranks'), the policy ``model`` run through its
+    ``forward``; returns the loss, the implicit-reward stats and the gradient norm, each the mean over the
+    step's pairs.
 
     The step's loss is Σ_i ℓ_i / N over its N pairs on every micro-batch and rank: a micro-batch of b pairs
     contributes its mean loss · b/N, so accumulation and sharding give the gradient of one big batch."""
@@ -99,13 +102,12 @@ def dpo_train_step(
     ]
     scale = dist.world_size()  # DDP and FSDP average gradients over ranks; the loss is a global pair sum
     sums = dict.fromkeys(("loss", *STAT_KEYS), 0.0)
-    use_fast = cfg.sampling.use_fast
 
     def micro_loss(mb: tuple[list[int], float]) -> Tensor:
         rows, weight = mb
         share = weight * len(rows) / len(indices)  # b/N; 0 for a rank whose share ran out
         batch = collate_dpo_batch([pairs[i] for i in rows], pad_id, device)
-        value, stats = dpo_batch_loss(model, batch, ref[rows], cfg.dpo, use_fast)
+        value, stats = dpo_batch_loss(forward, batch, ref[rows], cfg.dpo)
         sums["loss"] += float(value.detach()) * share
         for key in STAT_KEYS:
             sums[key] += float(stats[key]) * share
@@ -128,16 +130,16 @@ class DPO(ReferenceAlgorithm):
 
     def train_step(self, indices: list[int]) -> dict[str, float]:
         return dpo_train_step(
-            self.model, self.optimizer, self.examples, self.ref, indices, self.cfg,
+            self.model, self.forward, self.optimizer, self.examples, self.ref, indices, self.cfg,
             self.tokenizer.pad_token_id, self.device,
         )  # fmt: skip
 
     def bar(self, metrics: dict[str, float]) -> dict[str, float]:
         return {"loss": metrics["loss"], "acc": metrics["reward_accuracy"]}
 
-    def heldout_metrics(self, inner: torch.nn.Module) -> dict[str, float]:
+    def heldout_metrics(self) -> dict[str, float]:
         return pair_metrics(
-            inner, self.evals, self.eval_ref, self.cfg.dpo, self.tokenizer.pad_token_id, self.device,
+            self.eval_forward, self.evals, self.eval_ref, self.cfg.dpo, self.tokenizer.pad_token_id, self.device,
             self.cfg.dpo.ref_batch_size,
         )  # fmt: skip
 
@@ -153,10 +155,10 @@ class DPORecipe(ReferenceRecipe):
         return load_pairs(cfg, tokenizer)
 
     def reference_log_probs(
-        self, reference: torch.nn.Module, examples: list[dict], setup: Setup, batch_size: int
+        self, reference: ResponseForward, examples: list[dict], setup: Setup, batch_size: int
     ) -> Tensor:
-        pad, fast = setup.tokenizer.pad_token_id, setup.cfg.sampling.use_fast
-        return reference_pair_log_probs(reference, examples, pad, setup.info.device, batch_size, fast)
+        pad = setup.tokenizer.pad_token_id
+        return reference_pair_log_probs(reference, examples, pad, setup.info.device, batch_size)
 
     def summarize(self, setup: Setup, algo: DPO, state: LoopState) -> dict[str, Any]:
         return _summarize(algo, state, len(setup.extra["train"]))

@@ -18,8 +18,7 @@ from postrl.lm.data import collate_preferences
 from postrl.lm.dpo.config import DPOConfig, DPOLossConfig
 from postrl.lm.reference import REF_FILE as REF_FILE
 from postrl.lm.reward_model.pairs import load_pair_rows, tokenize_pairs
-from postrl.lm.rollout import token_log_probs
-from postrl.lm.rollout.shared_prefix import response_logits
+from postrl.lm.rollout import ResponseForward, token_log_probs
 from postrl.lm.trainer import to_device
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
@@ -44,19 +43,18 @@ def load_pairs(cfg: DPOConfig, tokenizer: Any) -> tuple[list[dict], list[dict], 
 def collate_dpo_batch(
     examples: Sequence[dict[str, Any]], pad_id: int, device: torch.device
 ) -> dict[str, Tensor]:
-    """2b rows in the rollout layout (chosen 0..b−1, rejected b..2b−1: a pair shares its prompt, which
-    `response_logits` runs once) and ``target`` [b], on ``device``."""
+    """2b rows in the rollout layout (chosen 0..b−1, rejected b..2b−1: a pair shares its prompt, which a
+    `postrl.lm.rollout.forwards.SharedPrefixForward` or `FusedForward` runs once) and ``target`` [b], on
+    ``device``."""
     return to_device(collate_preferences(examples, pad_id), device)
 
 
-def sequence_log_probs(
-    model: torch.nn.Module, batch: dict[str, Tensor], use_fast: bool | None = None
-) -> tuple[Tensor, Tensor]:
+def sequence_log_probs(forward: ResponseForward, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
     """(log π(y_w|x) [b], log π(y_l|x) [b]): the response tokens' log-probs summed (EOS included), under the
-    caller's grad mode. One teacher-forced forward of the 2b rows, each pair's prompt once."""
+    caller's grad mode. One teacher-forced ``forward`` of the 2b rows."""
     ids, mask, response_mask = batch["input_ids"], batch["attention_mask"], batch["response_mask"]
     P = ids.shape[1] - response_mask.shape[1]
-    logits = response_logits(model, ids, mask, P, use_fast)  # (2b, T, V)
+    logits = forward.logits(ids, mask, P)  # (2b, T, V)
     sums = masked_sum(token_log_probs(logits, ids[:, P:]), response_mask.to(torch.float32), dim=-1)  # (2b,)
     b = sums.shape[0] // 2
     return sums[:b], sums[b:]
@@ -65,14 +63,14 @@ def sequence_log_probs(
 # ---- the reference, once -------------------------------------------------------------------------------
 @torch.no_grad()
 def reference_pair_log_probs(
-    reference: torch.nn.Module,
+    reference: ResponseForward,
     examples: Sequence[dict[str, Any]],
     pad_id: int,
     device: torch.device,
     batch_size: int,
-    use_fast: bool | None = None,
 ) -> Tensor:
-    """``[N, 2]`` float32 (chosen, rejected) summed log-probs of every pair under the frozen ``reference``.
+    """``[N, 2]`` float32 (chosen, rejected) summed log-probs of every pair under the frozen ``reference``
+    (its forward without gradients).
 
     Batches are the consecutive runs of ``batch_size`` pairs whatever the world size; rank r computes batches
     r, r + W, ... and every rank gathers all of them, so N ranks give the tensor 1 process gives, bit for bit."""
@@ -80,7 +78,7 @@ def reference_pair_log_probs(
     mine = {}
     for k in range(dist.rank(), len(starts), dist.world_size()):
         batch = collate_dpo_batch(examples[starts[k] : starts[k] + batch_size], pad_id, device)
-        chosen, rejected = sequence_log_probs(reference, batch, use_fast)
+        chosen, rejected = sequence_log_probs(reference, batch)
         mine[k] = torch.stack((chosen, rejected), dim=1).float().cpu()  # (b, 2)
     parts = {k: v for ranks in dist.all_gather_object(mine) for k, v in ranks.items()}
     return torch.cat([parts[k] for k in range(len(starts))]) if starts else torch.zeros(0, 2)
@@ -88,15 +86,11 @@ def reference_pair_log_probs(
 
 # ---- the loss of a batch -------------------------------------------------------------------------------
 def dpo_batch_loss(
-    model: torch.nn.Module,
-    batch: dict[str, Tensor],
-    ref: Tensor,
-    cfg: DPOLossConfig,
-    use_fast: bool | None = None,
+    forward: ResponseForward, batch: dict[str, Tensor], ref: Tensor, cfg: DPOLossConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The mean DPO/IPO loss over the batch's pairs (`postrl.core.dpo_loss`) and its stats; ``ref`` [b, 2]
-    holds the reference's (chosen, rejected) log-probs of these pairs."""
-    chosen, rejected = sequence_log_probs(model, batch, use_fast)
+    """The mean DPO/IPO loss over the batch's pairs (`postrl.core.dpo_loss`) and its stats, the policy's
+    log-probs through ``forward``; ``ref`` [b, 2] holds the reference's (chosen, rejected) log-probs."""
+    chosen, rejected = sequence_log_probs(forward, batch)
     ref = ref.to(chosen.device)
     return dpo_loss(chosen, rejected, ref[:, 0], ref[:, 1], cfg.beta, cfg.loss_type, batch["target"])
 
@@ -104,7 +98,7 @@ def dpo_batch_loss(
 # ---- held-out evaluation -------------------------------------------------------------------------------
 @torch.no_grad()
 def pair_metrics(
-    model: torch.nn.Module,
+    forward: ResponseForward,
     examples: Sequence[dict[str, Any]],
     ref: Tensor,
     cfg: DPOLossConfig,
@@ -113,7 +107,8 @@ def pair_metrics(
     batch_size: int = 64,
 ) -> dict[str, float]:
     """Held-out loss, implicit-reward accuracy (share with h > 0), margin (mean βh) and the chosen and
-    rejected implicit rewards, over every held-out pair (this rank's share, summed over ranks)."""
+    rejected implicit rewards, over every held-out pair (this rank's share, summed over ranks), the policy
+    through ``forward`` (without gradients)."""
     if not examples:
         return {}
     rows = list(dist.shard_range(len(examples)))
@@ -122,7 +117,7 @@ def pair_metrics(
     for i in range(0, len(rows), batch_size):
         part = rows[i : i + batch_size]
         batch = collate_dpo_batch([examples[j] for j in part], pad_id, device)
-        loss, stats = dpo_batch_loss(model, batch, ref[part], cfg)
+        loss, stats = dpo_batch_loss(forward, batch, ref[part], cfg)
         values = [loss, *(stats[k] for k in keys[1:])]
         sums += torch.tensor([float(v) * len(part) for v in values] + [len(part)], dtype=torch.float64)
     totals = dist.all_reduce_sum(sums)

@@ -15,7 +15,7 @@ forward:
 
 It reads the LIVE parameters (references, no copies), and still is built anew for every `generate` call as
 `FastLlama` is. Like it, it runs under the caller's grad mode (teacher-forced training forwards take it,
-`postrl.lm.rollout.shared_prefix.response_logits`). `gpt2_unsupported_reason` says why a model must take the
+`postrl.lm.rollout.forwards.FusedForward`). `gpt2_unsupported_reason` says why a model must take the
 Hugging Face fallback instead.
 """
 

@@ -19,7 +19,7 @@ rollouts): build a new `FastLlama` for every `generate` call, never keep one acr
 It runs under the caller's grad mode: with gradients on, the folded weights are differentiable functions of the
 parameters and the KV cache grows by concatenation instead (autograd cannot go through in-place writes into a
 buffer that an earlier attention read), so a teacher-forced training forward
-(`postrl.lm.rollout.shared_prefix.response_logits`) takes the same short path as sampling.
+(`postrl.lm.rollout.forwards.FusedForward`) takes the same short path as sampling.
 `llama_unsupported_reason` says why a model must take the Hugging Face fallback instead.
 """
 

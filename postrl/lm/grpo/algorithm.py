@@ -127,7 +127,7 @@ def grpo_step(
         run.cfg.sampling.temperature,
         run.cfg.sampling.max_new_tokens,
         run.cfg.optim.max_grad_norm,
-        run.cfg.sampling.use_fast,
+        run.forward,
     )
     metrics.update(stats)
     metrics["time_train"] = time.perf_counter() - middle

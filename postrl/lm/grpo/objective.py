@@ -15,9 +15,8 @@ from postrl.core import entropy_from_logits, grpo_loss, masked_mean
 from postrl.lm import onpolicy
 from postrl.lm.grpo.config import GRPOLossConfig
 from postrl.lm.onpolicy import Term
-from postrl.lm.rollout import token_log_probs
+from postrl.lm.rollout import ResponseForward, response_forward, token_log_probs
 from postrl.lm.rollout.batch import RolloutBatch
-from postrl.lm.rollout.shared_prefix import response_logits
 from postrl.lm.trainer import clip_grad_norm
 from postrl.runtime import distributed as dist
 
@@ -29,17 +28,11 @@ carry pictures (`postrl.lm.vlm.grpo`)."""
 
 
 def policy_log_probs(
-    model: torch.nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    prompt_len: int,
-    temperature: float,
-    use_fast: bool | None = None,
+    forward: ResponseForward, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float
 ) -> tuple[Tensor, Tensor]:
-    """One teacher-forced forward → (log π_τ of the response tokens [b, T], entropy per token [b, T] detached).
-    A group's shared prompt runs once (`postrl.lm.rollout.shared_prefix`); ``use_fast`` is
-    `SamplingConfig.use_fast`."""
-    logits = response_logits(model, input_ids, attention_mask, prompt_len, use_fast).float() / temperature
+    """One teacher-forced ``forward`` of the policy (`postrl.lm.rollout.forwards`: a group's shared prompt runs
+    once) → (log π_τ of the response tokens [b, T], entropy per token [b, T] detached)."""
+    logits = forward.logits(input_ids, attention_mask, prompt_len).float() / temperature
     mask = attention_mask[:, prompt_len:].to(logits.dtype)
     log_probs = token_log_probs(logits, input_ids[:, prompt_len:]) * mask
     with torch.no_grad():
@@ -47,15 +40,13 @@ def policy_log_probs(
     return log_probs, entropy
 
 
-def text_policy(model: torch.nn.Module, temperature: float, use_fast: bool | None = None) -> PolicyForward:
-    """The `PolicyForward` of a causal LM (`policy_log_probs`)."""
+def text_policy(forward: ResponseForward, temperature: float) -> PolicyForward:
+    """The `PolicyForward` of a causal LM run through ``forward`` (`policy_log_probs`)."""
 
-    def forward(batch: RolloutBatch) -> tuple[Tensor, Tensor]:
-        return policy_log_probs(
-            model, batch.input_ids, batch.attention_mask, batch.prompt_len, temperature, use_fast
-        )
+    def policy(batch: RolloutBatch) -> tuple[Tensor, Tensor]:
+        return policy_log_probs(forward, batch.input_ids, batch.attention_mask, batch.prompt_len, temperature)
 
-    return forward
+    return policy
 
 
 def loss_of(
@@ -87,20 +78,20 @@ def loss_of(
 
 
 def grpo_batch_loss(
-    model: torch.nn.Module,
+    forward: ResponseForward,
     batch: RolloutBatch,
     cfg: GRPOLossConfig,
     temperature: float,
     max_len: int,
     normalizer: float | Tensor | None = None,
-    use_fast: bool | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The GRPO loss of ``batch`` under ``model`` and its stats (clip fraction, k3 KL, ratio, entropy).
+    """The GRPO loss of ``batch`` under the policy's ``forward`` and its stats (clip fraction, k3 KL, ratio,
+    entropy).
 
     ``normalizer``: the global count of the whole minibatch (`loss_normalizer`), so that micro-batch losses sum
     to the minibatch loss; None normalises by this batch alone.
     """
-    log_probs, entropy = text_policy(model, temperature, use_fast)(batch)
+    log_probs, entropy = text_policy(forward, temperature)(batch)
     return loss_of(log_probs, entropy, batch, cfg, max_len, normalizer)
 
 
@@ -167,11 +158,13 @@ def backward_grpo_minibatch(
     cfg: GRPOLossConfig,
     temperature: float,
     max_len: int,
-    use_fast: bool | None = None,
+    forward: ResponseForward | None = None,
 ) -> dict[str, float]:
     """Accumulate the minibatch's gradient over ``grpo.grad_accum`` micro-batches (`onpolicy`: exactly the
-    full-batch gradient); token-weighted mean stats."""
-    objective = GRPOObjective(model, text_policy(model, temperature, use_fast), cfg, max_len)
+    full-batch gradient); token-weighted mean stats. ``forward``: the one the trainer chose for ``model``
+    (None: `response_forward`'s)."""
+    forward = forward or response_forward(model)
+    objective = GRPOObjective(model, text_policy(forward, temperature), cfg, max_len)
     return onpolicy.backward_minibatch(objective, batch, cfg.grad_accum)
 
 
@@ -192,9 +185,10 @@ def optimise_grpo(
     temperature: float,
     max_len: int,
     max_grad_norm: float | None,
-    use_fast: bool | None = None,
+    forward: ResponseForward | None = None,
 ) -> dict[str, float]:
-    """`update_grpo` of a causal LM policy. ``use_fast``: which forward the training pass takes
-    (`postrl.lm.rollout.SamplingConfig.use_fast`)."""
-    objective = GRPOObjective(model, text_policy(model, temperature, use_fast), cfg, max_len, max_grad_norm)
+    """`update_grpo` of a causal LM policy ``model`` run through ``forward``, the one the trainer chose for it
+    (None: `response_forward`'s)."""
+    forward = forward or response_forward(model)
+    objective = GRPOObjective(model, text_policy(forward, temperature), cfg, max_len, max_grad_norm)
     return update_grpo(objective, optimizer, batch, cfg)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -28,7 +28,15 @@ from postrl.lm.rewards import (
     completion_ids_of,
     reward_terms,
 )
-from postrl.lm.rollout import Rollout, RolloutEngine, SamplingConfig, left_pad, score
+from postrl.lm.rollout import (
+    ResponseForward,
+    Rollout,
+    RolloutEngine,
+    SamplingConfig,
+    left_pad,
+    response_forward,
+    response_log_probs,
+)
 from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.tasks.base import stable_hash
 from postrl.runtime import distributed as dist
@@ -79,7 +87,9 @@ class Prompts:
 # ---- sampling and scoring -----------------------------------------------------------------------------------
 @dataclass
 class Run:
-    """What one GRPO run holds: the models, rewards, prompts and config."""
+    """What one GRPO run holds: the models, rewards, prompts and config, and the teacher-forced forwards chosen
+    for them once (`postrl.lm.rollout.forwards`): ``forward`` the loss's, ``old_forward`` and ``ref_forward``
+    the scoring's of π_old and π_ref (no gradients, inside `dist.gathered`)."""
 
     cfg: GRPOConfig
     policy: torch.nn.Module
@@ -90,6 +100,18 @@ class Run:
     train: Prompts
     heldout: Prompts
     device: torch.device
+
+    forward: ResponseForward = field(init=False)
+    old_forward: ResponseForward = field(init=False)
+    ref_forward: ResponseForward | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        use_fast = self.cfg.sampling.use_fast
+        self.forward = response_forward(self.policy, use_fast)
+        self.old_forward = response_forward(self.inner, use_fast, gradients=False, gathered=True)
+        self.ref_forward = None
+        if self.ref is not None:
+            self.ref_forward = response_forward(self.ref, use_fast, gradients=False, gathered=True)
 
     @property
     def inner(self) -> torch.nn.Module:
@@ -283,15 +305,15 @@ def collect(run: Run, stream: PromptStream, step: int) -> tuple[RolloutBatch, di
     with torch.no_grad():
         if g.epochs > 1:  # re-score: the first pass has ratio exactly 1 ("Old log-probs", algorithm.py)
             with dist.gathered(run.policy):  # (FSDP: each rank scores its own rows, whole weights)
-                old_log_probs = score(
-                    run.inner, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
-                    temperature=run.cfg.sampling.temperature, use_fast=run.cfg.sampling.use_fast,
+                old_log_probs = response_log_probs(
+                    run.old_forward, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
+                    temperature=run.cfg.sampling.temperature,
                 )  # fmt: skip
-        if run.ref is not None:
+        if run.ref_forward is not None:
             with dist.gathered(run.ref):
-                ref_log_probs = score(
-                    run.ref, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
-                    temperature=run.cfg.sampling.temperature, use_fast=run.cfg.sampling.use_fast,
+                ref_log_probs = response_log_probs(
+                    run.ref_forward, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
+                    temperature=run.cfg.sampling.temperature,
                 )  # fmt: skip
     timers["time_score"] += time.perf_counter() - start
     advantages = compute_advantages(rewards, g)

@@ -43,6 +43,7 @@ from postrl.lm.kto.config import KTOConfig
 from postrl.lm.kto.data import check_labels, collate_kto_rows, load_train_heldout_kto, tokenize
 from postrl.lm.recipe import Setup, run_recipe
 from postrl.lm.reference import ReferenceAlgorithm, ReferenceRecipe
+from postrl.lm.rollout import ResponseForward
 from postrl.lm.spine import LoopState, accumulate
 from postrl.lm.trainer import (
     clip_grad_norm,
@@ -60,6 +61,8 @@ STAT_KEYS = ("rewards_desirable", "rewards_undesirable")
 
 def kto_train_step(
     model: torch.nn.Module,
+    forward: ResponseForward,
+    scoring_forward: ResponseForward,
     optimizer: torch.optim.Optimizer,
     examples: list[dict[str, Any]],
     ref: Tensor,
@@ -68,12 +71,11 @@ def kto_train_step(
     pad_id: int,
     device: torch.device,
 ) -> dict[str, float]:
-    """One optimiser step over the rows ``indices`` (all ranks'): z0 on the step's mismatched pairs, then the
-    loss Σ_i ℓ_i / N over its N rows on every micro-batch and rank. Returns the loss, z0 (``kl``), the mean
+    """One optimiser step over the rows ``indices`` (all ranks'): z0 on the step's mismatched pairs (through
+    ``scoring_forward``, no gradients), then the loss (through ``forward``) Σ_i ℓ_i / N over its N rows on every micro-batch and rank. Returns the loss, z0 (``kl``), the mean
     implicit reward of each kind in the step, and the gradient norm."""
     micro = micro_batches(indices, cfg.train.grad_accum)
-    use_fast = cfg.sampling.use_fast
-    z0 = kl_reference_point(model, examples, ref, micro, pad_id, device, use_fast)
+    z0 = kl_reference_point(scoring_forward, examples, ref, micro, pad_id, device)
     scale = dist.world_size()  # DDP and FSDP average gradients over ranks; the loss is a global row sum
     sums = torch.zeros(5, dtype=torch.float64)  # loss share, Σ βr desirable, n desirable, Σ βr undesirable, n
 
@@ -81,7 +83,7 @@ def kto_train_step(
         rows, weight = mb
         share = weight * len(rows) / len(indices)  # b/N; 0 for a rank whose share ran out
         batch = to_device(collate_kto_rows([examples[i] for i in rows], pad_id), device)
-        value, stats = batch_loss(model, batch, ref[rows, 0], z0, cfg.kto, use_fast)
+        value, stats = batch_loss(forward, batch, ref[rows, 0], z0, cfg.kto)
         good = batch["desirable"].cpu()
         n_good, n_bad = float(good.sum()) * weight, float((~good).sum()) * weight
         totals = (float(value.detach()) * share, 0.0, n_good, 0.0, n_bad)
@@ -114,16 +116,16 @@ class KTO(ReferenceAlgorithm):
 
     def train_step(self, indices: list[int]) -> dict[str, float]:
         return kto_train_step(
-            self.model, self.optimizer, self.examples, self.ref, indices, self.cfg,
+            self.model, self.forward, self.scoring_forward, self.optimizer, self.examples, self.ref, indices, self.cfg,
             self.tokenizer.pad_token_id, self.device,
         )  # fmt: skip
 
     def bar(self, metrics: dict[str, float]) -> dict[str, float]:
         return {"loss": metrics["loss"], "kl": metrics["kl"]}
 
-    def heldout_metrics(self, inner: torch.nn.Module) -> dict[str, float]:
+    def heldout_metrics(self) -> dict[str, float]:
         return kto_heldout_metrics(
-            inner, self.evals, self.eval_ref, self.cfg.kto, self.tokenizer.pad_token_id, self.device,
+            self.eval_forward, self.evals, self.eval_ref, self.cfg.kto, self.tokenizer.pad_token_id, self.device,
             self.cfg.kto.ref_batch_size,
         )  # fmt: skip
 
@@ -147,10 +149,10 @@ class KTORecipe(ReferenceRecipe):
         return load_examples(cfg, tokenizer)
 
     def reference_log_probs(
-        self, reference: torch.nn.Module, examples: list[dict], setup: Setup, batch_size: int
+        self, reference: ResponseForward, examples: list[dict], setup: Setup, batch_size: int
     ) -> Tensor:
-        pad, fast = setup.tokenizer.pad_token_id, setup.cfg.sampling.use_fast
-        return reference_completion_log_probs(reference, examples, pad, setup.info.device, batch_size, fast)
+        pad = setup.tokenizer.pad_token_id
+        return reference_completion_log_probs(reference, examples, pad, setup.info.device, batch_size)
 
     def summarize(self, setup: Setup, algo: KTO, state: LoopState) -> dict[str, Any]:
         return _summarize(algo, state, len(setup.extra["train"]))

@@ -14,69 +14,64 @@ from postrl.core import kto_loss, masked_sum
 from postrl.lm.kto.config import KTOLossConfig
 from postrl.lm.kto.data import collate_kto_rows
 from postrl.lm.reference import REF_FILE as REF_FILE
-from postrl.lm.rollout import token_log_probs
-from postrl.lm.rollout.shared_prefix import response_logits
+from postrl.lm.rollout import ResponseForward, token_log_probs
 from postrl.lm.trainer import to_device
 from postrl.runtime import distributed as dist
 
 
-def completion_log_probs(
-    model: torch.nn.Module, batch: dict[str, Tensor], use_fast: bool | None = None
-) -> Tensor:
-    """log π(y|x) [b]: each row's completion tokens' log-probs summed (EOS included), under the caller's grad
-    mode; ``batch`` in the rollout layout."""
+def completion_log_probs(forward: ResponseForward, batch: dict[str, Tensor]) -> Tensor:
+    """log π(y|x) [b]: each row's completion tokens' log-probs summed (EOS included) through the model's
+    ``forward``, under the caller's grad mode; ``batch`` in the rollout layout."""
     ids, mask, response_mask = batch["input_ids"], batch["attention_mask"], batch["response_mask"]
     P = ids.shape[1] - response_mask.shape[1]
-    logits = response_logits(model, ids, mask, P, use_fast)  # (b, T, V)
+    logits = forward.logits(ids, mask, P)  # (b, T, V)
     return masked_sum(token_log_probs(logits, ids[:, P:]), response_mask.to(torch.float32), dim=-1)  # (b,)
 
 
 def rows_log_probs(
-    model: torch.nn.Module,
+    forward: ResponseForward,
     examples: Sequence[dict[str, Any]],
     rows: Sequence[int],
     pad_id: int,
     device: torch.device,
-    use_fast: bool | None = None,
 ) -> Tensor:
     """``[len(rows), 2]``: (matched, mismatched) summed log-probs of the given rows, under the caller's grad mode."""
     part = [examples[i] for i in rows]
-    matched = completion_log_probs(model, to_device(collate_kto_rows(part, pad_id), device), use_fast)
+    matched = completion_log_probs(forward, to_device(collate_kto_rows(part, pad_id), device))
     mismatched = completion_log_probs(
-        model, to_device(collate_kto_rows(part, pad_id, mismatched=True), device), use_fast
+        forward, to_device(collate_kto_rows(part, pad_id, mismatched=True), device)
     )
     return torch.stack((matched, mismatched), dim=1)
 
 
 @torch.no_grad()
 def reference_completion_log_probs(
-    reference: torch.nn.Module,
+    reference: ResponseForward,
     examples: Sequence[dict[str, Any]],
     pad_id: int,
     device: torch.device,
     batch_size: int,
-    use_fast: bool | None = None,
 ) -> Tensor:
-    """``[N, 2]`` float32 (matched, mismatched) log-probs of every row under the frozen ``reference``; rank r
+    """``[N, 2]`` float32 (matched, mismatched) log-probs of every row under the frozen ``reference`` (its
+    forward without gradients); rank r
     computes batches r, r + W, ... and every rank gathers all of them (N ranks give what 1 process gives)."""
     starts = list(range(0, len(examples), batch_size))
     mine = {}
     for k in range(dist.rank(), len(starts), dist.world_size()):
         rows = range(starts[k], min(starts[k] + batch_size, len(examples)))
-        mine[k] = rows_log_probs(reference, examples, rows, pad_id, device, use_fast).float().cpu()
+        mine[k] = rows_log_probs(reference, examples, rows, pad_id, device).float().cpu()
     parts = {k: v for ranks in dist.all_gather_object(mine) for k, v in ranks.items()}
     return torch.cat([parts[k] for k in range(len(starts))]) if starts else torch.zeros(0, 2)
 
 
 @torch.no_grad()
 def kl_reference_point(
-    model: torch.nn.Module,
+    forward: ResponseForward,
     examples: Sequence[dict[str, Any]],
     ref: Tensor,
     parts: Sequence[tuple[list[int], float]],
     pad_id: int,
     device: torch.device,
-    use_fast: bool | None = None,
 ) -> Tensor:
     """z0 = max(0, mean over the rows of every rank's ``parts`` of log π(y'|x) − log π_ref(y'|x)), y' the
     mismatched completion; parts of weight 0 (a rank whose share ran out) are left out of the mean but still
@@ -84,7 +79,7 @@ def kl_reference_point(
     total = torch.zeros(2, dtype=torch.float64)
     for rows, weight in parts:
         batch = to_device(collate_kto_rows([examples[i] for i in rows], pad_id, mismatched=True), device)
-        logps = completion_log_probs(model, batch, use_fast).double().cpu()  # (b,)
+        logps = completion_log_probs(forward, batch).double().cpu()  # (b,)
         if weight > 0:
             total += torch.stack(((logps - ref[rows, 1].double()).sum(), torch.tensor(float(len(rows)))))
     total = dist.all_reduce_sum(total)
@@ -92,16 +87,11 @@ def kl_reference_point(
 
 
 def batch_loss(
-    model: torch.nn.Module,
-    batch: dict[str, Tensor],
-    ref: Tensor,
-    z0: Tensor,
-    cfg: KTOLossConfig,
-    use_fast: bool | None = None,
+    forward: ResponseForward, batch: dict[str, Tensor], ref: Tensor, z0: Tensor, cfg: KTOLossConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The mean KTO loss over the batch's rows (`postrl.core.kto_loss`) at the reference point ``z0``;
-    ``ref`` [b] holds the reference's log-probs of the rows' own completions."""
-    logps = completion_log_probs(model, batch, use_fast)
+    """The mean KTO loss over the batch's rows (`postrl.core.kto_loss`) at the reference point ``z0``, the
+    policy through ``forward``; ``ref`` [b] holds the reference's log-probs of the rows' own completions."""
+    logps = completion_log_probs(forward, batch)
     return kto_loss(
         logps, ref.to(logps.device), batch["desirable"], z0.to(logps.device), cfg.beta,
         cfg.desirable_weight, cfg.undesirable_weight,
@@ -110,7 +100,7 @@ def batch_loss(
 
 @torch.no_grad()
 def heldout_metrics(
-    model: torch.nn.Module,
+    forward: ResponseForward,
     examples: Sequence[dict[str, Any]],
     ref: Tensor,
     cfg: KTOLossConfig,
@@ -124,11 +114,11 @@ def heldout_metrics(
         return {}
     mine = list(dist.shard_range(len(examples)))
     parts = [(mine[i : i + batch_size], 1.0) for i in range(0, len(mine), batch_size)]
-    z0 = kl_reference_point(model, examples, ref, parts, pad_id, device)
+    z0 = kl_reference_point(forward, examples, ref, parts, pad_id, device)
     sums = torch.zeros(5, dtype=torch.float64)  # loss·n, Σ βr desirable, n desirable, Σ βr undesirable, n
     for rows, _ in parts:
         batch = to_device(collate_kto_rows([examples[i] for i in rows], pad_id), device)
-        logps = completion_log_probs(model, batch).double().cpu()
+        logps = completion_log_probs(forward, batch).double().cpu()
         loss, _ = kto_loss(logps, ref[rows, 0].double(), batch["desirable"].cpu(), z0.double(), cfg.beta,
                            cfg.desirable_weight, cfg.undesirable_weight)  # fmt: skip
         good = batch["desirable"].cpu()

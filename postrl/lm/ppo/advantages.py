@@ -19,7 +19,14 @@ from torch import Tensor
 
 from postrl.core import gae, kl_estimate, kl_shaped_rewards, masked_mean, masked_sum, masked_whiten
 from postrl.lm.roles import Roles
-from postrl.lm.rollout import Rollout, score, score_values
+from postrl.lm.rollout import (
+    ResponseForward,
+    Rollout,
+    response_forward,
+    response_log_probs,
+    score,
+    score_values,
+)
 from postrl.lm.rollout.batch import RolloutBatch
 from postrl.runtime import distributed as dist
 
@@ -157,14 +164,16 @@ def make_batch(
     advantage: GAEConfig,
     norm_stats: dict[str, float] | None,
     chunk_size: int = 64,
-    use_fast: bool | None = None,
+    reference: ResponseForward | None = None,
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """Reference log-probs, values, shaped rewards and GAE for ``rollout`` with sequence scores
-    ``raw_scores`` [B] → (batch, metrics). Log-probs of actor and reference both use ``temperature``."""
+    ``raw_scores`` [B] → (batch, metrics). Log-probs of actor and reference both use ``temperature``; the
+    reference's through ``reference``, the forward the trainer chose for it (None: `response_forward`'s)."""
     ids, mask, P = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
     response_mask = rollout.response_mask
-    ref_log_probs = score(
-        roles.reference, ids, mask, P, temperature=temperature, chunk_size=chunk_size, use_fast=use_fast
+    reference = reference or response_forward(roles.reference, gradients=False)
+    ref_log_probs = response_log_probs(
+        reference, ids, mask, P, temperature=temperature, chunk_size=chunk_size
     )
     if roles.critic is None:  # shared trunk: the actor returns (logits, values)
         _, values = score(roles.actor, ids, mask, P, temperature=temperature, chunk_size=chunk_size)

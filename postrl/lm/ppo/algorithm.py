@@ -53,7 +53,7 @@ from postrl.lm.ppo.config import PPOConfig, PPOLossConfig, check_ppo_config
 from postrl.lm.recipe import Setup, run_recipe
 from postrl.lm.rewards import TrainerState
 from postrl.lm.roles import Roles
-from postrl.lm.rollout import Rollout, RolloutEngine, token_log_probs
+from postrl.lm.rollout import Rollout, RolloutEngine, response_forward, token_log_probs
 from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.spine import LoopState, Parts
 from postrl.lm.trainer import iterate_batches, make_batches, sft_step_loss, to_device
@@ -215,6 +215,9 @@ class PPO:
         self.totals: dict[str, float] = {}  # seconds per phase and generated tokens, summed over steps
         self.steps_done = 0  # the step an evaluation reports (it follows a step, or is the one at step 0)
         self.batches = iterate_batches(len(run.prompts.rows), run.cfg.batch_size, run.cfg.run.seed)
+        # the reference's forward, chosen once: it scores every rollout inside `dist.gathered`
+        use_fast = run.cfg.sampling.use_fast
+        self.reference = response_forward(run.roles.reference, use_fast, gradients=False, gathered=True)
 
     def next_prompts(self) -> list[int]:
         """The next batch's prompt indices (all ranks'). Under torchrun an epoch's short last batch is skipped:
@@ -245,7 +248,7 @@ class PPO:
                 roles, rollout, run.scorer(rollout, rows, self.trainer_state(step), "training"),
                 temperature=cfg.sampling.temperature,
                 beta=run.kl_ctl.value, reward=cfg.reward, advantage=cfg.gae, norm_stats=run.norm_stats,
-                use_fast=cfg.sampling.use_fast,
+                reference=self.reference,
             )  # fmt: skip
         if run.task is not None:
             gold = torch.tensor(run.task.gold_reward(rollout.prompts, rollout.texts), dtype=torch.float64)

@@ -78,9 +78,15 @@ FAST_DECODERS = {
 }
 
 
+def fast_decoder_class(model: torch.nn.Module) -> type | None:
+    """The fast decoder class that supports ``model``, or None."""
+    return next((cls for cls, why in FAST_DECODERS.items() if why(model) is None), None)
+
+
 def fast_decoder(model: torch.nn.Module) -> Any | None:
-    """The fast decoder that supports ``model``, or None."""
-    return next((cls(model, checked=True) for cls, why in FAST_DECODERS.items() if why(model) is None), None)
+    """A fast decoder for ``model``, or None."""
+    cls = fast_decoder_class(model)
+    return None if cls is None else cls(model, checked=True)
 
 
 # the paths already logged per model: one line per model, not per call (weak keys: a new model at a freed

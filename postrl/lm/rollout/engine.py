@@ -28,8 +28,8 @@ from torch import Tensor
 from postrl.lm.data import encode_prompts
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.rollout.decoders import make_decoder
+from postrl.lm.rollout.forwards import distinct_prompts
 from postrl.lm.rollout.sampling import mask_after_eos, sample_tokens
-from postrl.lm.rollout.shared_prefix import distinct_prompts
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Teacher-forced scoring of responses in the `Rollout` layout: log π_τ of each response token, and values.
 
 `score` with the sampling temperature reproduces the log-probs `generate` recorded; a plain causal LM runs each
-distinct prompt once (`postrl.lm.rollout.shared_prefix`). `score_values` reads a critic's values at the states
+distinct prompt once (`postrl.lm.rollout.forwards`). `score_values` reads a critic's values at the states
 before each response token.
 """
 
@@ -16,8 +16,8 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from postrl.lm.models import position_ids_from_mask
+from postrl.lm.rollout.forwards import ResponseForward, response_forward
 from postrl.lm.rollout.sampling import token_log_probs
-from postrl.lm.rollout.shared_prefix import response_logits
 
 ValueFn = Callable[[Tensor], Tensor]
 
@@ -48,6 +48,28 @@ def _forward_full(
     return out.logits[:, -keep:], values
 
 
+def response_log_probs(
+    forward: ResponseForward,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_start: int,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 64,
+) -> Tensor:
+    """Teacher-forced log π_τ [B, T] float32 of the response tokens ``input_ids[:, response_start:]`` through a
+    chosen ``forward`` (`postrl.lm.rollout.forwards`), ``chunk_size`` rows at a time; masked positions 0.
+    Runs under the caller's grad mode."""
+    P = response_start
+    chunks = [
+        token_log_probs(
+            forward.logits(input_ids[rows], attention_mask[rows], P), input_ids[rows, P:], temperature
+        )
+        for rows in torch.split(torch.arange(input_ids.shape[0], device=input_ids.device), chunk_size)
+    ]  # each (b, T)
+    return torch.cat(chunks) * attention_mask[:, P:].to(torch.float32)
+
+
 def score(
     model: torch.nn.Module,
     input_ids: Tensor,
@@ -57,28 +79,29 @@ def score(
     temperature: float = 1.0,
     chunk_size: int = 64,
     value_fn: ValueFn | None = None,
-    use_fast: bool | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Teacher-forced log π_τ of the response tokens ``input_ids[:, response_start:]`` → [B, T] float32.
 
     input_ids, attention_mask: [B, P + T] in the `Rollout` layout; rows run ``chunk_size`` at a time. Masked
     response positions get 0. Runs under the caller's grad mode (wrap in ``torch.no_grad()`` for reference or
-    old log-probs). With ``value_fn`` (final hidden states [b, L, d] → values [b, L] or [b, L, 1]), or for a
-    model that returns ``(logits, values)``, returns ``(log_probs, values)``, values [B, T] float32 being
-    V of the state before each response token: positions ``P − 1 … P + T − 2``. ``use_fast`` as for
-    `generate` (`SamplingConfig.use_fast`).
+    old log-probs). A plain causal LM runs through the forward `response_forward` picks for it (a trainer that
+    scores every step chooses its forward once and calls `response_log_probs`). With ``value_fn`` (final
+    hidden states [b, L, d] → values [b, L] or [b, L, 1]), or for a model that returns ``(logits, values)``,
+    returns ``(log_probs, values)``, values [B, T] float32 being V of the state before each response token:
+    positions ``P − 1 … P + T − 2``.
     """
     P = response_start
+    if value_fn is None and isinstance(model, PreTrainedModel):  # a plain causal LM
+        forward = response_forward(model, gradients=torch.is_grad_enabled())
+        return response_log_probs(
+            forward, input_ids, attention_mask, P, temperature=temperature, chunk_size=chunk_size
+        )
     T = input_ids.shape[1] - P
     chunks_lp, chunks_v = [], []
     for rows in torch.split(torch.arange(input_ids.shape[0], device=input_ids.device), chunk_size):
         ids, mask = input_ids[rows], attention_mask[rows]
-        if value_fn is None and isinstance(model, PreTrainedModel):  # a plain causal LM: prompts run once
-            logits, values = response_logits(model, ids, mask, P, use_fast), None  # (b, T, V)
-        else:
-            logits, values = _forward_full(model, ids, mask, T + 1, value_fn)  # (b, T + 1, V)
-            logits = logits[:, :-1]
-        chunks_lp.append(token_log_probs(logits, ids[:, P:], temperature))  # (b, T)
+        logits, values = _forward_full(model, ids, mask, T + 1, value_fn)  # (b, T + 1, V)
+        chunks_lp.append(token_log_probs(logits[:, :-1], ids[:, P:], temperature))  # (b, T)
         if values is not None:
             chunks_v.append(values.reshape(*values.shape[:2]).float()[:, P - 1 : -1])  # (b, T)
     response_mask = attention_mask[:, P:].to(torch.float32)

@@ -1,5 +1,6 @@
-"""Running each distinct prompt once (`postrl.lm.rollout.shared_prefix`, and the prefill of `generate`) changes
-no logit, gradient, token or log-probability beyond float32 rounding."""
+"""The teacher-forced forwards (`postrl.lm.rollout.forwards`: full, shared prefix, fused) and the prefill of
+`generate`, which run each distinct prompt once, change no logit, gradient, token or log-probability beyond
+float32 rounding; `response_forward` picks the one a model and a use allow."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import torch
 
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.rollout import generate, left_pad, score
-from postrl.lm.rollout.shared_prefix import distinct_prompts, response_logits
+from postrl.lm.rollout.forwards import (
+    FullForward,
+    FusedForward,
+    SharedPrefixForward,
+    distinct_prompts,
+    response_forward,
+)
 from tests.lm.test_fast_gpt2 import tiny_gpt2
 from tests.lm.test_rollout import tiny_llama
 
@@ -43,6 +50,7 @@ MODELS = {"gpt2": lambda: tiny_gpt2(), "llama": lambda: tiny_llama(vocab=48)}
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_response_logits_and_their_gradients_equal_the_full_forward(name, use_fast):
     """Through the fast decoder (None) and through the model's own forward and cache (False)."""
+    expected = FusedForward if use_fast is None else SharedPrefixForward
     model = MODELS[name]()  # eval mode: GPT-2's dropout off, gradients still flow
     input_ids, attention_mask, P = grouped_batch()
     weights = torch.randn(input_ids.shape[0], input_ids.shape[1] - P, model.config.vocab_size)
@@ -62,7 +70,9 @@ def test_response_logits_and_their_gradients_equal_the_full_forward(name, use_fa
         return out.logits[:, P - 1 : -1]
 
     ref, ref_grads = run(full)
-    shared, grads = run(lambda: response_logits(model, input_ids, attention_mask, P, use_fast))
+    forward = response_forward(model, use_fast)
+    assert isinstance(forward, expected)
+    shared, grads = run(lambda: forward.logits(input_ids, attention_mask, P))
     assert ((shared - ref) * attention_mask[:, P:, None]).abs().max() < TOL
     for g, r in zip(grads, ref_grads, strict=True):
         assert (g - r).abs().max() <= 1e-4 * max(1.0, r.abs().max())
@@ -98,20 +108,20 @@ def test_generate_prefills_a_shared_prompt_once_with_the_same_tokens_and_log_pro
         assert torch.equal(greedy.response_ids[row : row + 4, :T], alone.response_ids.expand(4, T))
 
 
-def test_gradient_checkpointing_keeps_the_hugging_face_forward(monkeypatch):
+def test_gradient_checkpointing_keeps_the_hugging_face_forward():
     """The fast decoders do not checkpoint: a model asked to must take its own forward (and drop no cache)."""
-    from postrl.lm.rollout import shared_prefix
-
     model = tiny_llama(vocab=48)
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
     enable()
     model.train()
-    monkeypatch.setattr(shared_prefix, "fast_decoder", lambda m: pytest.fail("took the fast decoder"))
     input_ids, attention_mask, P = grouped_batch()
-    response_logits(model, input_ids, attention_mask, P).sum().backward()
-    with torch.no_grad():  # no backward, nothing to checkpoint: the fast path is fine
-        monkeypatch.undo()
-        assert response_logits(model, input_ids, attention_mask, P).shape[1] == input_ids.shape[1] - P
+    forward = response_forward(model)
+    assert isinstance(forward, FullForward)
+    forward.logits(input_ids, attention_mask, P).sum().backward()
+    scoring = response_forward(model, gradients=False)  # no backward, nothing to checkpoint: fast is fine
+    assert isinstance(scoring, FusedForward)
+    with torch.no_grad():
+        assert scoring.logits(input_ids, attention_mask, P).shape[1] == input_ids.shape[1] - P
 
 
 class _Scaled(torch.nn.Module):
@@ -137,7 +147,9 @@ def test_a_wrapped_projection_takes_the_hugging_face_forward(name):
     setattr(mlp, attr, _Scaled(getattr(mlp, attr)))
     assert fast_decoder(model) is None
     input_ids, attention_mask, P = grouped_batch()
-    logits = response_logits(model, input_ids, attention_mask, P)
+    forward = response_forward(model)
+    assert isinstance(forward, SharedPrefixForward)
+    logits = forward.logits(input_ids, attention_mask, P)
     positions = position_ids_from_mask(attention_mask)
     full = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
     real = attention_mask[:, P:, None]
