@@ -100,7 +100,8 @@ def _build_models(work: Path, model: str | None) -> tuple[Path, Path]:
 def _data(work: Path, n: int) -> Path:
     from postrl.lm.tasks import get_task
 
-    rows = get_task("reviews", perturb_fraction=0.3, n_pairs_train=n).preference_rows("train")
+    rows = get_task("reviews", perturb_fraction=0.3, n_pairs_train=n + n // 20).preference_rows("train")
+    rows = [r for r in rows if r["chosen"] != r["rejected"]][:n]  # a pair with one answer twice is refused
     path = work / "pairs.jsonl"
     fields = ("prompt", "chosen", "rejected")
     path.write_text("".join(json.dumps({k: r[k] for k in fields}) + "\n" for r in rows))
