@@ -93,7 +93,7 @@ def kl_to_reference(run: Any, reference: Any, seed: int) -> float:
     policy = run.inner
     was_training = policy.training
     policy.eval()
-    ids, mask = left_pad(run.heldout.ids, run.tokenizer.pad_token_id)
+    ids, mask = left_pad(run.engine.heldout.ids, run.tokenizer.pad_token_id)
     engine = RolloutEngine(policy, run.tokenizer, run.cfg.sampling)
     with torch.no_grad():
         rollout = engine.sample(ids, mask, torch.Generator().manual_seed(seed))

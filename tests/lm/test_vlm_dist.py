@@ -27,7 +27,9 @@ import torch
 from safetensors.torch import load_file
 
 from postrl.lm.grpo import GRPOConfig, run_grpo
+from postrl.lm.grpo import algorithm as grpo_algorithm
 from postrl.lm.grpo.config import GRPOLossConfig
+from postrl.lm.grpo.engine import Sampled
 from postrl.lm.rollout import Rollout, SamplingConfig
 from postrl.lm.sft import SFTConfig, run_sft
 from postrl.lm.spine import RunConfig
@@ -45,16 +47,15 @@ from postrl.lm.vlm import (
     run_vlm_pretrain,
     vlm_score,
 )
-from postrl.lm.vlm import grpo as vlm_grpo
 from postrl.lm.vlm import train as vlm_train
-from postrl.lm.vlm.grpo import VLMGRPO, run_vlm_grpo
+from postrl.lm.vlm.grpo import VLMEngine, run_vlm_grpo
 from postrl.lm.vlm.train import VLMSupervised, check_parallel, decode
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
 
 TINY = TinyVLMConfig(vision_hidden_size=32, hidden_size=64, intermediate_size=128, vocab_size=300)
 SHAPES = {"n_train": 40, "n_test": 8}
-SAMPLE = VLMGRPO.sample
+SAMPLE = VLMEngine.sample
 
 
 def length_reward(completions, **kwargs) -> list[float]:
@@ -62,18 +63,19 @@ def length_reward(completions, **kwargs) -> list[float]:
     return [float(len(c[-1]["content"])) for c in completions]
 
 
-def replayable_sample(self: VLMGRPO, examples, repeat: int, sampling, seed: int):
-    """`VLMGRPO.sample` for the comparison: ``repeat`` responses of random tokens (an EOS after 1 to T − 1 of
-    them, or none) from a generator seeded by the prompt's row and the stream's position (restored by a
-    resume), scored teacher-forced for log π_old. Greedy evaluation samples as usual."""
-    if sampling.greedy:
-        return SAMPLE(self, examples, repeat, sampling, seed)
+def replayable_sample(self: VLMEngine, split: str, indices: list[int], repeat: int, sampling, key: tuple):
+    """`VLMEngine.sample` for the comparison: ``repeat`` responses of random tokens (an EOS after 1 to T − 1 of
+    them, or none) from a generator seeded by the prompt's row and the step (restored by a resume), scored
+    teacher-forced for log π_old. Evaluation samples as usual."""
+    if split != "train":
+        return SAMPLE(self, split, indices, repeat, sampling, key)
+    examples = [self.examples[split][i] for i in indices]
     tok, T = self.processor.tokenizer, sampling.max_new_tokens
     special = set(tok.all_special_ids) | set(self.banned)
     allowed = torch.tensor([i for i in range(len(tok)) if i not in special])
     responses, masks = [], []
     for e in examples:
-        gen = torch.Generator().manual_seed(stable_hash(f"{e.row['where']}:{self.stream.position}") % 2**62)
+        gen = torch.Generator().manual_seed(stable_hash(f"{e.row['where']}:{key[1]}") % 2**62)
         ids = allowed[torch.randint(len(allowed), (repeat, T), generator=gen)]  # (G, T)
         length = torch.randint(1, T + 1, (repeat, 1), generator=gen)  # (G, 1) tokens kept, EOS last
         t = torch.arange(T)
@@ -92,7 +94,9 @@ def replayable_sample(self: VLMGRPO, examples, repeat: int, sampling, seed: int)
         )  # fmt: skip
     finished = (response == tok.eos_token_id).any(-1)
     rollout = Rollout(ids, mask, prompt.shape[1], response, response_mask, log_probs, finished)
-    return rollout, decode(tok, response, rollout.response_lengths)
+    rows = [e for e in examples for _ in range(repeat)]
+    inputs = {k: v.repeat_interleave(repeat, 0) for k, v in images.items()}
+    return Sampled(rollout, [e.row for e in rows], decode(tok, response, rollout.response_lengths), inputs)
 
 
 def sgd(model: torch.nn.Module, cfg: OptimConfig, total_steps: int) -> tuple:
@@ -101,7 +105,7 @@ def sgd(model: torch.nn.Module, cfg: OptimConfig, total_steps: int) -> tuple:
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
 
 
-DOUBLES = [(VLMGRPO, "sample", replayable_sample), (vlm_grpo, "make_optimizer", sgd)]
+DOUBLES = [(VLMEngine, "sample", replayable_sample), (grpo_algorithm, "make_optimizer", sgd)]
 DOUBLES += [(vlm_train, "make_optimizer", sgd)]
 
 

@@ -117,18 +117,12 @@ def grpo_step(
 ) -> dict[str, float]:
     """One GRPO step: collect a batch, μ epochs of the clipped objective; metrics averaged over ranks."""
     start = time.perf_counter()
-    batch, metrics = collect(run, stream, step)
+    batch, metrics, inputs = collect(run, stream, step)
     middle = time.perf_counter()
-    stats = optimise_grpo(
-        run.policy,
-        optimizer,
-        batch,
-        run.cfg.grpo,
-        run.cfg.sampling.temperature,
-        run.cfg.sampling.max_new_tokens,
-        run.cfg.optim.max_grad_norm,
-        run.forward,
-    )
+    g, max_len = run.cfg.grpo, run.cfg.sampling.max_new_tokens
+    policy = run.engine.policy(inputs, batch.input_ids.shape[0])
+    objective = GRPOObjective(run.policy, policy, g, max_len, run.cfg.optim.max_grad_norm)
+    stats = update_grpo(objective, optimizer, batch, g)
     metrics.update(stats)
     metrics["time_train"] = time.perf_counter() - middle
     metrics["time_step"] = time.perf_counter() - start
@@ -146,7 +140,7 @@ class GRPO:
     def __init__(self, run: Run) -> None:
         self.run = run
         self.optimizer, self.scheduler = make_optimizer(run.inner, run.cfg.optim, run.cfg.run.steps)
-        self.stream = PromptStream(len(run.train.rows), run.cfg.run.seed)
+        self.stream = PromptStream(run.engine.prompt_count("train"), run.cfg.run.seed)
         self.generated_tokens = 0.0  # over all ranks, since step 0 (the summary's tokens_per_second)
         self.steps_done = 0  # the step an evaluation reports (it follows a step, or is the one at step 0)
 
@@ -166,12 +160,12 @@ class GRPO:
 
     def parts(self) -> Parts:
         extra = {"position": self.stream.position, "generated_tokens": self.generated_tokens}
-        return Parts(
-            {"policy": self.run.policy}, {"policy": self.optimizer}, {"sched": self.scheduler}, extra
-        )
+        modules, optimizers = {"policy": self.run.policy}, {"policy": self.optimizer}
+        return Parts(modules, optimizers, {"sched": self.scheduler}, extra, self.run.engine.write_files())
 
     def load_extra(self, extra: dict[str, Any]) -> None:
-        self.stream = PromptStream(len(self.run.train.rows), self.run.cfg.run.seed, int(extra["position"]))
+        count = self.run.engine.prompt_count("train")
+        self.stream = PromptStream(count, self.run.cfg.run.seed, int(extra["position"]))
         self.generated_tokens = float(extra["generated_tokens"])
 
 

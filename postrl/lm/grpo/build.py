@@ -12,7 +12,8 @@ import torch
 
 from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_train_heldout, render_rows
 from postrl.lm.grpo.config import GRPOConfig
-from postrl.lm.grpo.rollouts import Prompts, Run
+from postrl.lm.grpo.engine import Prompts, TextEngine
+from postrl.lm.grpo.rollouts import Run
 from postrl.lm.models import (
     adapter_free_reference,
     apply_lora,
@@ -115,4 +116,5 @@ def build_grpo_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
         if cfg.run.parallel == "fsdp":  # sharded at rest too; scoring gathers it (rollouts.collect)
             ref = dist.wrap_model(ref, info, "fsdp")
     policy = dist.wrap_model(policy, info, cfg.run.parallel)
-    return Run(cfg, policy, ref, tokenizer, fns, train, heldout, info.device)
+    engine = TextEngine(cfg, policy, ref, tokenizer, train, heldout, info.device)
+    return Run(cfg, policy, ref, tokenizer, fns, engine, info.device)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -19,6 +19,7 @@ from torch import Tensor
 
 from postrl.core import group_advantages, overlong_penalty, reinforce_pp_advantages, rloo_advantages
 from postrl.lm.grpo.config import GRPOConfig, GRPOLossConfig
+from postrl.lm.grpo.engine import GRPOEngine, Sampled
 from postrl.lm.rewards import (
     Phase,
     RewardFunction,
@@ -28,21 +29,11 @@ from postrl.lm.rewards import (
     completion_ids_of,
     reward_terms,
 )
-from postrl.lm.rollout import (
-    ResponseForward,
-    Rollout,
-    RolloutEngine,
-    SamplingConfig,
-    left_pad,
-    response_forward,
-    response_log_probs,
-)
+from postrl.lm.rollout import Rollout
 from postrl.lm.rollout.batch import RolloutBatch
-from postrl.lm.tasks.base import stable_hash
 from postrl.runtime import distributed as dist
 
 
-# ---- the batch ----------------------------------------------------------------------------------------------
 # ---- prompts ------------------------------------------------------------------------------------------------
 class PromptStream:
     """Prompt indices in a (seed, epoch) shuffled order. ``position`` counts indices consumed since the start
@@ -76,20 +67,11 @@ class PromptStream:
         return out
 
 
-@dataclass
-class Prompts:
-    """Prompt rows (with all their columns) and their token ids."""
-
-    rows: list[dict[str, Any]]
-    ids: list[list[int]]
-
-
 # ---- sampling and scoring -----------------------------------------------------------------------------------
 @dataclass
 class Run:
-    """What one GRPO run holds: the models, rewards, prompts and config, and the teacher-forced forwards chosen
-    for them once (`postrl.lm.rollout.forwards`): ``forward`` the loss's, ``old_forward`` and ``ref_forward``
-    the scoring's of π_old and π_ref (no gradients, inside `dist.gathered`)."""
+    """What one GRPO run holds: the config, the models, the reward functions, and the policy's side of a step
+    (`postrl.lm.grpo.engine`: a causal LM's or a VLM's sampling, scoring and forward, with its prompts)."""
 
     cfg: GRPOConfig
     policy: torch.nn.Module
@@ -97,58 +79,26 @@ class Run:
     ref: torch.nn.Module | None
     tokenizer: Any
     fns: list[RewardFunction]
-    train: Prompts
-    heldout: Prompts
+    engine: GRPOEngine
     device: torch.device
-
-    forward: ResponseForward = field(init=False)
-    old_forward: ResponseForward = field(init=False)
-    ref_forward: ResponseForward | None = field(init=False)
-
-    def __post_init__(self) -> None:
-        use_fast = self.cfg.sampling.use_fast
-        self.forward = response_forward(self.policy, use_fast)
-        self.old_forward = response_forward(self.inner, use_fast, gradients=False, gathered=True)
-        self.ref_forward = None
-        if self.ref is not None:
-            self.ref_forward = response_forward(self.ref, use_fast, gradients=False, gathered=True)
 
     @property
     def inner(self) -> torch.nn.Module:
         return dist.unwrap(self.policy)
 
 
-def _generator(run: Run, *parts: object) -> torch.Generator:
-    seed = stable_hash(":".join(str(p) for p in (run.cfg.run.seed, *parts))) % 2**63
-    return torch.Generator(device=run.device).manual_seed(seed)
-
-
-def _sample(run: Run, prompts: Prompts, indices: list[int], repeat: int, sampling: SamplingConfig, gen):
-    """Responses to ``prompts[indices]``, each prompt ``repeat`` times in a row → (Rollout, rows, texts)."""
-    rows = [prompts.rows[i] for i in indices for _ in range(repeat)]
-    ids, mask = left_pad([prompts.ids[i] for i in indices for _ in range(repeat)], run.tokenizer.pad_token_id)
-    was_training = run.inner.training
-    run.inner.eval()
-    engine = RolloutEngine(run.inner, run.tokenizer, sampling)
-    with dist.gathered(run.policy):  # the decoders read whole weights; ranks decode different step counts
-        rollout = engine.sample(ids.to(run.device), mask.to(run.device), gen)
-    run.inner.train(was_training)
-    texts = engine.decode(rollout)
-    return rollout, rows, texts
-
-
-def _rewards(
-    run: Run, rollout: Rollout, rows: list[dict[str, Any]], texts: list[str], step: int, phase: Phase
-) -> dict[str, Tensor]:
-    """Checked reward terms of each function (name → [N]) for completions ``texts`` of ``rows``, called as
-    TRL calls them: prompts, completions, completion_ids, trainer_state, columns. ``step``: the optimizer
-    steps taken (TrainerState.global_step), in training and at evaluation alike, as TRL passes them."""
+def _rewards(run: Run, sampled: Sampled, step: int, phase: Phase) -> dict[str, Tensor]:
+    """Checked reward terms of each function (name → [N]) for the sampled completions, called as TRL calls
+    them: prompts, completions, completion_ids, trainer_state, columns. ``step``: the optimizer steps taken
+    (TrainerState.global_step), in training and at evaluation alike, as TRL passes them."""
     state = TrainerState(global_step=step, max_steps=run.cfg.run.steps)
+    rollout, rows = sampled.rollout, sampled.rows
     ids = completion_ids_of(rollout.response_ids, rollout.response_mask)
     prompts = [r["prompt"] for r in rows]
     return reward_terms(
-        run.fns, prompts, texts, columns_of(rows), completion_ids=ids, trainer_state=state, phase=phase
-    )
+        run.fns, prompts, sampled.texts, columns_of(rows, run.engine.hidden_columns), completion_ids=ids,
+        trainer_state=state, phase=phase,
+    )  # fmt: skip
 
 
 def _accuracy(run: Run, terms: dict[str, Tensor]) -> Tensor | None:
@@ -195,15 +145,19 @@ class _Round:
     terms: dict[str, Tensor]
     informative: Tensor
     """[n / G] bool: the group's rewards are not all equal"""
+    inputs: Any = None
+    """the rows' model inputs besides the tokens (`Sampled.inputs`)"""
 
 
 def _sample_round(run: Run, indices: list[int], step: int, round_: int, timers: dict[str, float]) -> _Round:
     g, sampling = run.cfg.grpo, run.cfg.sampling
     start = time.perf_counter()
-    gen = _generator(run, "train", step, dist.rank(), round_)
-    rollout, rows, texts = _sample(run, run.train, indices, g.group_size, sampling, gen)
+    sampled = run.engine.sample(
+        "train", indices, g.group_size, sampling, ("train", step, dist.rank(), round_)
+    )
+    rollout = sampled.rollout
     middle = time.perf_counter()
-    terms = _rewards(run, rollout, rows, texts, step, "training")
+    terms = _rewards(run, sampled, step, "training")
     rewards = combine(run.fns, terms) + overlong_penalty(
         rollout.response_lengths, sampling.max_new_tokens, g.overlong_buffer, g.overlong_penalty
     )
@@ -211,7 +165,7 @@ def _sample_round(run: Run, indices: list[int], step: int, round_: int, timers: 
     informative = ~(groups == groups[:, :1]).all(-1)
     timers["time_generate"] += middle - start
     timers["time_reward"] += time.perf_counter() - middle
-    return _Round(rollout, rewards, terms, informative)
+    return _Round(rollout, rewards, terms, informative, sampled.inputs)
 
 
 def _select(rounds: list[_Round], wanted: int, dynamic: bool) -> list[tuple[int, int]]:
@@ -246,7 +200,8 @@ def _gather(run: Run, rounds: list[_Round], chosen: list[tuple[int, int]]) -> tu
             )
         )
         rewards.append(rnd.rewards[rows])
-    return _merge(parts, run.tokenizer.pad_token_id), torch.cat(rewards)
+    tokenizer = getattr(run.tokenizer, "tokenizer", run.tokenizer)  # a VLM's processor holds its tokenizer
+    return _merge(parts, tokenizer.pad_token_id), torch.cat(rewards)
 
 
 # ---- advantages (grpo.advantage): each maps rewards [n·G], the G responses of a prompt contiguous, to [n·G] --
@@ -285,8 +240,9 @@ def compute_advantages(rewards: Tensor, g: GRPOLossConfig) -> Tensor:
     return ADVANTAGES[g.advantage](rewards, g)
 
 
-def collect(run: Run, stream: PromptStream, step: int) -> tuple[RolloutBatch, dict[str, float]]:
-    """Sample this rank's groups (with dynamic-sampling refills), reward them, and build the training batch."""
+def collect(run: Run, stream: PromptStream, step: int) -> tuple[RolloutBatch, dict[str, float], Any]:
+    """Sample this rank's groups (with dynamic-sampling refills), reward them, and build the training batch;
+    returns it, the step's sampling metrics and the rows' model inputs besides the tokens (`Sampled.inputs`)."""
     g = run.cfg.grpo
     local = g.prompts_per_step // dist.world_size()
     seen = None if g.repeat_prompts else set()
@@ -300,33 +256,25 @@ def collect(run: Run, stream: PromptStream, step: int) -> tuple[RolloutBatch, di
         if not g.dynamic_sampling or dist.all_reduce_sum(torch.tensor(short)).item() == 0:
             break
     rollout, rewards = _gather(run, rounds, _select(rounds, local, g.dynamic_sampling))
+    inputs = rounds[0].inputs
+    if inputs is not None and g.dynamic_sampling:  # the rows' inputs follow round 0's rows in order
+        raise RuntimeError("dynamic sampling with per-row model inputs (a VLM's pictures) is not supported")
     start = time.perf_counter()
     old_log_probs, ref_log_probs = rollout.log_probs, None
     with torch.no_grad():
         if g.epochs > 1:  # re-score: the first pass has ratio exactly 1 ("Old log-probs", algorithm.py)
-            with dist.gathered(run.policy):  # (FSDP: each rank scores its own rows, whole weights)
-                old_log_probs = response_log_probs(
-                    run.old_forward, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
-                    temperature=run.cfg.sampling.temperature,
-                )  # fmt: skip
-        if run.ref_forward is not None:
-            with dist.gathered(run.ref):
-                ref_log_probs = response_log_probs(
-                    run.ref_forward, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
-                    temperature=run.cfg.sampling.temperature,
-                )  # fmt: skip
+            old_log_probs = run.engine.log_probs("old", rollout, inputs)
+        if run.ref is not None:
+            ref_log_probs = run.engine.log_probs("ref", rollout, inputs)
     timers["time_score"] += time.perf_counter() - start
-    advantages = compute_advantages(rewards, g)
+    advantages = compute_advantages(rewards, g).to(rollout.input_ids.device)
+    n = rollout.input_ids.shape[0]
     batch = RolloutBatch(
-        rollout.input_ids,
-        rollout.attention_mask,
-        rollout.prompt_len,
-        rollout.response_mask,
-        old_log_probs,
-        advantages,
-        ref_log_probs,
-    )
-    return batch, {**_rollout_metrics(run, rounds), **timers, "refill_rounds": len(rounds) - 1}
+        rollout.input_ids, rollout.attention_mask, rollout.prompt_len, rollout.response_mask, old_log_probs,
+        advantages, ref_log_probs, row_ids=None if inputs is None else torch.arange(n, device=advantages.device),
+    )  # fmt: skip
+    metrics = {**_rollout_metrics(run, rounds), **timers, "refill_rounds": len(rounds) - 1}
+    return batch, metrics, inputs
 
 
 def _rollout_metrics(run: Run, rounds: list[_Round]) -> dict[str, float]:
@@ -358,7 +306,7 @@ def evaluate_grpo_heldout(run: Run, step: int, batch_size: int = 256) -> dict[st
     """Held-out greedy and sampled (pass@1, one sample per prompt at the training temperature) reward, and
     accuracy where a verifier exists, after ``step`` optimizer steps (the reward functions' trainer_state).
     Every rank evaluates the same prompts (only rank 0 logs)."""
-    n = len(run.heldout.rows)
+    n = run.engine.prompt_count("heldout")
     out: dict[str, float] = {}
     if n == 0:
         return out
@@ -367,9 +315,8 @@ def evaluate_grpo_heldout(run: Run, step: int, batch_size: int = 256) -> dict[st
         rewards, accuracy = [], []
         for start in range(0, n, batch_size):
             indices = list(range(start, min(n, start + batch_size)))
-            gen = _generator(run, "eval", start)
-            rollout, rows, texts = _sample(run, run.heldout, indices, 1, sampling, gen)
-            terms = _rewards(run, rollout, rows, texts, step, "evaluation")
+            sampled = run.engine.sample("heldout", indices, 1, sampling, ("eval", start))
+            terms = _rewards(run, sampled, step, "evaluation")
             rewards.append(combine(run.fns, terms))
             acc = _accuracy(run, terms)
             if acc is not None:
@@ -377,4 +324,6 @@ def evaluate_grpo_heldout(run: Run, step: int, batch_size: int = 256) -> dict[st
         out[f"heldout_reward{suffix}"] = float(torch.cat(rewards).mean())
         if accuracy:
             out[f"heldout_accuracy{suffix}"] = float(torch.cat(accuracy).mean())
+            if not suffix:
+                out |= run.engine.accuracy_breakdown(torch.cat(accuracy))
     return out

@@ -1,0 +1,157 @@
+"""The policy's side of a GRPO step, injected into the one GRPO trainer (`postrl.lm.grpo.rollouts`): how its
+prompts are sampled, how the samples are scored teacher-forced, and the forward the loss differentiates.
+
+A `GRPOEngine` is chosen once when a run is built: `TextEngine` for a causal LM (postrl's rollout engine and
+the forwards of `postrl.lm.rollout.forwards`), `postrl.lm.vlm.grpo.VLMEngine` for a vision-language model (its
+pictures travel with each row as `Sampled.inputs`). Everything else of a step (rewards, dynamic sampling,
+advantages, the update, evaluation, checkpoints) is the trainer's, the same for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from postrl.lm.grpo.objective import PolicyForward, text_policy
+from postrl.lm.rollout import (
+    Rollout,
+    RolloutEngine,
+    SamplingConfig,
+    left_pad,
+    response_forward,
+    response_log_probs,
+)
+from postrl.lm.tasks.base import stable_hash
+from postrl.runtime import distributed as dist
+
+
+@dataclass
+class Prompts:
+    """Prompt rows (with all their columns) and their token ids."""
+
+    rows: list[dict[str, Any]]
+    ids: list[list[int]]
+
+
+@dataclass
+class Sampled:
+    """Responses sampled for some prompts, each prompt's ``repeat`` responses in a row."""
+
+    rollout: Rollout
+    rows: list[dict[str, Any]]
+    """each response's data row: the reward functions' prompts and columns"""
+    texts: list[str]
+    """each response decoded (a chat model's: as the reward functions read it)"""
+    inputs: Any = None
+    """per-row model inputs besides the tokens (a VLM's pictures) that scoring and the loss need; None: none"""
+
+
+class GRPOEngine(Protocol):
+    """What the GRPO trainer asks of its policy. ``split``: "train" or "heldout"; ``key``: what seeds the
+    sampling generator, ("train", step, rank, round) or ("eval", first prompt index)."""
+
+    hidden_columns: Sequence[str]
+    """data columns the reward functions do not get as keyword arguments"""
+
+    def prompt_count(self, split: str) -> int: ...
+
+    def sample(
+        self, split: str, indices: list[int], repeat: int, sampling: SamplingConfig, key: tuple
+    ) -> Sampled: ...
+
+    def log_probs(self, which: str, rollout: Rollout, inputs: Any) -> Tensor:
+        """Teacher-forced log π_τ [B, T] of the rollout's responses without gradients: ``which`` "old" (the
+        policy) or "ref" (the frozen reference)."""
+        ...
+
+    def policy(self, inputs: Any, n: int) -> PolicyForward:
+        """The loss's forward on rows of a step's batch of ``n`` rows (with ``inputs``, found by row_ids)."""
+        ...
+
+    def write_files(self) -> Callable[[Path], None] | None:
+        """What a checkpoint folder gets besides the weights (None: nothing)."""
+        ...
+
+    def accuracy_breakdown(self, accuracy: Tensor) -> dict[str, float]:
+        """Held-out greedy accuracy [N] (in prompt order) split by the prompts' kind, where they have one."""
+        ...
+
+
+class TextEngine:
+    """A causal LM: postrl's rollout engine samples, and the teacher-forced forwards are chosen here, once
+    (`postrl.lm.rollout.forwards.response_forward`): ``forward`` the loss's, ``old_forward`` and
+    ``ref_forward`` the scoring's (no gradients, inside `dist.gathered`)."""
+
+    hidden_columns: Sequence[str] = ("prompt",)
+
+    def __init__(
+        self,
+        cfg: Any,
+        policy: torch.nn.Module,
+        ref: torch.nn.Module | None,
+        tokenizer: Any,
+        train: Prompts,
+        heldout: Prompts,
+        device: torch.device,
+    ) -> None:
+        self.cfg, self.policy_module, self.ref, self.tokenizer = cfg, policy, ref, tokenizer
+        self.prompts = {"train": train, "heldout": heldout}
+        self.device = device
+        use_fast = cfg.sampling.use_fast
+        self.forward = response_forward(policy, use_fast)
+        self.old_forward = response_forward(dist.unwrap(policy), use_fast, gradients=False, gathered=True)
+        self.ref_forward = None
+        if ref is not None:
+            self.ref_forward = response_forward(ref, use_fast, gradients=False, gathered=True)
+
+    @property
+    def heldout(self) -> Prompts:
+        return self.prompts["heldout"]
+
+    def prompt_count(self, split: str) -> int:
+        return len(self.prompts[split].rows)
+
+    def sample(
+        self, split: str, indices: list[int], repeat: int, sampling: SamplingConfig, key: tuple
+    ) -> Sampled:
+        prompts = self.prompts[split]
+        rows = [prompts.rows[i] for i in indices for _ in range(repeat)]
+        ids, mask = left_pad(
+            [prompts.ids[i] for i in indices for _ in range(repeat)], self.tokenizer.pad_token_id
+        )
+        seed = stable_hash(":".join(str(p) for p in (self.cfg.run.seed, *key))) % 2**63
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        inner = dist.unwrap(self.policy_module)
+        was_training = inner.training
+        inner.eval()
+        engine = RolloutEngine(inner, self.tokenizer, sampling)
+        with dist.gathered(
+            self.policy_module
+        ):  # the decoders read whole weights; ranks decode different counts
+            rollout = engine.sample(ids.to(self.device), mask.to(self.device), generator)
+        inner.train(was_training)
+        return Sampled(rollout, rows, engine.decode(rollout))
+
+    def log_probs(self, which: str, rollout: Rollout, inputs: Any) -> Tensor:
+        model, forward = (
+            (self.policy_module, self.old_forward) if which == "old" else (self.ref, self.ref_forward)
+        )
+        with dist.gathered(model):  # (FSDP: each rank scores its own rows, whole weights)
+            return response_log_probs(
+                forward, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
+                temperature=self.cfg.sampling.temperature,
+            )  # fmt: skip
+
+    def policy(self, inputs: Any, n: int) -> PolicyForward:
+        return text_policy(self.forward, self.cfg.sampling.temperature)
+
+    def write_files(self) -> Callable[[Path], None] | None:
+        return None
+
+    def accuracy_breakdown(self, accuracy: Tensor) -> dict[str, float]:
+        return {}
