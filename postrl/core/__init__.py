@@ -8,7 +8,7 @@ from postrl.core.distributions import diag_gaussian_entropy, diag_gaussian_log_p
 from postrl.core.dpo import DPO_LOSS_TYPES, dpo_loss
 from postrl.core.estimators import overlong_penalty, reinforce_pp_advantages, rloo_advantages
 from postrl.core.grpo import GRPO_LOSS_TYPES, IMPORTANCE_LEVELS, group_advantages, grpo_loss
-from postrl.core.importance import IS_LEVELS, truncated_is_weights
+from postrl.core.importance import IS_LEVELS, behaviour_mismatch, masked_is_weights, truncated_is_weights
 from postrl.core.kl import (
     KL_KINDS,
     AdaptiveKLController,
@@ -44,6 +44,7 @@ __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "backtracking_line_search",
+    "behaviour_mismatch",
     "clipped_surrogate",
     "conjugate_gradient",
     "diag_gaussian_entropy",
@@ -59,6 +60,7 @@ __all__ = [
     "kl_estimate",
     "kl_shaped_rewards",
     "kto_loss",
+    "masked_is_weights",
     "masked_mean",
     "masked_sum",
     "masked_whiten",

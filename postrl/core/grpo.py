@@ -165,6 +165,7 @@ def grpo_loss(
     normalizer: float | torch.Tensor | None = None,
     unbiased_kl: bool = False,
     importance_level: str = "token",
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO clipped surrogate with a k3 KL penalty, aggregated per ``loss_type`` (the module docstring gives
     the per-token loss ℓ_{i,t}, GSPO's ratio, the KL gradient and the aggregations).
@@ -186,6 +187,9 @@ def grpo_loss(
         unbiased_kl: weight k3 by ρ ("KL gradient"); the logged ``kl`` stays the plain k3 mean.
         importance_level: ``"token"`` (GRPO, PPO's per-token ρ), ``"sequence"`` (GSPO's s_i) or
             ``"sequence_sum"`` (the response's likelihood ratio: RLOO as TRL); see ``IMPORTANCE_LEVELS``.
+        is_weights: ``[B, T]`` detached behaviour-policy weights w_t (`truncated_is_weights`,
+            `masked_is_weights`) multiplying the clipped surrogate: −w_t·min(ρA, clip(ρ)A) + β·k3, the KL term
+            unweighted as in TRL; ``old_log_probs`` is then the proximal policy (decoupled PPO). None: w = 1.
 
     Returns:
         ``(loss, stats)``: 0-dim loss and detached 0-dim local stats: ``clip_fraction`` (as
@@ -200,6 +204,7 @@ def grpo_loss(
     per_token, ratio, clipped, kl = _per_token_losses(
         log_probs, old_log_probs, ref_log_probs, advantages, real, clip_eps, beta,
         clip_eps_high=clip_eps_high, unbiased_kl=unbiased_kl, importance_level=importance_level,
+        is_weights=is_weights,
     )  # fmt: skip
     loss = GRPO_LOSS_TYPES[loss_type](per_token, real.to(per_token.dtype), max_len, normalizer)
     return loss, _stats(ratio, clipped, kl, real, importance_level)
@@ -231,6 +236,7 @@ def _per_token_losses(
     clip_eps_high: float | None = None,
     unbiased_kl: bool = False,
     importance_level: str = "token",
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """ℓ_{i,t} of `grpo_loss` before aggregation, with what its statistics need.
 
@@ -247,6 +253,8 @@ def _per_token_losses(
     ratio = IMPORTANCE_LEVELS[importance_level](log_ratio, real)  # [B, T] or [B, 1] (GSPO)
     surrogate, clipped = clipped_surrogate(ratio, advantages, clip_eps, clip_eps_high)  # [B, T]
     per_token = -surrogate  # 0 on padding: every input is 0 there, so ρ = 1, A = 0 and k3 = 0
+    if is_weights is not None:
+        per_token = per_token * fill_outside_mask(is_weights.detach(), real)
     kl = None
     if ref_log_probs is not None:
         kl = kl_estimate(log_probs, fill_outside_mask(ref_log_probs.detach(), real), "k3")

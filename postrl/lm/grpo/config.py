@@ -73,6 +73,17 @@ class GRPOLossConfig:
     """Penalty at max_new_tokens when overlong_buffer > 0."""
     repeat_prompts: bool = False
     """Allow a prompt to appear twice in one step (needed when the data has fewer than B prompts)."""
+    is_correction: Literal["none", "tis", "mis"] = "none"
+    """Correction for samples drawn by a behaviour policy μ that is not the trained π (another engine's numerics,
+    a stale copy): tis or mis take the clipped ratio against π's own teacher-forced log-probs before the update
+    (the proximal policy: decoupled PPO, Hilton et al. 2021) and weight each token's surrogate by π_prox/μ,
+    truncated at is_cap (tis: TRL's vllm_importance_sampling_mode *_truncate) or zeroed above it (mis: *_mask);
+    the engine–trainer mismatch (behaviour_kl, is_capped_fraction) is logged every step. none: the sampler's
+    log-probs are π_old, exact for postrl's own engine."""
+    is_level: Literal["token", "sequence"] = "sequence"
+    """The weight per token (π_prox,t/μ_t) or per response (the product over its tokens; TRL's default)."""
+    is_cap: float = 3.0
+    """C: the bound on the weight (TRL's vllm_importance_sampling_clip_max)."""
 
     CHECKS = {  # valid ranges (postrl.runtime.config.validate)
         "group_size": ">= 2",
@@ -87,6 +98,7 @@ class GRPOLossConfig:
         "max_refills": ">= 0",
         "overlong_buffer": ">= 0",
         "overlong_penalty": ">= 0",
+        "is_cap": "> 0",
     }
     # old key → new key (postrl.runtime.config); micro_batch_size was a micro-batch's rows (0: the whole
     # minibatch), grad_accum is their count, PPO's and TRL's word

@@ -73,6 +73,7 @@ def loss_of(
         normalizer=normalizer,
         unbiased_kl=cfg.unbiased_kl,
         importance_level=cfg.importance_level,
+        is_weights=batch.is_weights,
     )
     return loss, {**stats, "entropy": masked_mean(entropy, batch.response_mask)}
 

@@ -40,6 +40,9 @@ class RolloutBatch:
     row_ids: Tensor | None = None
     """[N] each row's index in the step's batch, kept through `rows` (a VLM's rows find their pictures by it),
     or None"""
+    is_weights: Tensor | None = None
+    """[N, T] behaviour-policy weights π_old/μ of each token's surrogate (`core.truncated_is_weights`,
+    `core.masked_is_weights`), or None (samples drawn by π_old itself)"""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -69,6 +72,7 @@ class RolloutBatch:
             cut(self.values),
             cut(self.returns),
             cut(self.row_ids),
+            cut(self.is_weights),
         )
 
     def minibatches(self, order: Tensor, n: int) -> list[RolloutBatch]:
