@@ -34,6 +34,13 @@ from postrl.core.trpo import (
     flat_params,
     set_flat_params,
 )
+from postrl.core.turns import (
+    turn_gae,
+    turn_group_advantages,
+    turn_index,
+    turn_start_values,
+    turns_to_tokens,
+)
 
 __all__ = [
     "DPO_LOSS_TYPES",
@@ -74,5 +81,10 @@ __all__ = [
     "set_flat_params",
     "td_errors",
     "truncated_is_weights",
+    "turn_gae",
+    "turn_group_advantages",
+    "turn_index",
+    "turn_start_values",
+    "turns_to_tokens",
     "value_loss",
 ]
