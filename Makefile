@@ -14,7 +14,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,tensorboard,parquet,lora,datasets]"
+	$(PY) -m pip install -q -e ".[test,tensorboard,parquet,lora,datasets,judge]"
 	touch $(STAMP)
 
 venv: $(STAMP)
