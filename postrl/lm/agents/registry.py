@@ -1,0 +1,47 @@
+"""Environment ids: the built-in text environments and any Gymnasium id with discrete actions."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+
+from postrl.lm.agents.env import AgentError, TextEnv
+from postrl.lm.agents.games import CalculatorEnv, GuessNumberEnv
+from postrl.lm.agents.gym_text import GymTextEnv
+
+GYM_PREFIX = "gym:"
+"""``gym:<id>``: any registered Gymnasium environment with a Discrete action space, e.g. ``gym:Taxi-v4``"""
+
+ENVS: dict[str, Callable[..., TextEnv]] = {
+    "calculator": CalculatorEnv,
+    "guess_number": GuessNumberEnv,
+    "frozenlake": lambda **kw: GymTextEnv("FrozenLake-v1", **{"is_slippery": False, **kw}),
+    "cliffwalking": lambda **kw: GymTextEnv("CliffWalking-v1", **kw),
+    "taxi": lambda **kw: GymTextEnv("Taxi-v4", **kw),
+}
+"""the built-in environments by id (``frozenlake`` is the deterministic 4×4 lake)"""
+
+
+def env_ids() -> list[str]:
+    """The built-in ids (``gym:<id>`` takes any Gymnasium id besides)."""
+    return sorted(ENVS)
+
+
+def make_env(env_id: str, **kwargs: Any) -> TextEnv:
+    """A fresh environment for ``env_id`` (a built-in id or ``gym:<Gymnasium id>``), or an `AgentError` that
+    names the id and the closest known ones."""
+    if env_id.startswith(GYM_PREFIX):
+        return GymTextEnv(env_id[len(GYM_PREFIX) :], **kwargs)
+    if env_id in ENVS:
+        try:
+            return ENVS[env_id](**kwargs)
+        except TypeError as err:
+            raise AgentError(f"environment {env_id!r}: {err}") from err
+    close = difflib.get_close_matches(env_id, [*ENVS, *(GYM_PREFIX + k for k in gym.registry)], n=3)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    raise AgentError(
+        f"unknown environment {env_id!r}: expected one of {', '.join(env_ids())} or gym:<Gymnasium id>{hint}"
+    )
