@@ -60,11 +60,13 @@ class Setup:
         """``cfg.model`` as the trained policy (LoRA adapters when ``run.lora`` asks, the base frozen) and its
         tokenizer (``cfg.tokenizer`` or the model's), checked against each other; ``train.max_length``, where
         the config has one, is clipped to the model's context (a ceiling, as TRL's)."""
+        from postrl.lm.memory import configure_memory
         from postrl.lm.models import apply_lora, check_vocab, load_causal_lm  # deferred: transformers
         from postrl.lm.tokenizer import load_tokenizer
 
         cfg = self.cfg
         self.policy = apply_lora(load_causal_lm(cfg.model, **self.load_options), cfg.run)
+        configure_memory(self.policy, cfg.run.memory)
         self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
         check_vocab(self.policy, self.tokenizer, "tokenizer" if cfg.tokenizer else "model")
         if hasattr(cfg, "train"):
@@ -74,6 +76,7 @@ class Setup:
     def load_reference(self) -> torch.nn.Module:
         """The frozen reference π_ref: ``cfg.ref_model``, else the policy's own weights (with LoRA, the policy
         itself with its adapters disabled: no second copy)."""
+        from postrl.lm.memory import configure_memory
         from postrl.lm.models import adapter_free_reference, load_causal_lm  # deferred: transformers
 
         ref_model = getattr(self.cfg, "ref_model", None)
@@ -81,6 +84,7 @@ class Setup:
             return adapter_free_reference(self.policy)
         what = "ref_model" if ref_model else "model"
         model = load_causal_lm(ref_model or self.cfg.model, **self.load_options, what=what)
+        configure_memory(model, self.cfg.run.memory, trained=False)
         return model.eval().requires_grad_(False)
 
 

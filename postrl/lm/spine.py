@@ -33,6 +33,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from postrl.lm.memory import MemoryConfig
 from postrl.runtime import callbacks
 from postrl.runtime import distributed as dist
 from postrl.runtime.checkpoint import STATE_FILE, load_checkpoint, save_checkpoint
@@ -104,6 +105,8 @@ class RunConfig:
     """Also write TensorBoard event files."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """Low-rank adapters instead of full fine-tuning (off by default)."""
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    """What the run keeps in memory: chunked log-probs, activation checkpointing (postrl.lm.memory)."""
 
     CHECKS = {  # valid ranges (postrl.runtime.config.validate)
         "steps": ">= 1",

@@ -18,7 +18,7 @@ from postrl.lm.data import collate_preferences
 from postrl.lm.dpo.config import DPOConfig, DPOLossConfig
 from postrl.lm.reference import REF_FILE as REF_FILE
 from postrl.lm.reward_model.pairs import load_pair_rows, tokenize_pairs
-from postrl.lm.rollout import ResponseForward, token_log_probs
+from postrl.lm.rollout import ResponseForward, forward_log_probs
 from postrl.lm.trainer import to_device
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
@@ -54,8 +54,8 @@ def sequence_log_probs(forward: ResponseForward, batch: dict[str, Tensor]) -> tu
     caller's grad mode. One teacher-forced ``forward`` of the 2b rows."""
     ids, mask, response_mask = batch["input_ids"], batch["attention_mask"], batch["response_mask"]
     P = ids.shape[1] - response_mask.shape[1]
-    logits = forward.logits(ids, mask, P)  # (2b, T, V)
-    sums = masked_sum(token_log_probs(logits, ids[:, P:]), response_mask.to(torch.float32), dim=-1)  # (2b,)
+    log_probs, _ = forward_log_probs(forward, ids, mask, P)  # (2b, T)
+    sums = masked_sum(log_probs, response_mask.to(torch.float32), dim=-1)  # (2b,)
     b = sums.shape[0] // 2
     return sums[:b], sums[b:]
 

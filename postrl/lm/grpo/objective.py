@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from postrl.core import entropy_from_logits, grpo_loss, masked_mean
+from postrl.core import grpo_loss, masked_mean
 from postrl.lm import onpolicy
 from postrl.lm.grpo.config import GRPOLossConfig
 from postrl.lm.onpolicy import Term
-from postrl.lm.rollout import ResponseForward, response_forward, token_log_probs
+from postrl.lm.rollout import ResponseForward, forward_log_probs, response_forward
 from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.trainer import clip_grad_norm
 from postrl.runtime import distributed as dist
@@ -32,12 +32,11 @@ def policy_log_probs(
 ) -> tuple[Tensor, Tensor]:
     """One teacher-forced ``forward`` of the policy (`postrl.lm.rollout.forwards`: a group's shared prompt runs
     once) → (log π_τ of the response tokens [b, T], entropy per token [b, T] detached)."""
-    logits = forward.logits(input_ids, attention_mask, prompt_len).float() / temperature
-    mask = attention_mask[:, prompt_len:].to(logits.dtype)
-    log_probs = token_log_probs(logits, input_ids[:, prompt_len:]) * mask
-    with torch.no_grad():
-        entropy = entropy_from_logits(logits) * mask
-    return log_probs, entropy
+    log_probs, entropy = forward_log_probs(
+        forward, input_ids, attention_mask, prompt_len, temperature, entropy=True
+    )
+    mask = attention_mask[:, prompt_len:].to(torch.float32)
+    return log_probs * mask, entropy * mask
 
 
 def text_policy(forward: ResponseForward, temperature: float) -> PolicyForward:

@@ -14,7 +14,7 @@ from postrl.core import kto_loss, masked_sum
 from postrl.lm.kto.config import KTOLossConfig
 from postrl.lm.kto.data import collate_kto_rows
 from postrl.lm.reference import REF_FILE as REF_FILE
-from postrl.lm.rollout import ResponseForward, token_log_probs
+from postrl.lm.rollout import ResponseForward, forward_log_probs
 from postrl.lm.trainer import to_device
 from postrl.runtime import distributed as dist
 
@@ -24,8 +24,8 @@ def completion_log_probs(forward: ResponseForward, batch: dict[str, Tensor]) -> 
     ``forward``, under the caller's grad mode; ``batch`` in the rollout layout."""
     ids, mask, response_mask = batch["input_ids"], batch["attention_mask"], batch["response_mask"]
     P = ids.shape[1] - response_mask.shape[1]
-    logits = forward.logits(ids, mask, P)  # (b, T, V)
-    return masked_sum(token_log_probs(logits, ids[:, P:]), response_mask.to(torch.float32), dim=-1)  # (b,)
+    log_probs, _ = forward_log_probs(forward, ids, mask, P)  # (b, T)
+    return masked_sum(log_probs, response_mask.to(torch.float32), dim=-1)  # (b,)
 
 
 def rows_log_probs(

@@ -20,16 +20,27 @@ trainer calls it when it builds, and its loss code then reads ``forward.logits(.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
+from postrl.core import entropy_from_logits
+from postrl.lm.memory import LARGE_VOCAB, memory_settings
 from postrl.lm.models import position_ids_from_mask
+from postrl.lm.models.lora import AdapterFreeReference, adapters_disabled
+from postrl.lm.rollout.chunked import chunked_log_probs
 from postrl.lm.rollout.decoders import cache_argument, fast_decoder_class
+from postrl.lm.rollout.sampling import token_log_probs
 from postrl.runtime import distributed as dist
+
+log = logging.getLogger(__name__)
 
 
 class ResponseForward(Protocol):
@@ -43,6 +54,13 @@ def distinct_prompts(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]
     P = ids.shape[1]
     unique, inverse = torch.unique(torch.cat((ids, mask.to(ids.dtype)), dim=1), dim=0, return_inverse=True)
     return unique[:, :P], unique[:, P:].to(mask.dtype), inverse
+
+
+def last_output(out: Any) -> Tensor:
+    """A forward's last layer per position: a causal LM's logits [b, L, V], or its decoder's (the model
+    without its output layer, `ChunkedForward`) final hidden states [b, L, d]."""
+    logits = getattr(out, "logits", None)
+    return out.last_hidden_state if logits is None else logits
 
 
 def _keep_kwarg(model: torch.nn.Module) -> str | None:
@@ -65,7 +83,7 @@ class FullForward:
             input_ids=input_ids, attention_mask=attention_mask,
             position_ids=position_ids_from_mask(attention_mask), use_cache=False, **keep,
         )  # fmt: skip
-        return out.logits[:, -(T + 1) : -1]
+        return last_output(out)[:, -(T + 1) : -1]
 
 
 @dataclass
@@ -88,7 +106,7 @@ class SharedPrefixForward:
         head = self.model(
             input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True, **keep
         )  # fmt: skip
-        first = head.logits[inverse, -1:]  # (B, 1, V): position P − 1 predicts response token 0
+        first = last_output(head)[inverse, -1:]  # (B, 1, V): position P − 1 predicts response token 0
         if T == 1:
             return first
         cache = getattr(head, "cache", None) or head.past_key_values
@@ -98,7 +116,7 @@ class SharedPrefixForward:
             input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1], position_ids=positions[:, P:-1],
             use_cache=True, **{self.cache_kw: cache},
         )  # fmt: skip
-        return torch.cat((first, tail.logits), dim=1)  # (B, T, V)
+        return torch.cat((first, last_output(tail)), dim=1)  # (B, T, V)
 
 
 @dataclass
@@ -126,6 +144,109 @@ class FusedForward:
         return torch.cat((first[:, None], decoder.extend(input_ids[:, P:-1])), dim=1)  # (B, T, V)
 
 
+@dataclass
+class ChunkedForward:
+    """The model without its output layer (``inner``: a `FullForward` or `SharedPrefixForward` of its decoder,
+    giving final hidden states [B, T, d]), then the output layer ``head`` applied ``chunk_tokens`` positions at
+    a time (`postrl.lm.rollout.chunked`): `log_probs` never holds the [B, T, V] logits of the batch.
+    ``context``: entered around the decoder's forward (a LoRA reference: the policy with adapters off)."""
+
+    inner: ResponseForward
+    head: torch.nn.Linear
+    chunk_tokens: int
+    context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
+
+    def logits(self, input_ids: Tensor, attention_mask: Tensor, prompt_len: int) -> Tensor:
+        with self.context():
+            return self.head(self.inner.logits(input_ids, attention_mask, prompt_len))  # (B, T, V)
+
+    def log_probs(
+        self, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float = 1.0,
+        entropy: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+        """(log π_τ [B, T] float32, entropy [B, T] detached or None) of the response tokens, unmasked."""
+        with self.context():
+            hidden = self.inner.logits(input_ids, attention_mask, prompt_len)  # (B, T, d)
+        bias = self.head.bias
+        tokens = input_ids[:, prompt_len:]
+        return chunked_log_probs(
+            hidden, self.head.weight, bias, tokens, temperature, self.chunk_tokens, entropy
+        )
+
+
+def forward_log_probs(
+    forward: ResponseForward,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_len: int,
+    temperature: float = 1.0,
+    *,
+    entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """(log π_τ of the response tokens [B, T] float32, entropy per token [B, T] detached or None unless
+    ``entropy``), unmasked, through ``forward``: `ChunkedForward`'s own chunks, else a log-softmax of the whole
+    logits (the reference). Runs under the caller's grad mode."""
+    chunked = getattr(forward, "log_probs", None)
+    if chunked is not None:
+        return chunked(input_ids, attention_mask, prompt_len, temperature, entropy)
+    logits = forward.logits(input_ids, attention_mask, prompt_len).float() / temperature  # (B, T, V)
+    entropies = None
+    if entropy:
+        with torch.no_grad():
+            entropies = entropy_from_logits(logits)
+    return token_log_probs(logits, input_ids[:, prompt_len:]), entropies
+
+
+# architectures whose logits are exactly output_layer(final hidden state): no soft-capping, no logit scale
+PLAIN_HEADS = tuple("llama mistral qwen2 qwen3 qwen2_moe qwen3_moe gemma olmo olmo2 phi3".split())
+
+
+def chunked_refusal(model: torch.nn.Module) -> str | None:
+    """Why `ChunkedForward` cannot run ``model`` (None: it can)."""
+    base = model.policy if isinstance(model, AdapterFreeReference) else model
+    if isinstance(base, torch.nn.parallel.DistributedDataParallel) or dist.is_sharded(base):
+        return "DDP and FSDP synchronise through the model's own forward"
+    model_type = getattr(getattr(base, "config", None), "model_type", None)
+    if model_type not in PLAIN_HEADS:
+        return f"model type {model_type!r} is not one whose logits are its output layer's (postrl knows {PLAIN_HEADS})"
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Linear) or not hasattr(base, "get_decoder"):
+        return f"{type(base).__name__} has no plain output layer and decoder"
+    return None
+
+
+def _chunked_forward(model: torch.nn.Module, chunk_tokens: int) -> ChunkedForward:
+    """`ChunkedForward` of a model `chunked_refusal` accepts."""
+    reference = isinstance(model, AdapterFreeReference)
+    base = model.policy if reference else model
+    decoder = base.get_decoder()
+    single = _checkpointing(base) or cache_argument(decoder) is None
+    inner = FullForward(decoder) if single else SharedPrefixForward(decoder)
+    context = (lambda: adapters_disabled(base)) if reference else contextlib.nullcontext
+    return ChunkedForward(inner, base.get_output_embeddings(), chunk_tokens, context)
+
+
+def _wants_chunks(model: torch.nn.Module) -> bool:
+    """Whether the run's ``run.memory.log_probs`` (`postrl.lm.memory`) picks `ChunkedForward` for ``model``;
+    the choice, or the refusal of an explicit ``chunked``, is logged."""
+    mode = memory_settings(model).log_probs
+    if mode == "full":
+        return False
+    why = chunked_refusal(model)
+    vocab = getattr(getattr(model, "config", None), "vocab_size", 0) or 0
+    if why is None and (mode == "chunked" or vocab >= LARGE_VOCAB):
+        log.info("%s: log-probs through the output layer in chunks (run.memory.log_probs=%s, vocab %d)",
+                 type(model).__name__, mode, vocab)  # fmt: skip
+        return True
+    if mode == "auto" and why is not None and vocab >= LARGE_VOCAB:
+        log.info("%s: whole logits, the chunked output layer refused: %s", type(model).__name__, why)
+    if mode == "chunked":
+        log.warning(
+            "run.memory.log_probs=chunked refused for %s: %s; whole logits", type(model).__name__, why
+        )
+    return False
+
+
 def _checkpointing(model: torch.nn.Module) -> bool:
     flag = getattr(model, "is_activation_checkpointing", None)
     return bool(getattr(model, "is_gradient_checkpointing", False) if flag is None else flag)
@@ -143,8 +264,11 @@ def response_forward(
     supports whose weights are whole when it runs, and with gradients only on a plain module without
     activation checkpointing. The shared prefix needs the model's own KV cache and one forward per backward:
     not under DDP or FSDP (every rank must run the same forwards) nor with checkpointing (the blocks drop the
-    cache). Otherwise the full forward.
+    cache). Otherwise the full forward. Before all of these, ``run.memory.log_probs`` (`postrl.lm.memory`:
+    ``auto`` for a large vocabulary, or ``chunked``) picks `ChunkedForward`, where `chunked_refusal` allows.
     """
+    if _wants_chunks(model):
+        return _chunked_forward(model, memory_settings(model).chunk_tokens)
     sharded = dist.is_sharded(model)
     checkpointing = _checkpointing(model)
     decoder = None if use_fast is False else fast_decoder_class(model)

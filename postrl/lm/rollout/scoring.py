@@ -16,7 +16,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from postrl.lm.models import position_ids_from_mask
-from postrl.lm.rollout.forwards import ResponseForward, response_forward
+from postrl.lm.rollout.forwards import ResponseForward, forward_log_probs, response_forward
 from postrl.lm.rollout.sampling import token_log_probs
 
 ValueFn = Callable[[Tensor], Tensor]
@@ -62,9 +62,7 @@ def response_log_probs(
     Runs under the caller's grad mode."""
     P = response_start
     chunks = [
-        token_log_probs(
-            forward.logits(input_ids[rows], attention_mask[rows], P), input_ids[rows, P:], temperature
-        )
+        forward_log_probs(forward, input_ids[rows], attention_mask[rows], P, temperature)[0]
         for rows in torch.split(torch.arange(input_ids.shape[0], device=input_ids.device), chunk_size)
     ]  # each (b, T)
     return torch.cat(chunks) * attention_mask[:, P:].to(torch.float32)

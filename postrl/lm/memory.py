@@ -1,0 +1,75 @@
+"""Memory switches of an LM run (``run.memory``): how response log-probs are computed, activation checkpointing.
+
+`configure_memory` puts a loaded model under the run's settings: it records them on the model, where
+`postrl.lm.rollout.forwards.response_forward` reads them when a trainer picks its forwards, and turns on the
+model's activation checkpointing when asked. A model never configured runs with the defaults (``auto``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+log = logging.getLogger(__name__)
+
+MEMORY_ATTRIBUTE = "postrl_memory"
+"""The attribute of a configured model that holds its `MemoryConfig`."""
+
+LARGE_VOCAB = 32768
+"""``log_probs: auto`` chunks the output layer from this vocabulary size up (Llama 3, Qwen, SmolLM, Gemma);
+below it the whole logits are small and the fused or shared-prefix forward is faster."""
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """What an LM run keeps in memory: the logits of the response tokens, the activations of the blocks."""
+
+    log_probs: Literal["auto", "chunked", "full"] = "auto"
+    """How log π of the response tokens is computed: chunked (the output layer applied chunk_tokens positions
+    at a time to the final hidden states, its backward recomputing them: never the [batch, tokens, vocab]
+    logits; postrl.lm.rollout.chunked), full (the model's whole logits, then a log-softmax: the reference) or
+    auto (chunked for a vocabulary of 32768 or more where the model allows it, the log says which ran)."""
+    chunk_tokens: int = 512
+    """Positions whose logits exist at once in the chunked path (memory ≈ 3 × chunk_tokens × vocab × 4 B)."""
+    gradient_checkpointing: bool = False
+    """Activation checkpointing: the transformer blocks keep only their inputs and recompute the rest in the
+    backward (about a third more compute for a fraction of the activation memory; Chen et al. 2016)."""
+
+    check: bool = True
+    """Refuse, before the run folder is touched, a run whose estimated peak memory exceeds the memory available
+    (postrl.lm.estimate; one process: under torchrun only --dry-run estimates)."""
+
+    CHECKS = {"chunk_tokens": ">= 1"}
+
+
+def memory_settings(model: torch.nn.Module) -> MemoryConfig:
+    """The `MemoryConfig` `configure_memory` recorded on ``model`` (or on the model it wraps), else the defaults."""
+    for candidate in (model, getattr(model, "module", None), getattr(model, "policy", None)):
+        settings = getattr(candidate, MEMORY_ATTRIBUTE, None) if candidate is not None else None
+        if isinstance(settings, MemoryConfig):
+            return settings
+    return MemoryConfig()
+
+
+def configure_memory(
+    model: torch.nn.Module, memory: MemoryConfig, *, trained: bool = True
+) -> torch.nn.Module:
+    """Record ``memory`` on ``model`` and, for a ``trained`` model when ``memory.gradient_checkpointing``, turn
+    on its activation checkpointing (non-reentrant: frozen inputs, e.g. a LoRA base, still get gradients)."""
+    object.__setattr__(model, MEMORY_ATTRIBUTE, memory)
+    if trained and memory.gradient_checkpointing:
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        elif hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        else:
+            log.warning(
+                "run.memory.gradient_checkpointing: %s has no checkpointing; ignored", type(model).__name__
+            )
+            return model
+        log.info("activation checkpointing on for %s", type(model).__name__)
+    return model

@@ -1,0 +1,107 @@
+"""Log-probs of chosen tokens over a large vocabulary without the [tokens, V] logits of the whole batch.
+
+The reference path (`postrl.lm.rollout.sampling.token_log_probs`) takes the model's logits [B, T, V] and a
+log-softmax of them: for Qwen2.5's V = 151,936 and a GRPO step's 32 × 128 response tokens that is 2.5 GB of
+float32 logits, twice more for the log-softmax and its gradient (TRL #2709's out-of-memory reports).
+Here the output layer is applied to the final hidden states ``chunk_tokens`` rows at a time:
+
+    z = (h W^T + b) / τ,   log π(y) = z_y − logsumexp(z),   H = logsumexp(z) − Σ_v softmax(z)_v z_v
+
+and only the per-token log-prob, the logsumexp and the entropy are kept. The backward recomputes each chunk's
+logits from the saved hidden states (a custom `torch.autograd.Function`), with the exact gradient of the
+selected log-prob, ∂ log π(y)/∂z = onehot(y) − softmax(z):
+
+    ∂L/∂h = (g ⊙ (onehot − p) / τ) W,   ∂L/∂W = (g ⊙ (onehot − p) / τ)^T h,   ∂L/∂b = Σ_rows g ⊙ (onehot − p) / τ
+
+so peak memory holds one chunk's [chunk_tokens, V] logits instead of the batch's. The entropy is returned
+detached (a metric). tests/lm/test_chunked_log_probs.py pins both to the reference in float64.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    """z = (h W^T + b)/τ in float32 (the reference: the model's logits in its dtype, then ``.float()``)."""
+    return F.linear(hidden, weight, bias).float() / temperature  # (n, V)
+
+
+class _SelectiveLogSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor, temperature: float,
+        chunk_tokens: int, with_entropy: bool,
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
+        N = hidden.shape[0]
+        log_probs = hidden.new_empty(N, dtype=torch.float32)
+        lse = hidden.new_empty(N, dtype=torch.float32)
+        entropy = hidden.new_zeros(N if with_entropy else 0, dtype=torch.float32)
+        for s in range(0, N, chunk_tokens):
+            z = _chunk_logits(hidden[s : s + chunk_tokens], weight, bias, temperature)  # (n, V)
+            lse_c = torch.logsumexp(z, dim=-1)  # (n,)
+            lse[s : s + chunk_tokens] = lse_c
+            log_probs[s : s + chunk_tokens] = (
+                z.gather(-1, tokens[s : s + chunk_tokens, None]).squeeze(-1) - lse_c
+            )
+            if with_entropy:
+                entropy[s : s + chunk_tokens] = lse_c - (torch.softmax(z, dim=-1) * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, tokens, lse)
+        ctx.temperature, ctx.chunk_tokens = temperature, chunk_tokens
+        ctx.mark_non_differentiable(entropy)
+        return log_probs, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad_log_probs: Tensor, _grad_entropy: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        hidden, weight, bias, tokens, lse = ctx.saved_tensors
+        tau, n = ctx.temperature, ctx.chunk_tokens
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        # summed over chunks in float32 at least (bfloat16 weights: one rounding at the end, not one per chunk)
+        acc = torch.promote_types(weight.dtype, torch.float32)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
+        for s in range(0, hidden.shape[0], n):
+            h, g = hidden[s : s + n], grad_log_probs[s : s + n]
+            p = torch.exp(_chunk_logits(h, weight, bias, tau) - lse[s : s + n, None])  # (n, V): softmax(z)
+            grad_z = p.mul_(-g[:, None])  # g ⊙ (onehot − p), the onehot added next
+            grad_z.scatter_add_(-1, tokens[s : s + n, None], g[:, None])
+            grad_z = grad_z.div_(tau)
+            if need_h:
+                grad_h[s : s + n] = (grad_z.to(weight.dtype) @ weight).to(hidden.dtype)  # (n, d)
+            if need_w:
+                grad_w += grad_z.to(acc).T @ h.to(acc)  # (V, d)
+            if need_b:
+                grad_b += grad_z.to(acc).sum(0)
+        grad_w = None if grad_w is None else grad_w.to(weight.dtype)
+        grad_b = None if grad_b is None else grad_b.to(bias.dtype)
+        return grad_h, grad_w, grad_b, None, None, None, None
+
+
+def chunked_log_probs(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    tokens: Tensor,
+    temperature: float = 1.0,
+    chunk_tokens: int = 512,
+    entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """(log softmax(z)_y, entropy of softmax(z)) at every position, z = (h W^T + b)/τ, one chunk at a time.
+
+    hidden: [..., d] final hidden states; weight: [V, d] (the output layer's, tied or not); bias: [V] or None;
+    tokens: [...] long. Returns log_probs [...] float32 (differentiable in hidden, weight, bias) and entropy
+    [...] float32 (detached; None unless ``entropy``). ``chunk_tokens``: positions whose logits exist at once (peak memory
+    ≈ chunk_tokens · V · 4 bytes, times about three)."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    shape = tokens.shape
+    flat_h = hidden.reshape(-1, hidden.shape[-1])  # (N, d)
+    log_probs, entropies = _SelectiveLogSoftmax.apply(
+        flat_h, weight, bias, tokens.reshape(-1), float(temperature), int(chunk_tokens), bool(entropy)
+    )
+    return log_probs.reshape(shape), entropies.reshape(shape) if entropy else None

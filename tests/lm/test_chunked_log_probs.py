@@ -1,0 +1,173 @@
+"""The chunked output layer (postrl.lm.rollout.chunked) against the whole-logits reference: forward, entropy and
+gradients in float64, and every LM forward that picks it (run.memory.log_probs) against the full path."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from postrl.core import entropy_from_logits
+from postrl.lm.memory import MemoryConfig, configure_memory
+from postrl.lm.rollout.chunked import chunked_log_probs
+from postrl.lm.rollout.forwards import ChunkedForward, forward_log_probs, response_forward
+from postrl.lm.rollout.sampling import token_log_probs
+
+
+def _reference(hidden, weight, bias, tokens, tau):
+    logits = F.linear(hidden, weight, bias).float() / tau
+    return token_log_probs(logits, tokens), entropy_from_logits(logits)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 7, 64])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_chunked_equals_whole_logits_float64(chunk, with_bias):
+    g = torch.Generator().manual_seed(0)
+    B, T, d, V, tau = 3, 7, 6, 50, 0.7
+    h = torch.randn(B, T, d, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(V, d, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(V, generator=g, dtype=torch.float64, requires_grad=True) if with_bias else None
+    y = torch.randint(V, (B, T), generator=g)
+    upstream = torch.randn(B, T, generator=g, dtype=torch.float64)  # a loss weighting each token differently
+
+    # the reference in float64 end to end (token_log_probs casts to float32: do the float64 math here)
+    z = F.linear(h, w, b) / tau
+    ref_lp = torch.log_softmax(z, -1).gather(-1, y[..., None]).squeeze(-1)
+    ref_ent = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+    ref_grads = torch.autograd.grad((ref_lp * upstream).sum(), [h, w] + ([b] if with_bias else []))
+
+    lp, ent = chunked_log_probs(h, w, b, y, tau, chunk_tokens=chunk)
+    assert lp.shape == (B, T) and ent is not None and not ent.requires_grad
+    # the forward keeps float32 (as token_log_probs): equal to float32 rounding
+    torch.testing.assert_close(lp.double(), ref_lp.detach(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent.double(), ref_ent.detach(), rtol=0, atol=1e-5)
+    grads = torch.autograd.grad((lp.double() * upstream).sum(), [h, w] + ([b] if with_bias else []))
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_matches_hand_computed_onehot_minus_softmax():
+    """One token, V = 3, W = I: ∂ log softmax(h)_y / ∂h = onehot(y) − softmax(h), by hand."""
+    h = torch.tensor([[1.0, 2.0, 0.5]], dtype=torch.float64, requires_grad=True)
+    w = torch.eye(3, dtype=torch.float64)
+    lp, _ = chunked_log_probs(h, w, None, torch.tensor([1]), 1.0, chunk_tokens=1)
+    lp.sum().backward()
+    p = torch.tensor([1.0, 2.0, 0.5]).exp() / torch.tensor([1.0, 2.0, 0.5]).exp().sum()
+    expect = torch.tensor([0.0, 1.0, 0.0]) - p
+    torch.testing.assert_close(h.grad[0].float(), expect, rtol=0, atol=1e-6)
+    assert abs(lp.item() - (2.0 - torch.tensor([1.0, 2.0, 0.5]).exp().sum().log().item())) < 1e-6
+
+
+def test_frozen_weight_gets_no_gradient_and_entropy_optional():
+    h = torch.randn(4, 3, requires_grad=True)
+    w = torch.randn(9, 3)  # frozen output layer (LoRA): only the hidden states get a gradient
+    lp, ent = chunked_log_probs(h, w, None, torch.tensor([0, 1, 2, 8]), 1.0, chunk_tokens=3, entropy=False)
+    assert ent is None
+    lp.sum().backward()
+    assert h.grad is not None and w.grad is None
+    ref, _ = _reference(h.detach(), w, None, torch.tensor([0, 1, 2, 8]), 1.0)
+    torch.testing.assert_close(lp.detach(), ref, rtol=0, atol=1e-6)
+
+
+def test_bad_chunk_size():
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        chunked_log_probs(torch.zeros(1, 2), torch.zeros(3, 2), None, torch.tensor([0]), chunk_tokens=0)
+
+
+def tiny_qwen2(vocab: int = 48, tied: bool = True):
+    """A 2-layer Qwen2 (biased q/k/v projections), random weights, in eval mode."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tied, pad_token_id=0,
+        eos_token_id=1,
+    )  # fmt: skip
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def _models():
+    from tests.lm.test_rollout import tiny_llama
+
+    return {
+        "llama": lambda: tiny_llama(vocab=48),
+        "qwen2": tiny_qwen2,
+        "qwen2-untied": lambda: tiny_qwen2(tied=False),
+    }
+
+
+def _log_probs_and_grads(model, mode, checkpointing=False):
+    from tests.lm.test_forwards import grouped_batch
+
+    configure_memory(
+        model, MemoryConfig(log_probs=mode, chunk_tokens=5, gradient_checkpointing=checkpointing)
+    )
+    forward = response_forward(model)
+    ids, mask, P = grouped_batch()
+    upstream = torch.randn(ids.shape[0], ids.shape[1] - P, generator=torch.Generator().manual_seed(1))
+    model.zero_grad(set_to_none=True)
+    log_probs, entropy = forward_log_probs(forward, ids, mask, P, 0.8, entropy=True)
+    (log_probs * upstream * mask[:, P:]).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return forward, log_probs.detach() * mask[:, P:], entropy * mask[:, P:], grads
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen2-untied"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_chunked_forward_pinned_to_the_full_forward(name, checkpointing, caplog):
+    """run.memory.log_probs=chunked (the decoder's hidden states, the output layer in chunks) gives the log-probs,
+    entropies and every parameter's gradient of the reference path (the model's whole logits)."""
+    model = _models()[name]().double()
+    if checkpointing:
+        model.train()  # HF checkpoints only in training mode (no dropout in these configs)
+    with caplog.at_level(logging.INFO, logger="postrl.lm.rollout.forwards"):
+        forward, lp, ent, grads = _log_probs_and_grads(model, "chunked", checkpointing)
+    assert isinstance(forward, ChunkedForward) and "in chunks" in caplog.text
+    reference, ref_lp, ref_ent, ref_grads = _log_probs_and_grads(model, "full", checkpointing)
+    assert not isinstance(reference, ChunkedForward)
+    torch.testing.assert_close(lp, ref_lp, rtol=0, atol=1e-5)  # float32 log-softmax on both sides
+    torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-5)
+    assert grads.keys() == ref_grads.keys() and "model.embed_tokens.weight" in grads
+    for key, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[key], rtol=1e-4, atol=1e-6, msg=key)
+
+
+def test_auto_chunks_a_large_vocabulary_only_and_refuses_what_it_cannot_run(caplog):
+    from tests.lm.test_fast_gpt2 import tiny_gpt2
+
+    assert not isinstance(response_forward(tiny_qwen2(vocab=48)), ChunkedForward)  # auto, small vocabulary
+    assert isinstance(response_forward(tiny_qwen2(vocab=32768)), ChunkedForward)  # auto, large vocabulary
+    gpt2 = configure_memory(tiny_gpt2(), MemoryConfig(log_probs="chunked"))
+    with caplog.at_level(logging.WARNING, logger="postrl.lm.rollout.forwards"):
+        assert not isinstance(response_forward(gpt2), ChunkedForward)
+    assert "run.memory.log_probs=chunked refused" in caplog.text and "'gpt2'" in caplog.text
+
+
+def test_lora_reference_runs_chunked_with_adapters_off():
+    """A LoRA run's reference (the policy with adapters off) through the chunked path equals the base model."""
+    pytest.importorskip("peft")
+    from postrl.lm.models.lora import adapter_free_reference, apply_lora
+    from postrl.lm.spine import LoraConfig, RunConfig
+    from tests.lm.test_forwards import grouped_batch
+
+    base = tiny_qwen2()
+    ids, mask, P = grouped_batch()
+    configure_memory(base, MemoryConfig(log_probs="full"))
+    with torch.no_grad():
+        want, _ = forward_log_probs(response_forward(base, gradients=False), ids, mask, P)
+    policy = apply_lora(base, RunConfig(lora=LoraConfig(enabled=True, rank=4)), rl=True)
+    for name, p in policy.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p)  # adapters that change the output, so that "off" is tested
+    configure_memory(policy, MemoryConfig(log_probs="chunked", chunk_tokens=7))
+    reference = response_forward(adapter_free_reference(policy), gradients=False)
+    assert isinstance(reference, ChunkedForward)
+    with torch.no_grad():
+        got, _ = forward_log_probs(reference, ids, mask, P)
+        on, _ = forward_log_probs(response_forward(policy, gradients=False), ids, mask, P)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert (on - want).abs().max() > 1e-3
