@@ -14,6 +14,7 @@ from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_t
 from postrl.lm.grpo.config import GRPOConfig
 from postrl.lm.grpo.engine import Prompts, TextEngine
 from postrl.lm.grpo.rollouts import Run
+from postrl.lm.memory import configure_memory
 from postrl.lm.models import (
     adapter_free_reference,
     apply_lora,
@@ -91,7 +92,7 @@ def build_grpo_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
         "device": info.device,
         "trust_remote_code": cfg.trust_remote_code,
     }
-    policy = apply_lora(load_causal_lm(cfg.model, **load), cfg.run, rl=True)
+    policy = configure_memory(apply_lora(load_causal_lm(cfg.model, **load), cfg.run, rl=True), cfg.run.memory)
     check_backend(policy, cfg.sampling.backend)
     t = (
         cfg.sampling.max_new_tokens
@@ -113,6 +114,7 @@ def build_grpo_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
     elif cfg.grpo.beta != 0:  # β = 0: no reference model is loaded at all
         what = "ref_model" if cfg.ref_model else "model"
         ref = load_causal_lm(cfg.ref_model or cfg.model, **load, what=what).eval().requires_grad_(False)
+        configure_memory(ref, cfg.run.memory, trained=False)
         if cfg.run.parallel == "fsdp":  # sharded at rest too; scoring gathers it (rollouts.collect)
             ref = dist.wrap_model(ref, info, "fsdp")
     policy = dist.wrap_model(policy, info, cfg.run.parallel)
