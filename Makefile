@@ -6,7 +6,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.postrl-installed
 
-.PHONY: venv test bench demo control-demo lint clean
+PEERS := benchmarks/peers
+
+.PHONY: venv test bench demo control-demo lint clean peers
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -14,10 +16,21 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,tensorboard,parquet,lora,datasets,judge]"
+	$(PY) -m pip install -q -e ".[test,tensorboard,parquet,lora,datasets,judge,label]"
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The peer libraries the benchmarks compare with (TRL, Stable-Baselines3), each in its own venv from its
+# pinned requirements file: benchmarks/peers/.venv-trl and .venv-sb3 (see benchmarks/peers/README.md).
+$(PEERS)/.venv-%/.installed: $(PEERS)/requirements-%.txt
+	$(PYTHON) -m venv $(PEERS)/.venv-$*
+	$(PEERS)/.venv-$*/bin/python -m pip install -q --upgrade pip
+	$(PEERS)/.venv-$*/bin/python -m pip install -q torch==2.13.0
+	$(PEERS)/.venv-$*/bin/python -m pip install -q -r $<
+	touch $@
+
+peers: $(PEERS)/.venv-trl/.installed $(PEERS)/.venv-sb3/.installed
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -34,4 +47,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check postrl tests benchmarks
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) runs .pytest_cache .hypothesis $(PEERS)/.venv-trl $(PEERS)/.venv-sb3

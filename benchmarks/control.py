@@ -6,7 +6,7 @@ Each task trains the preset ``configs/<algo>-<env>.yaml`` for a fixed budget and
 the deterministic evaluation return (20 episodes, seeds 10000 + 100·seed + i, as the SB3 harness), env
 steps per second (training wall time, evaluation excluded), the env steps until the 20-episode moving
 average first reaches the threshold, and peak memory. ``--with-sb3`` runs the peer harness
-(/work/shared/peers/sb3_bench.py, in its own venv) on the same task right after each postrl seed, so the
+(``benchmarks/peers/sb3_bench.py``, in its own venv: ``make peers``) on the same task right after each postrl seed, so the
 two throughputs are measured side by side on the same (shared, noisy) machine, and prints their ratio.
 Also: the throughput ceiling (a random-action 8-env CartPole vector env), and the variance of the
 REINFORCE gradient estimate with and without the learned baseline.
@@ -118,6 +118,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _record import record
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -148,7 +149,7 @@ QUICK_BUDGET = {
     "trpo-cartpole": 40_000,
     "reinforce-cartpole": 50_000,
 }
-PEERS = Path(os.environ.get("POSTRL_PEERS", "/work/shared/peers"))
+PEERS = ROOT / "benchmarks" / "peers"  # sb3_bench.py; its venv: `make peers`
 
 
 def run_postrl(task: str, seed: int, steps: int, out_root: Path, ppo_backend: str = "auto") -> dict:
@@ -303,8 +304,12 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="small budgets, one seed, a few tasks")
     p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=None)
     p.add_argument("--seeds", nargs="+", type=int, default=None)
-    p.add_argument("--with-sb3", action="store_true", help="run the SB3 harness side by side (needs .peers)")
-    p.add_argument("--peers-python", default=str(ROOT / ".peers" / "bin" / "python"))
+    p.add_argument(
+        "--with-sb3", action="store_true", help="run the SB3 harness side by side (needs `make peers`)"
+    )
+    p.add_argument(
+        "--peers-python", default=str(PEERS / ".venv-sb3" / "bin" / "python"), help="python of the SB3 venv"
+    )
     p.add_argument("--no-variance", action="store_true", help="skip the REINFORCE gradient-variance study")
     p.add_argument("--out-dir", default=None, help="keep the run folders here (default: a temp folder)")
     p.add_argument(
@@ -350,6 +355,7 @@ def main(argv=None) -> int:
         )
     results["runs"] = rows
     results["out_dir"] = str(out_root)
+    record("control-quick" if args.quick else "control", results)
     print(json.dumps(results))
     return 0
 

@@ -1,6 +1,6 @@
 """`postrl demo` on several seeds: each stage's headline number and each comparison's margin, mean and spread.
 
-    .venv/bin/python benchmarks/demo.py --seeds 0 1 2 [--quick] [--workdir /tmp/postrl-demo-seeds] [key=value ...]
+    .venv/bin/python benchmarks/demo.py --seeds 0 1 2 [--quick] [--workdir runs/bench-demo-seeds] [key=value ...]
 
 Runs ``postrl demo --out WORKDIR/seed-S seed=S key=value ...`` one seed after another (a finished seed is
 reused), with ``/usr/bin/time``-style accounting from the demo's own summary.json (wall and CPU seconds,
@@ -84,6 +84,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _record import record
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -137,7 +139,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--workdir", default="/tmp/postrl-demo-seeds")
+    parser.add_argument("--workdir", default="runs/bench-demo-seeds")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="demo config overrides")
     args = parser.parse_args()
     workdir = Path(args.workdir) / ("quick" if args.quick else "full")
@@ -157,7 +159,9 @@ def main() -> int:
         name: [v["stages"][name]["wall_seconds"] for v in summaries.values()]
         for name in next(iter(summaries.values()))["stages"]
     }
-    print(json.dumps({"times": times, "stage_wall_seconds": stage_seconds}))
+    result = {"times": times, "stage_wall_seconds": stage_seconds}
+    record("demo-seeds-quick" if args.quick else "demo-seeds", result)
+    print(json.dumps(result))
     return 0
 
 

@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _record import record
+
 ROOT = Path(__file__).resolve().parents[1]
 THIS = Path(__file__).resolve()
 
@@ -174,8 +176,10 @@ def main() -> None:
     results = _report_lm(args) if args.only != "control" else []
     control = _report_control(args) if args.only != "lm" else []
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    print(json.dumps({"parallel": args.parallel, "batch_size": args.batch_size, "load_avg": load,
-                      "results": results, "control_ppo": control}))  # fmt: skip
+    result = {"parallel": args.parallel, "batch_size": args.batch_size, "load_avg": load,
+              "results": results, "control_ppo": control}  # fmt: skip
+    record(f"distributed-{args.parallel}", result)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ computed by postrl (`postrl.lm.dpo.build.dpo_batch_loss` with the stored-referen
 
 TRL runs in its own virtual environment (this file in ``--trl-worker`` mode), as in benchmarks/grpo.py:
 
-    python3 -m venv .peers-trl && .peers-trl/bin/pip install torch==2.13.0 transformers trl datasets accelerate
+    make peers    # benchmarks/peers/.venv-trl, from benchmarks/peers/requirements-trl.txt (TRL 1.16, pinned)
 
 Measured 2026-12-03 on the shared 2-core machine, load average 5.7-6.3 (``--steps 40 --repeats 2``, same
 set-up as below): postrl 3.95 steps/s (0.253 s/step), TRL 1.63 (0.614): 2.43x; TRL with precompute 2.36
@@ -56,6 +56,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _record import record
 
 ROOT = Path(__file__).resolve().parents[1]
 THIS = Path(__file__).resolve()
@@ -326,8 +328,12 @@ def main() -> None:
     parser.add_argument("--order", nargs="+", default=["postrl", "trl"], help="contender order")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workdir", default="/tmp/postrl-bench-dpo", help="models, data and runs")
-    parser.add_argument("--trl-python", default=str(ROOT / ".peers-trl" / "bin" / "python"))
+    parser.add_argument("--workdir", default="runs/bench-dpo", help="models, data and runs")
+    parser.add_argument(
+        "--trl-python",
+        default=str(ROOT / "benchmarks" / "peers" / ".venv-trl" / "bin" / "python"),
+        help="python of the TRL venv (`make peers`)",
+    )
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     for hidden in ("--ref", "--data", "--ids", "--json"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
@@ -336,7 +342,9 @@ def main() -> None:
     if args.trl_worker:
         trl_worker(args)
         return
-    print(json.dumps(bench(args)))
+    result = bench(args)
+    record("dpo", result)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -56,6 +56,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from _record import record
+
 ROOT = Path(__file__).resolve().parents[1]
 THIS = Path(__file__).resolve()
 PRESETS = {
@@ -342,8 +344,10 @@ def main() -> None:
     _plot(summaries, Path(args.plot), title)
     print(_table(summaries, args.seeds))
     print(f"load average (1 min) before and after each run: {load}; wall {time.perf_counter() - start:.0f} s")
-    print(json.dumps({"benchmark": "estimators", "budget_cpu_s": args.budget, "sft": args.sft, "seeds": args.seeds,
-                      "loadavg": load, "summaries": summaries, "runs": runs}))  # fmt: skip
+    result = {"benchmark": "estimators", "budget_cpu_s": args.budget, "sft": args.sft, "seeds": args.seeds,
+              "loadavg": load, "summaries": summaries, "runs": runs}  # fmt: skip
+    record("estimators", result)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

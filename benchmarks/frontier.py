@@ -45,6 +45,8 @@ import sys
 import time
 from pathlib import Path
 
+from _record import record
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -160,6 +162,7 @@ def main() -> None:
         },
         "points": [{k: round(v, 3) if isinstance(v, float) else v for k, v in p.items()} for p in points],
     }
+    record("frontier", summary)
     print(json.dumps(summary))
 
 

@@ -48,7 +48,7 @@ skipped and says so; ``--parts trl,ppo`` reruns some). ``$OUT`` gets ``gpu-resul
 
 Here, the same script end to end on the CPU with a tiny model (< 2 minutes; TRL from its own venv)::
 
-    .venv/bin/python benchmarks/gpu.py --smoke --trl-python .peers-trl/bin/python
+    .venv/bin/python benchmarks/gpu.py --smoke --trl-python benchmarks/peers/.venv-trl/bin/python   # after `make peers`
 
 Results: none on a GPU yet (no device was lent to the session that wrote this script). The smoke run, 2026-12-03,
 on the shared 2-core CPU at a load average of 12 (every time inflated; process start-up dominates each part):
@@ -68,6 +68,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _record import record
 
 ROOT = Path(__file__).resolve().parents[1]
 THIS = Path(__file__).resolve()
@@ -489,7 +491,9 @@ def main() -> None:
     if args.part:
         run_worker(args)
         return
-    print(json.dumps(orchestrate(args)))
+    result = orchestrate(args)
+    record(f"gpu-{args.size}", result)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

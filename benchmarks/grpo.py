@@ -13,7 +13,7 @@ and for the same training time, the accuracy that continued SFT on the checkpoin
     .venv/bin/python benchmarks/grpo.py --part arithmetic --budget 180 [--base runs/base/pretrain/model]
 
 Part ``trl``: `postrl grpo` beside Hugging Face TRL's ``GRPOTrainer`` on TRL's own toy task
-(``/work/shared/peers/trl_grpo_bench.py``: "add a b =" prompts, character tokenizer, 2-layer GPT-2 of 407k
+(``benchmarks/peers/trl_grpo_bench.py``: "add a b =" prompts, character tokenizer, 2-layer GPT-2 of 407k
 parameters, its rule-based reward), at equal settings: G = 8, 16 completions of ≤ 16 tokens per step, β 0.04,
 ``loss_type="grpo"``, μ = 1, AdamW constant lr (1e-4 from the warm start; 1e-3, TRL's, from the random init),
 grad-norm clip 1, temperature 1, and TRL 1.16's defaults that its worker below leaves unset, matched on
@@ -27,8 +27,8 @@ measures throughput at TRL's own benchmark setting, where completions are long a
 are evaluated alike: greedy completions of the 100 problems, correct when the completion starts with the
 answer. postrl loads the GPT-2 through its Hugging Face fallback path. TRL runs in its own virtual environment (this file, ``--trl-worker`` mode):
 
-    python3 -m venv .peers-trl && .peers-trl/bin/pip install torch==2.13.0 transformers trl datasets accelerate
-    .venv/bin/python benchmarks/grpo.py --part trl --trl-python .peers-trl/bin/python --steps 200
+    make peers    # benchmarks/peers/.venv-trl, from benchmarks/peers/requirements-trl.txt (TRL 1.16, pinned)
+    .venv/bin/python benchmarks/grpo.py --part trl --steps 200
 
 Part ``family`` (issue 25): RLOO and DAPO beside TRL on the same task and warm start, β = 0 in both (TRL's
 GRPOTrainer default; RLOOTrainer's 0.05 puts the KL in the reward, postrl in the loss, so only β = 0 is the
@@ -154,8 +154,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-PEERS = Path(os.environ.get("POSTRL_PEERS", "/work/shared/peers"))
 ROOT = Path(__file__).resolve().parents[1]
+PEERS = ROOT / "benchmarks" / "peers"  # trl_grpo_bench.py; its venv: `make peers`
 THIS = Path(__file__).resolve()
 MAX_NEW_TOKENS = 16  # TRL task: max_completion_length
 
@@ -847,7 +847,9 @@ def main() -> None:
     parser.add_argument("--scratch-lr", type=float, default=1e-3, help="trl: lr from the random init (TRL's)")
     parser.add_argument("--scratch-steps", type=int, default=40, help="trl: steps of the from-init run")
     parser.add_argument("--sft-steps", type=int, default=100, help="trl: SFT steps of the warm start")
-    parser.add_argument("--trl-python", default=".peers-trl/bin/python", help="python of the TRL venv")
+    parser.add_argument(
+        "--trl-python", default=str(PEERS / ".venv-trl" / "bin" / "python"), help="python of the TRL venv"
+    )
     parser.add_argument("--order", nargs="+", default=["postrl", "trl"], help="trl: contender order")
     parser.add_argument("--sft", help="arithmetic: the SFT checkpoint (default: built, see _grpo_sft.py)")
     parser.add_argument("--base", help="arithmetic: pretrained base of the built checkpoint (default: built)")
@@ -883,8 +885,11 @@ def main() -> None:
     if args.trl_worker:
         trl_worker(args)
         return
-    result = PARTS[args.part](args)
-    print(json.dumps({"part": args.part, **result}))
+    from _record import record  # here: `postrl grpo` loads this file by path for the TRL part's rewards
+
+    result = {"part": args.part, **PARTS[args.part](args)}
+    record(f"grpo-{args.part}", result)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ batch's mismatched pairs (`postrl.lm.kto.build.kl_reference_point`) and the loss
 
 TRL runs in its own virtual environment (this file in ``--trl-worker`` mode), as in benchmarks/dpo.py:
 
-    python3 -m venv .peers-trl && .peers-trl/bin/pip install torch==2.13.0 trl==1.16.0
+    make peers    # benchmarks/peers/.venv-trl, from benchmarks/peers/requirements-trl.txt (TRL 1.16, pinned)
 
 Measured 2026-12-04 on the shared 2-core machine (load average 2.8-3.4, other jobs running), ``--steps 40``:
 identical batch loss postrl 0.50007129, TRL 0.50007129 (|difference| 0.0; z0 0.413079 vs 0.413080), the same
@@ -46,6 +46,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _record import record
 
 ROOT = Path(__file__).resolve().parents[1]
 THIS = Path(__file__).resolve()
@@ -245,8 +247,12 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=64, help="prompt + completion, in tokens")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workdir", default="/tmp/postrl-bench-kto", help="models, data and runs")
-    parser.add_argument("--trl-python", default=str(ROOT / ".peers-trl" / "bin" / "python"))
+    parser.add_argument("--workdir", default="runs/bench-kto", help="models, data and runs")
+    parser.add_argument(
+        "--trl-python",
+        default=str(ROOT / "benchmarks" / "peers" / ".venv-trl" / "bin" / "python"),
+        help="python of the TRL venv (`make peers`)",
+    )
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     for hidden in ("--model", "--ref", "--data", "--json"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
@@ -254,7 +260,9 @@ def main() -> None:
     if args.trl_worker:
         trl_worker(args)
         return
-    print(json.dumps(bench(args)))
+    result = bench(args)
+    record("kto", result)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import os
 
+from _record import record
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP
 
 import argparse
@@ -204,7 +206,9 @@ def main() -> None:
         "threads": args.threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
     }
-    print(json.dumps({**header, "peak_rss_mb": round(peak_rss_mb), **result}))
+    result = {**header, "peak_rss_mb": round(peak_rss_mb), **result}
+    record(f"lm_foundation-{args.part}", result)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ sums?) and on the task's questions ("What is 47+38?", expected ~0); after SFT, g
 500 held-out questions as the demo's report (8 new tokens) and SFT's own held-out loss.
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/pretrain_seeds.py \
-        [--seeds 0 1 2 3 4] [--shipped-seeds 0 1 2] [--workdir /tmp/postrl-pretrain-seeds]
+        [--seeds 0 1 2 3 4] [--shipped-seeds 0 1 2] [--workdir runs/bench-pretrain-seeds]
 
 A finished run folder (summary.json) is reused, so the seeds can be run one invocation at a time. Prints a
 Markdown table and ends with ONE JSON line.
@@ -205,6 +205,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _record import record
+
 from postrl.demo import ARITHMETIC, DemoConfig, copy_base_model
 from postrl.lm import base_model
 from postrl.lm.evaluation import complete, evaluate_task
@@ -321,7 +323,7 @@ def main() -> None:
     parser.add_argument(
         "--set", nargs="*", default=[], metavar="KEY=VALUE", help="override the recipe (e.g. run.steps=1600)"
     )
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/postrl-pretrain-seeds"))
+    parser.add_argument("--workdir", type=Path, default=Path("runs/bench-pretrain-seeds"))
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     started, load = time.perf_counter(), os.getloadavg()
@@ -353,6 +355,7 @@ def main() -> None:
         "wall_seconds": round(time.perf_counter() - started, 1),
         "rows": rows,
     }
+    record(f"pretrain_seeds{tag}", result)
     print(json.dumps(result))
 
 

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 import torch
+from _record import record
 
 # on top of configs/sft-arithmetic.yaml (the tiny world's SFT values; postrl sft's defaults are TRL's)
 SFT_RECIPE = [
@@ -154,6 +155,7 @@ def main() -> None:
     bon = best_of_n(args.sft, out / "rm" / "model", [4, 16], args.eval_size, 24, seed=1)
     result = report(rm, ppo, small, bon)
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    record("rlhf", result)
     print(json.dumps(result))
 
 

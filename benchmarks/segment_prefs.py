@@ -67,6 +67,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from _record import record
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -145,7 +146,9 @@ def main() -> None:
             rows.append(row)
     results = summarise(rows, args.envs, args.noise)
     print(f"run folders: {out}")
-    print(json.dumps({"benchmark": "segment_prefs", "seeds": args.seeds, "results": results, "runs": rows}))
+    result = {"benchmark": "segment_prefs", "seeds": args.seeds, "results": results, "runs": rows}
+    record("segment_prefs", result)
+    print(json.dumps(result))
 
 
 def summarise(rows: list[dict], envs: list[str], noises: list[float]) -> dict:

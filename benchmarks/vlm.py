@@ -35,6 +35,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from _record import record
+
 
 def _load() -> float:
     return round(os.getloadavg()[0], 2)
@@ -156,7 +158,7 @@ def main() -> None:
     parser.add_argument("--difficulty", type=int, default=1)
     parser.add_argument("--eval-size", type=int, default=300)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default="/tmp/postrl-bench-vlm")
+    parser.add_argument("--out", default="runs/bench-vlm")
     parser.add_argument("--reuse", action="store_true", help="keep an aligned model found in --out")
     parser.add_argument("--reuse-sft", action="store_true", help="with --reuse, keep the SFT checkpoint too")
     parser.add_argument("--skip-image-free", action="store_true", help="no image-free SFT run (tuning)")
@@ -185,6 +187,7 @@ def main() -> None:
         "runs": runs,
         "wall_seconds": round(time.perf_counter() - tic, 1),
     }
+    record("vlm", summary)
     print(json.dumps(summary))
 
 

@@ -185,7 +185,7 @@ def test_the_trl_defaults_preset_is_trls_grpo_config():
     assert (cfg.run.seed, cfg.run.log_every, cfg.run.save_every) == (42, 10, 500)
 
 
-TRL_PYTHON = Path(__file__).resolve().parents[2] / ".peers-trl" / "bin" / "python"
+TRL_PYTHON = Path(__file__).resolve().parents[2] / "benchmarks" / "peers" / ".venv-trl" / "bin" / "python"
 TRL_FIELDS = """
 import json, sys
 from trl import GRPOConfig
@@ -202,7 +202,7 @@ print(json.dumps({k: str(getattr(c, k)) for k in keys}))
 @pytest.mark.slow  # imports TRL in its own venv (~10 s)
 def test_the_trl_defaults_preset_matches_trl_itself(tmp_path):
     if not TRL_PYTHON.is_file():
-        pytest.skip("no TRL venv at .peers-trl")
+        pytest.skip("no TRL venv: `make peers` builds benchmarks/peers/.venv-trl")
     out = subprocess.run([str(TRL_PYTHON), "-c", TRL_FIELDS, str(tmp_path)], capture_output=True, text=True)
     trl = json.loads(out.stdout.strip().splitlines()[-1])
     cfg = load_config(GRPOConfig, "grpo-trl-arithmetic")
