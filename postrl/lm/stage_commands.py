@@ -53,12 +53,21 @@ def _run_stage(name: str):
         if args.list_keys:
             print(format_help(stage.config_class()))
             return 0
+        if args.dry_run:  # the config and the memory estimate only: nothing loaded, nothing written
+            from postrl.lm.estimate import check_fits  # deferred, as every torch import here
+
+            line = check_fits(name, stage_config(name, args), dry_run=True)
+            print(f"postrl {name}: " + (f"{line}: it fits" if line else "no memory estimate for this stage"))
+            return 0
         if args.out is None:
             raise UserError(f"postrl {name}: --out RUN_DIR is required (a new folder, or a run to --resume)")
-        from postrl.runtime import distributed as dist  # deferred, as every torch import here
+        from postrl.lm.estimate import check_fits  # deferred, as every torch import here
+        from postrl.runtime import distributed as dist
 
+        cfg = stage_config(name, args)
+        check_fits(name, cfg)  # refuses, with the estimate, a run that would not fit (run.memory.check)
         run = stage.run_function()
-        summary = run(stage_config(name, args), args.out, resume=args.resume, overwrite=args.overwrite)
+        summary = run(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
         if dist.is_main():  # under torchrun, one summary line
             print(json.dumps(summary))
         dist.cleanup()
@@ -98,6 +107,12 @@ def add_stage_parser(subparsers: Any, name: str) -> argparse.ArgumentParser:
         help="run the model folder's own code (trust_remote_code=true); a resume needs it again",
     )
     parser.add_argument("--list-keys", action="store_true", help="print every config key and exit")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the config, print its peak-memory estimate against the available memory and exit "
+        "(an error if it would not fit); nothing is loaded or written",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     parser.set_defaults(handler=_run_stage(name))
     return parser

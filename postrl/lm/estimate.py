@@ -1,0 +1,164 @@
+"""Will a run fit? An estimate of an LM stage's peak memory from its config, before any weight is loaded.
+
+The model is built on torch's ``meta`` device from its ``config.json`` (exact parameter counts, tied weights
+counted once, no memory), and the peak is summed from the parts a training step holds at once:
+
+    weights          parameters × bytes of run.dtype (a second copy for a reference model, unless LoRA's
+                     reference is the policy with adapters off, or the stage has none)
+    gradients        trained parameters × their bytes (LoRA adapters: float32)
+    optimizer        AdamW: 2 moments float32 per trained parameter, plus a float32 master weight for
+                     bfloat16 ones (`postrl.lm.master_adamw`)
+    activations      one forward's rows × tokens × layers × the per-token, per-layer tensors a block saves
+                     for its backward (Korthikanti et al. 2022, "Reducing Activation Recomputation", §4.1:
+                     ≈ 8h + 3·kv + 4·ffn + 2·heads·tokens elements, the attention probabilities included);
+                     with activation checkpointing, the blocks' inputs (h) plus one block's full set
+    logits           the response tokens' [tokens, vocab] float32 logits, their log-softmax and gradient
+                     (3 copies), or one chunk's (`run.memory.log_probs`: chunked)
+    kv cache         GRPO's sampling: rows × tokens × layers × 2·kv
+
+It is an estimate (allocator slack, the framework's own buffers, tokenizer and data are not counted):
+`benchmarks/real_size.py` measures the peaks it predicts. `check_fits` refuses a config whose estimate
+exceeds the memory available now, before the run folder is touched; ``--dry-run`` prints it and exits.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from postrl.lm.memory import LARGE_VOCAB
+from postrl.runtime.errors import UserError
+
+GiB = 1024**3
+STAGES_WITH_REFERENCE = ("dpo", "kto", "grpo", "ppo")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the estimate needs of a model: its parameter count, its trained count and its dimensions."""
+
+    params: int
+    trained: int
+    layers: int
+    hidden: int
+    kv: int
+    ffn: int
+    heads: int
+    vocab: int
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes of each part of a step's peak, and the total."""
+
+    parts: dict[str, float]
+    rows: int
+    tokens: int
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    def describe(self) -> str:
+        items = ", ".join(f"{k} {v / GiB:.2f}" for k, v in self.parts.items() if v)
+        return f"{self.total / GiB:.2f} GiB ({items}; {self.rows} rows × {self.tokens} tokens per forward)"
+
+
+def model_shape(path: str, lora: Any, trust_remote_code: bool = False) -> Shape:
+    """`Shape` of the causal LM at ``path`` (its config only, built on the meta device)."""
+    from transformers import AutoConfig, AutoModelForCausalLM  # deferred: transformers (seconds)
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    params = sum(p.numel() for p in model.parameters())
+    text = getattr(config, "text_config", None) or config
+    hidden, heads = text.hidden_size, text.num_attention_heads
+    kv = (getattr(text, "num_key_value_heads", None) or heads) * getattr(text, "head_dim", hidden // heads)
+    trained = params
+    if lora.enabled:  # rank·(in + out) per Linear of the blocks (all-linear: the output layer excluded)
+        blocks = model.get_decoder() if hasattr(model, "get_decoder") else model
+        linears = [m for n, m in blocks.named_modules() if isinstance(m, torch.nn.Linear) and "layers" in n]
+        trained = sum(lora.rank * (m.in_features + m.out_features) for m in linears)
+    ffn = getattr(text, "intermediate_size", None) or 4 * hidden
+    return Shape(params, trained, text.num_hidden_layers, hidden, kv, ffn, heads, text.vocab_size)
+
+
+def _batch(stage: str, cfg: Any) -> tuple[int, int, int]:
+    """(rows of one forward, tokens per row, response tokens per row) of a stage's config."""
+    if stage == "grpo":
+        g = cfg.grpo
+        rows = -(-g.prompts_per_step * g.group_size // (g.minibatches * g.grad_accum))
+        T = cfg.sampling.max_new_tokens
+        return rows, cfg.max_prompt_length + T, T
+    train = cfg.train
+    rows = -(-train.batch_size // train.grad_accum) * (2 if stage == "dpo" else 1)
+    return rows, train.max_length, train.max_length
+
+
+def estimate(stage: str, cfg: Any, shape: Shape) -> Estimate:
+    """The peak memory of one training step of ``stage`` under ``cfg`` for a model of ``shape``."""
+    run, memory = cfg.run, cfg.run.memory
+    wbytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(run.dtype, 4)
+    lora = run.lora.enabled
+    rows, L, T = _batch(stage, cfg)
+    s = shape
+    reference = stage in STAGES_WITH_REFERENCE and not lora and getattr(getattr(cfg, "grpo", None), "beta", 1)
+    per_token = 8 * s.hidden + 3 * s.kv + 4 * s.ffn + 2 * s.heads * L  # elements per token and layer
+    if memory.gradient_checkpointing:
+        activations = rows * L * (s.layers * s.hidden + per_token) * wbytes
+    else:
+        activations = rows * L * s.layers * per_token * wbytes
+    chunked = memory.log_probs == "chunked" or (memory.log_probs == "auto" and s.vocab >= LARGE_VOCAB)
+    logit_rows = min(memory.chunk_tokens, rows * T) if chunked else rows * T
+    parts = {
+        "weights": s.params * wbytes * (2 if reference else 1),
+        "gradients": s.trained * (4 if lora else wbytes),
+        "optimizer": s.trained * (8 + (4 if wbytes < 4 and not lora else 0)),
+        "activations": activations,
+        "logits": 3 * logit_rows * s.vocab * 4,
+        "kv cache": rows * L * s.layers * 2 * s.kv * wbytes if stage == "grpo" else 0,
+    }
+    return Estimate({k: float(v) for k, v in parts.items()}, rows, L)
+
+
+def available_memory(device: str) -> tuple[float, str]:
+    """(bytes free now, what) on ``device``: a GPU's free memory, else the host's MemAvailable."""
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        free, _ = torch.cuda.mem_get_info(torch.device("cuda" if device == "auto" else device))
+        return float(free), "free GPU memory"
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return float(info["MemAvailable"]), "available RAM"
+    except (OSError, KeyError):
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "RAM"
+
+
+def check_fits(stage: str, cfg: Any, *, dry_run: bool = False) -> str | None:
+    """The estimate's line for ``stage`` (None: a stage it does not cover). Raises `UserError` with the
+    estimate when it exceeds the available memory and ``run.memory.check`` is on (or under ``dry_run``)."""
+    if stage not in ("sft", "dpo", "kto", "grpo") or not hasattr(cfg, "model"):
+        return None
+    try:
+        shape = model_shape(str(cfg.model), cfg.run.lora, getattr(cfg, "trust_remote_code", False))
+    except (OSError, ValueError) as err:
+        if dry_run:
+            raise UserError(f"model={cfg.model}: no config.json to estimate from ({err})") from None
+        return None  # the loader says what is wrong with the model, as before
+    est = estimate(stage, cfg, shape)
+    free, what = available_memory(cfg.run.device)
+    line = (
+        f"estimated peak {est.describe()}; {what} {free / GiB:.2f} GiB ({shape.params / 1e6:.0f}M parameters)"
+    )
+    one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
+    if est.total > free and (dry_run or (cfg.run.memory.check and one_process)):
+        raise UserError(
+            f"this config would not fit: {line}. Lower the batch or lengths, or set run.memory.log_probs=chunked, "
+            "run.memory.gradient_checkpointing=true, run.lora.enabled=true, run.dtype=bfloat16 "
+            "(run.memory.check=false runs it anyway)"
+        )
+    return line

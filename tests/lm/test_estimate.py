@@ -1,0 +1,79 @@
+"""The memory estimate (postrl.lm.estimate) and ``--dry-run``: parameter counts of real configs built on the meta
+device, the parts that each switch changes, and a config that would not fit refused before its folder exists."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from postrl.cli import main
+from postrl.lm.estimate import GiB, estimate, model_shape
+from postrl.lm.grpo.config import GRPOConfig
+from postrl.lm.memory import MemoryConfig
+from postrl.lm.spine import LoraConfig
+
+
+def qwen05b_folder(path):
+    """config.json of Qwen2.5-0.5B (its published shape), no weights."""
+    from transformers import Qwen2Config
+
+    Qwen2Config(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True, rope_theta=1e6,
+    ).save_pretrained(path)  # fmt: skip
+    return path
+
+
+def test_qwen_half_billion_counts_like_its_model_card(tmp_path):
+    shape = model_shape(str(qwen05b_folder(tmp_path)), LoraConfig())
+    assert shape.params == 494_032_768  # Qwen2.5-0.5B: 0.49B parameters, tied embeddings counted once
+    assert (shape.vocab, shape.layers, shape.hidden, shape.kv) == (151936, 24, 896, 128)
+    lora = model_shape(str(tmp_path), LoraConfig(enabled=True, rank=16))
+    # per layer, rank·(in + out) of q, k, v, o, gate, up, down: 16·(1792 + 1024 + 1024 + 1792 + 3·5760)
+    assert lora.trained == 24 * 16 * (896 + 896 + 896 + 128 + 896 + 128 + 896 + 896 + 3 * (896 + 4864))
+
+
+def test_each_switch_shrinks_its_part(tmp_path):
+    shape = model_shape(str(qwen05b_folder(tmp_path)), LoraConfig())
+    cfg = GRPOConfig()
+    cfg = replace(cfg, grpo=replace(cfg.grpo, prompts_per_step=4, beta=0.04))
+
+    def with_memory(**kw):
+        return replace(cfg, run=replace(cfg.run, memory=MemoryConfig(**kw)))
+
+    full = estimate("grpo", with_memory(log_probs="full"), shape)
+    rows, tokens = full.rows, full.tokens
+    assert (rows, tokens) == (32, 512 + 256)
+    assert full.parts["logits"] == 3 * rows * 256 * 151936 * 4  # [32 × 256 response tokens, V] float32, ×3
+    chunked = estimate("grpo", with_memory(log_probs="auto", chunk_tokens=512), shape)
+    assert chunked.parts["logits"] == 3 * 512 * 151936 * 4
+    assert full.parts["weights"] == 2 * 494_032_768 * 4  # policy + reference
+    ckpt = estimate("grpo", with_memory(gradient_checkpointing=True), shape)
+    assert ckpt.parts["activations"] < full.parts["activations"] / 10
+    lora = replace(cfg, run=replace(cfg.run, lora=LoraConfig(enabled=True)))
+    assert estimate("grpo", lora, model_shape(str(tmp_path), lora.run.lora)).parts["weights"] < 2 * GiB
+
+
+def test_dry_run_refuses_what_would_not_fit_before_any_folder(tmp_path, capsys):
+    model = qwen05b_folder(tmp_path / "qwen")
+    out = tmp_path / "run"
+    argv = ["grpo", "--model", str(model), "--out", str(out), "grpo.prompts_per_step=4096", "--dry-run"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("postrl: error: this config would not fit: estimated peak") and "GiB" in err
+    assert "available RAM" in err and err.count("\n") == 1 and not out.exists()
+    assert main([a for a in argv if a != "--dry-run"]) == 2  # the run itself refuses it the same way
+    assert "would not fit" in capsys.readouterr().err and not out.exists()
+    assert (
+        main(["grpo", "--model", str(model), "grpo.prompts_per_step=1", "grpo.group_size=2", "--dry-run"])
+        == 0
+    )
+    assert "it fits" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad", ["run.memory.chunk_tokens=0", "run.memory.log_probs=some"])
+def test_bad_memory_keys_are_one_line_errors(tmp_path, bad, capsys):
+    assert main(["dpo", "--model", str(qwen05b_folder(tmp_path)), "--dry-run", bad]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("postrl: error:") and "run.memory." in err and err.count("\n") == 1
