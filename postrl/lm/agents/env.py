@@ -113,7 +113,7 @@ Policy = Callable[[list[Message], int], str]
 """A policy for `run_episode`: (conversation so far, max new tokens) -> reply."""
 
 
-def _step(env: TextEnv, action: str, turn: int) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+def step_env(env: TextEnv, action: str, turn: int) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
     """``env.step(action)``, an exception in it as an `AgentError` that names the environment and the turn."""
     try:
         observation, reward, terminated, truncated, info = env.step(action)
@@ -126,6 +126,29 @@ def _step(env: TextEnv, action: str, turn: int) -> tuple[list[Message], float, b
             f" on turn {turn} with the action {action[:80]!r}"
         ) from err
     return as_messages(observation), float(reward), bool(terminated), bool(truncated), dict(info or {})
+
+
+def play_turn(
+    env: TextEnv, episode: Episode, action: str, n_tokens: int, budget: EpisodeBudget
+) -> list[Message] | None:
+    """Step ``env`` on the policy's reply ``action`` (``n_tokens`` long) and record the turn in ``episode``;
+    the observation messages when the episode goes on, None when it ended (terminated, or truncated by the
+    environment or the budget, the environment's `truncation_reward` then added to the turn's reward)."""
+    episode.tokens += n_tokens
+    observation, reward, terminated, truncated, info = step_env(env, action, len(episode.actions))
+    episode.actions.append(action)
+    episode.messages.append({"role": "assistant", "content": action})
+    episode.rewards.append(reward)
+    episode.infos.append(info)
+    episode.terminated = terminated
+    out_of_budget = len(episode.actions) >= budget.max_turns or episode.tokens >= budget.max_tokens
+    episode.truncated = not terminated and (truncated or out_of_budget)
+    if episode.truncated:
+        episode.rewards[-1] += float(env.truncation_reward())
+    if terminated or episode.truncated:
+        return None
+    episode.messages.extend(observation)
+    return observation
 
 
 def run_episode(
@@ -144,21 +167,9 @@ def run_episode(
     `truncation_reward` is added to the last turn's reward. An exception in ``env.step`` is an `AgentError`.
     """
     messages, _ = env.reset(seed=seed, options=options)
-    episode = Episode(messages=list(as_messages(messages)), prompt_len=len(as_messages(messages)))
+    messages = as_messages(messages)
+    episode = Episode(messages=list(messages), prompt_len=len(messages))
     while not (episode.terminated or episode.truncated):
-        turn = len(episode.actions)
         action = policy(list(episode.messages), budget.max_tokens - episode.tokens)
-        episode.tokens += count_tokens(action)
-        observation, reward, terminated, truncated, info = _step(env, action, turn)
-        episode.actions.append(action)
-        episode.messages.append({"role": "assistant", "content": action})
-        episode.rewards.append(reward)
-        episode.infos.append(info)
-        episode.terminated = terminated
-        out_of_budget = turn + 1 >= budget.max_turns or episode.tokens >= budget.max_tokens
-        episode.truncated = not terminated and (truncated or out_of_budget)
-        if not terminated:
-            episode.messages.extend(observation)
-        if episode.truncated:
-            episode.rewards[-1] += float(env.truncation_reward())
+        play_turn(env, episode, action, count_tokens(action), budget)
     return episode

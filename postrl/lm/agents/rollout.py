@@ -1,0 +1,218 @@
+"""Multi-turn rollouts with postrl's sampler: a batch of episodes, each turn sampled for every episode that is
+still running, the observations appended as tokens that carry no loss.
+
+The result is one token layout per batch (`TurnRollout`), the `postrl.lm.rollout.Rollout` layout stretched over
+the turns: the first prompt left-padded to column P, then everything after it (actions and observations)
+right-padded. ``action_mask`` marks the tokens the policy sampled; observation and tool tokens are context only
+(the loss multiplies by ``action_mask``, so their gradient is exactly zero). ``log_probs`` are the sampling
+log-probs; a teacher-forced forward of ``input_ids`` reproduces them at the action tokens.
+
+Each turn's prompt is the episode so far, encoded once and extended by token concatenation (the observation's
+suffix as the chat template renders it after an assistant turn), never re-tokenised, so the sampled tokens are
+exactly the ones scored. The sampler prefills the whole prefix at each turn: the KV cache is not carried
+across turns (issue #35 asks for it; not done).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from postrl.core import turn_index
+from postrl.lm.agents.env import AgentError, Episode, EpisodeBudget, Message, TextEnv, as_messages, play_turn
+from postrl.lm.data import encode_prompts
+from postrl.lm.rollout import SamplingConfig, generate, left_pad
+
+log = logging.getLogger(__name__)
+
+_DUMMY = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+
+
+@dataclass
+class TurnRollout:
+    """A batch of played episodes as tokens, and their per-turn rewards."""
+
+    input_ids: Tensor
+    """[B, P + T] first prompt (left-padded) then actions and observations (right-padded)"""
+    attention_mask: Tensor
+    """[B, P + T] long"""
+    prompt_len: int
+    """P"""
+    action_mask: Tensor
+    """[B, T] long: 1 on the tokens the policy sampled, 0 on observations, tools and padding"""
+    log_probs: Tensor
+    """[B, T] float32 sampling log π_τ on action tokens, 0 elsewhere"""
+    token_turns: Tensor
+    """[B, T] int64 turn of each action token, −1 elsewhere (`postrl.core.turn_index` of ``action_mask``)"""
+    turn_rewards: Tensor
+    """[B, K] float32 reward of each turn (K the most turns of any episode), 0 on padding"""
+    turn_mask: Tensor
+    """[B, K] bool, 1 on each episode's turns"""
+    terminated: Tensor
+    """[B] bool: the environment ended the episode (False: cut by the budget or the environment)"""
+    episodes: list[Episode]
+    """the episodes as messages"""
+
+
+def _render(tokenizer: Any, messages: list[Message], **kwargs: Any) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+
+
+def _as_user(messages: list[Message]) -> list[Message]:
+    """Tool results as user messages wrapped in ``<tool_response>`` (Qwen's rendering of the tool role), for a
+    chat template that has no tool role."""
+    return [
+        {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
+        if m["role"] == "tool"
+        else m
+        for m in messages
+    ]
+
+
+def observation_ids(tokenizer: Any, observation: list[Message]) -> list[int]:
+    """The tokens that follow an assistant turn when ``observation`` comes next and the model is to reply: the
+    chat template's rendering of (a dummy exchange + the observation, with the generation prompt) minus its
+    rendering of the dummy exchange."""
+    base = _render(tokenizer, _DUMMY)
+    try:
+        full = _render(tokenizer, _DUMMY + observation, add_generation_prompt=True)
+    except Exception:  # a template without a tool role (the built-in one raises on unknown roles)
+        if not any(m["role"] == "tool" for m in observation):
+            raise
+        log.info("chat template has no tool role: tool results are rendered as <tool_response> user turns")
+        full = _render(tokenizer, _DUMMY + _as_user(observation), add_generation_prompt=True)
+    if not full.startswith(base):
+        raise AgentError("the chat template does not render a conversation as a prefix of its continuation")
+    return list(tokenizer(full[len(base) :], add_special_tokens=False)["input_ids"])
+
+
+def prompt_ids(tokenizer: Any, env: TextEnv, messages: list[Message]) -> list[int]:
+    """The first prompt's tokens: the chat template with the environment's tools and the generation prompt."""
+    text = _render(tokenizer, messages, add_generation_prompt=True, tools=env.tools or None)
+    return encode_prompts(tokenizer, [text])[0]
+
+
+@dataclass
+class _Running:
+    """One episode being played: its environment, its tokens after the prompt, and its record."""
+
+    env: TextEnv
+    prompt: list[int]
+    after: list[int]
+    action: list[int]
+    log_probs: list[float]
+    episode: Episode
+
+    @property
+    def done(self) -> bool:
+        return self.episode.terminated or self.episode.truncated
+
+
+def _start(tokenizer: Any, env: TextEnv, seed: int | None, options: dict[str, Any] | None) -> _Running:
+    messages, _ = env.reset(seed=seed, options=options)
+    messages = as_messages(messages)
+    episode = Episode(messages=list(messages), prompt_len=len(messages))
+    return _Running(env, prompt_ids(tokenizer, env, messages), [], [], [], episode)
+
+
+def _take_turn(
+    run: _Running, ids: list[int], log_probs: list[float], text: str, budget: EpisodeBudget, tokenizer: Any
+) -> None:
+    """Record one sampled action, step the environment, append the observation's tokens."""
+    run.after += ids
+    run.action += [1] * len(ids)
+    run.log_probs += log_probs
+    observation = play_turn(run.env, run.episode, text, len(ids), budget)
+    if observation is not None:
+        suffix = observation_ids(tokenizer, observation)
+        run.after += suffix
+        run.action += [0] * len(suffix)
+        run.log_probs += [0.0] * len(suffix)
+
+
+@torch.no_grad()
+def sample_episodes(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    envs: Sequence[TextEnv],
+    sampling: SamplingConfig,
+    budget: EpisodeBudget,
+    generator: torch.Generator | None = None,
+    seeds: Sequence[int | None] | None = None,
+    options: Sequence[dict[str, Any] | None] | None = None,
+) -> TurnRollout:
+    """Play one episode in each of ``envs`` (reset with ``seeds[i]`` / ``options[i]``) with ``model``.
+
+    Every turn, the episodes still running are sampled together (their prefixes left-padded), each reply is
+    cut to ``sampling.max_new_tokens`` and to the tokens left in the episode's budget, and the environments
+    step on the decoded replies. An exception in a `step` is an `AgentError` naming the environment.
+    """
+    n = len(envs)
+    runs = [
+        _start(tokenizer, env, seeds[i] if seeds else None, options[i] if options else None)
+        for i, env in enumerate(envs)
+    ]
+    device = next(model.parameters()).device
+    eos = tokenizer.eos_token_id
+    while active := [r for r in runs if not r.done]:
+        ids, mask = left_pad([r.prompt + r.after for r in active], tokenizer.pad_token_id)
+        left = max(budget.max_tokens - r.episode.tokens for r in active)
+        out = generate(
+            model,
+            ids.to(device),
+            mask.to(device),
+            max_new_tokens=min(sampling.max_new_tokens, left),
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            eos_token_id=eos,
+            pad_token_id=tokenizer.pad_token_id,
+            generator=generator,
+            greedy=sampling.greedy,
+            use_fast=sampling.use_fast,
+        )
+        for j, run in enumerate(active):
+            length = min(int(out.response_lengths[j]), budget.max_tokens - run.episode.tokens)
+            action = out.response_ids[j, :length].tolist()
+            text = tokenizer.decode([t for t in action if t != eos], skip_special_tokens=True)
+            _take_turn(run, action, out.log_probs[j, :length].tolist(), text, budget, tokenizer)
+    return _assemble(runs, tokenizer.pad_token_id, n)
+
+
+def _assemble(runs: list[_Running], pad_token_id: int, n: int) -> TurnRollout:
+    """The played episodes in the one token layout."""
+    prompt, prompt_mask = left_pad([r.prompt for r in runs], pad_token_id)
+    width = max(len(r.after) for r in runs)
+    after = torch.full((n, width), pad_token_id, dtype=torch.long)
+    action = torch.zeros((n, width), dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    log_probs = torch.zeros((n, width), dtype=torch.float32)
+    turns = max(len(r.episode.rewards) for r in runs)
+    rewards = torch.zeros((n, turns), dtype=torch.float32)
+    turn_mask = torch.zeros((n, turns), dtype=torch.bool)
+    for i, r in enumerate(runs):
+        m = len(r.after)
+        after[i, :m] = torch.tensor(r.after)
+        action[i, :m] = torch.tensor(r.action)
+        attention[i, :m] = 1
+        log_probs[i, :m] = torch.tensor(r.log_probs)
+        k = len(r.episode.rewards)
+        rewards[i, :k] = torch.tensor(r.episode.rewards)
+        turn_mask[i, :k] = True
+    return TurnRollout(
+        input_ids=torch.cat([prompt, after], dim=1),
+        attention_mask=torch.cat([prompt_mask, attention], dim=1),
+        prompt_len=prompt.shape[1],
+        action_mask=action,
+        log_probs=log_probs,
+        token_turns=turn_index(action),
+        turn_rewards=rewards,
+        turn_mask=turn_mask,
+        terminated=torch.tensor([r.episode.terminated for r in runs]),
+        episodes=[r.episode for r in runs],
+    )
