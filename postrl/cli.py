@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from postrl import __version__
 from postrl.control.commands import add_control_command as control
+from postrl.label.commands import add_label_command as label
 from postrl.lm.commands import add_data_command as data
 from postrl.lm.judges.command import add_judge_command as judge
 from postrl.lm.stage_commands import add_stage_commands as lm_stages
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _registrars() -> list:
-    return [control, data, judge, lm_stages, _add_demo]
+    return [control, data, judge, lm_stages, label, _add_demo]
 
 
 def _add_demo(subparsers: argparse._SubParsersAction) -> None:

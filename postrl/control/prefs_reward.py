@@ -137,6 +137,25 @@ class Pairs:
     def from_state(state: dict) -> Pairs:
         return Pairs(Segments(**state["first"]), Segments(**state["second"]), state["labels"], state["val"])
 
+    @staticmethod
+    def from_rows(rows: list[dict]) -> Pairs:
+        """Pairs from JSON rows ``{"first", "second", "label"}``, each segment ``{"obs" [L][obs_dim],
+        "actions" [L] or [L][act_dim], "true_rewards" [L], "alive" [L]}`` (the preferences file of
+        ``postrl label`` on segment pairs); none held out (``val`` false)."""
+
+        def stack(side: str) -> Segments:
+            segs = [r[side] for r in rows]
+            actions = torch.tensor([s["actions"] for s in segs])
+            return Segments(
+                torch.tensor([s["obs"] for s in segs], dtype=torch.float32),
+                actions if actions.is_floating_point() else actions.long(),
+                torch.tensor([s["true_rewards"] for s in segs], dtype=torch.float32),
+                torch.tensor([s["alive"] for s in segs], dtype=torch.bool),
+            )
+
+        labels = torch.tensor([float(r["label"]) for r in rows], dtype=torch.float32)
+        return Pairs(stack("first"), stack("second"), labels, torch.zeros(len(rows), dtype=torch.bool))
+
 
 def synthetic_labels(
     returns_1: torch.Tensor,

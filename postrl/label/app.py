@@ -1,0 +1,181 @@
+"""The labelling page: a Starlette app over one labelling folder, served by uvicorn (`serve`).
+
+Routes (the client names pairs by index and pictures by slot; no request carries a path):
+
+    GET  /                          the page (``page.html``: one comparison at a time, keyboard shortcuts)
+    GET  /api/state?labeller=NAME   the labeller's next pair, progress and agreement with the others
+    GET  /api/pair/{i}              pair i as shown: prompt and left/right responses, or left/right clip URLs
+    POST /api/judge                 ``{"labeller", "pair", "choice"}`` (left, right, tie, skip, undo): written to
+                                    the folder (`postrl.label.store.LabelStore`) before the reply
+    GET  /media/{i}/{slot}          pair i's picture ``image<k>`` or clip ``left``/``right``, from DIR/media only
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from postrl.label.pairs import MEDIA_TYPES, kind_of, media_path, pair_rows, prepare, shown
+from postrl.label.store import LabelStore, StaleJudgement, check_name
+from postrl.runtime.errors import UserError
+
+HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+
+
+class Labelling:
+    """A labelling folder opened for the page: its pairs and its store of judgements."""
+
+    def __init__(self, folder: Path, pairs_file: Path | None = None):
+        self.folder = Path(folder)
+        self.pairs = prepare(self.folder, pairs_file)
+        self.kind = kind_of(self.pairs)
+        self.store = LabelStore(self.folder, len(self.pairs), lambda js: pair_rows(self.pairs, js))
+
+    def view(self, index: int) -> dict[str, Any]:
+        """Pair ``index`` as the page shows it (media as URLs of this app)."""
+        pair = self.pairs[index]
+        left, right = shown(pair, index)
+        images = [f"/media/{index}/image{k}" for k in range(len(pair.get("images", [])))]
+        if self.kind == "lm":
+            return {"kind": "lm", "prompt": pair["prompt"], "left": left, "right": right, "images": images}
+        steps = len(pair["first"]["obs"])
+        return {
+            "kind": "segments",
+            "env": pair["env"],
+            "steps": steps,
+            "left": f"/media/{index}/left",
+            "right": f"/media/{index}/right",
+        }
+
+    def media(self, index: int, slot: str) -> Path:
+        pair = self.pairs[index]
+        if slot in ("left", "right") and self.kind == "segments":
+            left, right = shown(pair, index)
+            name = (left if slot == "left" else right)["clip"]
+        elif slot.startswith("image") and slot[5:].isdigit() and int(slot[5:]) < len(pair.get("images", [])):
+            name = pair["images"][int(slot[5:])]
+        else:
+            raise UserError(f"pair {index} has no {slot!r}")
+        return media_path(self.folder, name)
+
+
+def _error(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=HEADERS)
+
+
+class _Routes:
+    """The app's handlers over one labelling folder."""
+
+    def __init__(self, labelling: Labelling):
+        self.labelling = labelling
+        self.page = resources.files("postrl.label").joinpath("page.html").read_text(encoding="utf-8")
+
+    def _pair_index(self, request: Request) -> int | None:
+        index = request.path_params["index"]
+        return index if 0 <= index < len(self.labelling.pairs) else None
+
+    async def index(self, request: Request) -> Response:
+        return HTMLResponse(self.page, headers=HEADERS)
+
+    async def state(self, request: Request) -> Response:
+        try:
+            name = check_name(request.query_params.get("labeller", ""))
+        except UserError as err:
+            return _error(str(err))
+        return JSONResponse(self.labelling.store.state(name), headers=HEADERS)
+
+    async def pair(self, request: Request) -> Response:
+        i = self._pair_index(request)
+        if i is None:
+            return _error(f"no pair {request.path_params['index']}", 404)
+        return JSONResponse(self.labelling.view(i), headers=HEADERS)
+
+    async def judge(self, request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error("expected a JSON body")
+        if not isinstance(body, dict):
+            return _error("expected a JSON object {labeller, pair, choice}")
+        try:
+            state = self.labelling.store.record(body.get("labeller"), body.get("pair"), body.get("choice"))
+        except UserError as err:
+            return _error(str(err), 409 if isinstance(err, StaleJudgement) else 400)
+        return JSONResponse(state, headers=HEADERS)
+
+    async def media(self, request: Request) -> Response:
+        i = self._pair_index(request)
+        if i is None:
+            return _error(f"no pair {request.path_params['index']}", 404)
+        try:
+            path = self.labelling.media(i, request.path_params["slot"])
+        except UserError as err:
+            return _error(str(err), 404)
+        return FileResponse(path, media_type=MEDIA_TYPES[path.suffix], headers=HEADERS)
+
+
+def make_app(labelling: Labelling) -> Starlette:
+    """The page's Starlette app over ``labelling``."""
+    r = _Routes(labelling)
+    routes = [
+        Route("/", r.index),
+        Route("/api/state", r.state),
+        Route("/api/pair/{index:int}", r.pair),
+        Route("/api/judge", r.judge, methods=["POST"]),
+        Route("/media/{index:int}/{slot:str}", r.media),
+    ]
+    return Starlette(routes=routes)
+
+
+def serve(labelling: Labelling, host: str = "127.0.0.1", port: int = 8765) -> None:
+    """Serve the page with uvicorn until interrupted; say where, and whether others can reach it."""
+    import uvicorn
+
+    reach = (
+        "only this computer can open it"
+        if host in ("127.0.0.1", "localhost", "::1")
+        else "WARNING: other computers on the network can open it (and label)"
+    )
+    done = labelling.store.counts()
+    print(
+        f"postrl label: {len(labelling.pairs)} {labelling.kind} pairs from {labelling.folder}; "
+        f"judgements so far: {sum(done.values())} by {len(done)} labeller(s)\n"
+        f"postrl label: serving on http://{host}:{port}/ (bound to {host}: {reach}); Ctrl-C stops, and "
+        "rerunning with the same --out continues",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(make_app(labelling), host=host, port=port, log_level="warning")
+
+
+@contextmanager
+def running(labelling: Labelling, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """The page served by uvicorn in a background thread (port 0: a free one) while the block runs; yields
+    its URL. For a program that asks people for labels and goes on when they are done (and for tests)."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(make_app(labelling), host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="postrl-label", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise UserError(f"postrl label: the page could not be served on {host}:{port}")
+        time.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -1,0 +1,120 @@
+"""The page's HTTP routes (Starlette's test client): judgements reach the folder, media come only from the
+folder, and segment pairs become the `Pairs` the control reward model trains on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("starlette")
+from starlette.testclient import TestClient  # noqa: E402
+
+from postrl.cli import main  # noqa: E402
+from postrl.label.app import Labelling, make_app  # noqa: E402
+from postrl.label.pairs import swapped  # noqa: E402
+from postrl.label.segments import segment_pairs  # noqa: E402
+
+
+def _vlm_pairs(tmp_path: Path) -> Path:
+    Image.new("RGB", (8, 8), (200, 30, 30)).save(tmp_path / "red.png")
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colour?"}]}],
+            "responses": ["red", "blue"],
+            "images": ["red.png"],
+        }
+    ]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_routes_judge_and_serve_only_the_folder(tmp_path):
+    out = tmp_path / "lab"
+    client = TestClient(make_app(Labelling(out, _vlm_pairs(tmp_path))))
+    assert "Left is better" in client.get("/").text
+    state = client.get("/api/state", params={"labeller": "ada"}).json()
+    assert (state["pair"], state["total"], state["done"]) == (0, 1, 0)
+    view = client.get("/api/pair/0").json()
+    assert view["images"] == ["/media/0/image0"] and {view["left"], view["right"]} == {"red", "blue"}
+    picture = client.get("/media/0/image0")
+    assert picture.status_code == 200 and picture.headers["content-type"] == "image/png"
+    for bad in ("/media/0/image1", "/media/0/left", "/media/1/image0", "/media/0/..%2F..%2Fpairs.jsonl"):
+        assert client.get(bad).status_code == 404, bad
+    assert client.get("/media/0/../../etc/passwd").status_code == 404
+    assert (
+        client.post("/api/judge", json={"labeller": "../x", "pair": 0, "choice": "left"}).status_code == 400
+    )
+    assert (
+        client.post("/api/judge", json={"labeller": "ada", "pair": 0, "choice": "maybe"}).status_code == 400
+    )
+
+    state = client.post("/api/judge", json={"labeller": "ada", "pair": 0, "choice": "right"}).json()
+    assert state["pair"] is None and state["done"] == 1
+    assert client.post("/api/judge", json={"labeller": "ada", "pair": 0, "choice": "left"}).status_code == 409
+    row = json.loads((out / "preferences.jsonl").read_text())
+    assert row["chosen"] == view["right"] and row["images"] == [
+        "media/" + sorted(p.name for p in (out / "media").iterdir())[0]
+    ]
+    assert Image.open(out / row["images"][0]).getpixel((0, 0)) == (200, 30, 30)  # the picture, in the folder
+
+
+def test_segment_pairs_label_and_train_the_reward_model(tmp_path):
+    from postrl.control.prefs_reward import (
+        Pairs,
+        RewardEnsemble,
+        RewardModelConfig,
+        accuracy,
+        train_reward_model,
+    )
+
+    src = segment_pairs("CartPole-v1", tmp_path / "src" / "pairs.jsonl", n=6, length=10, seed=1)
+    labelling = Labelling(tmp_path / "lab", src)
+    client = TestClient(make_app(labelling))
+    for i in range(6):
+        view = client.get(f"/api/pair/{i}").json()
+        clip = client.get(view["left"])
+        assert clip.status_code == 200 and clip.content[:6] == b"GIF89a"
+        assert Image.open(tmp_path / "lab" / labelling.pairs[i]["first"]["clip"]).n_frames >= 2
+        # a person who prefers the segment with more true reward (ties: equal)
+        left, right = (labelling.pairs[i]["second"], labelling.pairs[i]["first"]) if swapped(i) else (
+            labelling.pairs[i]["first"], labelling.pairs[i]["second"])  # fmt: skip
+        diff = sum(left["true_rewards"]) - sum(right["true_rewards"])
+        choice = "left" if diff > 0 else "right" if diff < 0 else "tie"
+        client.post("/api/judge", json={"labeller": "ada", "pair": i, "choice": choice})
+
+    rows = [json.loads(line) for line in (tmp_path / "lab" / "preferences.jsonl").read_text().splitlines()]
+    pairs = Pairs.from_rows(rows)
+    true_first, true_second = pairs.first.true_returns(), pairs.second.true_returns()
+    expected = torch.where(true_first > true_second, 1.0, torch.where(true_first < true_second, 0.0, 0.5))
+    assert torch.equal(pairs.labels, expected)  # label = P(first ≻ second), whatever side it was shown on
+    assert pairs.first.obs.shape == (6, 10, 4) and pairs.first.actions.dtype == torch.long
+    torch.manual_seed(0)
+    model = RewardEnsemble(4, __import__("gymnasium").spaces.Discrete(2), RewardModelConfig(ensemble=1))
+    train_reward_model(model, torch.optim.Adam(model.parameters(), 1e-2), pairs, 50, 6)
+    if (pairs.labels != 0.5).any():
+        assert accuracy(model, pairs, pairs.labels) == 1.0
+
+
+def test_cli_errors_are_one_line_before_the_folder_is_touched(tmp_path, capsys):
+    out = tmp_path / "lab"
+    cases = [
+        (["--pairs", "x.jsonl", "--env", "CartPole-v1"], "give one of --pairs, --model, --env"),
+        (["--model", "m"], "--model and --prompts go together"),
+        (["--port", "0", "--pairs", "x"], "--port 0"),
+        ([], "no pairs there yet"),
+        (["--pairs", str(tmp_path / "missing.jsonl")], "no such file"),
+    ]
+    for argv, message in cases:
+        assert main(["label", "--out", str(out), *argv, "--no-serve"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("postrl: error:") and message in err and err.count("\n") == 1, err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "x", "responses": ["a", "a"]}) + "\n")
+    assert main(["label", "--out", str(out), "--pairs", str(bad), "--no-serve"]) == 2
+    assert "bad.jsonl:1: the two responses are the same" in capsys.readouterr().err
+    assert not out.exists()
