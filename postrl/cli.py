@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -93,8 +92,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     base = to_dict(quick(DemoConfig())) if args.quick else None
     overrides = [*args.overrides, "from_scratch=true"] if args.from_scratch else args.overrides
     cfg = load_config(DemoConfig, args.config, overrides, base=base)
-    summary = run_demo(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
-    print(json.dumps(summary["stages"]))
+    run_demo(cfg, args.out, resume=args.resume, overwrite=args.overwrite)  # prints verdicts, report path
     return 0
 
 

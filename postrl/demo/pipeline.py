@@ -71,7 +71,8 @@ def run_demo(
     write_report(out, cfg, done, evaluation, summary, vlm_eval.report_md(out, summary))
     for line in summary["verdicts"]:
         print(f"[demo] {line['text']}", file=sys.stderr)
-    print(f"[demo] report: {(out / 'report.md').resolve()} (and report.html)", file=sys.stderr)
+    report = (out / "report.md").resolve()
+    print(f"[demo] report: {report} (and report.html; the numbers in summary.json)", file=sys.stderr)
     return summary
 
 
