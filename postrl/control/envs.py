@@ -20,9 +20,10 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -30,9 +31,12 @@ from gymnasium.envs.registration import EnvSpec, load_env_creator
 from gymnasium.vector.utils import iterate
 
 from postrl.control.env_snapshot import restore_envs, snapshot_envs
-from postrl.runtime.errors import UserError
+from postrl.control.fast.cartpole import CartPoleBatch, batch_refusal
+from postrl.runtime.errors import ConfigError, UserError
 
 __all__ = ["EXTRAS", "EnvConfig", "RunningMeanStd", "StepResult", "VecEnv", "make_env", "make_vec_env"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,12 @@ class EnvConfig:
     """Discount of the return whose std scales the rewards (normalize_reward)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for gymnasium.make (e.g. {render_mode: rgb_array})."""
+    backend: Literal["auto", "gymnasium", "numpy"] = "auto"
+    """How the copies are stepped: gymnasium (a Gymnasium vector env of gym.make envs), numpy (every copy in
+    one set of numpy operations: CartPole-v0/v1, the same observations, rewards and episodes as gymnasium's:
+    postrl.control.fast.cartpole) or auto (numpy where it can run, else gymnasium; the choice and the reason
+    are logged at info level). An algorithm that steps each copy by itself (reinforce, prefs) takes gymnasium
+    under auto."""
 
     CHECKS = {  # valid ranges (postrl.runtime.config.validate)
         "n_envs": ">= 1",
@@ -198,15 +208,8 @@ class VecEnv:
         probe = make_env(cfg.id, **kwargs)  # validates the id with a readable error
         probe.close()
         check_spaces(cfg.id, probe.observation_space, probe.action_space)
-        mode = "async" if cfg.async_ else "sync"
-        self.env = gym.make_vec(
-            cfg.id,
-            num_envs=cfg.n_envs,
-            vectorization_mode=mode,
-            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-            **kwargs,
-        )
         self.cfg, self.seed, self.training = cfg, seed, training
+        self._build(use_numpy(cfg))
         self.n_envs = cfg.n_envs
         self.single_observation_space = self.env.single_observation_space
         self.single_action_space = self.env.single_action_space
@@ -221,11 +224,40 @@ class VecEnv:
         self._low = getattr(box, "low", None)
         self._high = getattr(box, "high", None)
         self._continuous = isinstance(box, gym.spaces.Box)
+        self._obs_dtype = self.single_observation_space.dtype
+
+    def _build(self, batched: bool) -> None:
+        """``self.env``: a `CartPoleBatch` (``batched``) or a Gymnasium vector env in SAME_STEP mode."""
+        cfg = self.cfg
+        if batched:
+            self.env = CartPoleBatch(cfg.id, cfg.n_envs, cfg.kwargs.get("max_episode_steps"))
+        else:
+            self.env = gym.make_vec(
+                cfg.id,
+                num_envs=cfg.n_envs,
+                vectorization_mode="async" if cfg.async_ else "sync",
+                vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+                **cfg.kwargs,
+            )
+        self.batched = batched
         # Box observations in a SyncVectorEnv: stepped by `_step_in_process` (other spaces and async: gymnasium)
         self._in_process = isinstance(self.env, gym.vector.SyncVectorEnv) and isinstance(
-            self.single_observation_space, gym.spaces.Box
+            self.env.single_observation_space, gym.spaces.Box
         )
-        self._obs_dtype = self.single_observation_space.dtype
+
+    def sub_envs(self, who: str) -> list[gym.Env] | None:
+        """The in-process sub-envs, for an algorithm (``who``) that steps each one by itself; None when they
+        run in subprocesses. Under ``env.backend=auto`` a batched env is rebuilt as Gymnasium's here (call
+        it before the first reset); under ``numpy`` that is a ConfigError."""
+        if self.batched:
+            if self.cfg.backend == "numpy":
+                raise ConfigError(
+                    f"'env.backend' is numpy, which steps every copy at once; {who} steps each env by itself: "
+                    "use env.backend=auto or gymnasium"
+                )
+            log.info("env.backend=auto: gymnasium vector env, %s steps each sub-env by itself", who)
+            self._build(False)
+        return getattr(self.env, "envs", None)
 
     # -- normalisation -------------------------------------------------------------------------------
     def normalize(self, obs: np.ndarray) -> np.ndarray:
@@ -253,7 +285,8 @@ class VecEnv:
     # -- stepping ------------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> np.ndarray:
         """Reset every sub-env (seeded ``seed, seed+1, ...``); returns normalised obs ``[n_envs, *obs_shape]``."""
-        raw, _ = self.env.reset(seed=self.seed if seed is None else seed)
+        seed = self.seed if seed is None else seed
+        raw = self.env.reset(seed=seed) if self.batched else self.env.reset(seed=seed)[0]
         self._ep_return[:] = 0.0
         self._ep_length[:] = 0
         self._disc_return[:] = 0.0
@@ -287,7 +320,9 @@ class VecEnv:
         return np.stack(obs).astype(self._obs_dtype, copy=False), rewards, terminated, truncated, final
 
     def step(self, actions: np.ndarray) -> StepResult:
-        if self._in_process:
+        if self.batched:
+            raw, rewards, terminated, truncated, finals = self.env.step(actions)
+        elif self._in_process:
             raw, rewards, terminated, truncated, finals = self._step_in_process(self.to_env_actions(actions))
         else:
             raw, rewards, terminated, truncated, infos = self.env.step(self.to_env_actions(actions))
@@ -337,12 +372,37 @@ class VecEnv:
         """The sub-envs' state and the current obs as data, for exact resume; None when a sub-env holds
         state that is not plain data (then the caller re-seeds the envs and says so), or the envs run in
         subprocesses. See :mod:`postrl.control.env_snapshot`."""
-        envs = getattr(self.env, "envs", None)
+        envs = self.env.to_envs() if self.batched else getattr(self.env, "envs", None)
         return None if envs is None else snapshot_envs(envs, self.obs)
 
     def restore(self, blob: bytes) -> None:
-        """Continue from a :meth:`snapshot` of envs of the same config; a ValueError if ``blob`` is not one."""
-        self.obs = restore_envs(self.env.envs, blob)
+        """Continue from a :meth:`snapshot` of envs of the same config; a ValueError if ``blob`` is not one.
+        Either backend reads the other's snapshots (a batched env's are of Gymnasium envs in its state)."""
+        if not self.batched:
+            self.obs = restore_envs(self.env.envs, blob)
+            return
+        envs = self.env.to_envs()
+        self.obs = restore_envs(envs, blob)
+        self.env.from_envs(envs)
+
+
+def use_numpy(cfg: EnvConfig) -> bool:
+    """Whether ``cfg.backend`` steps the copies in numpy (`CartPoleBatch`); logs which backend runs and,
+    when ``auto`` refuses numpy, why. ``numpy`` for an env it cannot reproduce is a ConfigError."""
+    if cfg.backend == "gymnasium":
+        return False
+    reason = batch_refusal(cfg.id, cfg.kwargs, cfg.async_)
+    if reason is None:
+        log.info(
+            "env.backend=%s: %s copies stepped at once in numpy (postrl.control.fast.cartpole)",
+            cfg.backend,
+            cfg.id,
+        )
+        return True
+    if cfg.backend == "numpy":
+        raise ConfigError(f"'env.backend' is numpy, but {reason}; use env.backend=auto or gymnasium")
+    log.info("env.backend=auto: gymnasium vector env: %s", reason)
+    return False
 
 
 def make_vec_env(

@@ -99,7 +99,7 @@ class RewardTap(gym.Wrapper):
 
 
 def _tap_envs(env: VecEnv) -> list[RewardTap]:
-    envs = getattr(env.env, "envs", None)
+    envs = env.sub_envs("prefs")
     if envs is None:
         raise ConfigError("prefs needs in-process envs (env.async_=false): the true reward is tapped per env")
     env.env.envs = [e if isinstance(e, RewardTap) else RewardTap(e) for e in envs]

@@ -96,7 +96,7 @@ class Episodes:
 @torch.no_grad()
 def collect_episodes(env: VecEnv, actor: nn.Module, seed: int) -> Episodes:
     """One complete episode per sub-env of ``env`` (sync), stepping only the envs still running."""
-    envs = getattr(env.env, "envs", None)
+    envs = env.sub_envs("reinforce")
     if envs is None:
         raise ConfigError(
             "reinforce needs env.async_=false (it steps each sub-env to the end of its episode)"

@@ -15,6 +15,7 @@ from postrl.control.envs import EnvConfig, RunningMeanStd, VecEnv, make_env
 from postrl.core import gae
 from postrl.runtime.config import ConfigError, load_config
 from postrl.runtime.errors import UserError
+from tests.control.stepping import assert_same_steps
 
 
 class CounterEnv(gym.Env):
@@ -187,25 +188,24 @@ def test_env_config_ranges_are_checked():
 def test_in_process_stepping_equals_gymnasium_sync_vector_env(env_id, kwargs, normalize):
     """`VecEnv` steps a SyncVectorEnv's sub-envs itself; gymnasium's own step gives the same results:
     observations, rewards, both flags, final observations of truncated steps, episodes."""
-    cfg = EnvConfig(id=env_id, n_envs=3, normalize_obs=normalize, normalize_reward=normalize, kwargs=kwargs)
+    cfg = EnvConfig(
+        id=env_id,
+        n_envs=3,
+        normalize_obs=normalize,
+        normalize_reward=normalize,
+        kwargs=kwargs,
+        backend="gymnasium",  # CartPole's numpy backend: tests/control/test_cartpole_batch.py
+    )
     ours, theirs = VecEnv(cfg, seed=5), VecEnv(cfg, seed=5)
     assert ours._in_process
     theirs._in_process = False
     np.testing.assert_array_equal(ours.reset(), theirs.reset())
-    rng, ended = np.random.default_rng(0), {"terminated": 0, "truncated": 0}
-    for _ in range(60):
+    rng = np.random.default_rng(0)
+
+    def actions_of(obs):
         if ours._continuous:
-            actions = rng.uniform(-3, 3, size=(3, 1)).astype(np.float32)  # beyond the bounds: clipped
-        else:
-            actions = rng.integers(0, 2, size=3)
-        a, b = ours.step(actions), theirs.step(actions)
-        for name in ("obs", "rewards", "terminated", "truncated", "final_obs"):
-            x, y = getattr(a, name), getattr(b, name)
-            assert (x is None) == (y is None), name
-            if x is not None:
-                np.testing.assert_array_equal(x, y, err_msg=name)
-                assert x.dtype == y.dtype, name
-        assert a.episodes == b.episodes
-        ended["terminated"] += int(a.terminated.sum())
-        ended["truncated"] += int(a.truncated.sum())
+            return rng.uniform(-3, 3, size=(3, 1)).astype(np.float32)  # beyond the bounds: clipped
+        return rng.integers(0, 2, size=3)
+
+    ended = assert_same_steps(ours, theirs, actions_of, 60)
     assert ended["truncated"] > 0 and (ours._continuous or ended["terminated"] > 0)
