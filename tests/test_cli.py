@@ -19,6 +19,8 @@ SUBCOMMANDS = [
     ["grpo"],
     ["generate"],
     ["demo"],
+    ["judge"],
+    ["online-dpo"],
 ]
 
 

@@ -22,6 +22,7 @@ def test_every_preset_loads_by_name():
 
     lm = {name: stage.config_class() for name, stage in STAGES.items() if name != "ppo"}
     lm |= {"rloo": GRPOConfig, "gspo": GRPOConfig, "dapo": GRPOConfig}  # GRPO's family: its estimator presets
+    lm["online"] = STAGES["online-dpo"].config_class()  # online-dpo-reviews
     assert {"ppo-cartpole", "grpo-arithmetic", "sft-arithmetic", "rm-reviews", "ppo-reviews"} <= set(
         preset_names()
     )

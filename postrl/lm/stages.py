@@ -101,6 +101,11 @@ STAGES: dict[str, Stage] = {
             "KTO on unpaired desirable/undesirable responses: the implicit reward against the policy's KL",
             "kto", MODEL_AND_DATA,
         ),
+        Stage(
+            "online-dpo", "postrl.lm.online_dpo", "OnlineDPOConfig", "run_online_dpo",
+            "online DPO: two samples per prompt from the current policy, labelled by a judge, DPO's loss",
+            "prompts", {**MODEL_AND_DATA, "--judge": "judge"},
+        ),
     )
 }  # fmt: skip
 
