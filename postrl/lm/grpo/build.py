@@ -13,6 +13,7 @@ import torch
 from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_train_heldout, render_rows
 from postrl.lm.grpo.config import GRPOConfig
 from postrl.lm.grpo.engine import Prompts, TextEngine
+from postrl.lm.grpo.episodes import EpisodeEngine, episode_prompts
 from postrl.lm.grpo.rollouts import Run
 from postrl.lm.memory import configure_memory
 from postrl.lm.models import (
@@ -101,13 +102,16 @@ def build_grpo_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
     cfg = replace(cfg, max_prompt_length=p)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
     check_vocab(policy, tokenizer, "tokenizer" if cfg.tokenizer else "model")
-    train, heldout = load_prompts(cfg, tokenizer)
-    if len(train.rows) < cfg.grpo.prompts_per_step and not cfg.grpo.repeat_prompts:
-        raise UserError(
-            f"{cfg.data}: {len(train.rows)} prompts for grpo.prompts_per_step={cfg.grpo.prompts_per_step}; "
-            "lower it or set grpo.repeat_prompts=true"
-        )
-    fns = reward_fns(cfg, train.rows, info.device)
+    if cfg.env.id is not None:  # episodes in a text environment: seeds for prompts, its reward
+        train, heldout, fns = episode_prompts(cfg)
+    else:
+        train, heldout = load_prompts(cfg, tokenizer)
+        if len(train.rows) < cfg.grpo.prompts_per_step and not cfg.grpo.repeat_prompts:
+            raise UserError(
+                f"{cfg.data}: {len(train.rows)} prompts for grpo.prompts_per_step={cfg.grpo.prompts_per_step}; "
+                "lower it or set grpo.repeat_prompts=true"
+            )
+        fns = reward_fns(cfg, train.rows, info.device)
     ref = None
     if cfg.grpo.beta != 0 and cfg.run.lora.enabled and not cfg.ref_model:
         ref = adapter_free_reference(policy)  # the base model: the policy with its adapters disabled
@@ -118,5 +122,7 @@ def build_grpo_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
         if cfg.run.parallel == "fsdp":  # sharded at rest too; scoring gathers it (rollouts.collect)
             ref = dist.wrap_model(ref, info, "fsdp")
     policy = dist.wrap_model(policy, info, cfg.run.parallel)
-    engine = TextEngine(cfg, policy, ref, tokenizer, train, heldout, info.device)
+    engine = (EpisodeEngine if cfg.env.id is not None else TextEngine)(
+        cfg, policy, ref, tokenizer, train, heldout, info.device
+    )
     return Run(cfg, policy, ref, tokenizer, fns, engine, info.device)

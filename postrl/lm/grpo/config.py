@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from postrl.lm.agents.config import EnvConfig
 from postrl.lm.rollout import SamplingConfig
 from postrl.lm.spine import RUN_KEYS, RunConfig
 from postrl.lm.trainer import OptimConfig
@@ -120,6 +121,8 @@ class GRPOConfig:
     passed to the reward functions."""
     task: dict[str, Any] = field(default_factory=dict)
     """Options of a built-in task, for the data and the task: rewards (e.g. {digits: 3})."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Episodes in a text environment instead of prompts from data (env.id; the reward is the environment's)."""
     eval_data: str | None = None
     """Held-out prompt rows (default: the test split of a built-in task, else the last 5% of the data)."""
     empty_rows: Literal["error", "skip"] = "error"

@@ -167,8 +167,10 @@ def _sample_round(run: Run, indices: list[int], step: int, round_: int, timers: 
     rollout = sampled.rollout
     middle = time.perf_counter()
     terms = _rewards(run, sampled, step, "training")
+    # an episode's response is all its turns: its budget is env.max_tokens, not one reply's max_new_tokens
+    max_len = run.cfg.env.max_tokens if run.cfg.env.id is not None else sampling.max_new_tokens
     rewards = combine(run.fns, terms) + overlong_penalty(
-        rollout.response_lengths, sampling.max_new_tokens, g.overlong_buffer, g.overlong_penalty
+        rollout.response_lengths, max_len, g.overlong_buffer, g.overlong_penalty
     )
     groups = rewards.view(-1, g.group_size)  # (n/G, G)
     informative = ~(groups == groups[:, :1]).all(-1)
@@ -282,6 +284,8 @@ def collect(run: Run, stream: PromptStream, step: int) -> tuple[RolloutBatch, di
             ref_log_probs = run.engine.log_probs("ref", rollout, inputs)
     timers["time_score"] += time.perf_counter() - start
     advantages = compute_advantages(rewards, g).to(rollout.input_ids.device)
+    if hasattr(run.engine, "credit"):  # an engine that credits tokens itself (episodes: per turn)
+        advantages = run.engine.credit(rollout, advantages, inputs)
     n = rollout.input_ids.shape[0]
     batch = RolloutBatch(
         rollout.input_ids, rollout.attention_mask, rollout.prompt_len, rollout.response_mask, old_log_probs,

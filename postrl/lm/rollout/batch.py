@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from postrl.lm.models import last_token_index
 from postrl.runtime import distributed as dist
 
 
@@ -48,12 +49,12 @@ class RolloutBatch:
         return self.input_ids.shape[0]
 
     def rows(self, index: Tensor | slice) -> RolloutBatch:
-        """The rows ``index`` (at least one), right padding trimmed to their longest response (padding adds
-        nothing to any loss)."""
+        """The rows ``index`` (at least one), right padding trimmed to their last response token (padding adds
+        nothing to any loss; a multi-turn response keeps the observations between its turns)."""
         mask = self.response_mask[index]
         if mask.shape[0] == 0:
             raise ValueError("RolloutBatch.rows: no rows selected (split a short batch with minibatches())")
-        width = max(1, int(mask.sum(-1).max()))
+        width = max(1, int(last_token_index(mask).max()) + 1)
 
         def cut(t: Tensor | None) -> Tensor | None:  # [N, T] → [n, width]; [N] → [n]
             if t is None:
