@@ -65,6 +65,7 @@ import torch
 
 from postrl.lm.grpo.build import build_grpo_run, check_grpo_config
 from postrl.lm.grpo.config import GRPOConfig
+from postrl.lm.grpo.lanes import AsyncEngine, GenerationLane
 from postrl.lm.grpo.objective import (
     GRPOObjective as GRPOObjective,
 )
@@ -137,16 +138,20 @@ class GRPO:
 
     name = "grpo"
 
-    def __init__(self, run: Run) -> None:
-        self.run = run
+    def __init__(self, run: Run, lane: GenerationLane | None = None) -> None:
+        self.run, self.lane = run, lane
         self.optimizer, self.scheduler = make_optimizer(run.inner, run.cfg.optim, run.cfg.run.steps)
         self.stream = PromptStream(run.engine.prompt_count("train"), run.cfg.run.seed)
         self.generated_tokens = 0.0  # over all ranks, since step 0 (the summary's tokens_per_second)
         self.steps_done = 0  # the step an evaluation reports (it follows a step, or is the one at step 0)
 
     def step(self, step: int) -> dict[str, float]:
+        if self.lane is not None and self.lane.process is None:
+            self.lane.start(step, self.stream)  # here, not at build: a resumed run starts at its own step
         metrics = grpo_step(self.run, self.optimizer, self.stream, step)
         self.steps_done = step + 1
+        if self.lane is not None:
+            self.lane.published(self.steps_done)
         metrics["lr"] = self.scheduler.get_last_lr()[0]  # the lr this step used
         self.scheduler.step()
         self.generated_tokens += metrics["generated_tokens"] * dist.world_size()
@@ -160,6 +165,8 @@ class GRPO:
 
     def parts(self) -> Parts:
         extra = {"position": self.stream.position, "generated_tokens": self.generated_tokens}
+        if self.lane is not None:
+            extra["lane"] = self.lane.state()
         modules, optimizers = {"policy": self.run.policy}, {"policy": self.optimizer}
         return Parts(modules, optimizers, {"sched": self.scheduler}, extra, self.run.engine.write_files())
 
@@ -167,6 +174,8 @@ class GRPO:
         count = self.run.engine.prompt_count("train")
         self.stream = PromptStream(count, self.run.cfg.run.seed, int(extra["position"]))
         self.generated_tokens = float(extra["generated_tokens"])
+        if self.lane is not None and "lane" in extra:
+            self.lane.load(extra["lane"])
 
 
 def _summarize(algo: GRPO, state: LoopState) -> dict[str, Any]:
@@ -220,9 +229,16 @@ class GRPORecipe:
         if cfg.grpo.epochs == 1 and cfg.grpo.minibatches == 1 and setup.info.is_main:
             log.info(MU_ONE_NOTE)
             print(MU_ONE_NOTE, file=sys.stderr)
-        return GRPO(setup.extra["run"])
+        run = setup.extra["run"]
+        if not cfg.lanes.enabled:
+            return GRPO(run)
+        lane = GenerationLane(cfg, run.engine)
+        run.engine = AsyncEngine(run.engine, lane)
+        return GRPO(run, lane)
 
     def finish(self, setup: Setup, algo: GRPO, state: LoopState) -> dict[str, Any]:
+        if algo.lane is not None:
+            algo.lane.stop()
         export_on_main(algo.run.policy, algo.run.tokenizer, setup.run_dir / "model")
         if setup.info.is_main:
             _plot_run(setup.run_dir)

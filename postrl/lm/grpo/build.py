@@ -47,6 +47,12 @@ def check_grpo_config(cfg: GRPOConfig, world: int) -> None:
         f"run.parallel must be one of {dist.PARALLEL}, got '{cfg.run.parallel}'": (
             cfg.run.parallel not in dist.PARALLEL
         ),
+        "lanes.enabled does not sample dynamic_sampling's refill rounds: set grpo.dynamic_sampling=false": (
+            cfg.lanes.enabled and g.dynamic_sampling
+        ),
+        "lanes.enabled sends whole weights to the generation lane: use run.parallel=ddp or none, not fsdp": (
+            cfg.lanes.enabled and cfg.run.parallel == "fsdp"
+        ),
     }
     bad = [message for message, failed in problems.items() if failed]
     if bad:

@@ -107,6 +107,27 @@ class GRPOLossConfig:
 
 
 @dataclass(frozen=True)
+class LanesConfig:
+    """Asynchronous rollouts (`postrl.lm.grpo.lanes`): a generation lane, another process with its own torch
+    threads, samples the next steps' responses while this process (the training lane) trains on the last."""
+
+    enabled: bool = False
+    """Sample in the generation lane; false: sample and train in turn, in this process."""
+    max_staleness: int = 1
+    """k: step s trains on responses sampled by the policy after step s − k (the lane works up to k steps
+    ahead). 0: by the current policy, nothing overlaps, and the run is the synchronous one. With k > 0 set
+    grpo.is_correction (tis) to correct for the stale samples."""
+    threads: int = 1
+    """torch intra-op threads of the generation lane (run.threads are the training lane's)."""
+    timeout: float = 600.0
+    """Seconds to wait for a step's responses once the lane is up (its start, importing torch and loading the
+    model, may take up to 5 minutes): a lane that died, or sent nothing for this long, stops the run with one
+    error."""
+
+    CHECKS = {"max_staleness": ">= 0", "threads": ">= 1", "timeout": "> 0"}
+
+
+@dataclass(frozen=True)
 class GRPOConfig:
     """`postrl grpo --model SFT_MODEL --data FILE_OR_TASK --out RUN_DIR`."""
 
@@ -144,6 +165,8 @@ class GRPOConfig:
     """How responses are sampled (the temperature also defines the optimised policy π_τ)."""
     grpo: GRPOLossConfig = field(default_factory=GRPOLossConfig)
     """Groups, advantages and the loss."""
+    lanes: LanesConfig = field(default_factory=LanesConfig)
+    """Asynchronous rollouts: generation in another process while this one trains."""
     optim: OptimConfig = field(
         default_factory=lambda: OptimConfig(lr=1e-6, warmup_steps=0, min_lr_ratio=0.0, betas=(0.9, 0.999))
     )

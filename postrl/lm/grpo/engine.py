@@ -51,6 +51,34 @@ class Sampled:
     """per-row model inputs besides the tokens (a VLM's pictures) that scoring and the loss need; None: none"""
 
 
+def sampling_seed(seed: int, key: tuple) -> int:
+    """The seed of a sampling generator: a function of the run's seed and what is sampled (`GRPOEngine`'s key)."""
+    return stable_hash(":".join(str(p) for p in (seed, *key))) % 2**63
+
+
+def sample_prompts(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    sampling: SamplingConfig,
+    prompt_ids: list[list[int]],
+    indices: list[int],
+    repeat: int,
+    seed: int,
+    device: torch.device,
+) -> tuple[Rollout, list[str]]:
+    """``repeat`` responses to each prompt ``prompt_ids[i]``, i in ``indices`` (in a row), sampled by ``model``
+    (in eval mode, put back as it was) with a generator seeded by ``seed``; the rollout and its decoded texts.
+    The one sampling path of the trainer's process and of the generation lane (`postrl.lm.grpo.lanes`)."""
+    ids, mask = left_pad([prompt_ids[i] for i in indices for _ in range(repeat)], tokenizer.pad_token_id)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    engine = RolloutEngine(model, tokenizer, sampling)
+    rollout = engine.sample(ids.to(device), mask.to(device), generator)
+    model.train(was_training)
+    return rollout, engine.decode(rollout)
+
+
 class GRPOEngine(Protocol):
     """What the GRPO trainer asks of its policy. ``split``: "train" or "heldout"; ``key``: what seeds the
     sampling generator, ("train", step, rank, round) or ("eval", first prompt index)."""
@@ -121,21 +149,13 @@ class TextEngine:
     ) -> Sampled:
         prompts = self.prompts[split]
         rows = [prompts.rows[i] for i in indices for _ in range(repeat)]
-        ids, mask = left_pad(
-            [prompts.ids[i] for i in indices for _ in range(repeat)], self.tokenizer.pad_token_id
-        )
-        seed = stable_hash(":".join(str(p) for p in (self.cfg.run.seed, *key))) % 2**63
-        generator = torch.Generator(device=self.device).manual_seed(seed)
-        inner = dist.unwrap(self.policy_module)
-        was_training = inner.training
-        inner.eval()
-        engine = RolloutEngine(inner, self.tokenizer, sampling)
-        with dist.gathered(
-            self.policy_module
-        ):  # the decoders read whole weights; ranks decode different counts
-            rollout = engine.sample(ids.to(self.device), mask.to(self.device), generator)
-        inner.train(was_training)
-        return Sampled(rollout, rows, engine.decode(rollout))
+        # the decoders read whole weights; ranks decode different counts
+        with dist.gathered(self.policy_module):
+            rollout, texts = sample_prompts(
+                dist.unwrap(self.policy_module), self.tokenizer, sampling, prompts.ids, indices, repeat,
+                sampling_seed(self.cfg.run.seed, key), self.device,
+            )  # fmt: skip
+        return Sampled(rollout, rows, texts)
 
     def log_probs(self, which: str, rollout: Rollout, inputs: Any) -> Tensor:
         model, forward = (

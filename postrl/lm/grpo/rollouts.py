@@ -261,7 +261,7 @@ def collect(run: Run, stream: PromptStream, step: int) -> tuple[RolloutBatch, di
     rounds: list[_Round] = []
     for round_ in range(1 + (g.max_refills if g.dynamic_sampling else 0)):
         chosen = stream.take(g.prompts_per_step, seen)  # the same global prompts on every rank
-        mine = [chosen[i] for i in dist.shard_range(len(chosen))]
+        mine = [chosen[i] for i in dist.shard_range(len(chosen))]  # as `lanes.step_prompts` draws them
         rounds.append(_sample_round(run, mine, step, round_, timers))
         short = max(0, local - sum(int(r.informative.sum()) for r in rounds))
         if not g.dynamic_sampling or dist.all_reduce_sum(torch.tensor(short)).item() == 0:

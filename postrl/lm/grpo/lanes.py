@@ -1,0 +1,279 @@
+"""Asynchronous GRPO: a generation lane samples the next steps' responses while the training lane trains.
+
+The generation lane is another process (`torch.multiprocessing`, spawned) with its own copy of the policy and
+its own torch threads. With ``lanes.max_staleness`` k, step s trains on responses sampled by the policy after
+step max(0, s − k):
+
+    training lane   ── train s ──▶ publish weights v = s + 1 ──▶ ask for step s + 1 + k ── train s + 1 ──▶ …
+    generation lane      … sample s + 1 … s + k (weights ≤ s) ……… load v ── sample s + 1 + k ──▶ …
+
+so generation of the next k steps overlaps training (prime-rl's one-step overlap is k = 1; AReaL, veRL's
+fully-async trainer and TRL's AsyncGRPOTrainer bound staleness the same way). The responses of step s are a
+function of (seed, s, rank) and of the weights after step s − k only, never of timing: a run is the same
+whichever lane is faster, k = 0 is the synchronous algorithm (same responses, same weights), and a resumed run
+is the straight run. A checkpoint after step s holds the responses of steps s + 1 … s + k (sampled by weights
+the checkpoint no longer has); the lane regenerates the rest.
+
+Samples up to k steps old come from a behaviour policy μ ≠ π: ``grpo.is_correction`` (tis or mis) corrects
+for it (`postrl.core.importance`, decoupled PPO). A lane that dies, raises or sends nothing for
+``lanes.timeout`` seconds stops the run with one error; a lane whose trainer was killed exits by itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import queue
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from postrl.lm.grpo.config import GRPOConfig
+from postrl.lm.grpo.engine import Sampled, TextEngine, sample_prompts, sampling_seed
+from postrl.lm.grpo.rollouts import PromptStream
+from postrl.lm.rollout import Rollout, SamplingConfig
+from postrl.runtime import distributed as dist
+from postrl.runtime.errors import UserError
+
+log = logging.getLogger(__name__)
+STARTUP_SECONDS = 300.0
+"""How long a lane may take to start (spawn, import torch, unpickle the model) before lanes.timeout applies."""
+ROLLOUT_TENSORS = ("input_ids", "attention_mask", "response_ids", "response_mask", "log_probs", "finished")
+
+
+class LaneError(UserError):
+    """The generation lane died, raised, or sent nothing within ``lanes.timeout``."""
+
+
+def step_prompts(stream: Any, prompts_per_step: int, repeat_prompts: bool) -> list[int]:
+    """This rank's share of one step's prompts, drawn from ``stream`` (every rank draws the same global ones)."""
+    chosen = stream.take(prompts_per_step, None if repeat_prompts else set())
+    return [chosen[i] for i in dist.shard_range(len(chosen))]
+
+
+# ---- the generation lane (the child process) -----------------------------------------------------------------
+def lane_main(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    sampling: SamplingConfig,
+    prompt_ids: list[list[int]],
+    repeat: int,
+    seed: int,
+    rank: int,
+    threads: int,
+    requests: Any,
+    results: Any,
+    parent: int,
+) -> None:
+    """Serve ("weights", version, state_dict), ("sample", step, indices) and ("stop",) in order; answer each
+    sample with ("sampled", step, tensors, prompt_len, texts), a failure with ("error", traceback)."""
+    torch.set_num_threads(threads)
+    device = next(model.parameters()).device
+    results.put(("ready",))
+    try:
+        while True:
+            try:
+                message = requests.get(timeout=1.0)
+            except queue.Empty:
+                if os.getppid() != parent:  # the training lane is gone (killed): nobody will ask again
+                    return
+                continue
+            if message[0] == "stop":
+                return
+            if message[0] == "weights":
+                model.load_state_dict(message[2])
+                continue
+            step, indices = message[1], message[2]
+            key = sampling_seed(seed, ("train", step, rank, 0))  # the key of `TextEngine.sample` for round 0
+            rollout, texts = sample_prompts(
+                model, tokenizer, sampling, prompt_ids, indices, repeat, key, device
+            )
+            tensors = {k: getattr(rollout, k) for k in ROLLOUT_TENSORS}
+            results.put(("sampled", step, tensors, rollout.prompt_len, texts))
+    except BaseException:  # noqa: BLE001 - every failure goes back to the training lane as one message
+        results.put(("error", traceback.format_exc()))
+
+
+# ---- the training lane's side ---------------------------------------------------------------------------------
+@dataclass
+class _Pending:
+    indices: list[int]
+    rollout: Rollout
+    texts: list[str]
+
+
+class GenerationLane:
+    """The training lane's handle on its generation lane: publishes weights, asks for steps ahead, hands
+    `collect` a step's responses (`AsyncEngine.sample`), and keeps the not-yet-trained ones for a checkpoint."""
+
+    def __init__(self, cfg: GRPOConfig, engine: TextEngine) -> None:
+        self.cfg, self.engine = cfg, engine
+        self.k = cfg.lanes.max_staleness
+        self.ready: dict[int, _Pending] = {}  # received (or loaded from a checkpoint), not yet trained on
+        self.asked: dict[int, list[int]] = {}  # asked for, not yet received
+        self.process: Any = None
+        self.up = False  # the lane said it is ready: lanes.timeout applies from then on
+        self.ahead: Any = None  # the prompt stream at the next step to ask for
+        self.next_step = 0  # the next step to ask for
+        self.version = 0  # the optimiser steps of the weights the lane has (or will have when it reads them)
+
+    # -- life cycle
+    def start(self, step: int, stream: Any) -> None:
+        """Spawn the lane at ``step`` (the loop's first) with the prompt stream at that step, and ask for the
+        steps up to ``step`` + k that no checkpoint holds (all sampled by the current weights)."""
+        ctx = mp.get_context("spawn")
+        self.requests, self.results = ctx.Queue(), ctx.Queue()
+        model = copy.deepcopy(dist.unwrap(self.engine.policy_module)).eval().requires_grad_(False)
+        g = self.cfg.grpo
+        args = (
+            model, self.engine.tokenizer, self.cfg.sampling, self.engine.prompts["train"].ids, g.group_size,
+            self.cfg.run.seed, dist.rank(), self.cfg.lanes.threads, self.requests, self.results, os.getpid(),
+        )  # fmt: skip
+        self.process = ctx.Process(target=lane_main, args=args, daemon=True, name="postrl-generation-lane")
+        self.process.start()
+        self.ahead = PromptStream(stream.n, stream.seed, stream.position)
+        self.next_step, self.version = step, step
+        for t in range(step, step + self.k + 1):
+            self._ask(t, current=step)
+
+    def stop(self, wait: float = 10.0) -> None:
+        """Ask the lane to leave, give it ``wait`` seconds, and make sure it has."""
+        if self.process is None:
+            return
+        try:
+            self.requests.put(("stop",))
+            self.process.join(timeout=wait)
+        finally:
+            if self.process.is_alive():
+                self.process.kill()  # SIGKILL: a stopped (SIGSTOP) or hung process ignores SIGTERM until resumed
+                self.process.join(timeout=5)
+            self.process = None
+
+    # -- the steps
+    def _ask(self, t: int, current: int) -> None:
+        """Ask for step ``t`` (its prompts drawn from the look-ahead stream); the weights it needs,
+        max(0, t − k), must be ``current``'s unless a checkpoint gave its responses."""
+        g = self.cfg.grpo
+        indices = step_prompts(self.ahead, g.prompts_per_step, g.repeat_prompts)
+        self.next_step = t + 1
+        if t in self.ready:  # loaded from a checkpoint
+            if self.ready[t].indices != indices:
+                raise LaneError(
+                    f"checkpoint's responses of step {t} are for other prompts than the run draws"
+                )
+            return
+        if max(0, t - self.k) != current:
+            raise LaneError(
+                f"step {t} needs the responses of the policy after step {t - self.k}, which the checkpoint "
+                "does not hold (it was written with another lanes.max_staleness?)"
+            )
+        self.asked[t] = indices
+        self.requests.put(("sample", t, indices))
+
+    def published(self, steps_done: int) -> None:
+        """After the optimiser step that made ``steps_done`` steps: send those weights and ask for the step
+        that needs them (steps_done + k)."""
+        if self.process is None:
+            return
+        state = {
+            k: v.detach().clone() for k, v in dist.unwrap(self.engine.policy_module).state_dict().items()
+        }
+        self.requests.put(("weights", steps_done, state))
+        self.version = steps_done
+        while self.next_step <= steps_done + self.k:
+            self._ask(self.next_step, current=steps_done)
+
+    def take(self, step: int, indices: list[int]) -> tuple[Rollout, list[str]]:
+        """Step ``step``'s responses (waiting for the lane if they have not arrived)."""
+        while step not in self.ready:
+            self._receive(step)
+        pending = self.ready.pop(step)
+        if pending.indices != indices:
+            raise RuntimeError(f"lane: step {step} was sampled for prompts {pending.indices}, not {indices}")
+        return pending.rollout, pending.texts
+
+    def _receive(self, step: int) -> None:
+        """One message from the lane, or a `LaneError` when it died, raised or hung."""
+        start = time.monotonic()
+        while True:
+            timeout = self.cfg.lanes.timeout if self.up else max(self.cfg.lanes.timeout, STARTUP_SECONDS)
+            try:
+                message = self.results.get(timeout=min(1.0, timeout))
+                if message[0] == "ready":
+                    self.up, start = True, time.monotonic()
+                    continue
+                break
+            except queue.Empty:
+                if not self.process.is_alive():
+                    code = self.process.exitcode
+                    self.process = None
+                    raise LaneError(
+                        f"the generation lane exited (code {code}) before sending step {step}'s responses"
+                    ) from None
+                if time.monotonic() - start > timeout:
+                    self.stop(wait=0.0)  # it does not answer: no point asking it to leave
+                    raise LaneError(
+                        f"the generation lane sent nothing for {timeout:g} s waiting for step {step} "
+                        "(lanes.timeout): it hung or is far too slow"
+                    ) from None
+        if message[0] == "error":
+            self.stop()
+            last = message[1].strip().splitlines()[-1]
+            raise LaneError(f"the generation lane failed sampling step {step}: {last}")
+        _, t, tensors, prompt_len, texts = message
+        rollout = Rollout(prompt_len=prompt_len, texts=texts, **{k: v.clone() for k, v in tensors.items()})
+        self.ready[t] = _Pending(self.asked.pop(t), rollout, texts)
+
+    # -- checkpoints
+    def state(self) -> dict[str, Any]:
+        """Every rank's responses for steps not yet trained on (for the checkpoint), after waiting for those
+        sampled by weights older than the current ones: a resumed run could not sample them again."""
+        for t in sorted(self.asked):
+            if self.process is not None and max(0, t - self.k) < self.version:
+                while t not in self.ready:
+                    self._receive(t)
+        kept = {
+            t: {"indices": p.indices, "prompt_len": p.rollout.prompt_len, "texts": p.texts,
+                **{k: getattr(p.rollout, k) for k in ROLLOUT_TENSORS}}
+            for t, p in self.ready.items()
+        }  # fmt: skip
+        return {"k": self.k, "ranks": dist.all_gather_object(kept)}
+
+    def load(self, state: dict[str, Any]) -> None:
+        if int(state["k"]) != self.k:
+            raise LaneError(
+                f"the checkpoint was written with lanes.max_staleness={state['k']}; resume with that value"
+            )
+        for t, p in state["ranks"][dist.rank()].items():
+            tensors = {k: p[k] for k in ROLLOUT_TENSORS}
+            rollout = Rollout(prompt_len=int(p["prompt_len"]), texts=list(p["texts"]), **tensors)
+            self.ready[int(t)] = _Pending(list(p["indices"]), rollout, list(p["texts"]))
+
+
+class AsyncEngine:
+    """A `TextEngine` whose training responses come from the generation lane (everything else is the text
+    engine's: held-out sampling, scoring, the loss's forward)."""
+
+    def __init__(self, engine: TextEngine, lane: GenerationLane) -> None:
+        self.inner, self.lane = engine, lane
+        self.hidden_columns = engine.hidden_columns
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def sample(
+        self, split: str, indices: list[int], repeat: int, sampling: SamplingConfig, key: tuple
+    ) -> Sampled:
+        if split != "train":
+            return self.inner.sample(split, indices, repeat, sampling, key)
+        _, step, _, round_ = key
+        if round_ != 0:
+            raise RuntimeError("lanes: refill rounds (grpo.dynamic_sampling) are not sampled by the lane")
+        rollout, texts = self.lane.take(step, indices)
+        prompts = self.inner.prompts["train"]
+        return Sampled(rollout, [prompts.rows[i] for i in indices for _ in range(repeat)], texts)

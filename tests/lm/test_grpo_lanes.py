@@ -1,0 +1,104 @@
+"""Asynchronous GRPO (`postrl.lm.grpo.lanes`): with max_staleness 0 the generation lane gives the synchronous
+run exactly; with k = 1 the samples are one step stale (the mismatch is measured and corrected) and a resumed
+run is the straight run; a lane that dies or hangs stops the run with one error; bad combinations are refused."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from postrl.lm.grpo import run_grpo
+from postrl.lm.grpo.config import LanesConfig
+from postrl.lm.grpo.lanes import LaneError
+from postrl.runtime.errors import UserError
+from postrl.runtime.logging import read_jsonl
+from tests.lm.test_grpo import _config
+
+TIMES = {"time", "time_generate", "time_reward", "time_score", "time_train", "time_step", "tokens_per_second"}
+
+
+def _rows(path):
+    return [{k: v for k, v in r.items() if k not in TIMES} for r in read_jsonl(path / "metrics.jsonl")]
+
+
+def _weights(path):
+    return load_file(str(path / "model" / "model.safetensors"))
+
+
+def _same_weights(a, b):
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key], rtol=0, atol=0)
+
+
+def test_staleness_zero_is_the_synchronous_run_bit_for_bit(tiny_lm_dir, tmp_path):
+    run_grpo(_config(tiny_lm_dir, run={"steps": 3}), tmp_path / "sync")
+    run_grpo(_config(tiny_lm_dir, run={"steps": 3}, lanes=LanesConfig(True, 0)), tmp_path / "lane")
+    assert _rows(tmp_path / "sync") == _rows(tmp_path / "lane")
+    _same_weights(tmp_path / "sync", tmp_path / "lane")
+
+
+def test_one_step_stale_samples_are_measured_corrected_and_resume_exactly(tiny_lm_dir, tmp_path):
+    grpo = {"is_correction": "tis", "is_level": "token", "beta": 0.0}
+    cfg = _config(tiny_lm_dir, run={"keep_last": 5}, grpo=grpo, lanes=LanesConfig(True, 1))
+    run_grpo(cfg, tmp_path / "a")
+    rows = [r for r in _rows(tmp_path / "a") if "loss" in r]
+    assert rows[0]["behaviour_kl"] < 1e-6  # steps 0 and 1 are both sampled by the starting weights
+    assert all(r["behaviour_kl"] > 1e-6 for r in rows[2:])  # later ones by the weights one step back
+    # interrupt a copy after its step-2 checkpoint (step 3's responses, by step 1's weights, are in it)
+    run_grpo(cfg, tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step_00000004")
+    shutil.rmtree(tmp_path / "b" / "model")
+    run_grpo(cfg, tmp_path / "b", resume=True)
+    assert _rows(tmp_path / "a") == _rows(tmp_path / "b")
+    _same_weights(tmp_path / "a", tmp_path / "b")
+
+
+def _kill_lane_after_first_step(signum, monkeypatch):
+    """Send ``signum`` to the generation lane once the first step has trained."""
+    from postrl.lm.grpo.lanes import GenerationLane
+
+    real = GenerationLane.published
+
+    def published(self, steps_done):
+        real(self, steps_done)
+        if steps_done == 1:
+            os.kill(self.process.pid, signum)
+
+    monkeypatch.setattr(GenerationLane, "published", published)
+
+
+def test_a_dead_lane_stops_the_run_with_one_error(tiny_lm_dir, tmp_path, monkeypatch):
+    _kill_lane_after_first_step(signal.SIGKILL, monkeypatch)
+    cfg = _config(tiny_lm_dir, run={"steps": 4}, lanes=LanesConfig(True, 0, timeout=30))
+    with pytest.raises(LaneError, match=r"generation lane exited \(code -9\) before sending step 1"):
+        run_grpo(cfg, tmp_path / "run")
+
+
+def test_a_hung_lane_stops_the_run_within_the_timeout(tiny_lm_dir, tmp_path, monkeypatch):
+    _kill_lane_after_first_step(signal.SIGSTOP, monkeypatch)
+    cfg = _config(tiny_lm_dir, run={"steps": 4}, lanes=LanesConfig(True, 0, timeout=2))
+    with pytest.raises(LaneError, match=r"sent nothing for 2 s waiting for step 1 \(lanes.timeout\)"):
+        run_grpo(cfg, tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"grpo": {"dynamic_sampling": True}}, "grpo.dynamic_sampling=false"),
+        ({"run": {"parallel": "fsdp"}}, "not fsdp"),
+    ],
+)
+def test_combinations_the_lane_cannot_serve_are_refused_before_the_run_folder(
+    tiny_lm_dir, tmp_path, overrides, message
+):
+    cfg = _config(tiny_lm_dir, lanes=LanesConfig(True, 1), **overrides)
+    with pytest.raises(UserError, match=message):
+        run_grpo(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
