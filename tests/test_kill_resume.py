@@ -172,6 +172,15 @@ TRAINERS = [
             + ["run.eval_every=6", "train.eval_examples=8", "eval_size=8", "eval_samples=4", "plots=false"]
         ),
     ),
+    Trainer(  # issue #34: pairs sampled and judged every step, so a kill lands in sampling too
+        "online-dpo",
+        lambda m, out: (
+            ["online-dpo", "--model", str(m["lm"]), "--judge", "task:reviews", "--out", str(out), *LM, *TRAIN]
+            + ["task={n_pairs_train: 8, n_pairs_test: 8}", "run.steps=12", "train.max_length=48"]
+            + ["sampling.max_new_tokens=12", "run.eval_every=6", "eval_samples=4", "eval_judge_prompts=4"]
+            + ["optim.lr=1e-3", "plots=false"]
+        ),
+    ),
     Trainer(
         "vlm sft",
         lambda m, out: (
