@@ -10,7 +10,8 @@ counted once, no memory), and the peak is summed from the parts a training step 
                      bfloat16 ones (`postrl.lm.master_adamw`)
     activations      one forward's rows × tokens × layers × the per-token, per-layer tensors a block saves
                      for its backward (Korthikanti et al. 2022, "Reducing Activation Recomputation", §4.1:
-                     ≈ 8h + 3·kv + 4·ffn + 2·heads·tokens elements, the attention probabilities included);
+                     ≈ 8h + 3·kv + 4·ffn elements, plus 2·heads·tokens for eager attention's probabilities); rows
+                     padded to the config's longest (a worst case: prompt and response at their limits);
                      with activation checkpointing, the blocks' inputs (h) plus one block's full set
     logits           the response tokens' [tokens, vocab] float32 logits, their log-softmax and gradient
                      (3 copies), or one chunk's (`run.memory.log_probs`: chunked)
@@ -48,6 +49,8 @@ class Shape:
     ffn: int
     heads: int
     vocab: int
+    eager: bool
+    """Eager attention: the [heads, tokens, tokens] probabilities are saved (SDPA and flash kernels keep none)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ class Estimate:
 
     def describe(self) -> str:
         items = ", ".join(f"{k} {v / GiB:.2f}" for k, v in self.parts.items() if v)
-        return f"{self.total / GiB:.2f} GiB ({items}; {self.rows} rows × {self.tokens} tokens per forward)"
+        return f"{self.total / GiB:.2f} GiB ({items}; {self.rows} rows × at most {self.tokens} tokens per forward)"
 
 
 def model_shape(path: str, lora: Any, trust_remote_code: bool = False) -> Shape:
@@ -84,7 +87,8 @@ def model_shape(path: str, lora: Any, trust_remote_code: bool = False) -> Shape:
         linears = [m for n, m in blocks.named_modules() if isinstance(m, torch.nn.Linear) and "layers" in n]
         trained = sum(lora.rank * (m.in_features + m.out_features) for m in linears)
     ffn = getattr(text, "intermediate_size", None) or 4 * hidden
-    return Shape(params, trained, text.num_hidden_layers, hidden, kv, ffn, heads, text.vocab_size)
+    eager = getattr(model.config, "_attn_implementation", "eager") == "eager"
+    return Shape(params, trained, text.num_hidden_layers, hidden, kv, ffn, heads, text.vocab_size, eager)
 
 
 def _batch(stage: str, cfg: Any) -> tuple[int, int, int]:
@@ -107,7 +111,7 @@ def estimate(stage: str, cfg: Any, shape: Shape) -> Estimate:
     rows, L, T = _batch(stage, cfg)
     s = shape
     reference = stage in STAGES_WITH_REFERENCE and not lora and getattr(getattr(cfg, "grpo", None), "beta", 1)
-    per_token = 8 * s.hidden + 3 * s.kv + 4 * s.ffn + 2 * s.heads * L  # elements per token and layer
+    per_token = 8 * s.hidden + 3 * s.kv + 4 * s.ffn + (2 * s.heads * L if s.eager else 0)  # per token, layer
     if memory.gradient_checkpointing:
         activations = rows * L * (s.layers * s.hidden + per_token) * wbytes
     else:

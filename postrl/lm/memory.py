@@ -32,7 +32,7 @@ class MemoryConfig:
     at a time to the final hidden states, its backward recomputing them: never the [batch, tokens, vocab]
     logits; postrl.lm.rollout.chunked), full (the model's whole logits, then a log-softmax: the reference) or
     auto (chunked for a vocabulary of 32768 or more where the model allows it, the log says which ran)."""
-    chunk_tokens: int = 512
+    chunk_tokens: int = 256
     """Positions whose logits exist at once in the chunked path (memory ≈ 3 × chunk_tokens × vocab × 4 B)."""
     gradient_checkpointing: bool = False
     """Activation checkpointing: the transformer blocks keep only their inputs and recompute the rest in the

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 
 from postrl.core import masked_sum
 from postrl.lm.data import pack_examples, pad
 from postrl.lm.master_adamw import MasterAdamW, needs_master
+from postrl.lm.rollout.forwards import next_token_log_probs
 from postrl.lm.spine import LoopState, Parts, RunConfig, accumulate, train_loop
 from postrl.runtime import distributed as dist
 from postrl.runtime.checkpoint import latest_checkpoint, write_dir_atomically
@@ -131,12 +131,10 @@ TRAIN_RENAMED |= {k: f"run.{k}" for k in ("device", "dtype", "threads", "tensorb
 
 def token_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token next-token NLL and its mask, both [B, L−1]: position t predicts token t+1."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     targets = batch["labels"][:, 1:]  # (B, L-1)
     mask = targets != -100
-    nll = F.cross_entropy(
-        logits[:, :-1].flatten(0, 1).float(), targets.clamp_min(0).flatten(), reduction="none"
-    ).view_as(targets)
+    # −log softmax(logits)[target]: the whole logits' cross-entropy, or the output layer in chunks (run.memory)
+    nll = -next_token_log_probs(model, batch["input_ids"], batch["attention_mask"], targets.clamp_min(0))
     return nll, mask
 
 

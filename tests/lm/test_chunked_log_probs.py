@@ -171,3 +171,30 @@ def test_lora_reference_runs_chunked_with_adapters_off():
         on, _ = forward_log_probs(response_forward(policy, gradients=False), ids, mask, P)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     assert (on - want).abs().max() > 1e-3
+
+
+def test_sft_token_losses_chunked_equal_the_whole_logits():
+    """SFT's per-token NLL (postrl.lm.trainer.token_losses) through the chunked output layer: same values and
+    gradients as the cross-entropy of the whole logits."""
+    from postrl.lm.trainer import token_losses
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, 48, (3, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[2, 6:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :3] = -100  # the prompt: no loss
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    results = []
+    for mode in ("chunked", "full"):
+        model = configure_memory(tiny_qwen2().double(), MemoryConfig(log_probs=mode, chunk_tokens=4))
+        nll, keep = token_losses(model, batch)
+        (nll * keep).sum().backward()
+        results.append((nll.detach() * keep, {n: p.grad for n, p in model.named_parameters()}))
+    (chunked, grads), (full, ref_grads) = results
+    logits = tiny_qwen2().double()(input_ids=ids, attention_mask=mask).logits[:, :-1]
+    by_hand = F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].clamp_min(0).flatten(), reduction="none")
+    torch.testing.assert_close(full, by_hand.view(3, 8).float() * (labels[:, 1:] != -100), rtol=0, atol=1e-5)
+    torch.testing.assert_close(chunked, full, rtol=0, atol=1e-5)
+    for key, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[key], rtol=1e-4, atol=1e-6, msg=key)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -245,6 +246,27 @@ def _wants_chunks(model: torch.nn.Module) -> bool:
             "run.memory.log_probs=chunked refused for %s: %s; whole logits", type(model).__name__, why
         )
     return False
+
+
+# whether each model's next-token log-probs run chunked: decided (and logged) once per model
+_CHUNKED: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+def next_token_log_probs(
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, targets: Tensor
+) -> Tensor:
+    """log π(targets) [B, L − 1] float32 of a teacher-forced forward over [B, L] (position t predicts
+    ``targets[:, t]``, the next token; every target a valid id), as SFT's loss reads it: through the chunked
+    output layer when ``run.memory.log_probs`` picks it for ``model`` (`_wants_chunks`), else the whole logits."""
+    if model not in _CHUNKED:
+        _CHUNKED[model] = _wants_chunks(model)
+    if not _CHUNKED[model]:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]  # (B, L − 1, V)
+        return token_log_probs(logits, targets)
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    head = model.get_output_embeddings()
+    chunk = memory_settings(model).chunk_tokens
+    return chunked_log_probs(hidden[:, :-1], head.weight, head.bias, targets, 1.0, chunk, entropy=False)[0]
 
 
 def _checkpointing(model: torch.nn.Module) -> bool:
