@@ -85,7 +85,7 @@ STAGES: dict[str, Stage] = {
         Stage(
             "grpo", "postrl.lm.grpo", "GRPOConfig", "run_grpo",
             "GRPO: G sampled responses per prompt, the group's rewards as the baseline, no critic",
-            "prompts", MODEL_AND_DATA,
+            "prompts", {**MODEL_AND_DATA, "--env": "env.id"},
         ),
         Stage(
             "vlm-pretrain", "postrl.lm.vlm.train", "VLMPretrainConfig", "run_vlm_pretrain",

@@ -62,6 +62,18 @@ CASES: list[Case] = [
         overrides={"max_prompt_length": 100, "sampling.max_new_tokens": 128},
     ),
     C("grpo-unknown-dtype", "grpo", "run.dtype", "fp8", overrides={"run.dtype": "fp8"}),
+    # episodes in a text environment (#35 item 5): the env id, its options, what does not apply to episodes
+    C("grpo-env-unknown", "grpo", "'frozenlak'", "did you mean frozenlake", flags={"--env": "frozenlak"}),
+    C(
+        "grpo-env-bad-option",
+        "grpo",
+        "guess_number",
+        "colour",
+        flags={"--env": "guess_number"},
+        overrides={"rewards": "[]", "env.options.colour": "red"},
+    ),
+    C("grpo-env-with-rewards", "grpo", "env.id", "leave rewards empty", flags={"--env": "guess_number"}),
+    C("grpo-env-unknown-credit", "grpo", "env.credit", "step", overrides={"env.credit": "step"}),
     C(
         "grpo-hub-name-offline",
         "grpo",

@@ -13,7 +13,7 @@ import torch
 from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_train_heldout, render_rows
 from postrl.lm.grpo.config import GRPOConfig
 from postrl.lm.grpo.engine import Prompts, TextEngine
-from postrl.lm.grpo.episodes import EpisodeEngine, episode_prompts
+from postrl.lm.grpo.episodes import EpisodeEngine, check_env_config, episode_prompts
 from postrl.lm.grpo.rollouts import Run
 from postrl.lm.memory import configure_memory
 from postrl.lm.models import (
@@ -94,6 +94,8 @@ def reward_fns(cfg: GRPOConfig, rows: list[dict[str, Any]], device: torch.device
 
 def build_grpo_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
     """Load and check everything a run needs (models, tokenizer, prompts, reward functions)."""
+    if cfg.env.id is not None:  # the environment first: an unknown id is refused before a model loads
+        check_env_config(cfg)
     load = {
         "dtype": resolve_dtype(cfg.run.dtype, "run.dtype"),
         "device": info.device,

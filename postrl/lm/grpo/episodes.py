@@ -66,8 +66,8 @@ def check_env_config(cfg: GRPOConfig) -> None:
 
 
 def episode_prompts(cfg: GRPOConfig) -> tuple[Prompts, Prompts, list[RewardFunction]]:
-    """The (train, held-out) seeds as prompt rows and the reward function of an episode run, checked."""
-    check_env_config(cfg)
+    """The (train, held-out) seeds as prompt rows and the reward function of an episode run (whose config
+    `check_env_config` passed)."""
     train = Prompts([{"seed": s} for s in range(cfg.env.n_train)], [])
     heldout = Prompts([{"seed": HELDOUT_SEED + s} for s in range(cfg.env.n_eval)], [])
     return train, heldout, [RewardFunction("env_return", env_return)]
