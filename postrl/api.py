@@ -45,7 +45,19 @@ from postrl.runtime.config import load_config, to_dict
 from postrl.runtime.errors import UserError
 from postrl.runtime.overrides import apply_overrides, plain
 
-__all__ = ["Result", "UserError", "dpo", "grpo", "ppo", "pretrain", "rm", "run_stage", "sft", "stages"]
+__all__ = [
+    "Result",
+    "UserError",
+    "dpo",
+    "grpo",
+    "loop",
+    "ppo",
+    "pretrain",
+    "rm",
+    "run_stage",
+    "sft",
+    "stages",
+]
 
 DATA_KEYS = ("data", "eval_data")
 NOTE = "# postrl: {what} given in memory to the Python API: pass {arg} again to resume this run\n"
@@ -240,6 +252,26 @@ def grpo(config: Any = None, /, **kwargs: Any) -> Result:
 def dpo(config: Any = None, /, **kwargs: Any) -> Result:
     """DPO/IPO on preference pairs against a frozen reference (``postrl dpo``)."""
     return _call("dpo", config, kwargs)
+
+
+def loop(
+    config: Any = None,
+    /,
+    *,
+    out: str | os.PathLike[str],
+    resume: bool = False,
+    overwrite: bool = False,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """The preference loop (``postrl loop``): rounds of sample pairs → label → reward model → policy update;
+    returns its summary (``summary["rounds"]``: the report of every round)."""
+    from postrl.feedback import LoopConfig, run_loop  # deferred: torch
+    from postrl.runtime.config import load_config
+
+    path = config if isinstance(config, (str, os.PathLike)) else None
+    base = plain(config) if isinstance(config, Mapping) else None
+    cfg = apply_overrides(LoopConfig, load_config(LoopConfig, path, base=base), overrides)
+    return run_loop(cfg, out, resume=resume, overwrite=overwrite)
 
 
 def __getattr__(name: str) -> Callable[..., Result]:

@@ -12,6 +12,7 @@ from typing import NoReturn
 
 from postrl import __version__
 from postrl.control.commands import add_control_command as control
+from postrl.feedback.command import add_loop_command as loop
 from postrl.label.commands import add_label_command as label
 from postrl.lm.commands import add_data_command as data
 from postrl.lm.judges.command import add_judge_command as judge
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _registrars() -> list:
-    return [control, data, judge, lm_stages, label, _add_demo]
+    return [control, data, judge, lm_stages, label, loop, _add_demo]
 
 
 def _add_demo(subparsers: argparse._SubParsersAction) -> None:
