@@ -1,6 +1,8 @@
 """GRPO over episodes of a text environment (issue #35 items 2 and 5): the trainer's engine seam, trajectory
 and per-turn credit, and the errors an env run gives before it touches its run folder."""
 
+import shutil
+
 import pytest
 import torch
 
@@ -97,4 +99,35 @@ def test_a_bad_env_run_is_one_error_before_the_run_folder(tiny_lm_dir, tmp_path,
     grpo = change.pop("grpo", None)
     with pytest.raises(error, match=match):
         run_grpo(_config(tiny_lm_dir, env=env, grpo=grpo, **change), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_episode_run_resumes_exactly(tiny_lm_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    cfg = _config(
+        tiny_lm_dir, "turn", run=RunConfig(steps=4, save_every=2, log_every=1, device="cpu", threads=1)
+    )
+    run_grpo(cfg, tmp_path / "a")
+    run_grpo(cfg, tmp_path / "b")
+    # interrupt "b" after its step-2 checkpoint: remove what steps 3-4 wrote, then resume
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step_00000004")
+    shutil.rmtree(tmp_path / "b" / "model")
+    torch.manual_seed(123)  # nothing may depend on the RNG state left behind
+    run_grpo(cfg, tmp_path / "b", resume=True)
+    a = load_file(str(tmp_path / "a" / "model" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "model" / "model.safetensors"))
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+    rewards = [
+        [r["reward_mean"] for r in read_jsonl(tmp_path / x / "metrics.jsonl") if "loss" in r] for x in "ab"
+    ]
+    assert rewards[0] == rewards[1] and len(rewards[0]) == 4
+
+
+def test_the_python_api_takes_an_env_section_and_refuses_an_unknown_id(tiny_lm_dir, tmp_path):
+    import postrl
+
+    with pytest.raises(AgentError, match="unknown environment 'frozenlak'"):
+        postrl.grpo(model=str(tiny_lm_dir), env={"id": "frozenlak"}, out=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
