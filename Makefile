@@ -42,6 +42,14 @@ bench: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/postrl demo --out runs/demo
 
+# The labelling page in a real browser (tests/label/test_browser.py skips without one): Debian's Chromium
+# and its driver, then the page's screenshots docs/img/label_lm.png and label_segments.png.
+browser:
+	command -v chromedriver >/dev/null || apt-get install -y chromium chromium-driver
+
+label-shots: $(STAMP)
+	$(PY) benchmarks/label_page.py --shots
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check postrl tests benchmarks
 	$(VENV)/bin/ruff format --check postrl tests benchmarks

@@ -181,13 +181,20 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"label_page: {problem}", file=sys.stderr)
         return 2
+    result: dict[str, Any] = {"pairs": args.n}
     with tempfile.TemporaryDirectory() as tmp:
         for path in screenshots(Path(tmp)):
             print(f"wrote {path.relative_to(ROOT)}")
-        if not args.shots:
-            for kind in ("lm", "segments"):
-                rate = labels_per_minute(Path(tmp), kind, args.n)
-                print(f"keyboard-only labelling, {kind} pairs: {rate:.0f} labels/min over {args.n} pairs")
+        if args.shots:
+            return 0
+        for kind in ("lm", "segments"):
+            rate = labels_per_minute(Path(tmp), kind, args.n)
+            result[f"labels_per_min_{kind}"] = round(rate, 1)
+            print(f"keyboard-only labelling, {kind} pairs: {rate:.0f} labels/min over {args.n} pairs")
+    from _record import record  # benchmarks/ is on the path when this runs as a script
+
+    record("label_page", result)
+    print(json.dumps(result))
     return 0
 
 

@@ -141,6 +141,7 @@ class LabelStore:
         self.folder, self.n_pairs, self.to_rows = Path(folder), n_pairs, to_rows
         self.log_path, self.prefs_path = self.folder / LOG_FILE, self.folder / PREFS_FILE
         self._lock = threading.Lock()
+        self._lines: dict[Judgement, str] = {}
         self.events = read_log(self.log_path, n_pairs)
         self.made = replay(self.events)
         self._write_prefs()  # a crash between the log's fsync and the rename left it one event behind
@@ -179,8 +180,10 @@ class LabelStore:
 
     def _write_prefs(self) -> None:
         standing = [j for name in sorted(self.made) for j in self.made[name] if j.choice != "skip"]
-        rows = self.to_rows(standing)
-        atomic_write_text(self.prefs_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        missing = [j for j in standing if j not in self._lines]  # each row is made and dumped once
+        for j, row in zip(missing, self.to_rows(missing), strict=True):
+            self._lines[j] = json.dumps(row, ensure_ascii=False) + "\n"
+        atomic_write_text(self.prefs_path, "".join(self._lines[j] for j in standing))
 
     def next_pair(self, labeller: str) -> int | None:
         """The first pair ``labeller`` has not judged or skipped (None when all are done)."""
