@@ -237,6 +237,17 @@ def test_an_environment_whose_step_raises_is_one_clear_error():
     assert "RuntimeError: the floor gave way on turn 1 with the action 'right'" in message
 
 
+def test_an_environment_whose_reset_raises_is_one_clear_error():
+    class Broken(Corridor):
+        def reset(self, seed=None, options=None):
+            raise KeyError("no map")
+
+    with pytest.raises(
+        AgentError, match=r"environment Broken \(.*test_agents_env.py:\d+\): reset raised KeyError"
+    ):
+        run_episode(Broken(), scripted(["right"]), seed=3)
+
+
 def test_budget_must_be_positive():
     with pytest.raises(AgentError, match="max_turns must be >= 1"):
         EpisodeBudget(max_turns=0)

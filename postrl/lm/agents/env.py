@@ -113,6 +113,27 @@ Policy = Callable[[list[Message], int], str]
 """A policy for `run_episode`: (conversation so far, max new tokens) -> reply."""
 
 
+def _raised(env: TextEnv, method: str, err: Exception, context: str) -> AgentError:
+    """The one error of an environment method that raised: the environment, where the method is, the context."""
+    where_defined = where(getattr(type(env), method))
+    return AgentError(
+        f"environment {type(env).__name__} ({where_defined}): {method} raised {type(err).__name__}: {err}{context}"
+    )
+
+
+def reset_env(
+    env: TextEnv, seed: int | None, options: dict[str, Any] | None
+) -> tuple[list[Message], dict[str, Any]]:
+    """``env.reset(seed, options)`` as messages, an exception in it as an `AgentError` naming the environment."""
+    try:
+        messages, info = env.reset(seed=seed, options=options)
+    except UserError:
+        raise
+    except Exception as err:
+        raise _raised(env, "reset", err, f" with seed {seed}") from err
+    return as_messages(messages), dict(info or {})
+
+
 def step_env(env: TextEnv, action: str, turn: int) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
     """``env.step(action)``, an exception in it as an `AgentError` that names the environment and the turn."""
     try:
@@ -120,11 +141,7 @@ def step_env(env: TextEnv, action: str, turn: int) -> tuple[list[Message], float
     except UserError:
         raise
     except Exception as err:
-        name = type(env).__name__
-        raise AgentError(
-            f"environment {name} ({where(type(env).step)}): step raised {type(err).__name__}: {err}"
-            f" on turn {turn} with the action {action[:80]!r}"
-        ) from err
+        raise _raised(env, "step", err, f" on turn {turn} with the action {action[:80]!r}") from err
     return as_messages(observation), float(reward), bool(terminated), bool(truncated), dict(info or {})
 
 
@@ -166,8 +183,7 @@ def run_episode(
     (turns, tokens counted by ``count_tokens``) runs out; then it is truncated and the environment's
     `truncation_reward` is added to the last turn's reward. An exception in ``env.step`` is an `AgentError`.
     """
-    messages, _ = env.reset(seed=seed, options=options)
-    messages = as_messages(messages)
+    messages, _ = reset_env(env, seed, options)
     episode = Episode(messages=list(messages), prompt_len=len(messages))
     while not (episode.terminated or episode.truncated):
         action = policy(list(episode.messages), budget.max_tokens - episode.tokens)

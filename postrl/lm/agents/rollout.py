@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from postrl.core import turn_index
-from postrl.lm.agents.env import AgentError, Episode, EpisodeBudget, Message, TextEnv, as_messages, play_turn
+from postrl.lm.agents.env import AgentError, Episode, EpisodeBudget, Message, TextEnv, play_turn, reset_env
 from postrl.lm.data import encode_prompts
 from postrl.lm.rollout import SamplingConfig, generate, left_pad
 
@@ -114,8 +114,7 @@ class _Running:
 
 
 def _start(tokenizer: Any, env: TextEnv, seed: int | None, options: dict[str, Any] | None) -> _Running:
-    messages, _ = env.reset(seed=seed, options=options)
-    messages = as_messages(messages)
+    messages, _ = reset_env(env, seed, options)
     episode = Episode(messages=list(messages), prompt_len=len(messages))
     return _Running(env, prompt_ids(tokenizer, env, messages), [], [], [], episode)
 
