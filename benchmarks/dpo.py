@@ -27,6 +27,10 @@ TRL runs in its own virtual environment (this file in ``--trl-worker`` mode), as
 
     make peers    # benchmarks/peers/.venv-trl, from benchmarks/peers/requirements-trl.txt (TRL 1.16, pinned)
 
+Latest (benchmarks/results/dpo.json: a fresh clone, `make venv && make peers`, then ``--steps 60 --repeats 2``,
+2026-12-05, load average 13.9-14.3 from other jobs): postrl 2.30 steps/s, TRL 0.98 (2.36x), TRL with precompute
+1.34 (1.72x); identical batch |difference| 6.0e-8, the same token ids; peak RSS 536 vs 673 MB (676).
+
 Measured 2026-12-03 on the shared 2-core machine, load average 5.7-6.3 (``--steps 40 --repeats 2``, same
 set-up as below): postrl 3.95 steps/s (0.253 s/step), TRL 1.63 (0.614): 2.43x; TRL with precompute 2.36
 (0.424): 1.68x; peak RSS 456 vs 629 MB (628); identical batch |difference| 1.2e-7 again.
