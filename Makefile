@@ -7,6 +7,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.postrl-installed
 
 PEERS := benchmarks/peers
+# plain `make`: the venv with postrl installed
+.DEFAULT_GOAL := venv
 
 .PHONY: venv test bench demo control-demo lint clean peers
 
