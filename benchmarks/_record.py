@@ -1,8 +1,8 @@
 """The results file of a benchmark: ``benchmarks/results/<name>.json``, the result with what it takes to rerun it
 and judge it (the command, the commit, the date, the machine and its load).
 
-Every benchmark that ends with a JSON line calls ``record(name, result)`` just before printing it; the docs
-render their tables from these files, so a number quoted anywhere can be traced to the run that made it. The
+Every benchmark that ends with a JSON line calls ``record(name, result)`` just before printing it, so that a
+table quoted in the docs can be rendered from these files and each number traced to the run that made it. The
 command is written relative to the repository (``python benchmarks/dpo.py --steps 60``), so the file names no
 path of the machine it ran on.
 """
