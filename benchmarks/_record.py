@@ -91,5 +91,5 @@ def record(name: str, result: dict, argv: list[str] | None = None) -> Path:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record_, indent=1) + "\n")
     os.replace(tmp, path)
-    print(f"results: {path.relative_to(ROOT)}", file=sys.stderr)
+    print(f"results: {_relative(str(path))}", file=sys.stderr)
     return path
