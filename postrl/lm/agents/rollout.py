@@ -74,9 +74,9 @@ def _as_user(messages: list[Message]) -> list[Message]:
     ]
 
 
-def observation_ids(tokenizer: Any, observation: list[Message]) -> list[int]:
-    """The tokens that follow an assistant turn when ``observation`` comes next and the model is to reply: the
-    chat template's rendering of (a dummy exchange + the observation, with the generation prompt) minus its
+def observation_text(tokenizer: Any, observation: list[Message]) -> str:
+    """What follows an assistant turn when ``observation`` comes next and the model is to reply: the chat
+    template's rendering of (a dummy exchange + the observation, with the generation prompt) minus its
     rendering of the dummy exchange."""
     base = _render(tokenizer, _DUMMY)
     try:
@@ -88,7 +88,12 @@ def observation_ids(tokenizer: Any, observation: list[Message]) -> list[int]:
         full = _render(tokenizer, _DUMMY + _as_user(observation), add_generation_prompt=True)
     if not full.startswith(base):
         raise AgentError("the chat template does not render a conversation as a prefix of its continuation")
-    return list(tokenizer(full[len(base) :], add_special_tokens=False)["input_ids"])
+    return full[len(base) :]
+
+
+def observation_ids(tokenizer: Any, observation: list[Message]) -> list[int]:
+    """The tokens of `observation_text`."""
+    return list(tokenizer(observation_text(tokenizer, observation), add_special_tokens=False)["input_ids"])
 
 
 def prompt_ids(tokenizer: Any, env: TextEnv, messages: list[Message]) -> list[int]:
