@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -109,7 +110,11 @@ class _Routes:
         if not isinstance(body, dict):
             return _error("expected a JSON object {labeller, pair, choice}")
         try:
-            state = self.labelling.store.record(body.get("labeller"), body.get("pair"), body.get("choice"))
+            # in a worker thread: the fsyncs would otherwise stall every other labeller's requests
+            record = self.labelling.store.record
+            state = await run_in_threadpool(
+                record, body.get("labeller"), body.get("pair"), body.get("choice")
+            )
         except UserError as err:
             return _error(str(err), 409 if isinstance(err, StaleJudgement) else 400)
         return JSONResponse(state, headers=HEADERS)

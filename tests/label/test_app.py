@@ -118,3 +118,21 @@ def test_cli_errors_are_one_line_before_the_folder_is_touched(tmp_path, capsys):
     assert main(["label", "--out", str(out), "--pairs", str(bad), "--no-serve"]) == 2
     assert "bad.jsonl:1: the two responses are the same" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_segments_of_a_trained_policy_and_of_continuous_actions(tmp_path):
+    from postrl import control
+    from postrl.control.prefs_reward import Pairs
+
+    run = tmp_path / "run"
+    tiny = {"ppo": {"n_steps": 32, "epochs": 2}, "run": {"eval_episodes": 3, "save_every": 0}}
+    control.train("ppo", "CartPole-v1", total_steps=128, out=run, n_envs=2, **tiny)
+    src = segment_pairs("CartPole-v1", tmp_path / "a" / "pairs.jsonl", n=2, length=8, policy=str(run))
+    first = json.loads(src.read_text().splitlines()[0])["first"]
+    assert len(first["obs"]) == 8 and all(a in (0, 1) for a in first["actions"])
+
+    src = segment_pairs("Pendulum-v1", tmp_path / "b" / "pairs.jsonl", n=2, length=5, seed=3)
+    rows = [{**json.loads(line), "label": 1.0} for line in src.read_text().splitlines()]
+    pairs = Pairs.from_rows(rows)
+    assert pairs.first.actions.shape == (2, 5, 1) and pairs.first.actions.is_floating_point()
+    assert bool(pairs.first.alive.all())  # Pendulum never terminates: no padding

@@ -92,3 +92,25 @@ def test_a_round_of_labels_in_the_browser(tmp_path, driver):
         agree = driver.find_element(By.ID, "agree").text
         assert "ada" in agree and "50%" in agree and "2 shared" in agree
     assert len(_rows(tmp_path / "lab")) == 7
+
+
+def test_a_vision_language_pair_shows_its_picture(tmp_path, driver):
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(tmp_path / "red.png")
+    prompt = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is it?"}]}
+    ]
+    src = tmp_path / "pairs.jsonl"
+    src.write_text(
+        json.dumps({"prompt": prompt, "responses": ["Red.", "Blue."], "images": ["red.png"]}) + "\n"
+    )
+    with running(Labelling(tmp_path / "lab", src)) as url:
+        log_in(driver, url, "ada")
+        picture = driver.find_element(By.CSS_SELECTOR, "#images img")
+        wait_until(driver, lambda d: d.execute_script("return arguments[0].naturalWidth", picture) == 64)
+        assert "What colour is it?" in driver.find_element(By.ID, "prompt").text
+        act(driver, "2")
+    row = _rows(tmp_path / "lab")[0]
+    assert row["images"][0].startswith("media/") and row["prompt"] == prompt
