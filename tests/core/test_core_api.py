@@ -115,6 +115,12 @@ def test_inputs_are_never_modified_in_place(seed, width):
     core.reinforce_pp_advantages(seq, 2)
     core.reinforce_pp_advantages(seq)
     core.overlong_penalty(seq.abs() * 4, 5, 2)
+    core.turn_gae(a, b, mask, 0.9, 0.95, term[:, 0], seq)  # the turns of issue #35
+    core.turn_group_advantages(a, mask, 2, 0.9)
+    core.turn_group_advantages(a, mask, 2, 0.9, scale=False, leave_one_out=True)
+    turns = core.turn_index(mask)
+    core.turn_start_values(a, turns, width)
+    core.turns_to_tokens(a, turns)
     for loss_type in ("sigmoid", "ipo"):
         core.dpo_loss(seq, seq.flip(0), seq.abs(), seq * 0.5, 0.1, loss_type, seq.sigmoid())
     spd = d.T @ d + torch.eye(width, dtype=torch.float64)
