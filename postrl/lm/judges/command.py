@@ -63,6 +63,8 @@ def run_judge(args: argparse.Namespace) -> int:
     from postrl.lm.judges.base import check_probabilities, load_judge, preference_rows
     from postrl.runtime.rundir import check_can_create
 
+    if args.batch_size < 1:
+        raise UserError(f"postrl judge --batch-size must be >= 1, got {args.batch_size}")
     out = Path(args.out)
     if out.is_dir():
         raise UserError(f"postrl judge --out {out} is a folder; give a file name (e.g. {out}/prefs.jsonl)")
