@@ -153,6 +153,17 @@ def test_environment_factory_public_methods_are_tools_and_each_episode_gets_a_fr
     assert reward == 0.0  # the new episode's counter started from 0: 4 != 5
 
 
+def test_reward_functions_get_the_environment_objects_as_trl_passes_them():
+    def reward_func(completions, environments, **kwargs):
+        return [float(env.counter) for env in environments]
+
+    env = ToolEnv(environment_factory=Counter, reward_funcs=[reward_func])
+    env.reset(options={"prompt": [{"role": "user", "content": "Add three."}], "start": 2})
+    env.step(call("increment", step=3))
+    _, reward, terminated, _, _ = env.step("done")
+    assert terminated and reward == 5.0 + 1.0  # the reward function's 5, get_reward's 1 (counter == 5)
+
+
 def test_tool_errors_are_observations_and_the_episode_goes_on():
     env = ToolEnv(
         tools=[multiply, divide], reward_funcs=[lambda completions, **kw: [float(len(completions[0]))]]

@@ -196,8 +196,11 @@ class ToolEnv(TextEnv):
         return self._score()
 
     def _score(self) -> float:
-        """Σ reward functions on (prompt, the conversation after it) + the environment's get_reward()."""
+        """Σ reward functions on (prompt, the conversation after it, the environment object as TRL passes it:
+        ``environments=[obj]``) + the environment's get_reward()."""
         columns = {k: [v] for k, v in self._row.items() if k != "prompt"}
+        if self._instance is not None:  # TRL passes each rollout's environment object to the reward functions
+            columns["environments"] = [self._instance]
         total = 0.0
         for fn in self._reward_funcs:
             values = fn(prompts=[self._prompt], completions=[list(self._turns)], **columns)
