@@ -92,20 +92,20 @@ def act(driver: Any, key: str | None = None, click: str | None = None) -> None:
 
 
 def _lm_folder(tmp: Path, n: int) -> Any:
-    """A folder of ``n`` chat pairs sampled from the built-in model (reviews prompts as user turns)."""
+    """A folder of ``n`` chat pairs: the reviews task's preference pairs, its prompts as user turns."""
     from postrl.label.app import Labelling
-    from postrl.label.sample import sample_lm_pairs
     from postrl.lm.tasks import get_task
 
-    prompts = tmp / "prompts.jsonl"
+    system = {"role": "system", "content": "You write short restaurant reviews."}
     rows = [
-        {"prompt": [{"role": "system", "content": "You write short restaurant reviews."},
-                    {"role": "user", "content": p}]}
-        for p in get_task("reviews").prompts("train")[:n]
-    ]  # fmt: skip
-    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    model = ROOT / "postrl" / "lm" / "base_model"
-    pairs = sample_lm_pairs(str(model), str(prompts), tmp / "pairs.jsonl", n, max_new_tokens=32, seed=3)
+        {
+            "prompt": [system, {"role": "user", "content": r["prompt"].strip()}],
+            "responses": [[{"role": "assistant", "content": r[k].strip()}] for k in ("chosen", "rejected")],
+        }
+        for r in get_task("reviews").preference_rows("train")[:n]
+    ]
+    pairs = tmp / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return Labelling(tmp / "lab-lm", pairs)
 
 

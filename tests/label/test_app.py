@@ -136,3 +136,18 @@ def test_segments_of_a_trained_policy_and_of_continuous_actions(tmp_path):
     pairs = Pairs.from_rows(rows)
     assert pairs.first.actions.shape == (2, 5, 1) and pairs.first.actions.is_floating_point()
     assert bool(pairs.first.alive.all())  # Pendulum never terminates: no padding
+
+
+def test_two_samples_per_prompt_from_a_model_folder(tmp_path):
+    from postrl.label.pairs import read_pairs
+    from postrl.label.sample import sample_lm_pairs
+
+    prompts = tmp_path / "prompts.jsonl"
+    chat = [{"prompt": [{"role": "user", "content": f"Review of the soup {i}:"}]} for i in range(4)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in chat))
+    out = sample_lm_pairs(
+        "postrl/lm/base_model", str(prompts), tmp_path / "pairs.jsonl", n=4, max_new_tokens=12
+    )
+    pairs = read_pairs(out)  # the checks: two different, non-empty responses per pair
+    assert 1 <= len(pairs) <= 4 and all(p["prompt"] in [r["prompt"] for r in chat] for p in pairs)
+    assert all(r[0]["role"] == "assistant" for p in pairs for r in p["responses"])  # chat stays chat
