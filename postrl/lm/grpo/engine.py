@@ -175,3 +175,34 @@ class TextEngine:
 
     def accuracy_breakdown(self, accuracy: Tensor) -> dict[str, float]:
         return {}
+
+
+class VLLMEngine(TextEngine):
+    """A causal LM sampled by vLLM in this process (sampling.engine=vllm, `postrl.lm.rollout.vllm_engine`);
+    scoring and the loss are the text engine's. vLLM holds its own copy of the weights: the trainer calls
+    `weights_changed` after every optimiser step (an optimiser hook), and the next sampling pushes the policy's
+    weights first (so a step with several optimiser steps pushes once, and a resumed run pushes the loaded
+    weights before it samples)."""
+
+    def __init__(self, cfg: Any, policy: torch.nn.Module, *args: Any, sampler: Any) -> None:
+        super().__init__(cfg, policy, *args)
+        self.sampler, self.stale = sampler, True
+        self.push_seconds, self.pushes = 0.0, 0
+
+    def weights_changed(self) -> None:
+        self.stale = True
+
+    def sample(
+        self, split: str, indices: list[int], repeat: int, sampling: SamplingConfig, key: tuple
+    ) -> Sampled:
+        model = dist.unwrap(self.policy_module)
+        if self.stale:
+            self.push_seconds += self.sampler.push(model)
+            self.pushes, self.stale = self.pushes + 1, False
+        prompts = self.prompts[split]
+        rollout = self.sampler.sample(
+            [prompts.ids[i] for i in indices], repeat, sampling, sampling_seed(self.cfg.run.seed, key),
+            self.device,
+        )  # fmt: skip
+        rows = [prompts.rows[i] for i in indices for _ in range(repeat)]
+        return Sampled(rollout, rows, RolloutEngine(model, self.tokenizer).decode(rollout))

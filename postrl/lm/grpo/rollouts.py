@@ -27,7 +27,7 @@ from postrl.core import (
     rloo_advantages,
     truncated_is_weights,
 )
-from postrl.lm.grpo.config import GRPOConfig, GRPOLossConfig
+from postrl.lm.grpo.config import GRPOConfig, GRPOLossConfig, is_correction
 from postrl.lm.grpo.engine import GRPOEngine, Sampled
 from postrl.lm.rewards import (
     Phase,
@@ -273,13 +273,14 @@ def collect(run: Run, stream: PromptStream, step: int) -> tuple[RolloutBatch, di
     start = time.perf_counter()
     old_log_probs, ref_log_probs, is_weights, behaviour = rollout.log_probs, None, None, {}
     with torch.no_grad():
-        if g.epochs > 1 or g.is_correction != "none":
+        if g.epochs > 1 or is_correction(run.cfg) != "none":
             # re-score: the first pass has ratio exactly 1 ("Old log-probs", algorithm.py); the sampler's
             # log-probs stay the behaviour policy's
             old_log_probs = run.engine.log_probs("old", rollout, inputs)
             is_weights, behaviour = behaviour_correction(
-                g, old_log_probs, rollout.log_probs, rollout.response_mask
-            )
+                replace(g, is_correction=is_correction(run.cfg)), old_log_probs, rollout.log_probs,
+                rollout.response_mask,
+            )  # fmt: skip
         if run.ref is not None:
             ref_log_probs = run.engine.log_probs("ref", rollout, inputs)
     timers["time_score"] += time.perf_counter() - start

@@ -126,10 +126,10 @@ def generate(
             break
         logits = decoder.step(token[:, 0])
     response, log_probs = torch.cat(tokens, dim=1), torch.cat(log_probs, dim=1)  # (B, T)
-    return _assemble(prompt_ids, prompt_mask, response, log_probs, eos_token_id, pad_token_id)
+    return assemble(prompt_ids, prompt_mask, response, log_probs, eos_token_id, pad_token_id)
 
 
-def _assemble(
+def assemble(
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     response: Tensor,
