@@ -10,7 +10,7 @@ PEERS := benchmarks/peers
 # plain `make`: the venv with postrl installed
 .DEFAULT_GOAL := venv
 
-.PHONY: venv test bench demo control-demo lint clean peers vllm-venv test-vllm
+.PHONY: venv test bench demo control-demo lint docs clean peers vllm-venv test-vllm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,tensorboard,parquet,lora,datasets,judge,label]"
+	$(PY) -m pip install -q -e ".[test,tensorboard,parquet,lora,datasets,judge,label,docs]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -69,9 +69,12 @@ browser:
 label-shots: $(STAMP)
 	$(PY) benchmarks/label_page.py --shots
 
+docs: $(STAMP)   # the documentation site → site/index.html (the configuration reference is generated)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check postrl tests benchmarks
 	$(VENV)/bin/ruff format --check postrl tests benchmarks
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis $(PEERS)/.venv-trl $(PEERS)/.venv-sb3 $(VLLM_VENV)
+	rm -rf $(VENV) runs site .pytest_cache .hypothesis $(PEERS)/.venv-trl $(PEERS)/.venv-sb3 $(VLLM_VENV)

@@ -54,8 +54,8 @@ def flat_grad(
     Args:
         y: 0-dim tensor.
         params: a module or an iterable of parameters.
-        retain_graph, create_graph: as in ``torch.autograd.grad`` (``create_graph=True`` for
-            Hessian-/Fisher-vector products).
+        retain_graph: as in ``torch.autograd.grad``.
+        create_graph: as in ``torch.autograd.grad`` (``True`` for Hessian-/Fisher-vector products).
     """
     params = _params(params)
     grads = torch.autograd.grad(
