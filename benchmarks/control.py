@@ -22,6 +22,28 @@ For results over many seeds (the README's Part 1 table: 10 seeds per preset, IQM
 fraction of seeds meeting the goal, all seeds' curves) use ``postrl control bench --config PRESET --seeds
 10-19`` (``postrl/control/bench.py``); this script's goals are that command's ``TARGETS``.
 
+``--with-sbx`` runs SBX (Stable-Baselines Jax 0.28, JAX on the CPU, one XLA thread: ``peers/sbx_bench.py``, its
+venv ``make peers``) the same way; ``--breakdown`` adds one ppo-cartpole run timed by parts (`time_breakdown`);
+``--env-backend gymnasium`` runs CartPole without the batched numpy env (``env.backend``).
+
+Measured 2026-12-05 (issue 38 item 1) after CartPole's batched numpy env (``env.backend`` auto → numpy,
+postrl/control/fast/cartpole.py; the same episodes bit for bit, so the same learning: seed 0 reaches the
+20-episode average ≥ 475 at 39,392 steps and seed 2 at 79,704 with either backend), on the shared 2-core
+machine at load 14.8 → 16.0 from other helpers' jobs (SB3 from ``make peers``' .venv-sb3, SBX 0.28 with
+jax 0.10.2): ``--tasks ppo-cartpole --seeds 0 1 2 --no-variance --with-sb3 --with-sbx --breakdown``:
+postrl 2,435 / 2,805 / 2,294 env steps/s, SB3 439 / 479 / 627, SBX 985 / 801 / 869: **vs SB3 5.55× / 5.86× /
+3.66× wall, 4.76× / 6.03× / 5.14× CPU time; vs SBX 2.47× / 3.50× / 2.64× wall, 3.39× / 5.26× / 4.41× CPU
+time** (a peer's CPU time is its whole process: interpreter, imports, JAX's compilation and the evaluation;
+postrl's is train_from_config, evaluation included). Evaluation 500 in all nine runs; steps to 475: postrl
+39,392 / 26,288 / 79,704, SB3 25,136 / 25,464 / 32,512, SBX 28,072 / 27,440 / 44,888. At this load the wall
+ratios swing with the other jobs (postrl got 22–30 % of a core): the ≥ 3× against SBX is met on seed 1 only
+in wall time, on all three in CPU time. Where the time of a run goes (``--breakdown``, same load, 56.9 s of
+training): update 45.2 s (79 %: 7,820 minibatch steps of the hand gradient, GEMM-bound: mm and addmm are
+half of an update's profile), vector env 3.5 s, the actor's forward and sampling 2.7 s, the rest of the
+rollout (buffer writes, the critic's values) 2.1 s, GAE 1.3 s, logging and the rest 2.1 s. The env part with
+``env.backend=gymnasium`` on seed 2 at the same load: 10.1 s of the vector env against 2.0 s batched (the
+whole run 79.6 vs 53.5 s).
+
 Measured 2026-12-03 on the shared 2-core machine (load ≈ 6 from other jobs: read the ratio only), the
 fused path against the reference one, ``--quick --tasks ppo-cartpole --no-variance --ppo-backend autograd``
 then ``… fused``: 3,247 vs 5,003 env steps/s (1.54×), 6.3 vs 5.0 CPU-s for 30,208 steps.
@@ -152,7 +174,9 @@ QUICK_BUDGET = {
 PEERS = ROOT / "benchmarks" / "peers"  # sb3_bench.py; its venv: `make peers`
 
 
-def run_postrl(task: str, seed: int, steps: int, out_root: Path, ppo_backend: str = "auto") -> dict:
+def run_postrl(
+    task: str, seed: int, steps: int, out_root: Path, ppo_backend: str = "auto", env_backend: str = "auto"
+) -> dict:
     from postrl.control.commands import control_preset_path
     from postrl.control.loop import algorithm, train_from_config
     from postrl.runtime.config import load_config
@@ -167,6 +191,7 @@ def run_postrl(task: str, seed: int, steps: int, out_root: Path, ppo_backend: st
             "run.save_every=0",
             *TASK_OVERRIDES.get(task, []),
             *([f"ppo.backend={ppo_backend}"] if algo == "ppo" else []),
+            f"env.backend={env_backend}",
         ],
     )
     cpu_start = time.process_time()
@@ -178,15 +203,17 @@ def run_postrl(task: str, seed: int, steps: int, out_root: Path, ppo_backend: st
     row["cpu_seconds"] = round(cpu_seconds, 1)
     if algo == "ppo":
         row["ppo_backend"] = ppo_backend
+    row["env_backend"] = env_backend
     row["goal_met"] = summary["eval_return_mean"] >= goal
     return row
 
 
-def run_sb3(config: str, seed: int, steps: int, python: str) -> dict | None:
-    """One seed of the SB3 harness in its own interpreter; None (with a message) if it cannot run."""
+def run_peer(config: str, seed: int, steps: int, python: str, peer: str = "sb3") -> dict | None:
+    """One seed of the SB3 harness (``peer`` sb3) or its SBX runner (sbx) in its own interpreter; None (with
+    a message) if it cannot run."""
     cmd = [
         python,
-        str(PEERS / "sb3_bench.py"),
+        str(PEERS / f"{peer}_bench.py"),
         "--config",
         config,
         "--seeds",
@@ -198,12 +225,12 @@ def run_sb3(config: str, seed: int, steps: int, python: str) -> dict | None:
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=3600).stdout
     except (OSError, subprocess.SubprocessError) as err:
-        print(f"sb3: could not run {cmd}: {err}", file=sys.stderr)
+        print(f"{peer}: could not run {cmd}: {err}", file=sys.stderr)
         return None
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     res = json.loads(out.strip().splitlines()[-1])
     return {
-        "backend": "sb3",
+        "backend": peer,
         "task": config,
         "seed": seed,
         "env_steps": res["total_timesteps"],
@@ -229,6 +256,49 @@ def env_ceiling(seconds: float = 3.0) -> float:
         env.step(actions[steps % 4096])
         steps += 1
     return steps * 8 / (time.perf_counter() - start)
+
+
+def time_breakdown(steps: int, out_root: Path, env_backend: str = "auto") -> dict:
+    """Where a ppo-cartpole run's training time goes: seconds in the vector env's step, the rollout's actor
+    (the policy forward and sampling), the rest of the rollout (the buffer, the critic's values), GAE and the
+    update (20 epochs of minibatch steps), by timers around those functions in one run of ``steps``."""
+    from postrl.control import envs, ppo
+    from postrl.control.fast import numpy_actor
+
+    seconds: dict[str, float] = {}
+    targets = [
+        (envs.VecEnv, "step", "env_step"),
+        (numpy_actor.NumpyActor, "act", "actor_act"),
+        (ppo, "collect_rollout", "rollout"),
+        (ppo, "gae", "gae"),
+        (ppo.PPOLearner, "update", "update"),
+    ]
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
+
+    def timed(fn, key):
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - start
+
+        return wrapper
+
+    for (owner, name, key), (_, _, fn) in zip(targets, originals, strict=True):
+        setattr(owner, name, timed(fn, key))
+    try:
+        row = run_postrl("ppo-cartpole", 0, steps, out_root, env_backend=env_backend)
+    finally:
+        for owner, name, fn in originals:
+            setattr(owner, name, fn)
+    train = row["env_steps"] / row["steps_per_second"]
+    out = {k: round(v, 2) for k, v in seconds.items()}
+    out["rollout_other"] = round(seconds["rollout"] - seconds["env_step"] - seconds.get("actor_act", 0.0), 2)
+    out["train_seconds"] = round(train, 2)
+    out["other"] = round(train - seconds["rollout"] - seconds["gae"] - seconds["update"], 2)
+    out["env_backend"], out["env_steps"] = env_backend, row["env_steps"]
+    return out
 
 
 def reinforce_gradient_variance(train_steps: int, batches: int, out_root: Path) -> dict:
@@ -284,19 +354,44 @@ def summarize(rows: list[dict]) -> dict:
             "goal_met_seeds": f"{sum(r['goal_met'] for r in mine)}/{len(mine)}",
             "env_steps": mine[0]["env_steps"],
         }
-        sb3_name = TASKS[task][4]
-        peer = [r for r in rows if r["backend"] == "sb3" and r["task"] == sb3_name]
-        if peer:
-            pairs = [(m, p) for m in mine for p in peer if p["seed"] == m["seed"]]
-            ratios = [m["steps_per_second"] / p["steps_per_second"] for m, p in pairs]
-            by_task[task]["sb3"] = {
-                "eval_return_per_seed": [p["eval_return_mean"] for p in peer],
-                "steps_to_threshold_per_seed": [p["steps_to_threshold"] for p in peer],
-                "steps_per_second_mean": round(float(np.mean([p["steps_per_second"] for p in peer])), 1),
-                "speed_ratio_per_seed": [round(x, 2) for x in ratios],
-                "speed_ratio_median": round(float(np.median(ratios)), 2),
-            }
+        for name in ("sb3", "sbx"):
+            by_task[task].update(_peer_summary(name, mine, rows, TASKS[task][4]))
     return by_task
+
+
+def _peer_summary(name: str, mine: list[dict], rows: list[dict], config: str | None) -> dict:
+    """``{name: ...}``: the peer's results on ``config`` and postrl's speed ratio to it, seed by seed."""
+    peer = [r for r in rows if r["backend"] == name and r["task"] == config]
+    if not peer:
+        return {}
+    pairs = [(m, p) for m in mine for p in peer if p["seed"] == m["seed"]]
+    ratios = [m["steps_per_second"] / p["steps_per_second"] for m, p in pairs]
+    return {
+        name: {
+            "eval_return_per_seed": [p["eval_return_mean"] for p in peer],
+            "steps_to_threshold_per_seed": [p["steps_to_threshold"] for p in peer],
+            "steps_per_second_mean": round(float(np.mean([p["steps_per_second"] for p in peer])), 1),
+            "speed_ratio_per_seed": [round(x, 2) for x in ratios],
+            "speed_ratio_median": round(float(np.median(ratios)), 2),
+        }
+    }
+
+
+def run_peers(args, task: str, seed: int, steps: int, row: dict) -> list[dict]:
+    """The peers asked for (--with-sb3, --with-sbx) on ``task``'s harness config, right after postrl's
+    ``row`` of the same seed; each result is printed with postrl's speed ratio to it."""
+    config, out = TASKS[task][4], []
+    wanted = [("sb3", args.with_sb3, args.peers_python), ("sbx", args.with_sbx, args.sbx_python)]
+    for name, python in [(name, python) for name, on, python in wanted if on and config]:
+        peer = run_peer(config, seed, steps, python, name)
+        if peer is None:
+            continue
+        out.append(peer)
+        ratio = row["steps_per_second"] / peer["steps_per_second"]
+        cpu_ratio = peer["cpu_seconds"] / max(row["cpu_seconds"], 1e-9)
+        note = f"  # postrl/{name} speed ratio {ratio:.2f} (wall), {cpu_ratio:.2f} (CPU time)"
+        print(json.dumps(peer) + note, flush=True)
+    return out
 
 
 def main(argv=None) -> int:
@@ -310,13 +405,26 @@ def main(argv=None) -> int:
     p.add_argument(
         "--peers-python", default=str(PEERS / ".venv-sb3" / "bin" / "python"), help="python of the SB3 venv"
     )
+    p.add_argument("--with-sbx", action="store_true", help="run SBX (peers/sbx_bench.py) side by side")
+    p.add_argument(
+        "--sbx-python", default=str(PEERS / ".venv-sbx" / "bin" / "python"), help="python of the SBX venv"
+    )
     p.add_argument("--no-variance", action="store_true", help="skip the REINFORCE gradient-variance study")
+    p.add_argument(
+        "--breakdown", action="store_true", help="also time one ppo-cartpole run's parts (time_breakdown)"
+    )
     p.add_argument("--out-dir", default=None, help="keep the run folders here (default: a temp folder)")
     p.add_argument(
         "--ppo-backend",
         choices=("auto", "fused", "autograd"),
         default="auto",
         help="ppo.backend of the PPO tasks (autograd: without the fused path)",
+    )
+    p.add_argument(
+        "--env-backend",
+        choices=("auto", "gymnasium", "numpy"),
+        default="auto",
+        help="env.backend of every task (gymnasium: CartPole without the batched numpy env)",
     )
     args = p.parse_args(argv)
     import torch
@@ -333,26 +441,19 @@ def main(argv=None) -> int:
     for task in tasks:
         steps = QUICK_BUDGET.get(task, TASKS[task][2] // 10) if args.quick else TASKS[task][2]
         for seed in seeds:
-            row = run_postrl(task, seed, steps, out_root, args.ppo_backend)
+            row = run_postrl(task, seed, steps, out_root, args.ppo_backend, args.env_backend)
             rows.append(row)
             print(json.dumps(row), flush=True)
-            if args.with_sb3 and TASKS[task][4]:
-                peer = run_sb3(TASKS[task][4], seed, steps, args.peers_python)
-                if peer is not None:
-                    rows.append(peer)
-                    ratio = row["steps_per_second"] / peer["steps_per_second"]
-                    cpu_ratio = peer["cpu_seconds"] / max(row["cpu_seconds"], 1e-9)
-                    print(
-                        json.dumps(peer)
-                        + f"  # postrl/sb3 speed ratio {ratio:.2f} (wall), {cpu_ratio:.2f} (CPU time)",
-                        flush=True,
-                    )
+            rows += run_peers(args, task, seed, steps, row)
     results["tasks"] = summarize(rows)
     if not args.no_variance and (args.tasks is None or "reinforce-cartpole" in tasks):
         variance_steps, batches = (10_000, 10) if args.quick else (50_000, 30)
         results["reinforce_gradient_variance"] = reinforce_gradient_variance(
             variance_steps, batches, out_root
         )
+    if args.breakdown:
+        results["time_breakdown"] = time_breakdown(TASKS["ppo-cartpole"][2], out_root, args.env_backend)
+        print(json.dumps({"time_breakdown": results["time_breakdown"]}), flush=True)
     results["runs"] = rows
     results["out_dir"] = str(out_root)
     record("control-quick" if args.quick else "control", results)
