@@ -134,7 +134,7 @@ def screenshots(tmp: Path, out: Path = DOCS) -> list[Path]:
                 log_in(driver, url, "grace")
                 for key in ("1", "2"):
                     act(driver, key)
-                time.sleep(0.6)  # the clips' first frames
+                time.sleep(1.2)  # the clips play: the two segments part ways
                 driver.save_screenshot(str(out / name))
         finally:
             driver.quit()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 
 from postrl.control.api import load as load_agent
 from postrl.control.envs import make_env
@@ -52,8 +52,16 @@ def _cut(ep: dict[str, Any], start: int, length: int) -> tuple[dict[str, Any], l
         "true_rewards": ep["rewards"][start:stop] + [0.0] * pad,
         "alive": [True] * (stop - start) + [False] * pad,
     }
-    held = ep["frames"][stop - 1].convert("L").convert("RGB")  # greyed: the episode has ended
-    return seg, ep["frames"][start:stop] + [held] * pad
+    return seg, ep["frames"][start:stop] + [_ended(ep["frames"][stop - 1])] * pad
+
+
+def _ended(frame: Image.Image) -> Image.Image:
+    """The last picture of a terminated episode, greyed and marked, held for the segment's padding."""
+    held = frame.convert("L").convert("RGB")
+    draw = ImageDraw.Draw(held)
+    font = ImageFont.load_default(size=max(12, held.width // 18))
+    draw.text((held.width // 30, held.height // 30), "episode ended", fill=(180, 35, 24), font=font)
+    return held
 
 
 def _starts(ep: dict[str, Any], length: int) -> list[int]:
