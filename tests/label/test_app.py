@@ -141,12 +141,13 @@ def test_segments_of_a_trained_policy_and_of_continuous_actions(tmp_path):
 def test_two_samples_per_prompt_from_a_model_folder(tmp_path):
     from postrl.label.pairs import read_pairs
     from postrl.label.sample import sample_lm_pairs
+    from postrl.lm import base_model
 
     prompts = tmp_path / "prompts.jsonl"
     chat = [{"prompt": [{"role": "user", "content": f"Review of the soup {i}:"}]} for i in range(4)]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in chat))
     out = sample_lm_pairs(
-        "postrl/lm/base_model", str(prompts), tmp_path / "pairs.jsonl", n=4, max_new_tokens=12
+        str(base_model.path()), str(prompts), tmp_path / "pairs.jsonl", n=4, max_new_tokens=12
     )
     pairs = read_pairs(out)  # the checks: two different, non-empty responses per pair
     assert 1 <= len(pairs) <= 4 and all(p["prompt"] in [r["prompt"] for r in chat] for p in pairs)

@@ -57,13 +57,14 @@ def test_rows_are_trl_preferences_with_tie_targets(tmp_path):
     assert [r["labeller"] for r in rows] == ["ada"] * 3
 
     # the trainers read the file as it is: a tie's 0.5 reaches the reward model's and DPO's batches
+    from postrl.lm import base_model
     from postrl.lm.data import load_rows, tokenize_preferences
     from postrl.lm.tokenizer import load_tokenizer
 
     text = [r for r in rows if isinstance(r["prompt"], str)]
     (out / "text.jsonl").write_text("".join(json.dumps(r) + "\n" for r in text))
     loaded = load_rows(str(out / "text.jsonl"), "prefs")
-    tok = load_tokenizer("postrl/lm/base_model")
+    tok = load_tokenizer(base_model.path())
     assert [e["target"] for e in tokenize_preferences(loaded, tok, 64)] == [1.0, 0.5]
 
 
