@@ -23,6 +23,8 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -130,8 +132,17 @@ class _Routes:
         return FileResponse(path, media_type=MEDIA_TYPES[path.suffix], headers=HEADERS)
 
 
-def make_app(labelling: Labelling) -> Starlette:
-    """The page's Starlette app over ``labelling``."""
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def allowed_hosts(host: str) -> list[str] | None:
+    """The Host headers a page bound to ``host`` answers: on a loopback address only the loopback names, so
+    that a web page the labeller visits cannot reach the page through DNS rebinding; None (any) otherwise."""
+    return ["127.0.0.1", "localhost", "[::1]"] if host in LOOPBACK else None
+
+
+def make_app(labelling: Labelling, hosts: list[str] | None = None) -> Starlette:
+    """The page's Starlette app over ``labelling``; ``hosts``: the Host headers it answers (None: any)."""
     r = _Routes(labelling)
     routes = [
         Route("/", r.index),
@@ -140,7 +151,8 @@ def make_app(labelling: Labelling) -> Starlette:
         Route("/api/judge", r.judge, methods=["POST"]),
         Route("/media/{index:int}/{slot:str}", r.media),
     ]
-    return Starlette(routes=routes)
+    middleware = [] if hosts is None else [Middleware(TrustedHostMiddleware, allowed_hosts=hosts)]
+    return Starlette(routes=routes, middleware=middleware)
 
 
 def serve(labelling: Labelling, host: str = "127.0.0.1", port: int = 8765) -> None:
@@ -149,7 +161,7 @@ def serve(labelling: Labelling, host: str = "127.0.0.1", port: int = 8765) -> No
 
     reach = (
         "only this computer can open it"
-        if host in ("127.0.0.1", "localhost", "::1")
+        if host in LOOPBACK
         else "WARNING: other computers on the network can open it (and label)"
     )
     done = labelling.store.counts()
@@ -161,7 +173,7 @@ def serve(labelling: Labelling, host: str = "127.0.0.1", port: int = 8765) -> No
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(make_app(labelling), host=host, port=port, log_level="warning")
+    uvicorn.run(make_app(labelling, allowed_hosts(host)), host=host, port=port, log_level="warning")
 
 
 @contextmanager
@@ -170,7 +182,9 @@ def running(labelling: Labelling, host: str = "127.0.0.1", port: int = 0) -> Ite
     its URL. For a program that asks people for labels and goes on when they are done (and for tests)."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(make_app(labelling), host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(make_app(labelling, allowed_hosts(host)), host=host, port=port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, name="postrl-label", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

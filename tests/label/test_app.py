@@ -152,3 +152,20 @@ def test_two_samples_per_prompt_from_a_model_folder(tmp_path):
     pairs = read_pairs(out)  # the checks: two different, non-empty responses per pair
     assert 1 <= len(pairs) <= 4 and all(p["prompt"] in [r["prompt"] for r in chat] for p in pairs)
     assert all(r[0]["role"] == "assistant" for p in pairs for r in p["responses"])  # chat stays chat
+
+
+def test_a_page_on_localhost_answers_only_localhost_names(tmp_path):
+    import http.client
+    from urllib.parse import urlsplit
+
+    from postrl.label.app import running
+
+    src = tmp_path / "pairs.jsonl"
+    src.write_text(json.dumps({"prompt": "p", "responses": ["a", "b"]}) + "\n")
+    with running(Labelling(tmp_path / "lab", src)) as url:
+        port = urlsplit(url).port
+        for host, status in ((f"127.0.0.1:{port}", 200), (f"localhost:{port}", 200), ("evil.example", 400)):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("GET", "/api/pair/0", headers={"Host": host})  # as a DNS-rebinding page would
+            assert conn.getresponse().status == status, host
+            conn.close()
