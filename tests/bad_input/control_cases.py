@@ -37,6 +37,15 @@ CASES: list[Case] = [
         "max_episode_steps",
         overrides={"env.kwargs": "{{max_episode_steps: -5}}"},
     ),
+    C("ct-env-backend-value", CT, "env.backend", "jax", "gymnasium", overrides={"env.backend": "jax"}),
+    C(
+        "ct-env-backend-numpy-pendulum",
+        CT,
+        "env.backend",
+        "Pendulum-v1 has no batched numpy copy",
+        flags={"--env": "Pendulum-v1"},
+        overrides={"env.backend": "numpy"},
+    ),
     C("ct-config-not-utf8", CT, "not_utf8.yaml", "UTF-8", flags={"--config": "{ws}/configs/not_utf8.yaml"}),
     C(
         "ct-config-bad-yaml",
