@@ -11,6 +11,7 @@ from postrl.demo.vlm import VLMDemo
 from postrl.lm import base_model
 from postrl.lm.dpo import DPOConfig, DPOLossConfig
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig
+from postrl.lm.grpo.config import GRPOSamplingConfig
 from postrl.lm.ppo import KLConfig, PPOConfig, PPOLossConfig, RewardConfig
 from postrl.lm.pretrain import PretrainConfig
 from postrl.lm.reward_model import RMConfig
@@ -93,7 +94,7 @@ class DemoConfig:
             data="task:arithmetic",
             task=ARITHMETIC,
             max_prompt_length=256,
-            sampling=SamplingConfig(max_new_tokens=8),
+            sampling=GRPOSamplingConfig(max_new_tokens=8),
             grpo=GRPOLossConfig(group_size=8, beta=0.04, loss_type="grpo", minibatches=2),  # 32 prompts
             optim=OptimConfig(lr=2e-4, warmup_steps=0, min_lr_ratio=1.0),
             run=RunConfig(steps=120, eval_every=30, save_every=120, log_every=1),

@@ -28,7 +28,7 @@ from postrl.demo.runner import DemoStage, Summaries
 from postrl.demo.vlm_eval import CHECKPOINTS, EvalConfig, evaluate_vlm_checkpoints
 from postrl.lm import base_model as text_base_model
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig
-from postrl.lm.rollout import SamplingConfig
+from postrl.lm.grpo.config import GRPOSamplingConfig
 from postrl.lm.sft import SFTConfig
 from postrl.lm.spine import RunConfig
 from postrl.lm.stages import STAGES
@@ -73,7 +73,7 @@ class VLMDemo:
             data="task:shapes",
             task={**SHAPES, "n_train": 1000, "n_test": 100},
             max_prompt_length=64,
-            sampling=SamplingConfig(max_new_tokens=4, temperature=1.0, top_k=5),
+            sampling=GRPOSamplingConfig(max_new_tokens=4, temperature=1.0, top_k=5),
             grpo=GRPOLossConfig(group_size=8, prompts_per_step=16, beta=0.0, loss_type="grpo"),
             optim=OptimConfig(lr=1e-4, warmup_steps=5, min_lr_ratio=1.0, betas=(0.9, 0.999)),
             run=RunConfig(steps=240, eval_every=0, save_every=0, log_every=5),
