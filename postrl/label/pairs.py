@@ -114,6 +114,11 @@ def _check_segments(record: dict[str, Any], where: str) -> dict[str, Any]:
 
 def read_pairs(path: Path) -> list[dict[str, Any]]:
     """The checked pairs of a JSONL file; a bad line is a `DataError` naming path:line and field."""
+    return [pair for _, pair in read_pairs_at(path)]
+
+
+def read_pairs_at(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(path:line, pair) for each checked pair of a JSONL file."""
     if not path.is_file():
         raise UserError(f"--pairs {path}: no such file")
     pairs, kind = [], None
@@ -131,7 +136,8 @@ def read_pairs(path: Path) -> list[dict[str, Any]]:
         if kind is not None and this != kind:
             raise DataError(f"{where}: a {this} pair in a file of {kind} pairs (one kind per file)")
         kind = this
-        pairs.append(_check_segments(record, where) if this == "segments" else _check_lm(record, where))
+        pair = _check_segments(record, where) if this == "segments" else _check_lm(record, where)
+        pairs.append((where, pair))
     if not pairs:
         raise DataError(f"{path}: no pairs")
     return pairs
@@ -146,7 +152,7 @@ def _media_name(source: Path, where: str) -> str:
     return hashlib.sha256(source.read_bytes()).hexdigest()[:16] + source.suffix.lower()
 
 
-def _localise(pairs: list[dict[str, Any]], base: Path, folder: Path | None, where: str) -> list[dict]:
+def _localise(pairs: list[tuple[str, dict]], base: Path, folder: Path | None) -> list[dict[str, Any]]:
     """Pairs whose pictures and clips are named ``media/<hash>.<ext>``; copied into ``folder`` unless None."""
 
     def local(value: Any, at: str) -> str:
@@ -164,8 +170,7 @@ def _localise(pairs: list[dict[str, Any]], base: Path, folder: Path | None, wher
         return f"{MEDIA}/{name}"
 
     out = []
-    for i, pair in enumerate(pairs):
-        at = f"{where}: pair {i}"
+    for at, pair in pairs:
         pair = json.loads(json.dumps(pair))
         if "images" in pair:
             pair["images"] = [local(v, f"{at}: field 'images'") for v in pair["images"]]
@@ -184,18 +189,19 @@ def prepare(folder: Path, pairs_file: Path | None) -> list[dict[str, Any]]:
         if not stored.is_file():
             raise UserError(f"--out {folder}: no {PAIRS_FILE} there yet; give --pairs (or make pairs)")
         return read_pairs(stored)
-    pairs = read_pairs(pairs_file)
+    pairs = read_pairs_at(pairs_file)
+    checked = _localise(pairs, pairs_file.parent, None)  # every picture and clip found before DIR is touched
     if stored.is_file():
-        if _localise(pairs, pairs_file.parent, None, str(pairs_file)) != read_pairs(stored):
+        if checked != read_pairs(stored):
             raise UserError(
                 f"--out {folder} already labels other pairs ({stored}); give a new --out, or leave out --pairs "
                 "to continue there"
             )
         return read_pairs(stored)
     folder.mkdir(parents=True, exist_ok=True)
-    pairs = _localise(pairs, pairs_file.parent, folder, str(pairs_file))
-    atomic_write_text(stored, "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs))
-    return pairs
+    _localise(pairs, pairs_file.parent, folder)
+    atomic_write_text(stored, "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in checked))
+    return checked
 
 
 def media_path(folder: Path, name: str) -> Path:

@@ -117,6 +117,9 @@ def test_cli_errors_are_one_line_before_the_folder_is_touched(tmp_path, capsys):
     bad.write_text(json.dumps({"prompt": "x", "responses": ["a", "a"]}) + "\n")
     assert main(["label", "--out", str(out), "--pairs", str(bad), "--no-serve"]) == 2
     assert "bad.jsonl:1: the two responses are the same" in capsys.readouterr().err
+    bad.write_text("\n" + json.dumps({"prompt": "x", "responses": ["a", "b"], "images": ["gone.png"]}) + "\n")
+    assert main(["label", "--out", str(out), "--pairs", str(bad), "--no-serve"]) == 2
+    assert "bad.jsonl:2: field 'images': no such file" in capsys.readouterr().err
     assert not out.exists()
 
 
