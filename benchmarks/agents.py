@@ -1,0 +1,228 @@
+"""Agents (issue #35): GRPO over episodes of the built-in text environments, from the built-in tiny Llama
+(`postrl/lm/base_model`, pretrained on arithmetic text: it writes numbers, so guesses and action numbers are
+within its reach). Ends with ONE JSON line (also written to benchmarks/results/agents.json, or agents_<parts>.json for other
+parts than the default two).
+
+    game        guess_number in [1, 15] (bisection solves it in ≤ 4 turns), ≤ 4 turns of ≤ 6 tokens: trajectory
+                credit vs per-turn credit (env.credit=turn), the same episodes per step (4 seeds × G = 4) and
+                steps, per seed; held-out greedy success rate and turns to solve on 32 unseen secrets, and the
+                untrained model's.
+    frozenlake  the deterministic 4×4 lake as text (≤ 8 turns): the LM's held-out greedy return after GRPO vs a
+                uniformly random choice of action (Monte Carlo, 400 episodes) vs the greedy policy of tabular
+                Q-learning (`postrl.control.tabular`, 500 episodes), whose return is the optimum 1.0.
+
+    calculator  SFT from the base model (pretrained on sums WITHOUT carries) on 400 two-digit sums that carry,
+                with the add tool (the call, then the answer after the tool's result) or without it (the answer),
+                the same steps and batch (sft-arithmetic's lr 1e-3, batch 64); held-out greedy accuracy of
+                100 calculator episodes (≤ 3 turns of ≤ 80 tokens).
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/agents.py --steps 30 --seeds 0 1 2 --workdir /tmp/agents
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/agents.py --parts calculator --steps 200 --seeds 0 \
+        --workdir /tmp/agents
+
+Measured 2026-12-05 with these commands on the shared 2-core machine (load average 12-20):
+- game, 30 steps × 16 episodes: held-out success (32 secrets) untrained 0.00; trajectory credit 0.156 0.188 0.031
+  (mean 0.125, return −0.083); per-turn credit 0.188 0.156 0.156 (mean 0.167, return −0.054); solved in 1.2-2.5
+  turns. Three seeds and 32 episodes cannot tell the two apart (the seeds' spread is as large as the gap).
+- frozenlake, 30 steps: GRPO 0.0 0.0 0.0 (the base model rarely writes an action; it never reached the goal),
+  uniformly random actions 0.0025, Q-learning's greedy policy 1.0 (the optimum).
+- calculator, 200 SFT steps, seed 0: with the tool 0.13, without it 0.55. The tool-trained model writes every
+  call right and the tool answers right, but its final reply computes the sum again instead of copying the
+  tool's result (e.g. 15+26: call add(15, 26) → 41, then answers 40): 400 demonstrations teach the 2-layer
+  model the call's format, not to copy from the tool response. Wall time 932 s (tool: 64-token calls) vs 137 s.
+
+Not measured (not built yet): rollouts with the KV cache kept across turns (every turn re-prefills its prefix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+from _record import record
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from postrl.control.tabular import greedy_path, q_learning
+from postrl.lm.agents import EpisodeBudget, make_env, run_episode
+from postrl.lm.agents.config import EnvConfig
+from postrl.lm.agents.games import add, carrying_sum
+from postrl.lm.agents.rollout import observation_text, sample_episodes
+from postrl.lm.agents.tools import call_tool
+from postrl.lm.base_model import BASE_LM
+from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, run_grpo
+from postrl.lm.grpo.episodes import HELDOUT_SEED
+from postrl.lm.rollout import SamplingConfig
+from postrl.lm.sft import SFTConfig, run_sft
+from postrl.lm.spine import RunConfig
+from postrl.lm.trainer import OptimConfig
+from postrl.runtime.config import load_config
+
+GAME = {"id": "guess_number", "options": {"high": 15}, "max_turns": 4, "max_tokens": 24}
+LAKE = {"id": "frozenlake", "options": {}, "max_turns": 8, "max_tokens": 48}
+CALC = {"id": "calculator", "options": {}, "max_turns": 3, "max_tokens": 160}
+MAX_NEW_TOKENS = 6
+EVAL_EPISODES = 32
+
+
+def train(env: dict[str, Any], credit: str, seed: int, steps: int, out: Path) -> tuple[Path, float]:
+    """GRPO for ``steps`` steps (4 seeds × G = 4 episodes, β 0, AdamW 2e-4 constant); the model and seconds."""
+    cfg = GRPOConfig(
+        model=str(BASE_LM.path()),
+        env=EnvConfig(**env, n_train=256, n_eval=0, credit=credit),
+        sampling=SamplingConfig(max_new_tokens=MAX_NEW_TOKENS),
+        grpo=GRPOLossConfig(group_size=4, prompts_per_step=4, beta=0.0, advantage="grpo"),
+        optim=OptimConfig(lr=2e-4, warmup_steps=0, min_lr_ratio=1.0, betas=(0.9, 0.95), max_grad_norm=1.0),
+        run=RunConfig(
+            steps=steps, eval_every=10**6, save_every=steps, log_every=1, device="cpu", threads=1, seed=seed
+        ),
+    )
+    start = time.perf_counter()
+    run_grpo(cfg, out, overwrite=True)
+    return out / "model", time.perf_counter() - start
+
+
+def evaluate(
+    model_path: Path, env: dict[str, Any], episodes: int = EVAL_EPISODES, max_new_tokens: int = MAX_NEW_TOKENS
+) -> dict[str, float]:
+    """Greedy episodes on the held-out seeds: success rate, turns of the solved ones, mean return."""
+    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    envs = [make_env(env["id"], **env["options"]) for _ in range(episodes)]
+    seeds = [HELDOUT_SEED + i for i in range(episodes)]
+    sampling = SamplingConfig(max_new_tokens=max_new_tokens, greedy=True)
+    budget = EpisodeBudget(env["max_turns"], env["max_tokens"])
+    out = sample_episodes(model, tokenizer, envs, sampling, budget, torch.Generator().manual_seed(0), seeds)
+    solved = [ep for ep in out.episodes if ep.terminated and ep.rewards[-1] > 0]
+    return {
+        "success": len(solved) / episodes,
+        "turns_solved": statistics.mean(len(ep.actions) for ep in solved) if solved else float("nan"),
+        "return": statistics.mean(ep.total_reward for ep in out.episodes),
+    }
+
+
+def part_game(seeds: list[int], steps: int, workdir: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {"untrained": evaluate(BASE_LM.path(), GAME)}
+    for credit in ("trajectory", "turn"):
+        runs = []
+        for seed in seeds:
+            model, seconds = train(GAME, credit, seed, steps, workdir / f"game-{credit}-{seed}")
+            runs.append({"seed": seed, "seconds": round(seconds, 1), **evaluate(model, GAME)})
+            print(json.dumps({"game": credit, **runs[-1]}), file=sys.stderr)
+        out[credit] = {
+            "runs": runs,
+            "success_mean": statistics.mean(r["success"] for r in runs),
+            "return_mean": statistics.mean(r["return"] for r in runs),
+        }
+    return out
+
+
+def random_lake_return(episodes: int = 400) -> float:
+    env, rng = make_env("frozenlake"), random.Random(0)
+    names = env.names
+    total = 0.0
+    for i in range(episodes):
+        ep = run_episode(env, lambda m, n: rng.choice(names), EpisodeBudget(LAKE["max_turns"], 10**6), seed=i)
+        total += ep.total_reward
+    return total / episodes
+
+
+def q_learning_lake_return() -> float:
+    lake = gym.make("FrozenLake-v1", is_slippery=False)
+    q, _ = q_learning(lake, episodes=500, alpha=0.5, gamma=0.99, epsilon=0.2, seed=0)
+    path = greedy_path(lake, q, max_steps=LAKE["max_turns"])
+    return 1.0 if path[-1] == 15 else 0.0  # state 15 is the goal G of the 4×4 map
+
+
+def part_lake(seeds: list[int], steps: int, workdir: Path) -> dict[str, Any]:
+    runs = []
+    for seed in seeds:
+        model, seconds = train(LAKE, "trajectory", seed, steps, workdir / f"lake-{seed}")
+        runs.append({"seed": seed, "seconds": round(seconds, 1), **evaluate(model, LAKE)})
+        print(json.dumps({"frozenlake": runs[-1]}), file=sys.stderr)
+    return {
+        "untrained": evaluate(BASE_LM.path(), LAKE),
+        "grpo": {"runs": runs, "return_mean": statistics.mean(r["return"] for r in runs)},
+        "random_return": random_lake_return(),
+        "q_learning_return": q_learning_lake_return(),
+    }
+
+
+def calculator_rows(tool: bool, n: int) -> list[dict[str, str]]:
+    """SFT demonstrations of ``n`` training sums that carry (seeds 0 … n − 1, as the environment draws them):
+    with the tool, two rows per sum (the call; then, after its result, the answer); without it, the answer."""
+    tokenizer = AutoTokenizer.from_pretrained(BASE_LM.path())
+    rows = []
+    for seed in range(n):
+        a, b = carrying_sum(random.Random(seed), 2)
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"What is {a}+{b}?"}], add_generation_prompt=True, tokenize=False
+        )
+        if not tool:
+            rows.append({"prompt": prompt, "completion": f"{a + b}"})
+            continue
+        call = f"<tool_call>{json.dumps({'name': 'add', 'arguments': {'a': a, 'b': b}})}</tool_call>"
+        result = str(call_tool(add, {"a": a, "b": b}, 1.0))
+        observation = observation_text(tokenizer, [{"role": "tool", "name": "add", "content": result}])
+        rows.append({"prompt": prompt, "completion": call})
+        rows.append({"prompt": prompt + call + tokenizer.eos_token + observation, "completion": result})
+    return rows
+
+
+def part_calculator(seeds: list[int], steps: int, workdir: Path) -> dict[str, Any]:
+    """SFT from the base model (pretrained on sums WITHOUT carries) on 400 carrying sums, with and without the
+    add tool, the same steps and batch; held-out greedy accuracy of the calculator episodes (≤ 3 turns)."""
+    out: dict[str, Any] = {}
+    for tool in (True, False):
+        name = "with_tool" if tool else "without_tool"
+        data = workdir / f"calculator-{name}.jsonl"
+        data.parent.mkdir(parents=True, exist_ok=True)
+        data.write_text("".join(json.dumps(r) + "\n" for r in calculator_rows(tool, 400)))
+        runs = []
+        for seed in seeds:
+            run_dir = workdir / f"calculator-{name}-{seed}"
+            cfg = load_config(
+                SFTConfig, "sft-arithmetic",
+                [f"model={BASE_LM.path()}", f"data={data}", f"run.steps={steps}", f"run.seed={seed}",
+                 "run.eval_every=1000000", f"run.save_every={steps}", "run.threads=1", "run.device=cpu",
+                 "train.max_length=128", "optim.warmup_steps=10", "eval_size=0"],
+            )  # fmt: skip
+            start = time.perf_counter()
+            run_sft(cfg, run_dir, overwrite=True)
+            seconds = time.perf_counter() - start
+            runs.append(
+                {"seed": seed, "seconds": round(seconds, 1), **evaluate(run_dir / "model", CALC, 100, 80)}
+            )
+            print(json.dumps({"calculator": name, **runs[-1]}), file=sys.stderr)
+        out[name] = {"runs": runs, "accuracy_mean": statistics.mean(r["success"] for r in runs)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--parts", nargs="+", default=["game", "frozenlake"], choices=["game", "frozenlake", "calculator"]
+    )
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/postrl-agents"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    result: dict[str, Any] = {"steps": args.steps, "seeds": args.seeds, "episodes_per_step": 16}
+    parts = {"game": part_game, "frozenlake": part_lake, "calculator": part_calculator}
+    for name in args.parts:
+        result[name] = parts[name](args.seeds, args.steps, args.workdir)
+    name = "agents" if args.parts == ["game", "frozenlake"] else "agents_" + "_".join(args.parts)
+    record(name, result)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
