@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import postrl.core
 from postrl.lm.stages import STAGES
 from postrl.runtime.config_help import describe
 
@@ -34,4 +35,6 @@ def test_the_site_builds_strictly_with_every_config_key(tmp_path) -> None:
         assert not missing, f"postrl {stage.name}: keys missing from the configuration page: {missing[:5]}"
     for name in ("core", "api", "control"):
         assert (site / "reference" / name / "index.html").is_file()
-    assert 'id="postrl.core.gae"' in (site / "reference" / "core" / "index.html").read_text(encoding="utf-8")
+    core_page = (site / "reference" / "core" / "index.html").read_text(encoding="utf-8")
+    missing = [n for n in postrl.core.__all__ if not n.isupper() and f'id="postrl.core.{n}"' not in core_page]
+    assert not missing, f"postrl.core functions missing from docs/reference/core.md: {missing}"

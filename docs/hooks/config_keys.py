@@ -28,7 +28,12 @@ def _section(title: str, command: str, cls: type) -> list[str]:
     from postrl.runtime.config_help import describe
 
     doc = (cls.__doc__ or "").strip().split("\n\n")[0]
-    head = [f"## {title}", "", f"{_cell(doc)} (`{command}`; the class `{cls.__module__}.{cls.__name__}`)", ""]
+    head = [
+        f"## {title}",
+        "",
+        f"{_cell(doc)} Command: `{command}`; class: `{cls.__module__}.{cls.__name__}`.",
+        "",
+    ]
     return head + _table(describe(cls)) + [""]
 
 
