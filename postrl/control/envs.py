@@ -31,7 +31,7 @@ from gymnasium.envs.registration import EnvSpec, load_env_creator
 from gymnasium.vector.utils import iterate
 
 from postrl.control.env_snapshot import restore_envs, snapshot_envs
-from postrl.control.fast.cartpole import CartPoleBatch, batch_refusal
+from postrl.control.fast.cartpole import CartPoleBatch, use_batch
 from postrl.runtime.errors import ConfigError, UserError
 
 __all__ = ["EXTRAS", "EnvConfig", "RunningMeanStd", "StepResult", "VecEnv", "make_env", "make_vec_env"]
@@ -209,7 +209,7 @@ class VecEnv:
         probe.close()
         check_spaces(cfg.id, probe.observation_space, probe.action_space)
         self.cfg, self.seed, self.training = cfg, seed, training
-        self._build(use_numpy(cfg))
+        self._build(use_batch(cfg.backend, cfg.id, cfg.kwargs, cfg.async_))
         self.n_envs = cfg.n_envs
         self.single_observation_space = self.env.single_observation_space
         self.single_action_space = self.env.single_action_space
@@ -285,8 +285,7 @@ class VecEnv:
     # -- stepping ------------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> np.ndarray:
         """Reset every sub-env (seeded ``seed, seed+1, ...``); returns normalised obs ``[n_envs, *obs_shape]``."""
-        seed = self.seed if seed is None else seed
-        raw = self.env.reset(seed=seed) if self.batched else self.env.reset(seed=seed)[0]
+        raw, _ = self.env.reset(seed=self.seed if seed is None else seed)
         self._ep_return[:] = 0.0
         self._ep_length[:] = 0
         self._disc_return[:] = 0.0
@@ -384,25 +383,6 @@ class VecEnv:
         envs = self.env.to_envs()
         self.obs = restore_envs(envs, blob)
         self.env.from_envs(envs)
-
-
-def use_numpy(cfg: EnvConfig) -> bool:
-    """Whether ``cfg.backend`` steps the copies in numpy (`CartPoleBatch`); logs which backend runs and,
-    when ``auto`` refuses numpy, why. ``numpy`` for an env it cannot reproduce is a ConfigError."""
-    if cfg.backend == "gymnasium":
-        return False
-    reason = batch_refusal(cfg.id, cfg.kwargs, cfg.async_)
-    if reason is None:
-        log.info(
-            "env.backend=%s: %s copies stepped at once in numpy (postrl.control.fast.cartpole)",
-            cfg.backend,
-            cfg.id,
-        )
-        return True
-    if cfg.backend == "numpy":
-        raise ConfigError(f"'env.backend' is numpy, but {reason}; use env.backend=auto or gymnasium")
-    log.info("env.backend=auto: gymnasium vector env: %s", reason)
-    return False
 
 
 def make_vec_env(

@@ -75,7 +75,7 @@ def test_snapshots_restore_across_backends(source):
 
 
 def test_auto_takes_numpy_for_cartpole_only_and_says_why(caplog):
-    with caplog.at_level(logging.INFO, logger="postrl.control.envs"):
+    with caplog.at_level(logging.INFO, logger="postrl.control.fast.cartpole"):
         assert VecEnv(EnvConfig(id="CartPole-v1", n_envs=2), 0).batched
         assert not VecEnv(EnvConfig(id="Pendulum-v1", n_envs=2), 0).batched
         assert not VecEnv(

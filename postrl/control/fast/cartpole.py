@@ -24,6 +24,7 @@ the same file whichever path stepped it.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -31,7 +32,11 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.utils import seeding
 
-__all__ = ["IDS", "CartPoleBatch", "batch_refusal"]
+from postrl.runtime.config import ConfigError
+
+__all__ = ["IDS", "CartPoleBatch", "batch_refusal", "use_batch"]
+
+log = logging.getLogger(__name__)
 
 IDS = ("CartPole-v0", "CartPole-v1")
 """The registered ids `CartPoleBatch` reproduces."""
@@ -47,6 +52,25 @@ def batch_refusal(env_id: str, kwargs: dict[str, Any], async_: bool) -> str | No
     if other:
         return f"env.kwargs {other} change the env (only max_episode_steps is reproduced)"
     return None
+
+
+def use_batch(backend: str, env_id: str, kwargs: dict[str, Any], async_: bool) -> bool:
+    """Whether ``env.backend`` = ``backend`` steps the copies with `CartPoleBatch`; logs which backend runs
+    and, when ``auto`` refuses numpy, why. ``numpy`` for an env it cannot reproduce is a ConfigError."""
+    if backend == "gymnasium":
+        return False
+    reason = batch_refusal(env_id, kwargs, async_)
+    if reason is None:
+        log.info(
+            "env.backend=%s: %s copies stepped at once in numpy (postrl.control.fast.cartpole)",
+            backend,
+            env_id,
+        )
+        return True
+    if backend == "numpy":
+        raise ConfigError(f"'env.backend' is numpy, but {reason}; use env.backend=auto or gymnasium")
+    log.info("env.backend=auto: gymnasium vector env: %s", reason)
+    return False
 
 
 class CartPoleBatch:
@@ -80,13 +104,14 @@ class CartPoleBatch:
         self.state[:, i] = self.rngs[i].uniform(low=-0.05, high=0.05, size=(4,))
         self.elapsed[i] = 0
 
-    def reset(self, seed: int | None = None) -> np.ndarray:
-        """Reset every copy (copy i seeded ``seed + i``); the observations ``[n_envs, 4]`` float32."""
+    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
+        """Reset every copy (copy i seeded ``seed + i``); the observations ``[n_envs, 4]`` float32 and an
+        empty info dict, as a vector env's reset."""
         for i in range(self.n_envs):
             if seed is not None:
                 self.rngs[i], _ = seeding.np_random(seed + i)
             self._reset_copy(i)
-        return self.state.T.astype(np.float32)
+        return self.state.T.astype(np.float32), {}
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         """One step of every copy with ``actions`` ``[n_envs]`` in {0, 1}: (obs ``[n_envs, 4]`` float32 of
