@@ -214,3 +214,46 @@ def test_turn_group_advantages_is_detached_and_leaves_its_input():
 def test_turn_group_advantages_bad_group_size():
     with pytest.raises(ValueError, match="3 episodes cannot be split into groups of 2"):
         turn_group_advantages(torch.zeros(3, 2), torch.ones(3, 2), 2)
+
+
+def _two_turn_moments(credit: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A two-turn bandit whose turns are independent: turn 0 pays a0 ~ Bernoulli(p), turn 1 pays 2·a1 with
+    a1 ~ Bernoulli(q); J = p + 2q. Exact mean and variance (enumerating every pair of episodes, G = 2) of the
+    leave-one-out estimator's gradient, with per-turn credit or with the episode's return on both turns."""
+    theta = torch.tensor([0.2, -0.3], dtype=F64, requires_grad=True)
+    p, q = torch.sigmoid(theta[0]), torch.sigmoid(theta[1])
+    (exact,) = torch.autograd.grad(p + 2 * q, theta, retain_graph=True)
+    episodes = [
+        (
+            (a0, a1),
+            (torch.log(p if a0 else 1 - p), torch.log(q if a1 else 1 - q)),
+            (p if a0 else 1 - p) * (q if a1 else 1 - q),
+        )
+        for a0 in (0, 1)
+        for a1 in (0, 1)
+    ]
+    mean, square = torch.zeros(2, dtype=F64), torch.zeros(2, dtype=F64)
+    for a, b in itertools.product(episodes, repeat=2):
+        rewards = t([[float(a[0][0]), 2.0 * a[0][1]], [float(b[0][0]), 2.0 * b[0][1]]])
+        mask = torch.ones(2, 2, dtype=torch.bool)
+        if credit == "turn":
+            adv = turn_group_advantages(rewards, mask, 2, scale=False, leave_one_out=True)
+        else:
+            adv = rloo_advantages(rewards.sum(-1), 2).unsqueeze(-1).expand(2, 2)
+        surrogate = sum(adv[i, k] * e[1][k] for i, e in enumerate((a, b)) for k in range(2)) / 2
+        (grad,) = torch.autograd.grad(surrogate, theta, retain_graph=True)
+        weight = (a[2] * b[2]).detach()
+        mean += weight * grad
+        square += weight * grad**2
+    return mean, square - mean**2, exact
+
+
+def test_per_turn_credit_keeps_the_gradient_and_removes_the_other_turns_noise():
+    turn_mean, turn_var, exact = _two_turn_moments("turn")
+    traj_mean, traj_var, _ = _two_turn_moments("trajectory")
+    torch.testing.assert_close(turn_mean, exact, atol=1e-12, rtol=0)  # both unbiased
+    torch.testing.assert_close(traj_mean, exact, atol=1e-12, rtol=0)
+    # turn 0's gradient gets the same credit either way (its return-to-go is the episode's return) ...
+    torch.testing.assert_close(turn_var[0], traj_var[0], atol=1e-12, rtol=0)
+    # ... turn 1's no longer carries turn 0's reward, which its action cannot change (0.250 vs 0.310 here)
+    assert turn_var[1] < traj_var[1] - 0.05
