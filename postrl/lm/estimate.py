@@ -4,7 +4,8 @@ The model is built on torch's ``meta`` device from its ``config.json`` (exact pa
 counted once, no memory), and the peak is summed from the parts a training step holds at once:
 
     weights          parameters × bytes of run.dtype (a second copy for a reference model, unless LoRA's
-                     reference is the policy with adapters off, or the stage has none)
+                     reference is the policy with adapters off, the stage has none, or DPO/KTO only store
+                     its log-probs: eval_samples 0)
     gradients        trained parameters × their bytes (LoRA adapters: float32)
     optimizer        AdamW: 2 moments float32 per trained parameter, plus a float32 master weight for
                      bfloat16 ones (`postrl.lm.master_adamw`)
@@ -111,6 +112,8 @@ def estimate(stage: str, cfg: Any, shape: Shape) -> Estimate:
     rows, L, T = _batch(stage, cfg)
     s = shape
     reference = stage in STAGES_WITH_REFERENCE and not lora and getattr(getattr(cfg, "grpo", None), "beta", 1)
+    if stage in ("dpo", "kto"):  # the reference's log-probs are stored before training; the model stays only
+        reference = reference and cfg.eval_samples > 0  # for the held-out samples' KL (postrl.lm.reference)
     per_token = 8 * s.hidden + 3 * s.kv + 4 * s.ffn + (2 * s.heads * L if s.eager else 0)  # per token, layer
     if memory.gradient_checkpointing:
         activations = rows * L * (s.layers * s.hidden + per_token) * wbytes
