@@ -18,7 +18,7 @@ import torch
 
 from postrl.lm import base_model
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, run_grpo
-from postrl.lm.grpo.config import GRPOSamplingConfig, is_correction
+from postrl.lm.grpo.config import GRPOSamplingConfig, LanesConfig, is_correction
 from postrl.lm.models import load_causal_lm
 from postrl.lm.rollout import SamplingConfig, left_pad, score
 from postrl.lm.rollout.sampling import mask_after_eos
@@ -42,12 +42,12 @@ def test_is_correction_auto_is_tis_for_vllm_only():
 def test_what_vllm_cannot_run_is_one_error_before_the_run_folder(tiny_lm_dir, tmp_path):
     out = tmp_path / "run"
     args = [sys.executable, "-m", "postrl.cli", "grpo", "--model", str(tiny_lm_dir), "--out", str(out),
-            "sampling.engine=vllm", "lanes.enabled=true", "grpo.dynamic_sampling=false"]  # fmt: skip
+            "sampling.engine=vllm", "run.lora.enabled=true"]  # fmt: skip
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("postrl: error:"), proc.stderr
-    assert "sampling.engine=vllm samples in this process: set lanes.enabled=false" in lines[0]
+    assert "sampling.engine=vllm pushes whole weights: set run.lora.enabled=false" in lines[0]
     assert not out.exists()
 
 
@@ -138,3 +138,21 @@ def test_grpo_with_vllm_logs_a_small_mismatch_and_corrects_it(base, tmp_path):
     # after the first optimiser steps the weights moved; without a push vLLM's samples would be π_0's and the
     # mismatch would grow with the steps: it stays at float rounding
     assert rows[-1]["behaviour_log_ratio"] < 1e-2
+
+
+@pytest.mark.vllm
+def test_a_generation_lane_samples_with_its_own_vllm_as_the_trainer_would(base, tmp_path):
+    pytest.importorskip("vllm")
+    sampling = GRPOSamplingConfig(max_new_tokens=4, engine="vllm")
+    optim = OptimConfig(lr=1e-2, warmup_steps=0, min_lr_ratio=1.0)
+    run = {"steps": 3, "eval_every": 0}
+    run_grpo(_config(base[0], run=run, sampling=sampling, optim=optim), tmp_path / "sync")
+    lanes = LanesConfig(enabled=True, max_staleness=0)
+    run_grpo(_config(base[0], run=run, sampling=sampling, optim=optim, lanes=lanes), tmp_path / "lane")
+
+    def rows(name):  # without the timings
+        return [{k: v for k, v in r.items() if not k.startswith("time") and k != "tokens_per_second"}
+                for r in read_jsonl(tmp_path / name / "metrics.jsonl") if "loss" in r]  # fmt: skip
+
+    assert rows("sync") == rows("lane")  # k = 0: the same vLLM samples, the same steps
+    assert all(r["behaviour_kl"] < 1e-3 for r in rows("lane"))  # the lane pushed the published weights

@@ -12,7 +12,7 @@ import torch
 
 from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_train_heldout, render_rows
 from postrl.lm.grpo.config import GRPOConfig, sampling_engine
-from postrl.lm.grpo.engine import Prompts, TextEngine, VLLMEngine
+from postrl.lm.grpo.engine import Prompts, TextEngine, VLLMEngine, vllm_options
 from postrl.lm.grpo.episodes import EpisodeEngine, check_env_config, episode_prompts
 from postrl.lm.grpo.rollouts import Run
 from postrl.lm.memory import configure_memory
@@ -66,22 +66,11 @@ def vllm_problems(cfg: GRPOConfig, world: int) -> dict[str, bool]:
     if sampling_engine(cfg) != "vllm":
         return {}
     return {
-        "sampling.engine=vllm samples in this process: set lanes.enabled=false": cfg.lanes.enabled,
         "sampling.engine=vllm runs one process: run it without torchrun": world > 1,
         "sampling.engine=vllm samples prompts, not env episodes: unset env.id": cfg.env.id is not None,
         "sampling.engine=vllm pushes whole weights: set run.lora.enabled=false": cfg.run.lora.enabled,
         "sampling.engine=vllm needs vLLM: pip install '.[vllm]' (on CPU: make vllm-venv)": not vllm_available(),
     }
-
-
-def vllm_sampler(cfg: GRPOConfig, policy: torch.nn.Module, tokenizer: Any) -> Any:
-    """A colocated vLLM engine on the policy's folder (its weights are pushed before the first sampling)."""
-    s = cfg.sampling
-    return VLLMSampler(
-        cfg.model, tokenizer, dtype=next(policy.parameters()).dtype,
-        max_model_len=cfg.max_prompt_length + s.max_new_tokens, kv_cache_gib=s.vllm_kv_cache_gib,
-        gpu_memory_utilization=s.vllm_gpu_memory_utilization, seed=cfg.run.seed,
-    )  # fmt: skip
 
 
 def load_prompts(cfg: GRPOConfig, tokenizer: Any) -> tuple[Prompts, Prompts]:
@@ -157,7 +146,11 @@ def build_grpo_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
     policy = dist.wrap_model(policy, info, cfg.run.parallel)
     args = (cfg, policy, ref, tokenizer, train, heldout, info.device)
     if sampling_engine(cfg) == "vllm":
-        engine = VLLMEngine(*args, sampler=vllm_sampler(cfg, policy, tokenizer))
+        if cfg.lanes.enabled:  # the generation lane makes its own vLLM engine
+            engine = TextEngine(*args)
+        else:
+            options = vllm_options(cfg, next(policy.parameters()).dtype)
+            engine = VLLMEngine(*args, sampler=VLLMSampler(tokenizer=tokenizer, **options))
     else:
         engine = (EpisodeEngine if cfg.env.id is not None else TextEngine)(*args)
     return Run(cfg, policy, ref, tokenizer, fns, engine, info.device)

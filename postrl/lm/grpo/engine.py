@@ -177,6 +177,26 @@ class TextEngine:
         return {}
 
 
+def vllm_options(cfg: Any, dtype: torch.dtype) -> dict[str, Any]:
+    """`postrl.lm.rollout.vllm_engine.VLLMSampler`'s arguments for a run (besides the tokenizer): vLLM loads the
+    starting model's folder (the policy's weights are pushed before it first samples)."""
+    s = cfg.sampling
+    return {
+        "model_dir": cfg.model, "dtype": dtype, "max_model_len": cfg.max_prompt_length + s.max_new_tokens,
+        "kv_cache_gib": s.vllm_kv_cache_gib, "gpu_memory_utilization": s.vllm_gpu_memory_utilization,
+        "seed": cfg.run.seed,
+    }  # fmt: skip
+
+
+def vllm_sample(
+    sampler: Any, model: torch.nn.Module, tokenizer: Any, sampling: SamplingConfig, prompt_ids: list[list[int]],
+    indices: list[int], repeat: int, seed: int, device: torch.device,
+) -> tuple[Rollout, list[str]]:  # fmt: skip
+    """`sample_prompts` by a `VLLMSampler` (whose weights are ``model``'s): the rollout and its decoded texts."""
+    rollout = sampler.sample([prompt_ids[i] for i in indices], repeat, sampling, seed, device)
+    return rollout, RolloutEngine(model, tokenizer).decode(rollout)
+
+
 class VLLMEngine(TextEngine):
     """A causal LM sampled by vLLM in this process (sampling.engine=vllm, `postrl.lm.rollout.vllm_engine`);
     scoring and the loss are the text engine's. vLLM holds its own copy of the weights: the trainer calls
@@ -200,9 +220,8 @@ class VLLMEngine(TextEngine):
             self.push_seconds += self.sampler.push(model)
             self.pushes, self.stale = self.pushes + 1, False
         prompts = self.prompts[split]
-        rollout = self.sampler.sample(
-            [prompts.ids[i] for i in indices], repeat, sampling, sampling_seed(self.cfg.run.seed, key),
-            self.device,
+        rollout, texts = vllm_sample(
+            self.sampler, model, self.tokenizer, sampling, prompts.ids, indices, repeat,
+            sampling_seed(self.cfg.run.seed, key), self.device,
         )  # fmt: skip
-        rows = [prompts.rows[i] for i in indices for _ in range(repeat)]
-        return Sampled(rollout, rows, RolloutEngine(model, self.tokenizer).decode(rollout))
+        return Sampled(rollout, [prompts.rows[i] for i in indices for _ in range(repeat)], texts)

@@ -33,10 +33,18 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from postrl.lm.grpo.config import GRPOConfig
-from postrl.lm.grpo.engine import Sampled, TextEngine, sample_prompts, sampling_seed
+from postrl.lm.grpo.config import GRPOConfig, sampling_engine
+from postrl.lm.grpo.engine import (
+    Sampled,
+    TextEngine,
+    sample_prompts,
+    sampling_seed,
+    vllm_options,
+    vllm_sample,
+)
 from postrl.lm.grpo.rollouts import PromptStream
 from postrl.lm.rollout import Rollout, SamplingConfig
+from postrl.lm.rollout.vllm_engine import VLLMSampler
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
 
@@ -69,11 +77,16 @@ def lane_main(
     requests: Any,
     results: Any,
     parent: int,
+    vllm: dict[str, Any] | None = None,
 ) -> None:
     """Serve ("weights", version, state_dict), ("sample", step, indices) and ("stop",) in order; answer each
-    sample with ("sampled", step, tensors, prompt_len, texts), a failure with ("error", traceback)."""
+    sample with ("sampled", step, tensors, prompt_len, texts), a failure with ("error", traceback). With
+    ``vllm`` (`postrl.lm.grpo.engine.vllm_options`), a vLLM engine of this lane samples, ``model``'s weights
+    pushed to it before the first sampling after each load."""
     torch.set_num_threads(threads)
     device = next(model.parameters()).device
+    sampler = None if vllm is None else VLLMSampler(tokenizer=tokenizer, **vllm)
+    stale = True
     results.put(("ready",))
     try:
         while True:
@@ -87,12 +100,21 @@ def lane_main(
                 return
             if message[0] == "weights":
                 model.load_state_dict(message[2])
+                stale = True
                 continue
             step, indices = message[1], message[2]
             key = sampling_seed(seed, ("train", step, rank, 0))  # the key of `TextEngine.sample` for round 0
-            rollout, texts = sample_prompts(
-                model, tokenizer, sampling, prompt_ids, indices, repeat, key, device
-            )
+            if sampler is None:
+                rollout, texts = sample_prompts(
+                    model, tokenizer, sampling, prompt_ids, indices, repeat, key, device
+                )
+            else:
+                if stale:
+                    sampler.push(model)
+                    stale = False
+                rollout, texts = vllm_sample(
+                    sampler, model, tokenizer, sampling, prompt_ids, indices, repeat, key, device
+                )
             tensors = {k: getattr(rollout, k) for k in ROLLOUT_TENSORS}
             results.put(("sampled", step, tensors, rollout.prompt_len, texts))
     except BaseException:  # noqa: BLE001 - every failure goes back to the training lane as one message
@@ -133,6 +155,7 @@ class GenerationLane:
         args = (
             model, self.engine.tokenizer, self.cfg.sampling, self.engine.prompts["train"].ids, g.group_size,
             self.cfg.run.seed, dist.rank(), self.cfg.lanes.threads, self.requests, self.results, os.getpid(),
+            vllm_options(self.cfg, next(model.parameters()).dtype) if sampling_engine(self.cfg) == "vllm" else None,
         )  # fmt: skip
         self.process = ctx.Process(target=lane_main, args=args, daemon=True, name="postrl-generation-lane")
         self.process.start()
