@@ -65,6 +65,30 @@ def test_reward_judge_is_sigma_of_the_gold_score_difference() -> None:
     assert hard == [hard_label(p) for p in got]
 
 
+def test_rm_judge_is_sigma_of_the_reward_model_scores_computed_alone(
+    tiny_lm, tiny_tokenizer, tmp_path: Path
+) -> None:
+    """rm:PATH: each response scored alone (prompt + response + EOS, the value at EOS), p = σ(s₁ − s₂)."""
+    from postrl.lm.models import ScalarHeadModel
+
+    rm = ScalarHeadModel.from_causal_lm(tiny_lm, seed=3)
+    rm.save_pretrained(tmp_path / "rm")
+    tiny_tokenizer.save_pretrained(str(tmp_path / "rm"))
+    prompts, first, second = (list(x) for x in zip(*PAIRS, strict=True))
+    got = load_judge(f"rm:{tmp_path / 'rm'}")(prompts, first, second)
+
+    def alone(p: str, c: str) -> float:
+        ids = torch.tensor(
+            [tiny_tokenizer(p + c, add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]]
+        )
+        with torch.no_grad():
+            return float(rm(ids, torch.ones_like(ids))[0, -1])
+
+    for (p, a, b), value in zip(PAIRS, got, strict=True):
+        assert value == pytest.approx(1 / (1 + math.exp(-(alone(p, a) - alone(p, b)))), abs=1e-6)
+    assert max(abs(v - 0.5) for v in got) > 1e-4
+
+
 def _alone(model: torch.nn.Module, ids: list[int], answer: list[int]) -> float:
     """Σ log p(answer | ids) from one unpadded forward: the hand computation."""
     with torch.no_grad():
