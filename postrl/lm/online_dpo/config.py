@@ -60,7 +60,8 @@ class OnlineDPOConfig:
     """openai: the model name the endpoint serves (null: the first it lists)."""
     labels: Literal["soft", "hard"] = "soft"
     """soft: the judge's probability p that the first sample is better is DPO's target (0.5 says neither);
-    hard: 1 or 0 by the side p favours (0.5 only when p is exactly 0.5), as Guo et al. label."""
+    hard: 1 or 0 by the side p favours, as Guo et al. label (0.5 when p is exactly 0.5, e.g. two identical
+    samples, where TRL's OnlineDPOTrainer calls the first chosen)."""
     dpo: DPOLossConfig = field(default_factory=DPOLossConfig)
     """β, the loss (sigmoid or ipo) and the reference forward's batch size."""
     train: OnlineBatchConfig = field(default_factory=OnlineBatchConfig)
