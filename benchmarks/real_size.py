@@ -109,15 +109,58 @@ def make_model(name: str, folder: Path) -> Path:
     return folder
 
 
-def _measured(cmd: list[str], log: Path, cwd: Path) -> tuple[float, float]:
-    """Run ``cmd`` → (wall seconds, its peak RSS in MB: ru_maxrss of that child alone)."""
-    start = time.perf_counter()
+def _rss_mb(pid: int) -> float:
+    """Resident set of ``pid`` and its children now (MB), from /proc (0 once gone)."""
+    total = 0.0
+    for p in [pid, *_children(pid)]:
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+        except OSError:
+            continue
+        total += next(
+            (int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS")), 0
+        )
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+    return kids + [g for k in kids for g in _children(k)]
+
+
+def _measured(cmd: list[str], log: Path, cwd: Path, trained=None) -> tuple[float, float, float]:
+    """Run ``cmd`` → (wall seconds, peak RSS in MB: ru_maxrss of that child alone, the RSS of it and its
+    children sampled every 0.2 s until ``trained()`` says the training steps are over: their peak, before a
+    final checkpoint and export, which TRL's runs here do not write)."""
+    start, sampled = time.perf_counter(), 0.0
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=f, cwd=cwd)
-        _, status, usage = os.wait4(proc.pid, 0)
-    if status != 0:
-        raise SystemExit(f"{cmd[:4]} failed (status {status}); see {log}")
-    return time.perf_counter() - start, usage.ru_maxrss / 1024
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if trained is None or not trained():
+                sampled = max(sampled, _rss_mb(proc.pid))
+            time.sleep(0.2)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd[:4]} failed (status {proc.returncode}); see {log}")
+    return time.perf_counter() - start, usage.ru_maxrss / 1024, sampled
+
+
+def _last_step_logged(run_dir: Path, steps: int):
+    """Whether ``run_dir``'s metrics.jsonl has its last step's row (the spine writes it before the end)."""
+
+    def done() -> bool:
+        path = run_dir / "metrics.jsonl"
+        return path.exists() and any(
+            json.loads(line).get("step") == steps and "loss" in line for line in path.read_text().splitlines()
+        )
+
+    return done
 
 
 def _dpo_data(work: Path, n: int) -> Path:
@@ -189,7 +232,8 @@ def postrl_run(args: argparse.Namespace, model: Path, data: Path, out: Path) -> 
             "-m",
             "postrl.cli",
         ]
-    wall, rss = _measured([*launch, *stage], out.parent / f"{out.name}.log", ROOT)
+    log = out.parent / f"{out.name}.log"
+    wall, rss, sampled = _measured([*launch, *stage], log, ROOT, _last_step_logged(out, args.steps))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     times = [r["time_step"] for r in rows if "time_step" in r]
     if not times:  # SFT logs the time since the run started: one step's is the difference
@@ -199,6 +243,7 @@ def postrl_run(args: argparse.Namespace, model: Path, data: Path, out: Path) -> 
         "step_s": statistics.median(times[1:] or times),
         "step_times": times,
         "peak_rss_mb": rss,
+        "training_rss_mb": sampled,
         "wall_s": wall,
     }
 
@@ -226,10 +271,10 @@ def trl_run(args: argparse.Namespace, model: Path, data: Path, out: Path) -> dic
         "--data", str(data), "--json", str(out / "result.json"), "--steps", str(args.steps), "--batch",
         str(args.batch), "--max-length", str(args.max_length), "--threads", str(args.threads), "--dtype", args.dtype, "--new-tokens", str(args.new_tokens),
     ] + (["--lora"] if args.lora else [])  # fmt: skip
-    wall, rss = _measured(cmd, out / "worker.log", out)
+    wall, rss, sampled = _measured(cmd, out / "worker.log", out)
     result = json.loads((out / "result.json").read_text())
     return {"step_s": statistics.median(result["times"][1:] or result["times"]), "step_times": result["times"],
-            "peak_rss_mb": rss, "wall_s": wall, "versions": result["versions"]}  # fmt: skip
+            "peak_rss_mb": rss, "training_rss_mb": sampled, "wall_s": wall, "versions": result["versions"]}  # fmt: skip
 
 
 def trl_worker(args: argparse.Namespace) -> None:
