@@ -51,6 +51,15 @@ def test_what_vllm_cannot_run_is_one_error_before_the_run_folder(tiny_lm_dir, tm
     assert not out.exists()
 
 
+def test_a_vision_language_model_is_refused_with_vllm():
+    from postrl.lm.vlm.grpo import VLMGRPORecipe
+    from postrl.runtime.errors import UserError
+
+    with pytest.raises(UserError, match="sampling.engine=vllm does not sample vision-language models"):
+        VLMGRPORecipe().check(GRPOConfig(sampling=GRPOSamplingConfig(engine="vllm")))
+    VLMGRPORecipe().check(GRPOConfig())  # postrl's engine: fine
+
+
 # ---- with vLLM: on the built-in tiny Llama (head_dim 32; vLLM's CPU attention has no kernel for the test
 # models' head_dim 8) --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from postrl.lm.grpo.algorithm import GRPO, GRPORecipe
 from postrl.lm.grpo.build import check_grpo_config, reward_fns
-from postrl.lm.grpo.config import GRPOConfig
+from postrl.lm.grpo.config import GRPOConfig, sampling_engine
 from postrl.lm.grpo.engine import Sampled
 from postrl.lm.grpo.objective import PolicyForward
 from postrl.lm.grpo.rollouts import Run
@@ -173,6 +173,8 @@ class VLMGRPORecipe(GRPORecipe):
     def check(self, cfg: GRPOConfig) -> None:
         if cfg.grpo.dynamic_sampling:
             raise UserError("grpo.dynamic_sampling is not supported for vision-language models yet")
+        if sampling_engine(cfg) == "vllm":  # VLMEngine samples with postrl's engine only
+            raise UserError("sampling.engine=vllm does not sample vision-language models yet: use postrl")
 
     def load(self, setup: Setup) -> None:
         cfg, info = setup.cfg, setup.info
