@@ -26,6 +26,15 @@ fraction of seeds meeting the goal, all seeds' curves) use ``postrl control benc
 venv ``make peers``) the same way; ``--breakdown`` adds one ppo-cartpole run timed by parts (`time_breakdown`);
 ``--env-backend gymnasium`` runs CartPole without the batched numpy env (``env.backend``).
 
+Measured 2026-12-05 06:11–06:18 UTC (issue 38 item 1), the same command at a lower load (5.98 at the start,
+5.3 at the end; ceiling 73,608 steps/s): postrl 12,036 / 8,902 / 14,929 env steps/s, SB3 2,053 / 1,927 / 3,191,
+SBX 2,246 / 1,749 / 3,231: **vs SB3 5.86× / 4.62× / 4.68× wall, 4.81× / 5.11× / 5.15× CPU time; vs SBX 5.36× /
+5.09× / 4.62× wall, 5.01× / 5.32× / 4.87× CPU time**; evaluation 500 in all nine runs, steps to 475 as below.
+SBX here runs JAX with one XLA thread (as postrl and SB3 one torch thread) and is no faster than SB3 on this
+CPU. The run timed by parts: 8.95 s of training = update 6.93 s (77 %), vector env 0.69, actor 0.52, the rest
+of the rollout 0.31, GAE 0.20, the rest 0.29. So ≥ 3× SBX holds on every seed; ≥ 5× SB3 on one seed in wall
+time and two in CPU time (median 4.68× wall): what is left is the update's GEMMs.
+
 Measured 2026-12-05 (issue 38 item 1) after CartPole's batched numpy env (``env.backend`` auto → numpy,
 postrl/control/fast/cartpole.py; the same episodes bit for bit, so the same learning: seed 0 reaches the
 20-episode average ≥ 475 at 39,392 steps and seed 2 at 79,704 with either backend), on the shared 2-core
