@@ -265,7 +265,8 @@ def loop(
 ) -> dict[str, Any]:
     """The preference loop (``postrl loop``): rounds of sample pairs → label → reward model → policy update;
     returns its summary (``summary["rounds"]``: the report of every round)."""
-    from postrl.feedback import LoopConfig, run_loop  # deferred: torch
+    from postrl.feedback.config import LoopConfig
+    from postrl.feedback.rounds import run_loop  # deferred: torch
     from postrl.runtime.config import load_config
 
     path = config if isinstance(config, (str, os.PathLike)) else None

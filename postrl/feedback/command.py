@@ -35,7 +35,8 @@ def add_loop_command(subparsers: argparse._SubParsersAction) -> None:
 def _loop(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from postrl.feedback import LoopConfig, run_loop  # deferred: torch
+    from postrl.feedback.config import LoopConfig
+    from postrl.feedback.rounds import run_loop  # deferred: torch
     from postrl.runtime.config import format_help, load_config
 
     if args.list_keys:

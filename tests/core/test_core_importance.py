@@ -101,7 +101,7 @@ def test_grpo_loss_weights_only_the_surrogate():
     rho = [math.exp(0.1), math.exp(-0.5)]
     surrogate = [min(r * 2.0, min(max(r, 0.8), 1.2) * 2.0) for r in rho]
     k3 = [math.exp(-0.2) + 0.2 - 1, 0.0]  # exp(ref − π) − (ref − π) − 1
-    expected = sum(-wi * s + 0.1 * k for wi, s, k in zip([0.5, 3.0], surrogate, k3)) / 2
+    expected = sum(-wi * s + 0.1 * k for wi, s, k in zip([0.5, 3.0], surrogate, k3, strict=True)) / 2
     assert float(loss) == pytest.approx(expected, abs=1e-12)
     plain, _ = grpo_loss(logps, old, ref, adv, mask, 0.2, 0.1, "token")
     ones, _ = grpo_loss(logps, old, ref, adv, mask, 0.2, 0.1, "token", is_weights=torch.ones(1, 2))
