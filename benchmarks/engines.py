@@ -29,6 +29,13 @@ GRPO from the arithmetic SFT checkpoint that benchmarks/async_grpo.py builds (co
 runs/bench-async/arithmetic/sft-500-300-1-0/model; held-out greedy accuracy 0.445), 20 steps, seeds 0 1 2: final accuracy
 postrl 0.50 / 0.52 / 0.49 (mean 0.503), vLLM 0.51 / 0.50 / 0.51 (mean 0.507); the vLLM runs' behaviour_kl at most
 4.8e-9 per step and no token capped (is_capped_fraction 0) on this fp32 model.
+
+3. ``--mismatch``: vLLM in bfloat16 (sampling.vllm_dtype) beside the float32 trainer, grpo.is_correction none
+   and tis, each of ``--seeds`` (benchmarks/results/engines_mismatch.json). Measured with ``--mismatch --sft
+   runs/bench-engines/sft-model --seeds 0 --steps 20`` (load 5-6): with tis, behaviour_kl 7e-5 on average
+   (at most 1.6e-4, mean |log π_old − log μ| 0.004) and no response capped (C = 3, sequence level); final
+   accuracy none 0.530, tis 0.535 (one seed). With none and one pass the trainer never scores π_old, so the
+   mismatch is not measured there (the sampler's log-probs are taken as π_old).
 """
 
 from __future__ import annotations
@@ -137,14 +144,15 @@ def speed(folder: Path, args: argparse.Namespace) -> dict:
     return out
 
 
-def grpo(args: argparse.Namespace, engine: str, seed: int) -> dict:
-    """One ``postrl grpo`` run in a fresh process; its final accuracy, mismatch and seconds per step."""
-    out = Path(args.workdir) / f"grpo-{engine}-{seed}"
+def grpo(args: argparse.Namespace, engine: str, seed: int, *extra: str, name: str = "") -> dict:
+    """One ``postrl grpo`` run (overrides ``extra``) in a fresh process; its final accuracy, mismatch and
+    seconds per step."""
+    out = Path(args.workdir) / f"grpo-{engine}{name}-{seed}"
     cmd = [
         sys.executable, "-m", "postrl.cli", "grpo", "--config", str(ROOT / "configs" / "grpo-arithmetic.yaml"),
         "--model", args.sft, "--out", str(out), "--overwrite", 'task={"digits": 2}', f"run.steps={args.steps}",
         f"run.eval_every={args.steps}", f"eval_size={args.eval_prompts}", "run.save_every=0", f"run.seed={seed}",
-        "run.device=cpu", f"run.threads={args.threads}", f"sampling.engine={engine}",
+        "run.device=cpu", f"run.threads={args.threads}", f"sampling.engine={engine}", *extra,
     ]  # fmt: skip
     with out.with_suffix(".log").open("w") as f:
         subprocess.run(cmd, check=True, stdout=f, stderr=f, cwd=ROOT)
@@ -163,6 +171,18 @@ def grpo(args: argparse.Namespace, engine: str, seed: int) -> dict:
             "is_capped_fraction_mean": mean("is_capped_fraction"), "load": load()}  # fmt: skip
 
 
+def mismatch(args: argparse.Namespace) -> None:
+    """Part 3: vLLM in bfloat16 beside the float32 trainer, grpo.is_correction none vs tis, on ``--sft``."""
+    runs = {
+        c: [grpo(args, "vllm", s, "sampling.vllm_dtype=bfloat16", f"grpo.is_correction={c}", name=f"-bf16-{c}")
+            for s in args.seeds]
+        for c in ("none", "tis")
+    }  # fmt: skip
+    result = {"steps": args.steps, "vllm_dtype": "bfloat16", "runs": runs, "load_end": load()}
+    record("engines_mismatch", result)
+    print(json.dumps(result))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -177,8 +197,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="GRPO steps per run")
     parser.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts at the end")
     parser.add_argument("--workdir", default="runs/bench-engines", help="folder for the 100M model and runs")
+    parser.add_argument("--mismatch", action="store_true", help="only part 3 (engines_mismatch.json)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.mismatch:
+        return mismatch(args)
     from postrl.lm import base_model
 
     work = Path(args.workdir)

@@ -51,6 +51,20 @@ def test_what_vllm_cannot_run_is_one_error_before_the_run_folder(tiny_lm_dir, tm
     assert not out.exists()
 
 
+def test_vllm_options_follow_the_config():
+    from postrl.lm.grpo.engine import vllm_options
+
+    sampling = GRPOSamplingConfig(
+        engine="vllm", max_new_tokens=16, vllm_dtype="bfloat16", vllm_kv_cache_gib=2
+    )
+    cfg = GRPOConfig(model="m", sampling=sampling, max_prompt_length=48)
+    options = vllm_options(cfg, torch.float32)
+    assert options["dtype"] == torch.bfloat16 and options["max_model_len"] == 64
+    assert options["model_dir"] == "m" and options["kv_cache_gib"] == 2
+    auto = GRPOConfig(sampling=GRPOSamplingConfig(engine="vllm"))
+    assert vllm_options(auto, torch.float32)["dtype"] == torch.float32  # auto: the policy's
+
+
 def test_a_vision_language_model_is_refused_with_vllm():
     from postrl.lm.vlm.grpo import VLMGRPORecipe
     from postrl.runtime.errors import UserError

@@ -115,6 +115,9 @@ class GRPOSamplingConfig(SamplingConfig):
     vllm (a vLLM engine in this process, colocated; pip install '.[vllm]', on CPU `make vllm-venv`): the policy's
     weights are pushed to it after every optimiser step, and grpo.is_correction auto corrects its numerics
     with tis. Scoring and the loss always run postrl's forward (sampling.backend)."""
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """engine vllm: the dtype vLLM holds the weights and computes in; auto: the policy's (run.dtype). A lower
+    precision than the trainer's samples from a μ further from π_old: grpo.is_correction corrects it."""
     vllm_kv_cache_gib: float = 1.0
     """engine vllm on CPU: GiB of memory for vLLM's KV cache (VLLM_CPU_KVCACHE_SPACE, whole GiB)."""
     vllm_gpu_memory_utilization: float = 0.3

@@ -179,8 +179,10 @@ class TextEngine:
 
 def vllm_options(cfg: Any, dtype: torch.dtype) -> dict[str, Any]:
     """`postrl.lm.rollout.vllm_engine.VLLMSampler`'s arguments for a run (besides the tokenizer): vLLM loads the
-    starting model's folder (the policy's weights are pushed before it first samples)."""
+    starting model's folder (the policy's weights are pushed before it first samples), in sampling.vllm_dtype
+    (auto: the policy's ``dtype``)."""
     s = cfg.sampling
+    dtype = dtype if s.vllm_dtype == "auto" else getattr(torch, s.vllm_dtype)
     return {
         "model_dir": cfg.model, "dtype": dtype, "max_model_len": cfg.max_prompt_length + s.max_new_tokens,
         "kv_cache_gib": s.vllm_kv_cache_gib, "gpu_memory_utilization": s.vllm_gpu_memory_utilization,
