@@ -111,10 +111,11 @@ class GRPOSamplingConfig(SamplingConfig):
     """How responses are sampled, and which engine samples them."""
 
     engine: Literal["postrl", "vllm"] = "postrl"
-    """Who samples the training and held-out responses: postrl (its own engine, run by sampling.backend) or
-    vllm (a vLLM engine in this process, colocated; pip install '.[vllm]', on CPU `make vllm-venv`): the policy's
-    weights are pushed to it after every optimiser step, and grpo.is_correction auto corrects its numerics
-    with tis. Scoring and the loss always run postrl's forward (sampling.backend)."""
+    """Who samples the responses: postrl (its own engine, run by sampling.backend) or vllm (a vLLM engine in
+    this process, colocated; with lanes.enabled, in the generation lane, held-out prompts then by postrl; pip
+    install '.[vllm]', on CPU `make vllm-venv`): the policy's weights are pushed to it after every optimiser
+    step, and grpo.is_correction auto corrects its numerics with tis. Scoring and the loss always run
+    postrl's forward (sampling.backend)."""
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """engine vllm: the dtype vLLM holds the weights and computes in; auto: the policy's (run.dtype). A lower
     precision than the trainer's samples from a μ further from π_old: grpo.is_correction corrects it."""

