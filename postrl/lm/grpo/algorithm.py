@@ -58,13 +58,14 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from postrl.lm.grpo.build import build_grpo_run, check_grpo_config
-from postrl.lm.grpo.config import GRPOConfig
+from postrl.lm.grpo.config import GRPOConfig, is_correction
 from postrl.lm.grpo.lanes import AsyncEngine, GenerationLane
 from postrl.lm.grpo.objective import (
     GRPOObjective as GRPOObjective,
@@ -120,7 +121,7 @@ def grpo_step(
     start = time.perf_counter()
     batch, metrics, inputs = collect(run, stream, step)
     middle = time.perf_counter()
-    g, max_len = run.cfg.grpo, run.cfg.sampling.max_new_tokens
+    g, max_len = replace(run.cfg.grpo, is_correction=is_correction(run.cfg)), run.cfg.sampling.max_new_tokens
     policy = run.engine.policy(inputs, batch.input_ids.shape[0])
     objective = GRPOObjective(run.policy, policy, g, max_len, run.cfg.optim.max_grad_norm)
     stats = update_grpo(objective, optimizer, batch, g)

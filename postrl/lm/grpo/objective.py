@@ -6,12 +6,13 @@ so that the VLM's GRPO imports it without importing the trainer that dispatches 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from postrl.core import grpo_loss, masked_mean
+from postrl.core import behaviour_mismatch, grpo_loss, masked_is_weights, masked_mean, truncated_is_weights
 from postrl.lm import onpolicy
 from postrl.lm.grpo.config import GRPOLossConfig
 from postrl.lm.onpolicy import Term
@@ -57,10 +58,21 @@ def loss_of(
     normalizer: float | Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """`core.grpo_loss` of ``batch`` given the policy's log-probs and entropy [b, T] of its rows, and its stats
-    (clip fraction, k3 KL, ratio, entropy)."""
+    (clip fraction, k3 KL, ratio, entropy).
+
+    A batch that carries ``behaviour_log_probs`` (one update per batch under grpo.is_correction) takes the
+    proximal policy from this very forward: before the only update π_old is the current policy, so its
+    detached log-probs are π_old and no second forward is needed; the weights π_old/μ and the mismatch stats
+    are made here. ``cfg.is_correction`` must be resolved (not auto) then."""
+    old_log_probs, is_weights, behaviour = batch.old_log_probs, batch.is_weights, {}
+    if batch.behaviour_log_probs is not None:
+        old_log_probs = log_probs.detach()
+        is_weights, behaviour = behaviour_correction(
+            cfg, old_log_probs, batch.behaviour_log_probs, batch.response_mask
+        )
     loss, stats = grpo_loss(
         log_probs,
-        batch.old_log_probs,
+        old_log_probs,
         batch.ref_log_probs,
         batch.advantages,
         batch.response_mask,
@@ -72,9 +84,33 @@ def loss_of(
         normalizer=normalizer,
         unbiased_kl=cfg.unbiased_kl,
         importance_level=cfg.importance_level,
-        is_weights=batch.is_weights,
+        is_weights=is_weights,
     )
-    return loss, {**stats, "entropy": masked_mean(entropy, batch.response_mask)}
+    return loss, {**stats, **behaviour, "entropy": masked_mean(entropy, batch.response_mask)}
+
+
+IS_WEIGHTS = {"tis": truncated_is_weights, "mis": masked_is_weights}
+"""grpo.is_correction → the weighting of the behaviour policy's samples (`postrl.core.importance`)."""
+
+
+def behaviour_correction(
+    g: GRPOLossConfig, old_log_probs: Tensor, behaviour_log_probs: Tensor, mask: Tensor
+) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """The weights π_old/μ of ``g.is_correction`` ([N, T], None for none) and the mismatch between the trainer's
+    teacher-forced log-probs and the sampler's: behaviour_kl (k3 of KL(μ‖π_old)), behaviour_log_ratio (mean
+    |log π_old − log μ|) and, when corrected, the fraction of response tokens whose weight met the cap."""
+    stats = behaviour_mismatch(old_log_probs, behaviour_log_probs, mask)
+    metrics = {"behaviour_kl": stats["kl"], "behaviour_log_ratio": stats["log_ratio"]}
+    if g.is_correction == "none":
+        return None, metrics
+    weights = IS_WEIGHTS[g.is_correction](old_log_probs, behaviour_log_probs, mask, g.is_cap, g.is_level)
+    ratios = truncated_is_weights(old_log_probs, behaviour_log_probs, mask, math.inf, g.is_level)  # unbounded
+    on = mask.bool()
+    metrics["is_capped_fraction"] = (
+        (ratios[on] > g.is_cap).float().mean() if on.any() else ratios.new_zeros(())
+    )
+    metrics["is_weight_mean"] = weights[on].mean() if on.any() else weights.new_ones(())
+    return weights, metrics
 
 
 def grpo_batch_loss(

@@ -9,7 +9,6 @@ advantages.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from dataclasses import dataclass, replace
@@ -18,17 +17,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from postrl.core import (
-    behaviour_mismatch,
-    group_advantages,
-    masked_is_weights,
-    overlong_penalty,
-    reinforce_pp_advantages,
-    rloo_advantages,
-    truncated_is_weights,
-)
+from postrl.core import group_advantages, overlong_penalty, reinforce_pp_advantages, rloo_advantages
 from postrl.lm.grpo.config import GRPOConfig, GRPOLossConfig, is_correction
 from postrl.lm.grpo.engine import GRPOEngine, Sampled
+from postrl.lm.grpo.objective import behaviour_correction
 from postrl.lm.rewards import (
     Phase,
     RewardFunction,
@@ -272,15 +264,18 @@ def collect(run: Run, stream: PromptStream, step: int) -> tuple[RolloutBatch, di
         raise RuntimeError("dynamic sampling with per-row model inputs (a VLM's pictures) is not supported")
     start = time.perf_counter()
     old_log_probs, ref_log_probs, is_weights, behaviour = rollout.log_probs, None, None, {}
+    correction = is_correction(run.cfg)
+    # one update per batch: the loss's own forward gives π_old, and the weights π_old/μ (`objective.loss_of`)
+    on_the_fly = correction != "none" and g.epochs == 1 and g.minibatches == 1
     with torch.no_grad():
-        if g.epochs > 1 or is_correction(run.cfg) != "none":
+        if (g.epochs > 1 or correction != "none") and not on_the_fly:
             # re-score: the first pass has ratio exactly 1 ("Old log-probs", algorithm.py); the sampler's
             # log-probs stay the behaviour policy's
             old_log_probs = run.engine.log_probs("old", rollout, inputs)
             is_weights, behaviour = behaviour_correction(
-                replace(g, is_correction=is_correction(run.cfg)), old_log_probs, rollout.log_probs,
-                rollout.response_mask,
-            )  # fmt: skip
+                replace(g, is_correction=correction), old_log_probs, rollout.log_probs, rollout.response_mask
+            )
+            behaviour = {k: float(v) for k, v in behaviour.items()}
         if run.ref is not None:
             ref_log_probs = run.engine.log_probs("ref", rollout, inputs)
     timers["time_score"] += time.perf_counter() - start
@@ -291,32 +286,10 @@ def collect(run: Run, stream: PromptStream, step: int) -> tuple[RolloutBatch, di
     batch = RolloutBatch(
         rollout.input_ids, rollout.attention_mask, rollout.prompt_len, rollout.response_mask, old_log_probs,
         advantages, ref_log_probs, row_ids=None if inputs is None else torch.arange(n, device=advantages.device),
-        is_weights=is_weights,
+        is_weights=is_weights, behaviour_log_probs=rollout.log_probs if on_the_fly else None,
     )  # fmt: skip
     metrics = {**_rollout_metrics(run, rounds), **behaviour, **timers, "refill_rounds": len(rounds) - 1}
     return batch, metrics, inputs
-
-
-IS_WEIGHTS = {"tis": truncated_is_weights, "mis": masked_is_weights}
-"""grpo.is_correction → the weighting of the behaviour policy's samples (`postrl.core.importance`)."""
-
-
-def behaviour_correction(
-    g: GRPOLossConfig, old_log_probs: Tensor, behaviour_log_probs: Tensor, mask: Tensor
-) -> tuple[Tensor | None, dict[str, float]]:
-    """The weights π_old/μ of ``g.is_correction`` ([N, T], None for none) and the mismatch between the trainer's
-    teacher-forced log-probs and the sampler's: behaviour_kl (k3 of KL(μ‖π_old)), behaviour_log_ratio (mean
-    |log π_old − log μ|) and, when corrected, the fraction of response tokens whose weight met the cap."""
-    stats = behaviour_mismatch(old_log_probs, behaviour_log_probs, mask)
-    metrics = {"behaviour_kl": float(stats["kl"]), "behaviour_log_ratio": float(stats["log_ratio"])}
-    if g.is_correction == "none":
-        return None, metrics
-    weights = IS_WEIGHTS[g.is_correction](old_log_probs, behaviour_log_probs, mask, g.is_cap, g.is_level)
-    ratios = truncated_is_weights(old_log_probs, behaviour_log_probs, mask, math.inf, g.is_level)  # unbounded
-    on = mask.bool()
-    metrics["is_capped_fraction"] = float((ratios[on] > g.is_cap).float().mean()) if on.any() else 0.0
-    metrics["is_weight_mean"] = float(weights[on].mean()) if on.any() else 1.0
-    return weights, metrics
 
 
 def _rollout_metrics(run: Run, rounds: list[_Round]) -> dict[str, float]:

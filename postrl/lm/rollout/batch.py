@@ -44,6 +44,9 @@ class RolloutBatch:
     is_weights: Tensor | None = None
     """[N, T] behaviour-policy weights π_old/μ of each token's surrogate (`core.truncated_is_weights`,
     `core.masked_is_weights`), or None (samples drawn by π_old itself)"""
+    behaviour_log_probs: Tensor | None = None
+    """[N, T] log μ of the policy that sampled, when the loss makes the weights from its own forward (one
+    update per batch: `postrl.lm.grpo.objective.loss_of`), or None"""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -74,6 +77,7 @@ class RolloutBatch:
             cut(self.returns),
             cut(self.row_ids),
             cut(self.is_weights),
+            cut(self.behaviour_log_probs),
         )
 
     def minibatches(self, order: Tensor, n: int) -> list[RolloutBatch]:
