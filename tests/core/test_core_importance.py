@@ -119,6 +119,8 @@ def test_masked_weights_agree_with_truncated_under_the_cap_and_mismatch_is_nonne
         truncated = truncated_is_weights(logps, behaviour, mask, cap, level)
         kept = masked > 0
         assert torch.equal(masked[kept], truncated[kept])  # below the cap the two weightings are one
-        assert bool((truncated[mask & ~kept] == cap).all())  # where MIS drops a token, TIS holds it at the cap
+        assert bool(
+            (truncated[mask & ~kept] == cap).all()
+        )  # where MIS drops a token, TIS holds it at the cap
     assert float(behaviour_mismatch(logps, behaviour, mask)["kl"]) >= 0
     assert float(behaviour_mismatch(logps, logps.clone(), mask)["kl"]) == 0
