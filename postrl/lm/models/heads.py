@@ -168,7 +168,7 @@ class ScalarHeadModel(nn.Module):
         elif bias != 0.0:
             log.info(
                 "%s: the %s head's bias (%.4g) has no place in a sequence classifier's score, which gives "
-                "values less it; postrl reads the exact head from %s", path, kind, float(self.head.bias), HEAD_WEIGHTS,
+                "values less it; postrl reads the exact head from %s", path, kind, float(self.head.bias.detach()), HEAD_WEIGHTS,
             )  # fmt: skip
         else:
             return  # the sequence classifier holds the whole head
@@ -192,8 +192,10 @@ class ScalarHeadModel(nn.Module):
         config key for errors."""
         if not new_head:
             _require_head(path, what)
-        if not (Path(path) / HEAD_WEIGHTS).is_file() and is_sequence_classifier(path):
+        if is_sequence_classifier(path):  # loaded as what it is: its `score` is no unexpected key of a trunk
             backbone, head = load_sequence_classifier(path, what, dtype, trust_remote_code)
+            if (Path(path) / HEAD_WEIGHTS).is_file():
+                head = load_head(path, hidden_size_of(backbone))  # the exact head (a bias the score lacks)
         else:
             backbone = load_pretrained(AutoModel, path, what, dtype, trust_remote_code)
             head = _head_for(path, hidden_size_of(backbone), new_head, seed)
