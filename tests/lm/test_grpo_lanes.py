@@ -45,7 +45,7 @@ def test_staleness_zero_is_the_synchronous_run_bit_for_bit(tiny_lm_dir, tmp_path
 
 
 def test_one_step_stale_samples_are_measured_corrected_and_resume_exactly(tiny_lm_dir, tmp_path):
-    grpo = {"is_correction": "tis", "is_level": "token", "beta": 0.0}
+    grpo = {"is_correction": "tis", "is_level": "token"}  # β 0.04: the lane scores log π_ref too
     cfg = _config(tiny_lm_dir, run={"keep_last": 5}, grpo=grpo, lanes=LanesConfig(True, 1))
     run_grpo(cfg, tmp_path / "a")
     rows = [r for r in _rows(tmp_path / "a") if "loss" in r]

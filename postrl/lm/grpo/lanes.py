@@ -43,7 +43,7 @@ from postrl.lm.grpo.engine import (
     vllm_sample,
 )
 from postrl.lm.grpo.rollouts import PromptStream
-from postrl.lm.rollout import Rollout, SamplingConfig
+from postrl.lm.rollout import Rollout, SamplingConfig, response_forward, response_log_probs
 from postrl.lm.rollout.vllm_engine import VLLMSampler
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
@@ -78,13 +78,18 @@ def lane_main(
     results: Any,
     parent: int,
     vllm: dict[str, Any] | None = None,
+    ref: torch.nn.Module | None = None,
 ) -> None:
     """Serve ("weights", version, state_dict), ("sample", step, indices) and ("stop",) in order; answer each
     sample with ("sampled", step, tensors, prompt_len, texts), a failure with ("error", traceback). With
     ``vllm`` (`postrl.lm.grpo.engine.vllm_options`), a vLLM engine of this lane samples, ``model``'s weights
-    pushed to it before the first sampling after each load."""
+    pushed to it before the first sampling after each load. With the frozen reference ``ref`` (β > 0), the
+    lane also scores its responses under it (``tensors["ref_log_probs"]``): the training lane then does not."""
     torch.set_num_threads(threads)
     device = next(model.parameters()).device
+    ref_forward = (
+        None if ref is None else response_forward(ref, sampling.use_fast, gradients=False, gathered=True)
+    )
     sampler = None if vllm is None else VLLMSampler(tokenizer=tokenizer, **vllm)
     stale = True
     results.put(("ready",))
@@ -116,6 +121,12 @@ def lane_main(
                     sampler, model, tokenizer, sampling, prompt_ids, indices, repeat, key, device
                 )
             tensors = {k: getattr(rollout, k) for k in ROLLOUT_TENSORS}
+            if ref_forward is not None:  # as `TextEngine.log_probs("ref", ...)` scores them
+                with torch.no_grad():
+                    tensors["ref_log_probs"] = response_log_probs(
+                        ref_forward, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
+                        temperature=sampling.temperature,
+                    )  # fmt: skip
             results.put(("sampled", step, tensors, rollout.prompt_len, texts))
     except BaseException:  # noqa: BLE001 - every failure goes back to the training lane as one message
         results.put(("error", traceback.format_exc()))
@@ -127,6 +138,7 @@ class _Pending:
     indices: list[int]
     rollout: Rollout
     texts: list[str]
+    ref_log_probs: torch.Tensor | None = None
 
 
 class GenerationLane:
@@ -156,6 +168,7 @@ class GenerationLane:
             model, self.engine.tokenizer, self.cfg.sampling, self.engine.prompts["train"].ids, g.group_size,
             self.cfg.run.seed, dist.rank(), self.cfg.lanes.threads, self.requests, self.results, os.getpid(),
             vllm_options(self.cfg, next(model.parameters()).dtype) if sampling_engine(self.cfg) == "vllm" else None,
+            None if self.engine.ref is None else copy.deepcopy(dist.unwrap(self.engine.ref)).eval(),
         )  # fmt: skip
         self.process = ctx.Process(target=lane_main, args=args, daemon=True, name="postrl-generation-lane")
         self.process.start()
@@ -211,14 +224,14 @@ class GenerationLane:
         while self.next_step <= steps_done + self.k:
             self._ask(self.next_step, current=steps_done)
 
-    def take(self, step: int, indices: list[int]) -> tuple[Rollout, list[str]]:
+    def take(self, step: int, indices: list[int]) -> _Pending:
         """Step ``step``'s responses (waiting for the lane if they have not arrived)."""
         while step not in self.ready:
             self._receive(step)
         pending = self.ready.pop(step)
         if pending.indices != indices:
             raise RuntimeError(f"lane: step {step} was sampled for prompts {pending.indices}, not {indices}")
-        return pending.rollout, pending.texts
+        return pending
 
     def _receive(self, step: int) -> None:
         """One message from the lane, or a `LaneError` when it died, raised or hung."""
@@ -249,8 +262,10 @@ class GenerationLane:
             last = message[1].strip().splitlines()[-1]
             raise LaneError(f"the generation lane failed sampling step {step}: {last}")
         _, t, tensors, prompt_len, texts = message
-        rollout = Rollout(prompt_len=prompt_len, texts=texts, **{k: v.clone() for k, v in tensors.items()})
-        self.ready[t] = _Pending(self.asked.pop(t), rollout, texts)
+        tensors = {k: v.clone() for k, v in tensors.items()}
+        ref = tensors.pop("ref_log_probs", None)
+        rollout = Rollout(prompt_len=prompt_len, texts=texts, **tensors)
+        self.ready[t] = _Pending(self.asked.pop(t), rollout, texts, ref)
 
     # -- checkpoints
     def state(self) -> dict[str, Any]:
@@ -262,7 +277,7 @@ class GenerationLane:
                     self._receive(t)
         kept = {
             t: {"indices": p.indices, "prompt_len": p.rollout.prompt_len, "texts": p.texts,
-                **{k: getattr(p.rollout, k) for k in ROLLOUT_TENSORS}}
+                "ref_log_probs": p.ref_log_probs, **{k: getattr(p.rollout, k) for k in ROLLOUT_TENSORS}}
             for t, p in self.ready.items()
         }  # fmt: skip
         return {"k": self.k, "ranks": dist.all_gather_object(kept)}
@@ -275,7 +290,9 @@ class GenerationLane:
         for t, p in state["ranks"][dist.rank()].items():
             tensors = {k: p[k] for k in ROLLOUT_TENSORS}
             rollout = Rollout(prompt_len=int(p["prompt_len"]), texts=list(p["texts"]), **tensors)
-            self.ready[int(t)] = _Pending(list(p["indices"]), rollout, list(p["texts"]))
+            self.ready[int(t)] = _Pending(
+                list(p["indices"]), rollout, list(p["texts"]), p.get("ref_log_probs")
+            )
 
 
 class AsyncEngine:
@@ -285,6 +302,7 @@ class AsyncEngine:
     def __init__(self, engine: TextEngine, lane: GenerationLane) -> None:
         self.inner, self.lane = engine, lane
         self.hidden_columns = engine.hidden_columns
+        self.scored: tuple[torch.Tensor, torch.Tensor] | None = None  # the last rollout's ids, its log π_ref
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -297,6 +315,14 @@ class AsyncEngine:
         _, step, _, round_ = key
         if round_ != 0:
             raise RuntimeError("lanes: refill rounds (grpo.dynamic_sampling) are not sampled by the lane")
-        rollout, texts = self.lane.take(step, indices)
+        pending = self.lane.take(step, indices)
+        rollout, texts = pending.rollout, pending.texts
+        self.scored = None if pending.ref_log_probs is None else (rollout.input_ids, pending.ref_log_probs)
         prompts = self.inner.prompts["train"]
         return Sampled(rollout, [prompts.rows[i] for i in indices for _ in range(repeat)], texts)
+
+    def log_probs(self, which: str, rollout: Rollout, inputs: Any) -> torch.Tensor:
+        """The lane's log π_ref of the responses it sampled; anything else is the text engine's."""
+        if which == "ref" and self.scored is not None and torch.equal(self.scored[0], rollout.input_ids):
+            return self.scored[1]
+        return self.inner.log_probs(which, rollout, inputs)
