@@ -30,7 +30,7 @@ Stages (``--stage``), each contender in its own process, peak memory its residen
     .venv/bin/python benchmarks/real_size.py --stage dpo --model qwen0.5b --steps 3
     .venv/bin/python benchmarks/real_size.py --stage grpo --model qwen0.5b --steps 2 [--dtype bfloat16] [--lora]
 
-TRL runs in /work/peervenv (``--trl-python``), this file in ``--trl-worker`` mode. The postrl process gets
+TRL runs in benchmarks/peers/.venv-trl (``make peers``; ``--trl-python``), this file in ``--trl-worker`` mode. The postrl process gets
 ``run.memory.log_probs=auto`` (chunked at this vocabulary) unless ``--full-logits``.
 
 Measured 2026-12-05 on the shared 2-core machine, load average 10-18 (a dozen other jobs: each contender got
@@ -57,6 +57,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _record import record
 
 ROOT = Path(__file__).resolve().parents[1]
 THIS = Path(__file__).resolve()
@@ -354,7 +356,9 @@ def main() -> None:
     p.add_argument(
         "--fsdp", action="store_true", help="sft: 2 ranks (torchrun, gloo, FSDP2) beside 1 process"
     )
-    p.add_argument("--trl-python", default="/work/peervenv/bin/python")
+    p.add_argument(
+        "--trl-python", default=str(ROOT / "benchmarks" / "peers" / ".venv-trl" / "bin" / "python")
+    )
     p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
     p.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
@@ -370,13 +374,16 @@ def main() -> None:
     result: dict = {"config": tag, "steps": args.steps, "load_avg": os.getloadavg()}
     args.ranks, args.parallel = 1, "ddp"
     if args.fsdp:
-        return print(json.dumps({**result, **fsdp_pair(args, model, data, tag)}))
+        result |= fsdp_pair(args, model, data, tag)
+        record(f"real_size-{tag}-fsdp", result)
+        return print(json.dumps(result))
     for who, fn in (("postrl", postrl_run), ("trl", trl_run)):
         if args.only in (None, who):
             result[who] = fn(args, model, data, args.work / f"{tag}-{who}")
     if "postrl" in result and "trl" in result:
         result["memory_ratio"] = result["postrl"]["peak_rss_mb"] / result["trl"]["peak_rss_mb"]
         result["time_ratio"] = result["postrl"]["step_s"] / result["trl"]["step_s"]
+    record(f"real_size-{tag}", result)
     print(json.dumps(result))
 
 
