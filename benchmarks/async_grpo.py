@@ -1,0 +1,141 @@
+"""Asynchronous GRPO (issue 36 item 3) beside synchronous GRPO on the same cores. Ends with ONE JSON line.
+
+The task is `benchmarks/grpo.py --part arithmetic`'s: the built-in ``arithmetic`` task from the SFT checkpoint
+that `_grpo_sft.py` builds (or ``--sft``), the ``configs/grpo-arithmetic.yaml`` preset (32 prompts x G = 8,
+<= 8 new tokens). For each seed, interleaved:
+
+- ``sync``: today's algorithm, sampling and training in turn in one process (``run.threads`` = ``--threads``);
+- ``async``: ``lanes.enabled`` with ``lanes.max_staleness`` = ``--staleness``, the training lane and the
+  generation lane one torch thread each, ``grpo.is_correction`` = ``--correction`` for the stale samples.
+
+Reported per seed and as medians: seconds per training step (``time_step``: the wait for the lane included,
+evaluation excluded), the training seconds until the held-out greedy accuracy first reaches ``--target``
+(checked every ``--eval-every`` steps), and the accuracy after ``--steps``; the speed-ups are sync ÷ async.
+
+    .venv/bin/python benchmarks/async_grpo.py --seeds 0 1 2 3 4 --steps 60 --eval-every 10 --target 0.6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _grpo_sft import build_checkpoint  # noqa: E402
+from _record import record  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _postrl(*args: str, log: Path) -> dict:
+    """Run ``postrl ARGS`` in a fresh process; return its summary (the last line it prints)."""
+    with log.open("w") as f:
+        subprocess.run([sys.executable, "-m", "postrl.cli", *args], check=True, stdout=f, stderr=f, cwd=ROOT)
+    return json.loads(log.read_text().strip().splitlines()[-1])
+
+
+def _contender(mode: str, args: argparse.Namespace) -> list[str]:
+    """The overrides that make a run ``sync`` or ``async``."""
+    if mode == "sync":
+        return [f"run.threads={args.threads}"]
+    return [
+        "run.threads=1", "lanes.enabled=true", f"lanes.max_staleness={args.staleness}", "lanes.threads=1",
+        f"grpo.is_correction={args.correction}", "grpo.is_level=token",
+    ]  # fmt: skip
+
+
+def _read(run_dir: Path, target: float) -> dict:
+    """Seconds per step, training seconds to the target accuracy (None: not reached), final accuracy."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    seconds, to_target, steps = 0.0, None, []
+    for r in rows:
+        if "time_step" in r:
+            seconds += r["time_step"]
+            steps.append(r["time_step"])
+        if "heldout_accuracy" in r and to_target is None and r["heldout_accuracy"] >= target:
+            to_target = round(seconds, 2)
+    evals = [r["heldout_accuracy"] for r in rows if "heldout_accuracy" in r]
+    mismatch = [r["behaviour_kl"] for r in rows if "behaviour_kl" in r]
+    return {
+        "seconds_per_step": round(statistics.median(steps), 4),
+        "train_seconds": round(seconds, 2),
+        "seconds_to_target": to_target,
+        "accuracy_start": evals[0],
+        "accuracy_final": evals[-1],
+        "behaviour_kl_mean": round(statistics.mean(mismatch), 6) if mismatch else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="run seeds")
+    parser.add_argument("--steps", type=int, default=60, help="GRPO steps of each run")
+    parser.add_argument("--eval-every", type=int, default=10, help="steps between accuracy checks")
+    parser.add_argument("--target", type=float, default=0.6, help="held-out greedy accuracy to reach")
+    parser.add_argument("--staleness", type=int, default=1, help="lanes.max_staleness of the async runs")
+    parser.add_argument("--correction", default="tis", help="grpo.is_correction of the async runs")
+    parser.add_argument("--threads", type=int, default=1, help="run.threads of the sync runs")
+    parser.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts per check")
+    parser.add_argument("--workdir", default="runs/bench-async", help="folder for models and runs")
+    parser.add_argument("--sft", help="the SFT checkpoint (default: built, see _grpo_sft.py)")
+    parser.add_argument("--base", help="pretrained base of the built checkpoint (default: built)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the built checkpoint")
+    parser.add_argument("--sft-demos", type=int, default=500, help="demonstrations of the built checkpoint")
+    parser.add_argument("--checkpoint-sft-steps", type=int, default=300, help="SFT steps of the checkpoint")
+    parser.add_argument("--checkpoint-sft-min-lr-ratio", type=float, default=1.0, help="its final lr ratio")
+    args = parser.parse_args()
+    work = Path(args.workdir)
+    (work / "arithmetic").mkdir(parents=True, exist_ok=True)
+    task = {"digits": 2}
+    sft = Path(args.sft) if args.sft else build_checkpoint(args, task, _postrl)
+    runs: dict[str, list[dict]] = {"sync": [], "async": []}
+    loads = [os.getloadavg()[0]]
+    for seed in args.seeds:
+        for mode in ("sync", "async"):
+            out = work / f"{mode}-{seed}"
+            _postrl(
+                "grpo", "--config", str(ROOT / "configs" / "grpo-arithmetic.yaml"), "--model", str(sft),
+                "--out", str(out), "--overwrite", f"task={json.dumps(task)}", f"run.steps={args.steps}",
+                f"run.eval_every={args.eval_every}", f"eval_size={args.eval_prompts}", "run.save_every=0",
+                f"run.seed={seed}", "run.device=cpu", *_contender(mode, args), log=out.with_suffix(".log"),
+            )  # fmt: skip
+            runs[mode].append({"seed": seed, **_read(out, args.target)})
+            loads.append(os.getloadavg()[0])
+            print(mode, seed, runs[mode][-1], flush=True)
+
+    def median(mode: str, key: str) -> float | None:
+        values = [r[key] for r in runs[mode] if r[key] is not None]
+        return statistics.median(values) if values else None
+
+    result = {
+        "task": task,
+        "checkpoint": str(sft),
+        "steps": args.steps,
+        "staleness": args.staleness,
+        "correction": args.correction,
+        "sync_threads": args.threads,
+        "runs": runs,
+        "target": args.target,
+        "reached": {m: sum(r["seconds_to_target"] is not None for r in runs[m]) for m in runs},
+        "step_speedup": median("sync", "seconds_per_step") / median("async", "seconds_per_step"),
+        "time_to_target_speedup": (
+            median("sync", "seconds_to_target") / median("async", "seconds_to_target")
+            if median("sync", "seconds_to_target") and median("async", "seconds_to_target")
+            else None
+        ),
+        "accuracy_final": {m: median(m, "accuracy_final") for m in runs},
+        "loadavg": [round(x, 2) for x in loads],
+    }
+    record("async_grpo", result)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
