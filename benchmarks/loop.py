@@ -1,0 +1,103 @@
+"""The notes' claim about the preference loop, measured (issue 34 item 4). Ends with ONE JSON line.
+
+"Collecting new feedback can help cover behavior that was absent from earlier data": on the built-in reviews world,
+with the same total label budget, ``postrl loop`` with one offline round (every label collected from the SFT policy
+up front) beside K rounds (each round's labels sampled from the policy the previous round made), both with the
+synthetic labeller (10% noise) and DPO as the policy update, for each seed. Reported per run (the last row of its
+``rounds.jsonl``): the gold reward of the final policy on held-out prompts, its KL to the SFT policy, and the
+reward model's accuracy on pairs of the final policy's own samples (in the gold order), where an offline reward
+model is exploited. The policy update has the same number of DPO steps per label in both arms, so the offline arm
+trains as long in total.
+
+The SFT policy is ``--sft`` or the one `benchmarks/judges.py` builds (the built-in base, 150 SFT steps on the
+reviews demonstrations) in ``--work``.
+
+    .venv/bin/python benchmarks/loop.py --seeds 0 1 2 --rounds 3 --labels 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _record import record  # noqa: E402
+
+import postrl  # noqa: E402
+from postrl.lm import base_model  # noqa: E402
+
+RUN = {"device": "cpu", "threads": 1, "keep_last": 1, "save_every": 0}
+
+
+def sft_model(work: Path, steps: int) -> str:
+    """The reviews SFT policy (as `benchmarks/judges.py` makes it), reused when it exists."""
+    out = work / "sft"
+    if not (out / "summary.json").is_file():
+        postrl.run_stage(
+            "sft", out=out, overwrite=True, model=str(base_model.path()), data="task:reviews",
+            task={"perturb_fraction": 0.3}, eval_size=0, train={"batch_size": 32, "max_length": 48},
+            optim={"lr": 3e-4, "warmup_steps": 10, "min_lr_ratio": 0.1, "betas": [0.9, 0.95]},
+            run={**RUN, "steps": steps, "eval_every": steps},
+        )  # fmt: skip
+    return str(out / "model")
+
+
+def arm(sft: str, out: Path, rounds: int, labels: int, seed: int, a: argparse.Namespace) -> dict:
+    """One `postrl loop` run; the last row of its report."""
+    per_round = labels // rounds
+    dpo_steps = max(1, round(a.dpo_steps_per_label * per_round))
+    summary = postrl.loop(
+        out=out, overwrite=True, model=sft, rounds=rounds, labels_per_round=per_round, seed=seed,
+        eval_size=a.eval_size,
+        rm={"run": {**RUN, "steps": a.rm_steps, "eval_every": a.rm_steps}},
+        policy={"run": {**RUN, "steps": dpo_steps, "eval_every": dpo_steps}, "eval_samples": 64},
+    )  # fmt: skip
+    return {"seed": seed, "rounds": rounds, "dpo_steps_per_round": dpo_steps, **summary["final"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--work", default="runs/bench-judges", help="folder of the SFT policy (built if missing)"
+    )
+    parser.add_argument("--out", default="runs/bench-loop", help="folder of the loop runs")
+    parser.add_argument("--sft", help="the SFT policy (default: built in --work)")
+    parser.add_argument("--sft-steps", type=int, default=150, help="SFT steps of the built policy")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rounds", type=int, default=3, help="K of the iterated arm")
+    parser.add_argument("--labels", type=int, default=600, help="total label budget of each arm")
+    parser.add_argument("--rm-steps", type=int, default=150, help="reward-model steps per round")
+    parser.add_argument("--dpo-steps-per-label", type=float, default=0.25, help="DPO steps per new label")
+    parser.add_argument("--eval-size", type=int, default=256, help="held-out samples of each report")
+    a = parser.parse_args()
+    sft = a.sft or sft_model(Path(a.work), a.sft_steps)
+    runs: dict[str, list[dict]] = {"offline": [], "rounds": []}
+    for seed in a.seeds:
+        for name, k in (("offline", 1), ("rounds", a.rounds)):
+            runs[name].append(arm(sft, Path(a.out) / f"{name}-s{seed}", k, a.labels, seed, a))
+            print(name, json.dumps(runs[name][-1]), flush=True)
+
+    def mean(name: str, key: str) -> float | None:
+        values = [r[key] for r in runs[name] if r.get(key) is not None]
+        return statistics.mean(values) if values else None
+
+    keys = ("gold_reward", "kl_to_start", "rm_accuracy_on_policy")
+    result = {
+        "labels": a.labels,
+        "rounds": a.rounds,
+        "seeds": a.seeds,
+        "runs": runs,
+        "mean": {name: {k: mean(name, k) for k in keys} for name in runs},
+        "gold_gain_of_rounds": [
+            r["gold_reward"] - o["gold_reward"] for o, r in zip(*runs.values(), strict=True)
+        ],
+    }
+    record("loop", result)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
