@@ -42,6 +42,12 @@ Measured 2026-12-05 on the shared 2-core machine, load average 10-18 (a dozen ot
       ratio   memory 1.15x, time 1.94x: the #37 goals (0.6x, 0.67x) are NOT met. postrl's steps 2-3 ran beside
               another job of this benchmark, TRL's did not. `postrl dpo --dry-run` estimated 10.71 GiB for it
               (measured 10.77 GiB): weights 1.84 + gradients 1.84 + AdamW 3.68 + activations 2.47 + logits.
+    --stage grpo --model qwen0.5b --steps 2 --new-tokens 16 (G 8 × 4 prompts, fp32, full; 16 new tokens, not
+      128: at this load a 128-token step would have taken hours):
+      postrl  peak RSS 11,458 MB (the sampled training peak the same: not the final checkpoint), step 134 s
+              (205, 134; generation 56 s, training 78 s), load 0.9-2.4 (--only postrl, rerun)
+      TRL     peak RSS 10,421 MB, step 102 s (124, 102), load falling 10 -> 1
+      ratio   memory 1.10x, time 1.31x: goals NOT met. (The first postrl run, at load 6-10: 11,518 MB, 266 s.)
     --stage sft --model smollm135m --fsdp on the built-in tiny Llama put in its place (a check of the path,
       not of real size): 2 FSDP ranks vs 1 process, exported weights' largest difference 3.0e-8.
 """
