@@ -29,6 +29,8 @@ class World:
     train: list[Any]
     heldout: list[Any]
     task: Any = None
+    judge: Any = None
+    """the labeller when it is a judge (loaded by `check_labeller`, before anything is written)"""
 
     @property
     def has_gold(self) -> bool:
@@ -84,8 +86,7 @@ def label_pairs(
         labeller = SyntheticLabeller(world.task.labeller_config, seed=seed)
         gold_a, gold_b = world.task.gold_reward(prompts, firsts), world.task.gold_reward(prompts, seconds)
         return [labeller.label(*row) for row in zip(prompts, firsts, seconds, gold_a, gold_b, strict=True)]
-    judge = load_judge(cfg.labeller)
-    probabilities = judge(prompts, firsts, seconds)
+    probabilities = world.judge(prompts, firsts, seconds)
     rows = [{"prompt": p, "first": a, "second": b} for p, a, b in zip(prompts, firsts, seconds, strict=True)]
     return preference_rows(rows, probabilities)
 
@@ -97,6 +98,11 @@ def check_labeller(cfg: LoopConfig, world: World) -> None:
             f"labeller=synthetic needs a built-in task with a gold reward and a labeller (task:reviews); "
             f"data={cfg.data} has none: use labeller=page or a judge spec"
         )
+    if cfg.labeller not in ("synthetic", "page"):
+        try:
+            world.judge = load_judge(cfg.labeller)
+        except UserError as err:
+            raise UserError(f"labeller: {err}") from err
 
 
 def report(policy_dir: str, world: World, cfg: LoopConfig, rm_dir: Path | None, seed: int) -> dict[str, Any]:

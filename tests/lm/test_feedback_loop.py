@@ -96,3 +96,6 @@ def test_bad_input_is_refused_before_the_folder_is_touched(tiny_lm_dir, tmp_path
     assert "model: no/such/folder is not a model folder" in capsys.readouterr().err
     assert main(["loop", "--out", str(tmp_path / "z"), "rounds=0"]) == 2
     assert "rounds" in capsys.readouterr().err
+    assert main(["loop", "--out", str(tmp_path / "z"), f"model={tiny_lm_dir}", "labeller=rm:no/such/rm"]) == 2
+    assert "labeller: reward spec 'rm:no/such/rm': no reward-model folder there" in capsys.readouterr().err
+    assert not (tmp_path / "z").exists()
