@@ -272,7 +272,7 @@ def loop(
     path = config if isinstance(config, (str, os.PathLike)) else None
     base = plain(config) if isinstance(config, Mapping) else None
     cfg = apply_overrides(LoopConfig, load_config(LoopConfig, path, base=base), overrides)
-    return run_loop(cfg, out, resume=resume, overwrite=overwrite)
+    return run_loop(cfg, out, run_stage, resume=resume, overwrite=overwrite)
 
 
 def __getattr__(name: str) -> Callable[..., Result]:

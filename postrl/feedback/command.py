@@ -35,6 +35,7 @@ def add_loop_command(subparsers: argparse._SubParsersAction) -> None:
 def _loop(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from postrl.api import run_stage
     from postrl.feedback.config import LoopConfig
     from postrl.feedback.rounds import run_loop  # deferred: torch
     from postrl.runtime.config import format_help, load_config
@@ -45,7 +46,7 @@ def _loop(args: argparse.Namespace) -> int:
     saved = Path(args.out) / "config.yaml"
     path = args.config or (saved if args.resume and saved.is_file() else None)
     cfg = load_config(LoopConfig, path, args.overrides)
-    summary = run_loop(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
+    summary = run_loop(cfg, args.out, run_stage, resume=args.resume, overwrite=args.overwrite)
     if "final" in summary:
         print(json.dumps(summary["final"]))
     return 0

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +47,15 @@ ROUNDS_FILE = "rounds.jsonl"
 
 
 def run_loop(
-    cfg: LoopConfig, out: str | Path, resume: bool = False, overwrite: bool = False
+    cfg: LoopConfig,
+    out: str | Path,
+    run_stage: Callable[..., Any],
+    resume: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) the loop in ``out``; returns the summary (also ``out/summary.json``), or, when people
-    must label a round first, ``{"waiting_for_labels": PAIRS_FILE, ...}``."""
+    must label a round first, ``{"waiting_for_labels": PAIRS_FILE, ...}``. ``run_stage``: `postrl.api.run_stage`,
+    given by the caller (the loop drives the stages as a user's script does, and the API imports the loop)."""
     out = Path(out)
     world = _check(cfg, out, resume, overwrite)
     if overwrite and out.exists():
@@ -65,8 +71,8 @@ def run_loop(
         labels = _labels(cfg, world, policy, here, k)
         if labels is None:
             return _waiting(out, here)
-        rm_dir = _reward_model(cfg, out, k, policy)
-        policy = _policy(cfg, here, policy, rm_dir)
+        rm_dir = _reward_model(run_stage, cfg, out, k, policy)
+        policy = _policy(run_stage, cfg, here, policy, rm_dir)
         if len(rows) <= k:
             total = sum(len(read_jsonl(out / f"round_{j:02d}" / "labels.jsonl")) for j in range(1, k + 1))
             measured = report(policy, world, cfg, rm_dir, cfg.seed + k)
@@ -153,10 +159,8 @@ def _waiting(out: Path, here: Path) -> dict[str, Any]:
     return {"waiting_for_labels": str(pairs), "command": command}
 
 
-def _stage(stage: str, config: str, run_dir: Path, **overrides: Any) -> Path:
+def _stage(run_stage: Callable[..., Any], stage: str, config: str, run_dir: Path, **overrides: Any) -> Path:
     """Run ``stage`` into ``run_dir`` (skipped when finished, resumed when interrupted); its model folder."""
-    from postrl.api import run_stage  # the loop drives stages as a user's script does
-
     if not (run_dir / "summary.json").is_file():
         interrupted = any((run_dir / "checkpoints").glob("step_*")) if run_dir.is_dir() else False
         run_stage(stage, config, out=run_dir, resume=interrupted, overwrite=run_dir.exists() and not interrupted,
@@ -164,7 +168,7 @@ def _stage(stage: str, config: str, run_dir: Path, **overrides: Any) -> Path:
     return run_dir / "model"
 
 
-def _reward_model(cfg: LoopConfig, out: Path, k: int, policy: str) -> Path:
+def _reward_model(run_stage: Callable[..., Any], cfg: LoopConfig, out: Path, k: int, policy: str) -> Path:
     """The round's reward model, trained from the starting model on the labels of rounds 1 … k."""
     here = out / f"round_{k:02d}"
     every = here / "labels_so_far.jsonl"
@@ -174,10 +178,10 @@ def _reward_model(cfg: LoopConfig, out: Path, k: int, policy: str) -> Path:
         )
     run = {"seed": cfg.seed, "save_every": 0, **cfg.rm.get("run", {})}
     overrides = {**cfg.rm, "run": run, "model": cfg.model, "data": str(every), "norm": {"policy": policy}}
-    return _stage("rm", cfg.rm_config, here / "rm", **overrides)
+    return _stage(run_stage, "rm", cfg.rm_config, here / "rm", **overrides)
 
 
-def _policy(cfg: LoopConfig, here: Path, policy: str, rm_dir: Path) -> str:
+def _policy(run_stage: Callable[..., Any], cfg: LoopConfig, here: Path, policy: str, rm_dir: Path) -> str:
     """The round's policy update from ``policy``: DPO on the round's pairs, or PPO against its reward model."""
     run = {"seed": cfg.seed, **cfg.policy.get("run", {})}
     config = cfg.policy_config or f"{cfg.policy_stage}-reviews"
@@ -192,4 +196,4 @@ def _policy(cfg: LoopConfig, here: Path, policy: str, rm_dir: Path) -> str:
             "ref_model": cfg.model,
             "reward_model": str(rm_dir),
         }
-    return str(_stage(cfg.policy_stage, config, here / "policy", **overrides))
+    return str(_stage(run_stage, cfg.policy_stage, config, here / "policy", **overrides))

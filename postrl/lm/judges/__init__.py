@@ -6,7 +6,7 @@ and the ``postrl judge`` command take any object of that shape.
 
     base.py         `Judge` (the protocol), the pairwise math (`pairwise_probability`, `debiased_probability`,
                     `hard_label`), `preference_rows` (a judge's verdicts as TRL preference rows with a
-                    ``target`` column), `load_judge` (``rm:PATH``, ``lm:PATH``, ``openai:URL``, a reward spec)
+                    ``target`` column), and, in loading.py, `load_judge` (``rm:PATH``, ``lm:PATH``, ``openai:URL``, a reward spec)
     reward.py       `RewardJudge`: any reward function in TRL's contract, a trained reward model included,
                     pairwise by comparing the two scores: σ(s₁ − s₂) or hard
     prompt.py       the judge's pairwise prompt with a constitution (a list of principles) and the answer
@@ -20,9 +20,9 @@ and the ``postrl judge`` command take any object of that shape.
 from postrl.lm.judges.base import Judge as Judge
 from postrl.lm.judges.base import debiased_probability as debiased_probability
 from postrl.lm.judges.base import hard_label as hard_label
-from postrl.lm.judges.base import load_judge as load_judge
 from postrl.lm.judges.base import pairwise_probability as pairwise_probability
 from postrl.lm.judges.base import preference_rows as preference_rows
+from postrl.lm.judges.loading import load_judge as load_judge
 from postrl.lm.judges.prompt import DEFAULT_CONSTITUTION as DEFAULT_CONSTITUTION
 from postrl.lm.judges.prompt import JudgePrompt as JudgePrompt
 from postrl.lm.judges.prompt import judge_sft_rows as judge_sft_rows

@@ -60,7 +60,8 @@ def read_constitution(value: str | None) -> list[str] | None:
 def run_judge(args: argparse.Namespace) -> int:
     """Judge every pair of ``--pairs`` and write ``--out``."""
     from postrl.lm.data import write_jsonl  # deferred: torch
-    from postrl.lm.judges.base import check_probabilities, load_judge, preference_rows
+    from postrl.lm.judges.base import check_probabilities, preference_rows
+    from postrl.lm.judges.loading import load_judge
     from postrl.runtime.rundir import check_can_create
 
     if args.batch_size < 1:
