@@ -99,3 +99,11 @@ def test_bad_input_is_refused_before_the_folder_is_touched(tiny_lm_dir, tmp_path
     assert main(["loop", "--out", str(tmp_path / "z"), f"model={tiny_lm_dir}", "labeller=rm:no/such/rm"]) == 2
     assert "labeller: reward spec 'rm:no/such/rm': no reward-model folder there" in capsys.readouterr().err
     assert not (tmp_path / "z").exists()
+
+
+def test_the_ppo_arm_learns_against_the_rounds_reward_model(tiny_lm_dir, tmp_path):
+    summary = _loop(tiny_lm_dir, tmp_path / "loop", rounds=1, policy_stage="ppo", policy=STAGE)
+    policy_cfg = (tmp_path / "loop" / "round_01" / "policy" / "config.yaml").read_text()
+    assert str(tmp_path / "loop" / "round_01" / "rm") in policy_cfg  # the round's reward model
+    assert f"ref_model: {tiny_lm_dir}" in policy_cfg  # the KL is to the starting model
+    assert summary["final"]["round"] == 1 and summary["policy"].endswith("round_01/policy/model")
