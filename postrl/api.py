@@ -192,6 +192,8 @@ def run_stage(
     """Run training stage ``stage`` (``postrl <stage>`` on the command line); see the module docstring."""
     spec = get_stage(stage)
     stage = spec.name
+    if isinstance(overrides.get("env"), str):  # postrl.grpo(env="frozenlake"), as `postrl grpo --env ID`
+        overrides["env"] = {"id": overrides["env"]}
     if out is None:
         raise UserError(f"postrl.{stage}: out= is required (the run folder: a new one, or a run to resume)")
     if not isinstance(out, (str, os.PathLike)):

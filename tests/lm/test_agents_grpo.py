@@ -131,3 +131,6 @@ def test_the_python_api_takes_an_env_section_and_refuses_an_unknown_id(tiny_lm_d
     with pytest.raises(AgentError, match="unknown environment 'frozenlak'"):
         postrl.grpo(model=str(tiny_lm_dir), env={"id": "frozenlak"}, out=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+    with pytest.raises(AgentError, match="unknown environment 'frozenlak'"):  # the id alone, as `--env ID`
+        postrl.grpo(model=str(tiny_lm_dir), env="frozenlak", out=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
