@@ -1,8 +1,6 @@
 """GRPO over episodes of a text environment (issue #35 items 2 and 5): the trainer's engine seam, trajectory
 and per-turn credit, and the errors an env run gives before it touches its run folder."""
 
-import shutil
-
 import pytest
 import torch
 
@@ -18,6 +16,7 @@ from postrl.lm.trainer import OptimConfig
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import read_jsonl
+from tests.lm.resume_check import assert_same_weights, interrupt_after
 
 
 def _config(tiny_lm_dir, credit="trajectory", env=None, grpo=None, **kw) -> GRPOConfig:
@@ -103,22 +102,16 @@ def test_a_bad_env_run_is_one_error_before_the_run_folder(tiny_lm_dir, tmp_path,
 
 
 def test_an_episode_run_resumes_exactly(tiny_lm_dir, tmp_path):
-    from safetensors.torch import load_file
-
     cfg = _config(
         tiny_lm_dir, "turn", run=RunConfig(steps=4, save_every=2, log_every=1, device="cpu", threads=1)
     )
     run_grpo(cfg, tmp_path / "a")
     run_grpo(cfg, tmp_path / "b")
     # interrupt "b" after its step-2 checkpoint: remove what steps 3-4 wrote, then resume
-    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step_00000004")
-    shutil.rmtree(tmp_path / "b" / "model")
+    interrupt_after(tmp_path / "b", 2)
     torch.manual_seed(123)  # nothing may depend on the RNG state left behind
     run_grpo(cfg, tmp_path / "b", resume=True)
-    a = load_file(str(tmp_path / "a" / "model" / "model.safetensors"))
-    b = load_file(str(tmp_path / "b" / "model" / "model.safetensors"))
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+    assert_same_weights(tmp_path / "a", tmp_path / "b")
     rewards = [
         [r["reward_mean"] for r in read_jsonl(tmp_path / x / "metrics.jsonl") if "loss" in r] for x in "ab"
     ]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 
 import pytest
@@ -34,6 +33,7 @@ from postrl.lm.trainer import OptimConfig
 from postrl.runtime.config import load_config
 from postrl.runtime.errors import ConfigError
 from postrl.runtime.logging import read_jsonl
+from tests.lm.resume_check import assert_same_weights, interrupt_after, rows_without_times
 from tests.tolerances import reordered_float32_sum_atol
 
 PRESET = Path(__file__).resolve().parents[2] / "configs" / "grpo-arithmetic.yaml"
@@ -240,30 +240,11 @@ def test_resume_is_exact(tiny_lm_dir, tmp_path):
     run_grpo(cfg, tmp_path / "a")
     run_grpo(cfg, tmp_path / "b")
     # interrupt "b" after its step-2 checkpoint: remove what steps 3-4 wrote, then resume
-    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step_00000004")
-    shutil.rmtree(tmp_path / "b" / "model")
+    interrupt_after(tmp_path / "b", 2)
     torch.manual_seed(123)  # nothing may depend on the RNG state left behind
     run_grpo(cfg, tmp_path / "b", resume=True)
-    from safetensors.torch import load_file
-
-    a = load_file(str(tmp_path / "a" / "model" / "model.safetensors"))
-    b = load_file(str(tmp_path / "b" / "model" / "model.safetensors"))
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
-    drop = {
-        "time",
-        "time_generate",
-        "time_reward",
-        "time_score",
-        "time_train",
-        "time_step",
-        "tokens_per_second",
-    }
-    rows_a, rows_b = (
-        [{k: v for k, v in r.items() if k not in drop} for r in read_jsonl(tmp_path / x / "metrics.jsonl")]
-        for x in ("a", "b")
-    )
-    assert rows_a == rows_b
+    assert_same_weights(tmp_path / "a", tmp_path / "b")
+    assert rows_without_times(tmp_path / "a") == rows_without_times(tmp_path / "b")
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert summary["steps"] == 4
 

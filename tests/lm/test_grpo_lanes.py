@@ -5,59 +5,38 @@ run is the straight run; a lane that dies or hangs stops the run with one error;
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from postrl.lm.grpo import run_grpo
 from postrl.lm.grpo.config import LanesConfig
 from postrl.lm.grpo.lanes import LaneError
 from postrl.runtime.errors import UserError
-from postrl.runtime.logging import read_jsonl
+from tests.lm.resume_check import assert_same_weights, interrupt_after, rows_without_times
 from tests.lm.test_grpo import _config
-
-TIMES = {"time", "time_generate", "time_reward", "time_score", "time_train", "time_step", "tokens_per_second"}
-
-
-def _rows(path):
-    return [{k: v for k, v in r.items() if k not in TIMES} for r in read_jsonl(path / "metrics.jsonl")]
-
-
-def _weights(path):
-    return load_file(str(path / "model" / "model.safetensors"))
-
-
-def _same_weights(a, b):
-    wa, wb = _weights(a), _weights(b)
-    assert wa.keys() == wb.keys()
-    for key in wa:
-        torch.testing.assert_close(wa[key], wb[key], rtol=0, atol=0)
 
 
 def test_staleness_zero_is_the_synchronous_run_bit_for_bit(tiny_lm_dir, tmp_path):
     run_grpo(_config(tiny_lm_dir, run={"steps": 3}), tmp_path / "sync")
     run_grpo(_config(tiny_lm_dir, run={"steps": 3}, lanes=LanesConfig(True, 0)), tmp_path / "lane")
-    assert _rows(tmp_path / "sync") == _rows(tmp_path / "lane")
-    _same_weights(tmp_path / "sync", tmp_path / "lane")
+    assert rows_without_times(tmp_path / "sync") == rows_without_times(tmp_path / "lane")
+    assert_same_weights(tmp_path / "sync", tmp_path / "lane")
 
 
 def test_one_step_stale_samples_are_measured_corrected_and_resume_exactly(tiny_lm_dir, tmp_path):
     grpo = {"is_correction": "tis", "is_level": "token"}  # β 0.04: the lane scores log π_ref too
     cfg = _config(tiny_lm_dir, run={"keep_last": 5}, grpo=grpo, lanes=LanesConfig(True, 1))
     run_grpo(cfg, tmp_path / "a")
-    rows = [r for r in _rows(tmp_path / "a") if "loss" in r]
+    rows = [r for r in rows_without_times(tmp_path / "a") if "loss" in r]
     assert rows[0]["behaviour_kl"] < 1e-6  # steps 0 and 1 are both sampled by the starting weights
     assert all(r["behaviour_kl"] > 1e-6 for r in rows[2:])  # later ones by the weights one step back
     # interrupt a copy after its step-2 checkpoint (step 3's responses, by step 1's weights, are in it)
     run_grpo(cfg, tmp_path / "b")
-    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step_00000004")
-    shutil.rmtree(tmp_path / "b" / "model")
+    interrupt_after(tmp_path / "b", 2)
     run_grpo(cfg, tmp_path / "b", resume=True)
-    assert _rows(tmp_path / "a") == _rows(tmp_path / "b")
-    _same_weights(tmp_path / "a", tmp_path / "b")
+    assert rows_without_times(tmp_path / "a") == rows_without_times(tmp_path / "b")
+    assert_same_weights(tmp_path / "a", tmp_path / "b")
 
 
 def _kill_lane_after_first_step(signum, monkeypatch):
