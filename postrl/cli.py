@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -43,11 +44,26 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"postrl {__version__}")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also print postrl's informational lines (which fast path, decoder or backend runs, and why)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for register in _registrars():
         register(sub)
     return parser
+
+
+def _log_info_to_stderr() -> None:
+    """`--verbose`: postrl's INFO records on stderr as ``postrl: …`` lines (warnings print either way)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("postrl: %(message)s"))
+    logger = logging.getLogger("postrl")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 def _registrars() -> list:
@@ -114,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands.get(getattr(args, "command", None), parser).error(
             f"unrecognized arguments: {' '.join(extra)}"
         )
+    if args.verbose:
+        _log_info_to_stderr()
     notices.discard()
     try:
         return int(args.handler(args) or 0)

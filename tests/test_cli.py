@@ -156,3 +156,14 @@ def test_every_lm_training_stage_takes_model_and_data(stage, tmp_path):
     argv = [stage, "--model", "some/model", "--data", "task:reviews", "--out", str(tmp_path / "r")]
     cfg = stage_config(stage, build_parser().parse_args(argv))
     assert (cfg.model, cfg.data) == ("some/model", "task:reviews")
+
+
+def test_verbose_prints_which_path_runs_and_quiet_does_not(tmp_path):
+    """postrl logs which backend runs at INFO; without a handler those lines were lost. `-v` shows them."""
+    argv = ["control", "train", "--algo", "ppo", "--env", "CartPole-v1", "run.steps=512", "ppo.n_steps=128"]
+    cmd = [sys.executable, "-m", "postrl.cli"]
+    loud = subprocess.run([*cmd, "-v", *argv, "--out", str(tmp_path / "a")], capture_output=True, text=True)
+    quiet = subprocess.run([*cmd, *argv, "--out", str(tmp_path / "b")], capture_output=True, text=True)
+    assert loud.returncode == quiet.returncode == 0, loud.stderr + quiet.stderr
+    assert "postrl: env.backend=auto:" in loud.stderr
+    assert "env.backend=auto" not in quiet.stderr
