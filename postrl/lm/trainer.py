@@ -390,8 +390,10 @@ def export_model(
 
 
 def export_on_main(model: torch.nn.Module, tokenizer: Any, path: Path) -> None:
-    """Called by every rank: gather a sharded model's weights, rank 0 writes ``path``, all wait for it."""
-    state = dist.model_state_dict(model) if dist.is_sharded(model) else None
+    """Called by every rank: gather a sharded model's weights, rank 0 writes ``path``, all wait for it.
+    The gathered copies of tied parameters are separate tensors, which ``save_pretrained`` would write
+    twice (an extra ``lm_head.weight`` of vocabulary × hidden): only the first name is kept, as it does."""
+    state = dist.without_tied_copies(model, dist.model_state_dict(model)) if dist.is_sharded(model) else None
     if dist.is_main():
         export_model(model, tokenizer, path, state_dict=state)
     dist.barrier()

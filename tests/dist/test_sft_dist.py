@@ -44,3 +44,10 @@ def test_two_processes_match_one(tiny_lm_dir, reference, tmp_path, parallel):
     ref = _weights(reference, 4)
     assert_same_weights(ref, dict(fresh.state_dict()))
     assert_same_weights(ref, dict(exported.state_dict()))
+    # the export holds the names a one-process save_pretrained writes: a tied lm_head is not written twice
+    from postrl.lm.tokenizer import load_tokenizer
+    from postrl.lm.trainer import export_model
+
+    export_model(fresh, load_tokenizer(tiny_lm_dir), tmp_path / "one_process")
+    names = set(load_file(str(tmp_path / "model" / "model.safetensors")))
+    assert names == set(load_file(str(tmp_path / "one_process" / "model.safetensors"))), parallel
