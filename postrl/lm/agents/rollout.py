@@ -9,12 +9,21 @@ log-probs; a teacher-forced forward of ``input_ids`` reproduces them at the acti
 
 Each turn's prompt is the episode so far, encoded once and extended by token concatenation (the observation's
 suffix as the chat template renders it after an assistant turn), never re-tokenised, so the sampled tokens are
-exactly the ones scored. The sampler prefills the whole prefix at each turn: the KV cache is not carried
-across turns (issue #35 asks for it; not done).
+exactly the ones scored (TRL's GRPOTrainer builds its multi-turn sequences the same way). Because a turn's
+prompt always extends the last one token for token, the KV cache of the conversation so far stays exact: with
+``kv_cache="reuse"`` (``auto``) it is kept per episode and each turn prefills only its new tokens
+(`postrl.lm.rollout.turns.TurnSampler`); ``"prefill"`` prefills the whole conversation at every turn (the
+reference the cached path is pinned to: equal tokens and log-probs, tests/lm/test_agents_turns.py).
+
+Concatenation equals the chat template's own rendering of the conversation only where the template renders
+earlier turns the same whatever follows (it is "prefix-preserving"); one that rewrites them (Qwen3's drops
+the reasoning of earlier assistant turns) trains on a sequence the template would not render.
+`template_mismatch` checks it once per template and the rollout logs a warning naming the first difference.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,7 +35,10 @@ from torch import Tensor
 from postrl.core import turn_index
 from postrl.lm.agents.env import AgentError, Episode, EpisodeBudget, Message, TextEnv, play_turn, reset_env
 from postrl.lm.data import encode_prompts
-from postrl.lm.rollout import SamplingConfig, generate, left_pad
+from postrl.lm.rollout import RolloutEngine, SamplingConfig, left_pad
+from postrl.lm.rollout.decoders import make_decoder
+from postrl.lm.rollout.engine import Draw
+from postrl.lm.rollout.turns import TurnSampler, reuse_unsupported_reason
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +110,47 @@ def observation_ids(tokenizer: Any, observation: list[Message]) -> list[int]:
 
 def prompt_ids(tokenizer: Any, env: TextEnv, messages: list[Message]) -> list[int]:
     """The first prompt's tokens: the chat template with the environment's tools and the generation prompt."""
-    text = _render(tokenizer, messages, add_generation_prompt=True, tools=env.tools or None)
+    return _rendered_ids(tokenizer, messages, env.tools)
+
+
+def _rendered_ids(tokenizer: Any, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
+    text = _render(tokenizer, messages, add_generation_prompt=True, tools=tools or None)
     return encode_prompts(tokenizer, [text])[0]
+
+
+_PROBE = [
+    {"role": "user", "content": "What is 17 + 25?"},
+    {"role": "assistant", "content": "Let me think. 17 + 25 = 42"},
+    {"role": "user", "content": "Are you sure?"},
+    {"role": "assistant", "content": "Yes: 42"},
+    {"role": "user", "content": "Thanks."},
+]
+_CHECKED: dict[tuple[str, str], str | None] = {}
+
+
+def template_mismatch(tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> str | None:
+    """None when the rollout's token concatenation (first prompt, each reply ending in EOS, each observation's
+    suffix) equals the chat template's rendering of the same conversation, on a probe conversation of three
+    user and two assistant turns; else where they first differ."""
+    key = (str(getattr(tokenizer, "chat_template", "")), repr(tools))
+    if key in _CHECKED:
+        return _CHECKED[key]
+    concat = _rendered_ids(tokenizer, _PROBE[:1], tools or [])
+    for k in (1, 3):
+        reply = tokenizer(_PROBE[k]["content"], add_special_tokens=False)["input_ids"]
+        concat += list(reply) + [tokenizer.eos_token_id] + observation_ids(tokenizer, _PROBE[k + 1 : k + 2])
+    full = _rendered_ids(tokenizer, _PROBE, tools or [])
+    at = next(
+        (i for i, (a, b) in enumerate(zip(concat, full, strict=False)) if a != b), min(len(concat), len(full))
+    )
+    reason = None
+    if concat != full:
+        reason = (
+            f"at token {at} the turns concatenated read {tokenizer.decode(concat[at : at + 8])!r}, the template's"
+            f" rendering of the conversation {tokenizer.decode(full[at : at + 8])!r}"
+        )
+    _CHECKED[key] = reason
+    return reason
 
 
 @dataclass
@@ -112,6 +163,8 @@ class _Running:
     action: list[int]
     log_probs: list[float]
     episode: Episode
+    fresh: list[int]
+    """the tokens since the last reply (the prompt before the first): what a kept KV cache lacks"""
 
     @property
     def done(self) -> bool:
@@ -121,7 +174,8 @@ class _Running:
 def _start(tokenizer: Any, env: TextEnv, seed: int | None, options: dict[str, Any] | None) -> _Running:
     messages, _ = reset_env(env, seed, options)
     episode = Episode(messages=list(messages), prompt_len=len(messages))
-    return _Running(env, prompt_ids(tokenizer, env, messages), [], [], [], episode)
+    prompt = prompt_ids(tokenizer, env, messages)
+    return _Running(env, prompt, [], [], [], episode, prompt)
 
 
 def _take_turn(
@@ -134,9 +188,13 @@ def _take_turn(
     observation = play_turn(run.env, run.episode, text, len(ids), budget)
     if observation is not None:
         suffix = observation_ids(tokenizer, observation)
+        run.fresh = suffix
         run.after += suffix
         run.action += [0] * len(suffix)
         run.log_probs += [0.0] * len(suffix)
+
+
+KV_CACHES = ("auto", "reuse", "prefill")
 
 
 @torch.no_grad()
@@ -149,43 +207,73 @@ def sample_episodes(
     generator: torch.Generator | None = None,
     seeds: Sequence[int | None] | None = None,
     options: Sequence[dict[str, Any] | None] | None = None,
+    kv_cache: str = "auto",
 ) -> TurnRollout:
     """Play one episode in each of ``envs`` (reset with ``seeds[i]`` / ``options[i]``) with ``model``.
 
-    Every turn, the episodes still running are sampled together (their prefixes left-padded), each reply is
-    cut to ``sampling.max_new_tokens`` and to the tokens left in the episode's budget, and the environments
-    step on the decoded replies. An exception in a `step` is an `AgentError` naming the environment.
+    Every turn, the episodes still running are sampled together, each reply is cut to
+    ``sampling.max_new_tokens`` and to the tokens left in the episode's budget, and the environments step on
+    the decoded replies. ``kv_cache``: ``reuse`` keeps each episode's KV cache across turns (only the new
+    tokens are prefilled), ``prefill`` prefills every episode's whole conversation at each turn, ``auto``
+    reuses where the decoder can. An exception in a `step` is an `AgentError` naming the environment.
     """
-    n = len(envs)
     runs = [
         _start(tokenizer, env, seeds[i] if seeds else None, options[i] if options else None)
         for i, env in enumerate(envs)
     ]
-    device = next(model.parameters()).device
-    eos = tokenizer.eos_token_id
-    while active := [r for r in runs if not r.done]:
-        ids, mask = left_pad([r.prompt + r.after for r in active], tokenizer.pad_token_id)
-        left = max(budget.max_tokens - r.episode.tokens for r in active)
-        out = generate(
-            model,
-            ids.to(device),
-            mask.to(device),
-            max_new_tokens=min(sampling.max_new_tokens, left),
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-            eos_token_id=eos,
-            pad_token_id=tokenizer.pad_token_id,
-            generator=generator,
-            greedy=sampling.greedy,
-            use_fast=sampling.use_fast,
+    mismatch = template_mismatch(tokenizer, envs[0].tools if envs else None)
+    if mismatch is not None:
+        log.warning(
+            "the chat template re-renders earlier turns: episodes are trained as sampled; %s", mismatch
         )
-        for j, run in enumerate(active):
-            length = min(int(out.response_lengths[j]), budget.max_tokens - run.episode.tokens)
-            action = out.response_ids[j, :length].tolist()
+    turns = _turn_sampler(model, tokenizer, sampling, generator, kv_cache)
+    eos = tokenizer.eos_token_id
+    while active := [i for i, r in enumerate(runs) if not r.done]:
+        limits = [budget.max_tokens - runs[i].episode.tokens for i in active]
+        max_new = min(sampling.max_new_tokens, max(limits))
+        if turns is None:
+            engine = RolloutEngine(model, tokenizer, dataclasses.replace(sampling, max_new_tokens=max_new))
+            tokens, log_probs, lengths = _prefilled_turn(engine, runs, active, generator)
+            lengths = torch.minimum(lengths, torch.tensor(limits))
+        else:
+            chunks = [runs[i].fresh for i in active]
+            tokens, log_probs, lengths = turns.turn(active, chunks, max_new, limits)
+        for j, i in enumerate(active):
+            length = int(lengths[j])
+            action = tokens[j, :length].tolist()
             text = tokenizer.decode([t for t in action if t != eos], skip_special_tokens=True)
-            _take_turn(run, action, out.log_probs[j, :length].tolist(), text, budget, tokenizer)
-    return _assemble(runs, tokenizer.pad_token_id, n)
+            _take_turn(runs[i], action, log_probs[j, :length].tolist(), text, budget, tokenizer)
+    return _assemble(runs, tokenizer.pad_token_id, len(runs))
+
+
+def _turn_sampler(
+    model: torch.nn.Module, tokenizer: Any, sampling: SamplingConfig, generator: Any, kv_cache: str
+) -> TurnSampler | None:
+    """The sampler that keeps the episodes' KV caches (``kv_cache`` reuse / auto where the decoder can), or
+    None: every turn re-prefilled."""
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"kv_cache must be one of {KV_CACHES}, got {kv_cache!r}")
+    if kv_cache == "prefill":
+        return None
+    decoder = make_decoder(model, sampling.use_fast)
+    reason = reuse_unsupported_reason(decoder)
+    if reason is not None and kv_cache == "auto":
+        log.info("episodes re-prefill every turn: %s", reason)
+        return None
+    draw = Draw(sampling.temperature, sampling.top_k, sampling.top_p, sampling.greedy, generator)
+    device = next(model.parameters()).device
+    return TurnSampler(decoder, draw, tokenizer.eos_token_id, tokenizer.pad_token_id, device)
+
+
+def _prefilled_turn(
+    engine: RolloutEngine, runs: list[_Running], active: list[int], generator: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One turn of the episodes ``active`` with each whole conversation prefilled: (tokens [B, T],
+    log-probs [B, T], lengths up to EOS [B])."""
+    ids, mask = left_pad([runs[i].prompt + runs[i].after for i in active], engine.tokenizer.pad_token_id)
+    device = next(engine.model.parameters()).device
+    out = engine.sample(ids.to(device), mask.to(device), generator)
+    return out.response_ids, out.log_probs, out.response_lengths.cpu()
 
 
 def _assemble(runs: list[_Running], pad_token_id: int, n: int) -> TurnRollout:

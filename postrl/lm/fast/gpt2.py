@@ -31,7 +31,7 @@ from transformers import GPT2LMHeadModel
 from transformers.pytorch_utils import Conv1D
 
 from postrl.lm.fast.adapters import any_lora
-from postrl.lm.fast.llama import KVCache, extend_mask, prefill_masks
+from postrl.lm.fast.llama import KVCache, extend_mask, forget_columns, grown_key_bias, prefill_masks
 
 # activations computed here as one kernel; any other is the model's own module (correct, a little slower)
 TANH_GELUS = frozenset({"gelu_new", "gelu_pytorch_tanh", "gelu_fast"})
@@ -178,22 +178,47 @@ class FastGPT2:
         (masks: `postrl.lm.fast.llama.prefill_masks`).
         """
         B, P = input_ids.shape
-        # `generate` feeds at most max_len − P − 1 tokens through `step`: the largest position it can reach
-        last = int(position_ids[:, -1].max()) + max_len - P - 1
-        if last >= self.wpe.shape[0]:
-            raise ValueError(f"position {last} is beyond the model's n_positions={self.wpe.shape[0]}")
+        self._check_positions(position_ids, max_len - P)
         self.cache = KVCache(len(self.blocks), (B, self.n_heads, max_len, self.head_dim), self.wte)
         self.length = 0
         self.key_bias, mask = prefill_masks(attention_mask, max_len, self.wte)  # (B, 1, 1, L), (B, 1, P, P)
         x = F.embedding(input_ids, self.wte) + F.embedding(position_ids, self.wpe)  # (B, P, d)
         x = self._run(x.view(B * P, self.d), mask, B).view(B, P, self.d)
-        # decode positions continue each row's count: the wpe rows of every future step, gathered once
-        steps = position_ids[:, -1:] + 1 + torch.arange(max_len - P, device=input_ids.device)  # (B, T)
-        self.pos_steps = F.embedding(steps.clamp(max=self.wpe.shape[0] - 1), self.wpe)  # (B, T, d)
-        self.prompt_len = P
+        self._step_positions(position_ids, max_len)
         if not all_logits:
             return self._logits(x[:, -1])  # (B, V)
         return self._logits(x.view(B * P, self.d)).view(B, P, -1)  # (B, P, V)
+
+    def _check_positions(self, position_ids: Tensor, steps: int) -> None:
+        """`generate` feeds at most ``steps`` − 1 tokens through `step` after ``position_ids`` [B, S]: the
+        largest position it can reach must have a ``wpe`` row."""
+        last = int(position_ids[:, -1].max()) + steps - 1
+        if last >= self.wpe.shape[0]:
+            raise ValueError(f"position {last} is beyond the model's n_positions={self.wpe.shape[0]}")
+
+    def _step_positions(self, position_ids: Tensor, max_len: int) -> None:
+        """Decode positions continue each row's count after ``position_ids`` [B, S]: the wpe rows of every
+        future step up to column ``max_len``, gathered once."""
+        steps = position_ids[:, -1:] + 1 + torch.arange(max_len - self.length, device=position_ids.device)
+        self.pos_steps = F.embedding(steps.clamp(max=self.wpe.shape[0] - 1), self.wpe)  # (B, T, d)
+        self.prompt_len = self.length
+
+    def append(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, max_len: int) -> Tensor:
+        """A conversation's next turn, as `postrl.lm.fast.llama.FastLlama.append`: a left-padded chunk [B, S]
+        after the cache's columns (grown to ``max_len``); next-token logits [B, V]. No gradients."""
+        B, S = input_ids.shape
+        self._check_positions(position_ids, max_len - self.length - S)
+        self.cache.resize(max_len, self.length)
+        self.key_bias = grown_key_bias(self.key_bias, self.length, attention_mask, max_len)
+        mask = extend_mask(self.key_bias, self.length, S)  # (B, 1, S, length + S)
+        x = F.embedding(input_ids, self.wte) + F.embedding(position_ids, self.wpe)  # (B, S, d)
+        x = self._run(x.view(B * S, self.d), mask, B).view(B, S, self.d)
+        self._step_positions(position_ids, max_len)
+        return self._logits(x[:, -1])  # (B, V)
+
+    def forget(self, start: int, keep: Tensor) -> None:
+        """Row b keeps only its first ``keep[b]`` columns from ``start`` on (`forget_columns`)."""
+        forget_columns(self.key_bias, start, keep, self.length)
 
     def select_rows(self, index: Tensor) -> None:
         """After `prefill`: row b continues prefilled row ``index[b]`` (a prompt shared by several rows)."""

@@ -108,6 +108,33 @@ class KVCache:
         """Row b becomes row ``index[b]`` (differentiable when grown)."""
         self.k, self.v = [k[index] for k in self.k], [v[index] for v in self.v]
 
+    def resize(self, max_len: int, length: int) -> None:
+        """Preallocated (decoding): room for ``max_len`` columns, the first ``length`` kept."""
+        if self.grow or self.k[0].shape[2] >= max_len:
+            return
+        for buffers in (self.k, self.v):
+            for i, old in enumerate(buffers):
+                buffers[i] = old.new_zeros(*old.shape[:2], max_len, old.shape[3])
+                buffers[i][:, :, :length] = old[:, :, :length]
+
+
+def grown_key_bias(key_bias: Tensor, length: int, chunk_mask: Tensor, max_len: int) -> Tensor:
+    """The key bias [B, 1, 1, max_len] after a left-padded chunk (mask [B, S]) is appended at column
+    ``length``: the first ``length`` columns kept, −inf on the chunk's padding, 0 on the columns after it."""
+    bias = key_bias.new_zeros(key_bias.shape[0], 1, 1, max(max_len, key_bias.shape[-1]))
+    bias[..., :length] = key_bias[..., :length]
+    S = chunk_mask.shape[1]
+    bias[:, 0, 0, length : length + S].masked_fill_(chunk_mask == 0, float("-inf"))
+    return bias
+
+
+def forget_columns(key_bias: Tensor, start: int, keep: Tensor, length: int) -> None:
+    """In place: row b no longer attends to columns ``start + keep[b] … length − 1`` (its tokens after EOS,
+    or cut by a budget, written by the decoding of a batch that went on)."""
+    columns = torch.arange(start, length, device=key_bias.device)  # (n,)
+    drop = columns[None, :] >= start + keep[:, None]  # (B, n)
+    key_bias[:, 0, 0, start:length].masked_fill_(drop, float("-inf"))
+
 
 def _projections(model: torch.nn.Module) -> list[torch.nn.Module]:
     names = {
@@ -204,6 +231,11 @@ class FastLlama:
         """Preallocate the KV cache and the RoPE tables for ``max_len`` columns."""
         nkv, hs, like = self.n_kv, self.head_dim, self.embed
         self.cache = KVCache(len(self.layers), (batch, nkv, max_len, hs), like)
+        self._rope_tables(max_len)
+
+    def _rope_tables(self, max_len: int) -> None:
+        """cos / sin rows of positions 0 … max_len − 1, per q and k head."""
+        hs, like = self.head_dim, self.embed
         pos = torch.arange(max_len, device=like.device)[None]  # (1, L)
         cos, sin = self._rotary(like[:1], position_ids=pos)  # (1, L, hs) each: the model's own RoPE values
         half = torch.ones(hs // 2, device=like.device)
@@ -271,13 +303,36 @@ class FastLlama:
         self.key_bias, mask = prefill_masks(attention_mask, max_len, self.embed)
         flat_pos = position_ids.reshape(B * P)
         x = self._run(input_ids, self.cos[flat_pos], self.sin[flat_pos], mask).view(B, P, -1)  # (B, P, d)
-        # decode positions continue each row's count: the RoPE rows of every future step, gathered once
-        steps = position_ids[:, -1:] + 1 + torch.arange(max_len - P, device=input_ids.device)  # (B, T)
-        self.cos_steps, self.sin_steps = self.cos[steps], self.sin[steps]  # (B, T, (nh + nkv)·hs)
-        self.prompt_len = P
+        self._step_tables(position_ids, max_len)
         if not all_logits:
             return self._norm(x[:, -1]) @ self.w_lm  # (B, V)
         return (self._norm(x.reshape(B * P, -1)) @ self.w_lm).view(B, P, -1)  # (B, P, V)
+
+    def _step_tables(self, position_ids: Tensor, max_len: int) -> None:
+        """After the prompt (or an appended chunk) with positions [B, S]: decode positions continue each
+        row's count; the RoPE rows of every future step up to column ``max_len``, gathered once."""
+        steps = position_ids[:, -1:] + 1 + torch.arange(max_len - self.length, device=position_ids.device)
+        self.cos_steps, self.sin_steps = self.cos[steps], self.sin[steps]  # (B, T, (nh + nkv)·hs)
+        self.prompt_len = self.length
+
+    def append(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, max_len: int) -> Tensor:
+        """A conversation's next turn (`postrl.lm.rollout.turns`): after `prefill` and `step`, run a left-padded
+        chunk [B, S] (mask, positions [B, S]) after the cache's columns, which grow to ``max_len``; the
+        next-token logits [B, V]; `step` then continues from the chunk's last position. No gradients."""
+        B, S = input_ids.shape
+        self.cache.resize(max_len, self.length)
+        self.key_bias = grown_key_bias(self.key_bias, self.length, attention_mask, max_len)
+        if max_len > self.cos.shape[0]:
+            self._rope_tables(max_len)
+        mask = extend_mask(self.key_bias, self.length, S)  # (B, 1, S, length + S)
+        flat = position_ids.reshape(B * S)
+        x = self._run(input_ids, self.cos[flat], self.sin[flat], mask).view(B, S, -1)  # (B, S, d)
+        self._step_tables(position_ids, max_len)
+        return self._norm(x[:, -1]) @ self.w_lm  # (B, V)
+
+    def forget(self, start: int, keep: Tensor) -> None:
+        """Row b keeps only its first ``keep[b]`` columns from ``start`` on (`forget_columns`)."""
+        forget_columns(self.key_bias, start, keep, self.length)
 
     def select_rows(self, index: Tensor) -> None:
         """After `prefill`: row b continues prefilled row ``index[b]`` (a prompt shared by several rows)."""

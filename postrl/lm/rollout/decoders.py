@@ -65,6 +65,22 @@ class HFDecoder:
         self.cache.batch_select_indices(index)
         self.mask, self.next_pos = self.mask[index], self.next_pos[index]
 
+    def append(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, max_len: int) -> Tensor:
+        """A conversation's next turn (`postrl.lm.rollout.turns`): a left-padded chunk [B, S] (mask, positions
+        [B, S]) after the cache's columns, whose mask grows to ``max_len``; next-token logits [B, V]."""
+        S = input_ids.shape[1]
+        mask = self.mask.new_ones(input_ids.shape[0], max(max_len, self.mask.shape[1]))
+        mask[:, : self.length] = self.mask[:, : self.length]
+        mask[:, self.length : self.length + S] = attention_mask
+        self.mask, self.length = mask, self.length + S
+        self.next_pos = position_ids[:, -1:] + 1
+        return self._forward(input_ids, position_ids)
+
+    def forget(self, start: int, keep: Tensor) -> None:
+        """Row b keeps only its first ``keep[b]`` columns from ``start`` on: the later ones are masked."""
+        columns = torch.arange(start, self.length, device=self.mask.device)
+        self.mask[:, start : self.length].masked_fill_(columns[None, :] >= start + keep[:, None], 0)
+
     def step(self, tokens: Tensor) -> Tensor:
         """Append one token per row (positions continue from the prompt): tokens [B] → logits [B, V]."""
         self.length += 1

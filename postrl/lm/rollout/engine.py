@@ -99,9 +99,6 @@ def generate(
     is a causal LM returning logits (for a `postrl.lm.models.PolicyWithValueHead`, pass its ``.lm``).
     """
     _check_args(prompt_ids, prompt_mask, max_new_tokens, temperature)
-    greedy = greedy or temperature == 0
-    # τ as a tensor: dividing by a Python float costs a scalar-to-tensor conversion at every step
-    tau = None if temperature in (0.0, 1.0) else torch.tensor(temperature, device=prompt_ids.device)
     B, P = prompt_ids.shape
     decoder = make_decoder(model, use_fast)
     ids, mask, inverse = distinct_prompts(prompt_ids, prompt_mask)
@@ -112,12 +109,41 @@ def generate(
     if shared:
         logits = logits[inverse]
         decoder.select_rows(inverse)
+    draw = Draw(temperature, top_k, top_p, greedy, generator)
+    response, log_probs = decode(decoder, logits, max_new_tokens, draw, eos_token_id)
+    return assemble(prompt_ids, prompt_mask, response, log_probs, eos_token_id, pad_token_id)
+
+
+@dataclass(frozen=True)
+class Draw:
+    """How each next token is drawn from the logits (`generate`'s sampling arguments)."""
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+    greedy: bool = False
+    generator: torch.Generator | None = None
+
+
+def decode(
+    decoder: Any, logits: Tensor, max_new_tokens: int, draw: Draw, eos_token_id: int | None
+) -> tuple[Tensor, Tensor]:
+    """Sample up to ``max_new_tokens`` tokens per row from a decoder whose next-token logits [B, V] are
+    ``logits`` (after its prefill): (tokens [B, T], log π_τ [B, T]) with T ≤ ``max_new_tokens``, stopping when
+    every row has drawn EOS. The last drawn token is never fed back: the decoder's cache holds T − 1 of them.
+    ``greedy`` (or temperature 0) takes the argmax; log-probs then use τ = 1 when temperature is 0."""
+    greedy = draw.greedy or draw.temperature == 0
+    # τ as a tensor: dividing by a Python float costs a scalar-to-tensor conversion at every step
+    tau = None if draw.temperature in (0.0, 1.0) else torch.tensor(draw.temperature, device=logits.device)
     tokens, log_probs = [], []  # per step: [B, 1] each, stacked once at the end
-    finished = torch.zeros(B, 1, dtype=torch.bool, device=prompt_ids.device)
+    finished = torch.zeros(logits.shape[0], 1, dtype=torch.bool, device=logits.device)
     for t in range(max_new_tokens):
         scaled = logits if tau is None else logits / tau
         log_pi = torch.log_softmax(scaled, dim=-1)  # (B, V): log π_τ, before any top-k / top-p filter
-        token = log_pi.argmax(-1, keepdim=True) if greedy else sample_tokens(log_pi, top_k, top_p, generator)
+        if greedy:
+            token = log_pi.argmax(-1, keepdim=True)
+        else:
+            token = sample_tokens(log_pi, draw.top_k, draw.top_p, draw.generator)
         tokens.append(token)
         log_probs.append(log_pi.gather(-1, token))
         if eos_token_id is not None:
@@ -125,8 +151,7 @@ def generate(
         if t + 1 == max_new_tokens or (eos_token_id is not None and bool(finished.all())):
             break
         logits = decoder.step(token[:, 0])
-    response, log_probs = torch.cat(tokens, dim=1), torch.cat(log_probs, dim=1)  # (B, T)
-    return assemble(prompt_ids, prompt_mask, response, log_probs, eos_token_id, pad_token_id)
+    return torch.cat(tokens, dim=1), torch.cat(log_probs, dim=1)  # (B, T)
 
 
 def assemble(
