@@ -14,6 +14,7 @@ from postrl.lm.agents.rollout import sample_episodes, template_mismatch
 from postrl.lm.models import load_causal_lm, position_ids_from_mask
 from postrl.lm.rollout import SamplingConfig
 from postrl.lm.tokenizer import load_tokenizer
+from postrl.runtime.logging import read_jsonl
 
 
 class Chatter(TextEnv):
@@ -29,7 +30,8 @@ class Chatter(TextEnv):
 
     def step(self, action):
         self.k += 1
-        return f"{len(action)} " * (1 + self.k % 3) + "more", float(len(action)), self.k == self.turns, False, {}
+        observation = f"{len(action)} " * (1 + self.k % 3) + "more"
+        return observation, float(len(action)), self.k == self.turns, False, {}
 
 
 def play(model, tokenizer, kv_cache, sampling, budget, seed=0):
@@ -101,17 +103,18 @@ def test_a_group_sharing_its_prompt_and_a_built_in_game(builtin):
     seeds = [5, 5, 5, 9, 9, 9]
     sampling = SamplingConfig(max_new_tokens=5, temperature=1.2)
     budget = EpisodeBudget(max_turns=5, max_tokens=25)
+    gens = {kv: torch.Generator().manual_seed(2) for kv in ("reuse", "prefill")}
     out = {
-        kv: sample_episodes(
-            tiny_lm, tiny_tokenizer, envs, sampling, budget, torch.Generator().manual_seed(2), seeds, kv_cache=kv
-        )
-        for kv in ("reuse", "prefill")
+        kv: sample_episodes(tiny_lm, tiny_tokenizer, envs, sampling, budget, gen, seeds, kv_cache=kv)
+        for kv, gen in gens.items()
     }
     assert_same(out["reuse"], out["prefill"])
     # and the cached path's sampled log-probs are the teacher-forced ones over the whole trajectory
     r = out["reuse"]
     mask = r.attention_mask
-    logits = tiny_lm(input_ids=r.input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+    logits = tiny_lm(
+        input_ids=r.input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)
+    ).logits
     P = r.prompt_len
     tf = torch.log_softmax(logits[:, P - 1 : -1] / 1.2, -1).gather(-1, r.input_ids[:, P:, None])[..., 0]
     act = r.action_mask.bool()
@@ -144,3 +147,25 @@ def test_the_template_check_finds_a_template_that_rewrites_earlier_turns(tiny_to
             torch.Generator().manual_seed(0),
         )  # fmt: skip
     assert "re-renders earlier turns" in caplog.text
+
+
+def test_grpo_on_episodes_is_the_same_run_with_the_cache_kept_or_re_prefilled(tmp_path):
+    import postrl
+
+    def run(kv_cache):
+        out = tmp_path / kv_cache
+        postrl.grpo(
+            model=str(base_model.path()), out=str(out),
+            env={"id": "guess_number", "options": {"high": 8}, "n_train": 4, "n_eval": 2, "max_turns": 3,
+                 "max_tokens": 12, "kv_cache": kv_cache},
+            sampling={"max_new_tokens": 5, "temperature": 1.2},
+            grpo={"group_size": 4, "prompts_per_step": 2},
+            run={"steps": 2, "eval_every": 2, "save_every": 2, "log_every": 1, "device": "cpu", "threads": 1},
+        )  # fmt: skip
+        rows = [r for r in read_jsonl(out / "metrics.jsonl") if "loss" in r]
+        return [(r["reward_mean"], r["completion_length_mean"]) for r in rows], load_causal_lm(out / "model")
+
+    (rows_a, model_a), (rows_b, model_b) = run("reuse"), run("prefill")
+    assert rows_a == rows_b and len(rows_a) == 2
+    for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)

@@ -37,6 +37,11 @@ class EnvConfig:
     gamma: float = 1.0
     """Discount between turns for credit=turn."""
 
+    kv_cache: Literal["auto", "reuse", "prefill"] = "auto"
+    """reuse: keep each episode's KV cache across turns, each turn prefills only its new tokens (the
+    observation, the tool result); prefill: prefill every episode's whole conversation at every turn (the
+    reference path, the same episodes); auto: reuse where the decoder can (postrl's all can)."""
+
     CHECKS = {
         "n_train": ">= 1",
         "n_eval": ">= 0",

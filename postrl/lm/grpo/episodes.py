@@ -98,7 +98,9 @@ class EpisodeEngine(TextEngine):
         was_training = inner.training
         inner.eval()
         with dist.gathered(self.policy_module):  # the sampler reads whole weights
-            out = sample_episodes(inner, self.tokenizer, envs, sampling, env.budget, generator, seeds)
+            out = sample_episodes(
+                inner, self.tokenizer, envs, sampling, env.budget, generator, seeds, kv_cache=env.kv_cache
+            )
         inner.train(was_training)
         ids, P = out.input_ids.to(self.device), out.prompt_len
         rollout = Rollout(
