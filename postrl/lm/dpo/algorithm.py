@@ -25,6 +25,7 @@ config is in `config.py`; the pairs, log-probs, reference and evaluation in `bui
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from postrl.lm.dpo.config import DPOConfig
 from postrl.lm.recipe import Setup, run_recipe
 from postrl.lm.reference import ReferenceAlgorithm, ReferenceRecipe
 from postrl.lm.rollout import ResponseForward
+from postrl.lm.rollout.forwards import ChunkedForward, PackedForward, packed_refusal
 from postrl.lm.spine import LoopState, accumulate
 from postrl.lm.trainer import (
     clip_grad_norm,
@@ -52,6 +54,7 @@ from postrl.runtime import distributed as dist
 from postrl.runtime.logging import read_jsonl
 from postrl.runtime.plots import plot_curves
 
+log = logging.getLogger(__name__)
 STAT_KEYS = ("reward_accuracy", "reward_margin", "chosen_rewards", "rejected_rewards")
 
 
@@ -95,10 +98,11 @@ def dpo_train_step(
 
     The step's loss is Σ_i ℓ_i / N over its N pairs on every micro-batch and rank: a micro-batch of b pairs
     contributes its mean loss · b/N, so accumulation and sharding give the gradient of one big batch."""
+    groups = 1 if isinstance(forward, PackedForward) else cfg.dpo.length_groups  # packed: no padding to cut
     micro = [
         part
         for rows, weight in micro_batches(indices, cfg.train.grad_accum)
-        for part in length_groups(rows, weight, pairs, cfg.dpo.length_groups)
+        for part in length_groups(rows, weight, pairs, groups)
     ]
     scale = dist.world_size()  # DDP and FSDP average gradients over ranks; the loss is a global pair sum
     sums = dict.fromkeys(("loss", *STAT_KEYS), 0.0)
@@ -121,12 +125,39 @@ def dpo_train_step(
     return {k: v * scale for k, v in out.items()} | {"grad_norm": norm}
 
 
+def padding_free_forward(
+    model: torch.nn.Module, padded: ResponseForward, cfg: DPOConfig, gradients: bool
+) -> ResponseForward:
+    """`PackedForward` of ``model`` where ``dpo.padding_free`` asks for it and `packed_refusal` allows it,
+    else ``padded`` (the forward `postrl.lm.rollout.forwards.response_forward` chose); logged when training."""
+    if cfg.dpo.padding_free == "off" or cfg.sampling.use_fast is False:
+        return padded
+    why = packed_refusal(model, gradients)
+    if why is None and isinstance(padded, ChunkedForward):
+        why = "run.memory.log_probs chose the chunked output layer (the whole logits of a batch do not fit)"
+    if gradients:
+        if why is None:
+            log.info(
+                "dpo: padding-free forward (dpo.padding_free=auto): real tokens only, one prompt per pair"
+            )
+        else:
+            log.info("dpo: padded forward %s, the padding-free one refused: %s", type(padded).__name__, why)
+    return padded if why is not None else PackedForward(model)
+
+
 # ---- the algorithm on the spine ------------------------------------------------------------------------
 class DPO(ReferenceAlgorithm):
     """DPO as a `postrl.lm.spine` algorithm (`postrl.lm.reference.ReferenceAlgorithm`): a step is one AdamW
     step on a batch of pairs."""
 
     name = "dpo"
+
+    def __init__(self, model: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+        super().__init__(model, *args, **kwargs)
+        self.forward = padding_free_forward(model, self.forward, self.cfg, gradients=True)
+        self.eval_forward = padding_free_forward(
+            dist.unwrap(model), self.eval_forward, self.cfg, gradients=False
+        )
 
     def train_step(self, indices: list[int]) -> dict[str, float]:
         return dpo_train_step(

@@ -33,6 +33,8 @@ import torch
 from torch import Tensor
 
 from postrl.core import entropy_from_logits
+from postrl.lm.fast.llama import llama_unsupported_reason
+from postrl.lm.fast.packed import PackedLlama
 from postrl.lm.memory import LARGE_VOCAB, memory_settings
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.models.lora import AdapterFreeReference, adapters_disabled
@@ -143,6 +145,55 @@ class FusedForward:
         if input_ids.shape[1] == P + 1:
             return first[:, None]
         return torch.cat((first[:, None], decoder.extend(input_ids[:, P:-1])), dim=1)  # (B, T, V)
+
+
+@dataclass
+class PackedForward:
+    """The padding-free forward (`postrl.lm.fast.packed.PackedLlama`): every product on the batch's real
+    tokens only, each distinct prompt once. Responses must be right-padded (the rollout layout); positions
+    whose attention mask is 0 get logits and log-probs 0 (callers mask them). A decoder folds the current
+    weights, so one is made per call."""
+
+    model: torch.nn.Module
+
+    def _run(self, input_ids: Tensor, attention_mask: Tensor, prompt_len: int) -> tuple[Tensor, Tensor]:
+        """(logits [Nt, V] of the real response tokens, their flat index into [B, T])."""
+        P = prompt_len
+        ids, mask, inverse = distinct_prompts(input_ids[:, :P], attention_mask[:, :P])
+        decoder = PackedLlama(self.model, checked=True)
+        logits, layout = decoder.response_logits(ids, mask, inverse, input_ids[:, P:], attention_mask[:, P:])
+        return logits, layout.targets
+
+    def logits(self, input_ids: Tensor, attention_mask: Tensor, prompt_len: int) -> Tensor:
+        B, T = input_ids.shape[0], input_ids.shape[1] - prompt_len
+        logits, targets = self._run(input_ids, attention_mask, prompt_len)
+        return logits.new_zeros(B * T, logits.shape[-1]).index_copy(0, targets, logits).view(B, T, -1)
+
+    def log_probs(
+        self, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float = 1.0,
+        entropy: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+        """(log π_τ [B, T] float32, entropy [B, T] detached or None), 0 where the attention mask is 0."""
+        B, T = input_ids.shape[0], input_ids.shape[1] - prompt_len
+        logits, targets = self._run(input_ids, attention_mask, prompt_len)
+        logits = logits.float() / temperature  # (Nt, V)
+        log_pi = token_log_probs(logits, input_ids[:, prompt_len:].flatten()[targets])  # (Nt,)
+        out = log_pi.new_zeros(B * T).index_copy(0, targets, log_pi).view(B, T)
+        if not entropy:
+            return out, None
+        with torch.no_grad():
+            ent = entropy_from_logits(logits)
+        return out, ent.new_zeros(B * T).index_copy(0, targets, ent).view(B, T)
+
+
+def packed_refusal(model: torch.nn.Module, gradients: bool = True) -> str | None:
+    """Why `PackedForward` cannot run ``model`` (None: it can): a whole, plain Llama-family model in float32
+    that `postrl.lm.fast.llama.FastLlama` supports, without activation checkpointing when it trains."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or dist.is_sharded(model):
+        return "DDP and FSDP synchronise through the model's own forward"
+    if gradients and _checkpointing(model):
+        return "activation checkpointing runs the model's own blocks"
+    return llama_unsupported_reason(model)
 
 
 @dataclass
