@@ -305,9 +305,10 @@ def _add_prefs_parser(sub: argparse._SubParsersAction) -> None:
     prefs = sub.add_parser(
         "prefs",
         help="PPO on a reward learned from labelled segment pairs (Christiano et al. 2017)",
-        description="Learn a reward-model ensemble from a synthetic labeller's preferences between segments "
-        "of the agent's behaviour and train PPO on it; the true reward is only logged. Writes RUN_DIR/"
-        "metrics.jsonl, summary.json (true_return, labels_used, rm_accuracy, reward_correlation), "
+        description="Learn a reward-model ensemble from preferences between segments of the agent's "
+        "behaviour (a synthetic labeller, people on the labelling page, or a judge) and train PPO on it; the "
+        "true reward is only logged. Writes RUN_DIR/metrics.jsonl, summary.json (true_return, labels_used, "
+        "rm_accuracy, reward_correlation), "
         "checkpoints and true_return_vs_labels.png. Any config key can be overridden as key=value.",
     )
     prefs.add_argument("--env", default=None, help="Gymnasium id, e.g. CartPole-v1 or Pendulum-v1")
@@ -321,6 +322,13 @@ def _add_prefs_parser(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=None,
         help="probability that the labeller flips a label (labeller.flip_prob)",
+    )
+    prefs.add_argument(
+        "--labeller",
+        default=None,
+        metavar="SOURCE",
+        help="who labels (labeller.source): synthetic (default), page (people on the labelling page, served "
+        "by the run), fn:MODULE:FUNCTION (a judge of two segments), rm:RUN_DIR (an earlier run's reward model)",
     )
     prefs.add_argument("--out", default=None, help="run folder (default runs/prefs-<env>-s<seed>)")
     prefs.add_argument(
@@ -345,5 +353,7 @@ def _prefs(args: argparse.Namespace) -> int:
     flags = [f"prefs.label_budget={args.labels}"] if args.labels is not None else []
     if args.noise is not None:
         flags.append(f"labeller.flip_prob={args.noise}")
+    if args.labeller is not None:
+        flags.append(f"labeller.source={args.labeller}")
     args.overrides = [*flags, *args.overrides]
     return _run(resolve_control_config(args), args, run)

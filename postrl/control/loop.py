@@ -132,6 +132,12 @@ class Learner(abc.ABC):
         Returns (metrics, episodes as [(env steps into the iteration, return, length)], env steps taken).
         """
 
+    def attach(self, run_dir: Path) -> None:  # noqa: B027  (optional: most learners need no files of their own)
+        """Called once the run folder is open, before the first iteration (prefs: the labelling folder)."""
+
+    def close(self) -> None:  # noqa: B027
+        """Called when the run ends or fails (prefs: stops the labelling page)."""
+
 
 @dataclass(frozen=True)
 class ControlAlgorithm:
@@ -208,8 +214,12 @@ def train_from_config(
         env.reset()
     ranks.broadcast_modules(agent.modules)
     threshold = THRESHOLDS.get(cfg.env.id, getattr(env.env.spec, "reward_threshold", None))
-    _loop(cfg, run_dir, agent, env, progress, logger, threshold)
-    return _finish(cfg, run_dir, agent, env, progress, logger, threshold)
+    agent.attach(run_dir)
+    try:
+        _loop(cfg, run_dir, agent, env, progress, logger, threshold)
+        return _finish(cfg, run_dir, agent, env, progress, logger, threshold)
+    finally:
+        agent.close()
 
 
 def _loop(cfg, run_dir: Path, agent: Learner, env: VecEnv, progress: _Progress, logger, threshold) -> None:

@@ -5,8 +5,10 @@ The loop of the notes (Part 2, §2), run as PPO iterations (``postrl.control.ppo
 1. the policy collects a rollout; random segments of ``segment_length`` steps are cut from it into a pool;
 2. following the label schedule (``initial_labels`` at once, the rest of ``label_budget`` at a decaying rate
    until ``label_until`` of the run: ``prefs_reward.labels_due``), pairs are drawn from the pool, at random
-   or where the ensemble disagrees most (variance of P_k(σ¹ ≻ σ²) over members), and the synthetic labeller
-   compares their true returns;
+   or where the ensemble disagrees most (variance of P_k(σ¹ ≻ σ²) over members), and labelled
+   (``labeller.source``): by a judge that answers at once (``prefs_judges``: the synthetic labeller, which
+   compares true returns, a Python function, or an earlier run's reward model), or by people on the labelling
+   page, who label while the agent trains (``prefs_people``);
 3. the reward-model ensemble (``prefs_reward``) takes gradient steps on every label so far;
 4. the rollout's rewards are replaced by the normalised learned reward, then GAE and the PPO update.
 
@@ -33,7 +35,7 @@ Observations handed to the reward model are raw (un-normalised with the env's ru
 labelled segments do not drift with the observation normaliser.
 
 The configs are in ``prefs_config.py``, the reward-model ensemble, segments and pair selection in
-``prefs_reward.py``.
+``prefs_reward.py``, the labellers in ``prefs_judges.py`` and ``prefs_people.py``.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ from postrl.control.loop import Learner, train_from_config
 from postrl.control.prefs_config import ControlPrefsConfig as ControlPrefsConfig
 from postrl.control.prefs_config import PrefsConfig as PrefsConfig
 from postrl.control.prefs_config import validate_prefs
+from postrl.control.prefs_judges import load_segment_judge
+from postrl.control.prefs_people import PageLabeller
 from postrl.control.prefs_reward import (
     Pairs,
     RewardEnsemble,
@@ -121,6 +125,11 @@ class Prefs(Learner):
         self.rm_optimizer = torch.optim.AdamW(
             self.reward_model.parameters(), lr=rm.lr, weight_decay=rm.weight_decay
         )
+        lab = cfg.labeller
+        self.page = (
+            PageLabeller(lab.page, cfg.env.id, cfg.prefs.val_fraction) if lab.source == "page" else None
+        )
+        self.judge = None if self.page else load_segment_judge(lab, obs_dim, env.single_action_space)
         self.modules = {**self.ppo.modules, "reward_model": self.reward_model}
         self.optimizers = {**self.ppo.optimizers, "rm_optimizer": self.rm_optimizer}
         self.pairs: Pairs | None = None
@@ -130,7 +139,7 @@ class Prefs(Learner):
         self.ep_length = np.zeros(env.n_envs, dtype=np.int64)
         self.ret_rms = RunningMeanStd(()) if cfg.prefs.normalize_returns else None
         self.disc_return = np.zeros(env.n_envs)  # discounted learned return of each env's episode so far
-        self._frac, self._metrics, self._episodes = 0.0, {}, []
+        self._frac, self._metrics, self._episodes, self._it = 0.0, {}, [], 0
 
     @property
     def taps(self) -> list[RewardTap]:
@@ -141,8 +150,21 @@ class Prefs(Learner):
     def labels_used(self) -> int:
         return 0 if self.pairs is None else len(self.pairs)
 
+    @property
+    def pairs_asked(self) -> int:
+        """Pairs asked for so far: labelled at once by a judge, or shown to people on the page."""
+        return self.labels_used if self.page is None else self.page.asked
+
+    def attach(self, run_dir: Path) -> None:
+        if self.page is not None:
+            self.page.attach(run_dir)
+
+    def close(self) -> None:
+        if self.page is not None:
+            self.page.close()
+
     def iteration(self, env: VecEnv, it: int, frac_done: float) -> tuple[dict, list, int]:
-        self._frac = frac_done
+        self._frac, self._it = frac_done, it
         metrics, _poisoned_episodes, n_steps = self.ppo.iteration(env, it, frac_done)
         return {**metrics, **self._metrics}, self._episodes, n_steps
 
@@ -160,12 +182,16 @@ class Prefs(Learner):
             segs if self.pool is None else Segments.cat([self.pool, segs]).take(slice(-p.pool_size, None))
         )
         first = self.labels_used == 0
-        self._label(self._labels_due() - self.labels_used)
+        self._label(self._labels_due() - self.pairs_asked)
+        if self.page is not None:
+            self.pairs = self.page.labels(self._it, waiting_for_first=first)
         rm = self.cfg.reward_model
         steps = rm.pretrain_steps if first and self.pairs is not None else rm.steps_per_iteration
-        rm_loss = train_reward_model(
-            self.reward_model, self.rm_optimizer, self.pairs, steps, rm.batch_size, rm.random_response
-        )
+        rm_loss = None  # no labels yet (people on the page have not judged any): r̂ = 0 until they do
+        if self.pairs is not None:
+            rm_loss = train_reward_model(
+                self.reward_model, self.rm_optimizer, self.pairs, steps, rm.batch_size, rm.random_response
+            )
         with torch.no_grad():
             learned = self.learned_reward(obs, buf.actions)  # (E, T)
         buf.rewards.copy_(
@@ -191,15 +217,17 @@ class Prefs(Learner):
         return labels_due(self._frac, p.label_budget, p.initial_labels, p.label_until, p.label_decay)
 
     def _label(self, n: int) -> None:
-        """Choose ``n`` pairs from the pool, ask the synthetic labeller, add them to the labelled set."""
+        """Choose ``n`` pairs from the pool; a judge labels them at once (added to the labelled set), or they
+        are shown to people on the page (their labels are read after)."""
         if n <= 0 or self.pool is None or len(self.pool) < 2:
             return
-        p, lab = self.cfg.prefs, self.cfg.labeller
+        p = self.cfg.prefs
         i, j = select_pairs(self.reward_model, self.pool, n, p.pair_selection, p.candidates_per_label)
         first, second = self.pool.take(i), self.pool.take(j)
-        labels = synthetic_labels(
-            first.true_returns(), second.true_returns(), lab.tie_tolerance, lab.flip_prob
-        )
+        if self.page is not None:
+            self.page.ask(first, second)
+            return
+        labels = self.judge(first, second)
         index = torch.arange(self.labels_used, self.labels_used + len(i), dtype=torch.float64)
         val = torch.floor((index + 1) * p.val_fraction) > torch.floor(index * p.val_fraction)
         new = Pairs(first, second, labels, val)
@@ -226,7 +254,7 @@ class Prefs(Learner):
 
     def _eval_model(self) -> dict[str, Any]:
         if self.pairs is None:
-            return {"labels_used": 0}
+            return {"labels_used": 0, "pairs_asked": self.pairs_asked}
         val = self.pairs.val
         held = Pairs(
             self.pairs.first.take(val), self.pairs.second.take(val), self.pairs.labels[val], val[val]
@@ -236,6 +264,7 @@ class Prefs(Learner):
         )
         return {
             "labels_used": self.labels_used,
+            "pairs_asked": self.pairs_asked,
             "rm_accuracy": accuracy(self.reward_model, held, held.labels),
             "rm_accuracy_true": accuracy(self.reward_model, held, noiseless),
             "reward_correlation": reward_correlation(self.reward_model, held.first),
@@ -274,6 +303,7 @@ class Prefs(Learner):
             "ep_length": self.ep_length.tolist(),
             "ret_rms": None if self.ret_rms is None else self.ret_rms.state_dict(),
             "disc_return": self.disc_return.tolist(),
+            "page": None if self.page is None else self.page.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -285,6 +315,8 @@ class Prefs(Learner):
         if self.ret_rms is not None and state.get("ret_rms") is not None:
             self.ret_rms.load_state_dict(state["ret_rms"])
         self.disc_return = np.asarray(state.get("disc_return", self.disc_return), dtype=np.float64)
+        if self.page is not None and state.get("page") is not None:
+            self.page.load_state_dict(state["page"])
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -309,7 +341,9 @@ def run(cfg: ControlPrefsConfig, run_dir, resume: bool = False, overwrite: bool 
         "rm_accuracy": last.get("rm_accuracy"),
         "rm_accuracy_true": last.get("rm_accuracy_true"),
         "reward_correlation": last.get("reward_correlation"),
-        "label_noise": cfg.labeller.flip_prob,
+        "labeller": cfg.labeller.source,
+        "pairs_asked": last.get("pairs_asked"),
+        "label_noise": cfg.labeller.flip_prob if cfg.labeller.source == "synthetic" else None,
     }
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     title = f"prefs on {cfg.env.id} (seed {cfg.run.seed})"

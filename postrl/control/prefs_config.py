@@ -1,5 +1,6 @@
 """The configs of `postrl control prefs` (`postrl.control.prefs`): segments, the label schedule, pair
-selection, the normalisation of r̂, and the whole run; `validate_prefs` checks what the ranges cannot.
+selection, the normalisation of r̂, where the labels come from, and the whole run; `validate_prefs` checks what
+the ranges cannot.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from postrl.control import ppo
 from postrl.control.envs import EnvConfig
 from postrl.control.loop import ControlRunConfig
 from postrl.control.policies import PolicyConfig
-from postrl.control.prefs_reward import RewardModelConfig, SegmentLabellerConfig
+from postrl.control.prefs_reward import RewardModelConfig
 from postrl.runtime.config import ConfigError
 
 
@@ -58,6 +59,59 @@ class PrefsConfig:
 
 
 @dataclass(frozen=True)
+class PageConfig:
+    """People label on the page of `postrl label` while the agent trains (``labeller.source: page``)."""
+
+    folder: str = "labelling"
+    """The labelling folder the run writes the pairs it wants labelled into (relative: inside the run folder)."""
+    serve: bool = True
+    """Serve the page from the run (a background thread); false: the run prints the `postrl label --out
+    FOLDER` command to serve it from another terminal."""
+    host: str = "127.0.0.1"
+    """Address the page binds to (127.0.0.1: this computer only)."""
+    port: int = 8765
+    """Port of the page (0: any free port; the run prints the address)."""
+    wait: str = "initial"
+    """When the labels are short: initial (wait for the initial labels before PPO uses r̂, then train on the
+    labels so far, as Christiano et al.'s labellers worked while the agent trained), all (every iteration waits
+    until each pair asked for is judged or skipped), none (never wait)."""
+    timeout: float | None = None
+    """Seconds one wait lasts at most before training goes on with the labels so far (null: no limit)."""
+    poll_seconds: float = 0.2
+    """How often a waiting run reads the page's judgements."""
+    clip_width: int = 240
+    """Width in pixels of the segments' clips."""
+    fps: int = 15
+    """Frames per second of the clips."""
+
+    CHECKS = {  # valid ranges (postrl.runtime.config.validate)
+        "port": "[0, 65535]",
+        "timeout": ">= 0",
+        "poll_seconds": "> 0",
+        "clip_width": ">= 16",
+        "fps": ">= 1",
+    }
+
+
+@dataclass(frozen=True)
+class SegmentLabellerConfig:
+    """Who labels the segment pairs: the synthetic labeller, people on the page, or a judge."""
+
+    source: str = "synthetic"
+    """synthetic (the true returns compared, with tie_tolerance and flip_prob), page (people, see
+    labeller.page), fn:MODULE:FUNCTION (a Python function of two segments returning P(first preferred)),
+    or rm:RUN_DIR (the reward-model ensemble of an earlier prefs run)."""
+    tie_tolerance: float = 0.0
+    """synthetic: label 0.5 (equally good) when the two segments' true returns differ by at most this."""
+    flip_prob: float = 0.0
+    """synthetic: probability that a non-tie label is flipped (a noisy annotator; 0.1 is 10% label noise)."""
+    page: PageConfig = field(default_factory=PageConfig)
+    """source page: the labelling folder, the page, and what to do when labels are short."""
+
+    CHECKS = {"tie_tolerance": ">= 0", "flip_prob": "[0, 1]"}  # valid ranges
+
+
+@dataclass(frozen=True)
 class ControlPrefsConfig:
     """A ``postrl control prefs`` run, as its config.yaml holds it: env, networks, run, PPO, the preference
     schedule, the reward model and the labeller."""
@@ -77,11 +131,12 @@ class ControlPrefsConfig:
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     """The reward-model ensemble and its optimiser."""
     labeller: SegmentLabellerConfig = field(default_factory=SegmentLabellerConfig)
-    """The synthetic labeller standing in for the human."""
+    """Where the labels come from: the synthetic labeller, people on the labelling page, or a judge."""
 
 
 CENTERS = ("absorbing", "mean")
 SELECTIONS = ("random", "disagreement")
+WAITS = ("initial", "all", "none")
 
 
 def validate_prefs(cfg: ControlPrefsConfig) -> None:
@@ -109,3 +164,7 @@ def validate_prefs(cfg: ControlPrefsConfig) -> None:
         raise ConfigError("'reward_model.random_response' must be in [0, 1)")
     if not 0 <= cfg.labeller.flip_prob <= 1:
         raise ConfigError("'labeller.flip_prob' must be in [0, 1]")
+    if cfg.labeller.page.wait not in WAITS:
+        raise ConfigError(
+            f"'labeller.page.wait': {cfg.labeller.page.wait!r} is not one of {', '.join(WAITS)}"
+        )

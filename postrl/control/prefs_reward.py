@@ -27,7 +27,6 @@ from torch import nn
 from postrl.core import preference_loss
 
 __all__ = [
-    "SegmentLabellerConfig",
     "Pairs",
     "RewardEnsemble",
     "RewardModelConfig",
@@ -40,16 +39,6 @@ __all__ = [
     "synthetic_labels",
     "train_reward_model",
 ]
-
-
-@dataclass(frozen=True)
-class SegmentLabellerConfig:
-    tie_tolerance: float = 0.0
-    """Label 0.5 (equally good) when the two segments' true returns differ by at most this."""
-    flip_prob: float = 0.0
-    """Probability that a non-tie label is flipped (a noisy annotator; 0.1 is 10% label noise)."""
-
-    CHECKS = {"tie_tolerance": ">= 0", "flip_prob": "[0, 1]"}  # valid ranges
 
 
 @dataclass(frozen=True)

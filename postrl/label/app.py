@@ -29,9 +29,18 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from postrl.label.pairs import MEDIA_TYPES, kind_of, media_path, pair_rows, prepare, shown
+from postrl.label.pairs import (
+    MEDIA_TYPES,
+    PAIRS_FILE,
+    kind_of,
+    media_path,
+    pair_rows,
+    parse_pairs,
+    prepare,
+    shown,
+)
 from postrl.label.store import LabelStore, StaleJudgement, check_name
-from postrl.runtime.errors import UserError
+from postrl.runtime.errors import DataError, UserError
 
 HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
@@ -44,6 +53,28 @@ class Labelling:
         self.pairs = prepare(self.folder, pairs_file)
         self.kind = kind_of(self.pairs)
         self.store = LabelStore(self.folder, len(self.pairs), lambda js: pair_rows(self.pairs, js))
+        self._read = (self.folder / PAIRS_FILE).stat().st_size
+        self._refreshing = threading.Lock()  # the run and the page's requests may refresh together
+
+    def refresh(self) -> None:
+        """Take in the pairs appended to the folder's pairs file since it was read (a running ``postrl control
+        prefs`` appends the pairs it wants labelled, one whole line each); a line still being written waits."""
+        with self._refreshing:
+            stored = self.folder / PAIRS_FILE
+            if stored.stat().st_size == self._read:
+                return
+            data = stored.read_bytes()
+            end = data.rfind(b"\n") + 1
+            if end == self._read:
+                return
+            pairs = [pair for _, pair in parse_pairs(data[:end].decode("utf-8"), stored)]
+            if pairs[: len(self.pairs)] != self.pairs or kind_of(pairs) != self.kind:
+                raise DataError(
+                    f"{stored}: its pairs changed while the page served them (only appending is allowed)"
+                )
+            self.pairs = pairs
+            self.store.grow(len(pairs))
+            self._read = end
 
     def view(self, index: int) -> dict[str, Any]:
         """Pair ``index`` as the page shows it (media as URLs of this app)."""
@@ -85,6 +116,7 @@ class _Routes:
         self.page = resources.files("postrl.label").joinpath("page.html").read_text(encoding="utf-8")
 
     def _pair_index(self, request: Request) -> int | None:
+        self.labelling.refresh()
         index = request.path_params["index"]
         return index if 0 <= index < len(self.labelling.pairs) else None
 
@@ -96,6 +128,7 @@ class _Routes:
             name = check_name(request.query_params.get("labeller", ""))
         except UserError as err:
             return _error(str(err))
+        self.labelling.refresh()
         return JSONResponse(self.labelling.store.state(name), headers=HEADERS)
 
     async def pair(self, request: Request) -> Response:
@@ -113,6 +146,7 @@ class _Routes:
             return _error("expected a JSON object {labeller, pair, choice}")
         try:
             # in a worker thread: the fsyncs would otherwise stall every other labeller's requests
+            self.labelling.refresh()
             record = self.labelling.store.record
             state = await run_in_threadpool(
                 record, body.get("labeller"), body.get("pair"), body.get("choice")

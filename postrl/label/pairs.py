@@ -121,8 +121,13 @@ def read_pairs_at(path: Path) -> list[tuple[str, dict[str, Any]]]:
     """(path:line, pair) for each checked pair of a JSONL file."""
     if not path.is_file():
         raise UserError(f"--pairs {path}: no such file")
+    return parse_pairs(path.read_text(encoding="utf-8"), path)
+
+
+def parse_pairs(text: str, path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(path:line, pair) for each checked pair of the JSONL ``text`` read from ``path``."""
     pairs, kind = [], None
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         where = f"{path}:{i}"

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image
 
 from postrl.control.api import load as load_agent
 from postrl.control.envs import make_env
+from postrl.label.clips import ended_frame, save_clip
 from postrl.runtime.checkpoint import atomic_write_text
 from postrl.runtime.errors import UserError
 
@@ -52,16 +53,7 @@ def _cut(ep: dict[str, Any], start: int, length: int) -> tuple[dict[str, Any], l
         "true_rewards": ep["rewards"][start:stop] + [0.0] * pad,
         "alive": [True] * (stop - start) + [False] * pad,
     }
-    return seg, ep["frames"][start:stop] + [_ended(ep["frames"][stop - 1])] * pad
-
-
-def _ended(frame: Image.Image) -> Image.Image:
-    """The last picture of a terminated episode, greyed and marked, held for the segment's padding."""
-    held = frame.convert("L").convert("RGB")
-    draw = ImageDraw.Draw(held)
-    font = ImageFont.load_default(size=max(12, held.width // 18))
-    draw.text((held.width // 30, held.height // 30), "episode ended", fill=(180, 35, 24), font=font)
-    return held
+    return seg, ep["frames"][start:stop] + [ended_frame(ep["frames"][stop - 1])] * pad
 
 
 def _starts(ep: dict[str, Any], length: int) -> list[int]:
@@ -114,11 +106,7 @@ def segment_pairs(
         for side, k in (("first", order[2 * i]), ("second", order[2 * i + 1])):
             seg, frames = segments[k]
             name = f"{CLIPS}/pair{i}-{side}.gif"
-            tmp = out_file.parent / f"{name}.tmp"
-            frames[0].save(
-                tmp, format="GIF", save_all=True, append_images=frames[1:], duration=1000 // fps, loop=0
-            )
-            tmp.replace(out_file.parent / name)
+            save_clip(frames, out_file.parent / name, fps)
             row[side] = {**seg, "clip": name}
         rows.append(row)
     atomic_write_text(out_file, "".join(json.dumps(r) + "\n" for r in rows))

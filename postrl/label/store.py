@@ -166,6 +166,13 @@ class LabelStore:
             self._write_prefs()
             return self.state(labeller)
 
+    def grow(self, n_pairs: int) -> None:
+        """The folder now holds ``n_pairs`` pairs (a running ``control prefs`` appends the pairs it asks for)."""
+        with self._lock:
+            if n_pairs < self.n_pairs:
+                raise DataError(f"{self.folder}: the pairs file lost pairs ({self.n_pairs} → {n_pairs})")
+            self.n_pairs = n_pairs
+
     def _append(self, event: dict[str, Any]) -> None:
         line = (json.dumps(event, ensure_ascii=False) + "\n").encode("utf-8")
         fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)

@@ -60,6 +60,32 @@ CASES: list[Case] = [
     # ---- control prefs and control eval -------------------------------------------------------------------
     C("prefs-noise-above-1", "control prefs", ("labeller.flip_prob", "--noise"), flags={"--noise": "1.5"}),
     C("prefs-unknown-key", "control prefs", "prefs.label_budgt", overrides={"prefs.label_budgt": 10}),
+    C(
+        "prefs-labeller-unknown",
+        "control prefs",
+        "labeller.source",
+        "'oracle'",
+        flags={"--labeller": "oracle"},
+    ),
+    C(
+        "prefs-judge-no-module",
+        "control prefs",
+        "no_such_judges",
+        flags={"--labeller": "fn:no_such_judges:f"},
+    ),
+    C("prefs-judge-no-function", "control prefs", "'no_such_fn'", flags={"--labeller": "fn:json:no_such_fn"}),
+    C(
+        "prefs-judge-rm-not-a-run",
+        "control prefs",
+        "not a prefs run",
+        flags={"--labeller": "rm:{ws}/nothing"},
+    ),
+    C(
+        "prefs-page-wait",
+        "control prefs",
+        "labeller.page.wait",
+        overrides={"labeller.page.wait": "sometimes"},
+    ),
     C("eval-not-a-run", "control eval", "{out}", positional=("{out}",), out="notarun", overwrite=False),
     C(
         "eval-no-such-folder",

@@ -115,7 +115,7 @@ def test_reward_model_recovers_the_ranking_of_a_linear_reward():
     assert spearman > 0.9
 
 
-def _cartpole_cfg(*overrides):
+def tiny_cartpole_cfg(*overrides):
     tiny = [
         "env.n_envs=2",
         "ppo.n_steps=32",
@@ -152,7 +152,7 @@ def test_true_reward_never_reaches_the_policy_update(monkeypatch):
     """The env reward the agent sees is replaced by garbage (NaN, then huge noise): the policy and the
     critic come out bit-identical and finite, while the labeller, reading the true reward off its own
     channel (the tap), still labels correctly."""
-    cfg = _cartpole_cfg()
+    cfg = tiny_cartpole_cfg()
     params = []
     for fill in (float("nan"), 1e6):
         monkeypatch.setattr(prefs.RewardTap, "fill", fill)
@@ -177,7 +177,7 @@ def test_true_reward_never_reaches_the_policy_update(monkeypatch):
 def test_normalize_returns_scales_by_the_std_of_the_discounted_return():
     """prefs.normalize_returns divides r̂ by the std of its discounted return, reset at episode ends, and
     clips; computed here independently: returns by hand, their population variance with numpy."""
-    cfg = _cartpole_cfg("prefs.normalize_returns=true", "env.reward_gamma=0.9", "env.clip_reward=0.5")
+    cfg = tiny_cartpole_cfg("prefs.normalize_returns=true", "env.reward_gamma=0.9", "env.clip_reward=0.5")
     agent, _ = _iterate(cfg, iterations=0)
     gen = torch.Generator().manual_seed(0)
     rewards = torch.randn(2, 40, generator=gen) * 3 + 1
@@ -197,7 +197,7 @@ def test_normalize_returns_scales_by_the_std_of_the_discounted_return():
 
 @pytest.mark.slow
 def test_run_folder_and_exact_resume(tmp_path):
-    cfg = _cartpole_cfg("run.save_every=1", "run.keep_last=20", "prefs.normalize_returns=true")
+    cfg = tiny_cartpole_cfg("run.save_every=1", "run.keep_last=20", "prefs.normalize_returns=true")
     straight = tmp_path / "straight"
     summary = prefs.run(cfg, straight)
     for key in (
@@ -227,11 +227,11 @@ def test_run_folder_and_exact_resume(tmp_path):
 
 def test_bad_config_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="prefs.center"):
-        prefs.run(_cartpole_cfg("prefs.center=median"), tmp_path / "a")
+        prefs.run(tiny_cartpole_cfg("prefs.center=median"), tmp_path / "a")
     with pytest.raises(ConfigError, match="segment_length"):
-        prefs.run(_cartpole_cfg("prefs.segment_length=64"), tmp_path / "b")
+        prefs.run(tiny_cartpole_cfg("prefs.segment_length=64"), tmp_path / "b")
     with pytest.raises(ConfigError, match="normalize_reward"):
-        prefs.run(_cartpole_cfg("env.normalize_reward=true"), tmp_path / "c")
+        prefs.run(tiny_cartpole_cfg("env.normalize_reward=true"), tmp_path / "c")
 
 
 def _parser():
