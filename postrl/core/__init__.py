@@ -39,6 +39,7 @@ from postrl.core.turns import (
     turn_group_advantages,
     turn_index,
     turn_start_values,
+    turn_sums,
     turns_to_tokens,
 )
 
@@ -85,6 +86,7 @@ __all__ = [
     "turn_group_advantages",
     "turn_index",
     "turn_start_values",
+    "turn_sums",
     "turns_to_tokens",
     "value_loss",
 ]

@@ -15,7 +15,14 @@ import torch
 
 from postrl.core.returns import discounted_returns, gae
 
-__all__ = ["turn_gae", "turn_group_advantages", "turn_index", "turn_start_values", "turns_to_tokens"]
+__all__ = [
+    "turn_gae",
+    "turn_group_advantages",
+    "turn_index",
+    "turn_start_values",
+    "turn_sums",
+    "turns_to_tokens",
+]
 
 
 def turn_index(action_mask: torch.Tensor) -> torch.Tensor:
@@ -74,6 +81,27 @@ def turns_to_tokens(turn_values: torch.Tensor, token_turns: torch.Tensor) -> tor
     index = token_turns.clamp(min=0).to(torch.int64)
     gathered = torch.gather(turn_values, -1, index)
     return torch.where(token_turns >= 0, gathered, torch.zeros_like(gathered))
+
+
+def turn_sums(token_values: torch.Tensor, token_turns: torch.Tensor, n_turns: int) -> torch.Tensor:
+    """Sum a per-token quantity over the tokens of each turn: out_k = Σ_{t: turn(t) = k} x_t (tokens off the
+    actions, turn −1, add nothing). The adjoint of :func:`turns_to_tokens`; e.g. a per-token KL penalty
+    −β(log π − log π_ref) summed into the reward of the turn whose action it belongs to.
+
+    Args:
+        token_values: ``[..., T]`` per-token values.
+        token_turns: ``[..., T]`` int turn index per token, −1 off the actions (:func:`turn_index`).
+        n_turns: K, the width of the result (at least the largest turn index + 1).
+
+    Returns:
+        ``[..., K]`` in the dtype of ``token_values`` (0 for a turn with no tokens).
+    """
+    on = token_turns >= 0
+    index = torch.where(on, token_turns, torch.full_like(token_turns, n_turns)).to(torch.int64)
+    x = torch.where(on, token_values, torch.zeros_like(token_values))
+    # one extra slot (n_turns) collects the tokens off the actions, and is dropped
+    out = torch.zeros((*token_values.shape[:-1], n_turns + 1), dtype=token_values.dtype, device=x.device)
+    return out.scatter_add(-1, index, x)[..., :n_turns]
 
 
 def turn_gae(

@@ -80,7 +80,7 @@ STAGES: dict[str, Stage] = {
         Stage(
             "ppo", "postrl.lm.ppo", "PPOConfig", "run_ppo",
             "PPO-based RLHF: actor, critic, frozen reward model and frozen reference",
-            "prompts", {**MODEL_AND_DATA, "--reward-model": "reward_model"},
+            "prompts", {**MODEL_AND_DATA, "--reward-model": "reward_model", "--env": "env.id"},
         ),
         Stage(
             "grpo", "postrl.lm.grpo", "GRPOConfig", "run_grpo",

@@ -15,6 +15,7 @@ from postrl.core import (
     turn_group_advantages,
     turn_index,
     turn_start_values,
+    turn_sums,
     turns_to_tokens,
 )
 
@@ -42,6 +43,24 @@ def test_turns_to_tokens_spreads_each_turn_over_its_tokens_only():
     turns = torch.tensor([[-1, 0, 0, -1, -1, 1, -1, 2, 2]])
     out = turns_to_tokens(t([[3.0, -2.0, 5.0, NAN]]), turns)
     torch.testing.assert_close(out, t([[0.0, 3.0, 3.0, 0.0, 0.0, -2.0, 0.0, 5.0, 5.0]]))
+
+
+def test_turn_sums_adds_each_turns_tokens_and_nothing_else():
+    turns = torch.tensor([[-1, 0, 0, -1, -1, 1, -1, 2, 2], [0, 0, 0, -1, -1, -1, -1, -1, -1]])
+    x = t([[100.0, 1.0, 2.0, 100.0, 100.0, 4.0, 100.0, 8.0, 16.0], [1.0, 2.0, 3.0] + [NAN] * 6])
+    # turn 0: 1 + 2; turn 1: 4; turn 2: 8 + 16; turn 3: absent. Row 2: 1 + 2 + 3, NaN off the actions ignored
+    torch.testing.assert_close(turn_sums(x, turns, 4), t([[3.0, 4.0, 24.0, 0.0], [6.0, 0.0, 0.0, 0.0]]))
+
+
+@PROP
+@given(seed=st.integers(0, 2**31 - 1), width=st.integers(1, 12))
+def test_turn_sums_is_the_adjoint_of_turns_to_tokens(seed, width):
+    """<turns_to_tokens(a), x> = <a, turn_sums(x)> for every a and x."""
+    gen = torch.Generator().manual_seed(seed)
+    turns = turn_index(torch.randint(0, 2, (3, width), generator=gen))
+    k = max(int(turns.max()) + 1, 1)
+    a, x = torch.randn(3, k, generator=gen, dtype=F64), torch.randn(3, width, generator=gen, dtype=F64)
+    torch.testing.assert_close((turns_to_tokens(a, turns) * x).sum(), (a * turn_sums(x, turns, k)).sum())
 
 
 @PROP

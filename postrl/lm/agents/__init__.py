@@ -9,7 +9,7 @@ and ``gym:<any Gymnasium id with discrete actions>``. The credit per turn is `po
 from postrl.lm.agents.env import AgentError, Episode, EpisodeBudget, TextEnv, as_messages, run_episode
 from postrl.lm.agents.games import CalculatorEnv, GuessNumberEnv, carrying_sum
 from postrl.lm.agents.gym_text import GymTextEnv
-from postrl.lm.agents.registry import ENVS, env_ids, make_env
+from postrl.lm.agents.registry import ENVS, check_env, env_ids, make_env
 from postrl.lm.agents.tools import ToolCall, ToolEnv, call_tool, parse_tool_calls, tool_schema
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "as_messages",
     "call_tool",
     "carrying_sum",
+    "check_env",
     "env_ids",
     "make_env",
     "parse_tool_calls",

@@ -33,9 +33,10 @@ class EnvConfig:
     """trajectory: every token of an episode gets the advantage of its return (grpo.advantage over the group);
     turn: each turn gets its return-to-go from that turn on, baselined within the group at that turn
     (core.turn_group_advantages): leave-one-out with grpo.advantage=rloo, else the group mean, divided by the
-    group std for grpo.advantage=grpo with grpo.scale_rewards."""
+    group std for grpo.advantage=grpo with grpo.scale_rewards. GRPO only: `postrl ppo` credits each turn with
+    GAE over turns (its critic at each turn's start)."""
     gamma: float = 1.0
-    """Discount between turns for credit=turn."""
+    """Discount γ between turns (GRPO: for credit=turn; PPO: GAE's γ, the turn as the time step)."""
 
     kv_cache: Literal["auto", "reuse", "prefill"] = "auto"
     """reuse: keep each episode's KV cache across turns, each turn prefills only its new tokens (the

@@ -8,7 +8,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from postrl.lm.agents.env import AgentError, TextEnv
+from postrl.lm.agents.env import AgentError, TextEnv, reset_env, step_env
 from postrl.lm.agents.games import CalculatorEnv, GuessNumberEnv
 from postrl.lm.agents.gym_text import GymTextEnv
 
@@ -45,3 +45,12 @@ def make_env(env_id: str, **kwargs: Any) -> TextEnv:
     raise AgentError(
         f"unknown environment {env_id!r}: expected one of {', '.join(env_ids())} or gym:<Gymnasium id>{hint}"
     )
+
+
+def check_env(env_id: str, options: dict[str, Any]) -> None:
+    """What a trainer asks of an environment before it loads a model: it is made (an unknown id or option is
+    an `AgentError`), resets and takes one step on an empty reply (a `reset` or `step` that raises is an
+    `AgentError` naming the environment and where its method is). A fresh environment, thrown away."""
+    env = make_env(env_id, **options)
+    reset_env(env, seed=0, options=None)
+    step_env(env, "", turn=0)

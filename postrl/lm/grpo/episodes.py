@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from postrl.core import turn_group_advantages, turn_index, turns_to_tokens
-from postrl.lm.agents import make_env
+from postrl.lm.agents import check_env, make_env
 from postrl.lm.agents.rollout import sample_episodes
 from postrl.lm.grpo.config import GRPOConfig
 from postrl.lm.grpo.engine import Prompts, Sampled, TextEngine
@@ -42,7 +42,7 @@ def env_return(
 def check_env_config(cfg: GRPOConfig) -> None:
     """What an episode run refuses before it loads anything: an unknown environment (`AgentError`), and keys
     that do not apply to episodes."""
-    make_env(cfg.env.id, **cfg.env.options)  # an unknown id or option is one AgentError naming it
+    check_env(cfg.env.id, cfg.env.options)  # an unknown id or option, a step that raises: one AgentError
     g = cfg.grpo
     problems = {
         "env.id with grpo.dynamic_sampling: episodes are not refilled; set grpo.dynamic_sampling=false": (

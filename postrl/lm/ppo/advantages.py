@@ -146,10 +146,33 @@ def advantages_and_returns(
 
 
 # ---- the phase -------------------------------------------------------------------------------------------
-def _seq_mean(x: Tensor) -> float:
+def seq_mean(x: Tensor) -> float:
     """Mean over all ranks' rows of a per-row tensor [B]."""
     total = dist.all_reduce_sum(torch.stack([x.double().sum(), torch.tensor(float(x.numel()))]))
     return float(total[0] / total[1].clamp(min=1))
+
+
+@torch.no_grad()
+def reference_and_values(
+    roles: Roles,
+    rollout: Rollout,
+    temperature: float,
+    chunk_size: int = 64,
+    reference: ResponseForward | None = None,
+) -> tuple[Tensor, Tensor]:
+    """(log π_ref [B, T] at ``temperature``, through ``reference``, the forward the trainer chose for the
+    reference (None: `response_forward`'s); the critic's values [B, T], V of the state before each response
+    token) of the rollout's responses."""
+    ids, mask, P = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
+    reference = reference or response_forward(roles.reference, gradients=False)
+    ref_log_probs = response_log_probs(
+        reference, ids, mask, P, temperature=temperature, chunk_size=chunk_size
+    )
+    if roles.critic is None:  # shared trunk: the actor returns (logits, values)
+        _, values = score(roles.actor, ids, mask, P, temperature=temperature, chunk_size=chunk_size)
+    else:
+        values = score_values(roles.critic, ids, mask, P, chunk_size=chunk_size)
+    return ref_log_probs, values
 
 
 @torch.no_grad()
@@ -169,34 +192,27 @@ def make_batch(
     """Reference log-probs, values, shaped rewards and GAE for ``rollout`` with sequence scores
     ``raw_scores`` [B] → (batch, metrics). Log-probs of actor and reference both use ``temperature``; the
     reference's through ``reference``, the forward the trainer chose for it (None: `response_forward`'s)."""
-    ids, mask, P = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
-    response_mask = rollout.response_mask
-    reference = reference or response_forward(roles.reference, gradients=False)
-    ref_log_probs = response_log_probs(
-        reference, ids, mask, P, temperature=temperature, chunk_size=chunk_size
-    )
-    if roles.critic is None:  # shared trunk: the actor returns (logits, values)
-        _, values = score(roles.actor, ids, mask, P, temperature=temperature, chunk_size=chunk_size)
-    else:
-        values = score_values(roles.critic, ids, mask, P, chunk_size=chunk_size)
+    ids, response_mask = rollout.input_ids, rollout.response_mask
+    ref_log_probs, values = reference_and_values(roles, rollout, temperature, chunk_size, reference)
     scores = normalize_scores(raw_scores.to(ids.device).float(), rollout.finished, reward, norm_stats)
     rewards = kl_shaped_rewards(scores, rollout.log_probs, ref_log_probs, response_mask, beta)
     advantages, returns = advantages_and_returns(rewards, values, response_mask, advantage)
     batch = RolloutBatch(
-        ids, mask, P, response_mask, rollout.log_probs, advantages, values=values, returns=returns
-    )
+        ids, rollout.attention_mask, rollout.prompt_len, response_mask, rollout.log_probs, advantages,
+        values=values, returns=returns,
+    )  # fmt: skip
     m = response_mask.float()
     k1 = masked_sum(kl_estimate(rollout.log_probs, ref_log_probs, "k1"), m, dim=-1)  # (B,) per response
     k3 = masked_sum(kl_estimate(rollout.log_probs, ref_log_probs, "k3"), m, dim=-1)
     metrics = {
-        "rm_score": _seq_mean(raw_scores.float().cpu()),
-        "score": _seq_mean(scores.cpu()),
-        "kl_to_ref": _seq_mean(k1.cpu()),
-        "kl_k3": _seq_mean(k3.cpu()),
+        "rm_score": seq_mean(raw_scores.float().cpu()),
+        "score": seq_mean(scores.cpu()),
+        "kl_to_ref": seq_mean(k1.cpu()),
+        "kl_k3": seq_mean(k3.cpu()),
         "beta": beta,
-        "non_score_reward": _seq_mean(masked_sum(rewards, m, dim=-1).cpu() - scores.cpu()),
-        "response_length": _seq_mean(rollout.response_lengths.float().cpu()),
-        "no_eos_fraction": _seq_mean((~rollout.finished).float().cpu()),
+        "non_score_reward": seq_mean(masked_sum(rewards, m, dim=-1).cpu() - scores.cpu()),
+        "response_length": seq_mean(rollout.response_lengths.float().cpu()),
+        "no_eos_fraction": seq_mean((~rollout.finished).float().cpu()),
         "value_mean": float(masked_mean(values, m)),
         "explained_variance": explained_variance(values, returns, m),
     }

@@ -40,6 +40,7 @@ from postrl.lm import onpolicy
 from postrl.lm.evaluation import evaluate_heldout
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.onpolicy import Term
+from postrl.lm.ppo import episodes
 from postrl.lm.ppo.advantages import make_batch
 from postrl.lm.ppo.build import (
     PPORun,
@@ -86,17 +87,20 @@ def policy_forward(
 
 
 def ppo_loss(
-    roles: Roles, mb: RolloutBatch, cfg: PPOLossConfig, temperature: float
+    roles: Roles, mb: RolloutBatch, cfg: PPOLossConfig, temperature: float, value_weight: float = 1.0
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """A minibatch → (loss, stats): clipped policy loss + vf_coef · value loss − ent_coef · entropy, each a
-    mean over the response tokens."""
+    """A minibatch → (loss, stats): clipped policy loss + value_weight · vf_coef · value loss − ent_coef ·
+    entropy, each a mean over the response tokens (the value loss over ``mb.value_mask`` when it is set: the
+    turn boundaries of episodes). ``value_weight`` rescales the value term when its positions are not the
+    response tokens (`PPOObjective`: a micro-batch's share of the boundaries over its share of the tokens)."""
     mask = mb.response_mask
+    value_mask = mask if mb.value_mask is None else mb.value_mask
     log_probs, entropy, values = policy_forward(roles, mb, temperature, cfg.ent_coef != 0)
     pg_loss, stats = ppo_clip_loss(log_probs, mb.old_log_probs, mb.advantages, cfg.clip_eps, mask)
     clipped = {"old_values": mb.values, "clip_eps": cfg.vf_clip} if cfg.vf_clip is not None else {}
-    vf_loss = value_loss(values, mb.returns, mask, **clipped)
+    vf_loss = value_loss(values, mb.returns, value_mask, **clipped)
     entropy_mean = masked_mean(entropy, mask)
-    loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy_mean
+    loss = pg_loss + value_weight * cfg.vf_coef * vf_loss - cfg.ent_coef * entropy_mean
     return loss, {
         "policy_loss": pg_loss.detach(),
         "value_loss": vf_loss.detach(),
@@ -131,17 +135,25 @@ class PPOObjective:
         # every micro-batch's share of the tokens in one host sync; the stats sum on the device in float64 (the
         # same values as Python floats), read once at the end
         counts = torch.stack([micro.response_mask.sum() for micro in micro_batches]).tolist()
+        shares = [float(count) / max(tokens, 1.0) for count in counts]
+        weights = [1.0] * len(shares)
+        if minibatch.value_mask is not None:  # the value loss's mean is over the boundaries, all ranks'
+            boundaries = float(dist.all_reduce_sum(minibatch.value_mask.sum().double()))
+            counts = torch.stack([micro.value_mask.sum() for micro in micro_batches]).tolist()
+            weights = [
+                float(c) / max(boundaries, 1.0) / s if s else 0.0 for c, s in zip(counts, shares, strict=True)
+            ]
         self.totals = {}
         terms: list[Term] = [
-            functools.partial(self.ppo_part, micro, float(count) / max(tokens, 1.0))
-            for micro, count in zip(micro_batches, counts, strict=True)
+            functools.partial(self.ppo_part, micro, share, weight)
+            for micro, share, weight in zip(micro_batches, shares, weights, strict=True)
         ]
         if self.ptx_loss is not None:
             terms.append(functools.partial(self.ptx_part, self.ptx_loss))
         return terms
 
-    def ppo_part(self, micro: RolloutBatch, share: float) -> Tensor:
-        loss, stats = ppo_loss(self.roles, micro, self.cfg, self.temperature)
+    def ppo_part(self, micro: RolloutBatch, share: float, value_weight: float = 1.0) -> Tensor:
+        loss, stats = ppo_loss(self.roles, micro, self.cfg, self.temperature, value_weight)
         for key, value in {"loss": loss.detach(), **stats}.items():
             weighted = torch.as_tensor(value, device=loss.device).detach().double() * share
             self.totals[key] = self.totals[key] + weighted if key in self.totals else weighted
@@ -237,6 +249,8 @@ class PPO:
         """Generate for this rank's share of ``indices``, score, shape rewards, GAE → (batch, metrics, rollout,
         seconds spent generating)."""
         run, cfg, roles = self.run, self.run.cfg, self.run.roles
+        if cfg.env.id is not None:
+            return self.episode_experience(step, indices)
         rows = [run.prompts.rows[indices[i]] for i in dist.shard_range(len(indices))]
         tic = time.perf_counter()
         with dist.gathered(roles.actor, roles.critic, roles.reference, roles.reward_model):  # whole weights
@@ -253,6 +267,24 @@ class PPO:
         if run.task is not None:
             gold = torch.tensor(run.task.gold_reward(rollout.prompts, rollout.texts), dtype=torch.float64)
             metrics["gold_reward"] = float(dist.all_reduce_mean(gold.mean()))
+        return batch, metrics, rollout, seconds
+
+    def episode_experience(
+        self, step: int, indices: list[int]
+    ) -> tuple[RolloutBatch, dict[str, float], Rollout, float]:
+        """`experience` for env.id: this rank's share of the step's episodes, played by the actor, credited per
+        turn (`postrl.lm.ppo.episodes`)."""
+        run, cfg, roles = self.run, self.run.cfg, self.run.roles
+        seeds = episodes.dist_seeds(run.prompts.rows, indices)
+        tic = time.perf_counter()
+        with dist.gathered(roles.actor, roles.critic, roles.reference):  # whole weights
+            generator = seeded_generator(run.device, cfg.run.seed, "rollout", step, dist.rank())
+            rollout, turns = episodes.play(roles.policy, run.tokenizer, cfg, seeds, cfg.sampling, generator)
+            seconds = time.perf_counter() - tic
+            batch, metrics = episodes.make_turn_batch(
+                roles, rollout, turns, temperature=cfg.sampling.temperature, beta=run.kl_ctl.value,
+                gamma=cfg.env.gamma, advantage=cfg.gae, reference=self.reference,
+            )  # fmt: skip
         return batch, metrics, rollout, seconds
 
     def trainer_state(self, step: int) -> TrainerState:
@@ -299,6 +331,12 @@ class PPO:
     def evaluate(self) -> dict[str, float]:
         """Held-out RM score, gold reward, KL to the reference and length (`evaluate_heldout`, all ranks)."""
         run, cfg, r = self.run, self.run.cfg, self.run.roles
+        if cfg.env.id is not None:  # greedy held-out episodes: return, success, turns
+            with dist.gathered(r.actor):
+                seeds = [int(row["seed"]) for row in run.heldout.rows]
+                out = episodes.evaluate_episodes(r.policy, run.tokenizer, cfg, seeds, cfg.run.seed + 1)
+            self.history.append({"step": self.steps_done, **out})
+            return out
         state = self.trainer_state(self.steps_done)
 
         def scorer(rollout: Rollout, rows: Sequence[dict[str, Any]]) -> Tensor:
@@ -313,7 +351,7 @@ class PPO:
         return out
 
     def bar(self, metrics: dict[str, float]) -> dict[str, float]:
-        return {"score": metrics["rm_score"], "kl": metrics["kl_to_ref"]}
+        return {"score": metrics.get("rm_score", metrics.get("env_return")), "kl": metrics["kl_to_ref"]}
 
     def parts(self) -> Parts:
         run = self.run
@@ -340,6 +378,8 @@ class PPORecipe:
 
     def check(self, cfg: PPOConfig) -> None:
         check_ppo_config(cfg)
+        if cfg.env.id is not None:  # the environment before any model: an unknown id is one error
+            episodes.check_env_ppo(cfg)
 
     def load(self, setup: Setup) -> None:
         run = build_ppo_run(setup.cfg, setup.info)
@@ -354,7 +394,10 @@ class PPORecipe:
         export_models(run, setup.run_dir)
         if setup.info.is_main and setup.cfg.plots:
             plot_run(setup.run_dir)
-        return summarize(algo.history, algo.totals, state.step, run.kl_ctl.value)
+        summary = summarize(algo.history, algo.totals, state.step, run.kl_ctl.value)
+        if setup.cfg.env.id is not None:
+            summary |= episodes.summarize_episodes(algo.history)
+        return summary
 
 
 def run_ppo(

@@ -34,6 +34,7 @@ from postrl.lm.models import (
 )
 from postrl.lm.ppo.advantages import reward_model_scores
 from postrl.lm.ppo.config import PPOConfig
+from postrl.lm.ppo.episodes import episode_prompts
 from postrl.lm.reward_model.evaluation import NORM_FILE, read_reward_norm
 from postrl.lm.rewards import (
     Phase,
@@ -80,7 +81,7 @@ def build_roles(cfg: PPOConfig, device: torch.device) -> Roles:
     else:
         reference = _frozen(load_causal_lm(cfg.ref_model or cfg.model, **load))
     reward_model = None
-    if cfg.reward_model is not None and not cfg.rewards:
+    if cfg.reward_model is not None and not cfg.rewards and cfg.env.id is None:
         reward_model = _frozen(ScalarHeadModel.from_pretrained(cfg.reward_model, **load))
     critic: torch.nn.Module | None
     if cfg.critic == "reward_model":  # N+ details: the value model starts as the reward model
@@ -226,10 +227,15 @@ def build_ppo_run(cfg: PPOConfig, info: dist.DistInfo) -> PPORun:
         kl_ctl = AdaptiveKLController(cfg.kl.beta, cfg.kl.target, cfg.kl.horizon)
     else:
         kl_ctl = FixedKLController(cfg.kl.beta)
-    prompts, heldout = _load_prompts(cfg, tokenizer)
+    norm_stats, task = None, None
+    if cfg.env.id is not None:  # episodes: seeds for prompts, the environment's rewards
+        prompts, heldout = episode_prompts(cfg)
+    else:
+        prompts, heldout = _load_prompts(cfg, tokenizer)
+        norm_stats, task = read_norm_stats(cfg), load_task(cfg)
     return PPORun(
-        cfg, roles, train_roles, parts, optimizers, schedulers, kl_ctl, read_norm_stats(cfg), tokenizer,
-        prompts, heldout, load_task(cfg), make_scorer(cfg, roles, info.device),
+        cfg, roles, train_roles, parts, optimizers, schedulers, kl_ctl, norm_stats, tokenizer,
+        prompts, heldout, task, make_scorer(cfg, roles, info.device),
         load_ptx_examples(cfg, tokenizer), info.device,
     )  # fmt: skip
 

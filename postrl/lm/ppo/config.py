@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from postrl.lm.agents.config import EnvConfig
 from postrl.lm.ppo.advantages import GAEConfig, KLConfig, RewardConfig
 from postrl.lm.rollout import SamplingConfig
 from postrl.lm.spine import RUN_KEYS, RunConfig
@@ -95,6 +96,10 @@ class PPOConfig:
     """Prompts: a JSONL/JSON/Parquet file with a 'prompt' column, task:NAME, or a `datasets` name."""
     task: dict[str, Any] = field(default_factory=dict)
     """Options of a built-in task."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Episodes in a text environment instead of prompts from data (env.id): the environment's reward per
+    turn (no reward model), the critic at each turn's start and GAE over turns (env.gamma, gae.lam); batch_size
+    counts episodes. configs/ppo-guess-number.yaml."""
     eval_data: str | None = None
     """Held-out prompts (default: the test split of a built-in task, else the last 5% of the prompts)."""
     empty_rows: Literal["error", "skip"] = "error"
@@ -116,7 +121,8 @@ class PPOConfig:
     kl: KLConfig = field(default_factory=lambda: KLConfig(beta=0.05))
     """KL penalty to the reference."""
     reward: RewardConfig = field(default_factory=RewardConfig)
-    """Reward normalisation, clipping and the no-EOS penalty."""
+    """Reward normalisation, clipping and the no-EOS penalty (of a reward model's or the reward functions'
+    scores; with env.id the environment's rewards enter as they are)."""
     ptx: PtxConfig = field(default_factory=PtxConfig)
     """Optional pretraining loss."""
     optim: OptimConfig = field(default_factory=_optim)
@@ -159,9 +165,9 @@ def check_ppo_config(cfg: PPOConfig) -> None:
         "critic=reward_model needs reward_model (or choose critic=sft / shared)": (
             cfg.critic == "reward_model" and cfg.reward_model is None
         ),
-        "give reward_model or rewards": cfg.reward_model is None and not cfg.rewards,
+        "give reward_model or rewards": cfg.reward_model is None and not cfg.rewards and cfg.env.id is None,
         "reward.normalize=rm_stats needs a reward model (use none or batch with rewards)": (
-            cfg.reward.normalize == "rm_stats" and bool(cfg.rewards)
+            cfg.reward.normalize == "rm_stats" and bool(cfg.rewards) and cfg.env.id is None
         ),
         f"batch_size={cfg.batch_size} must be >= ppo.minibatches·ppo.grad_accum per rank": (
             cfg.batch_size // dist.world_size() < p.minibatches * p.grad_accum

@@ -47,6 +47,9 @@ class RolloutBatch:
     behaviour_log_probs: Tensor | None = None
     """[N, T] log μ of the policy that sampled, when the loss makes the weights from its own forward (one
     update per batch: `postrl.lm.grpo.objective.loss_of`), or None"""
+    value_mask: Tensor | None = None
+    """[N, T] 1 where the value loss is taken (PPO over episodes: the first action token of each turn, where
+    the critic is evaluated), or None (every response token)"""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -78,6 +81,7 @@ class RolloutBatch:
             cut(self.row_ids),
             cut(self.is_weights),
             cut(self.behaviour_log_probs),
+            cut(self.value_mask),
         )
 
     def minibatches(self, order: Tensor, n: int) -> list[RolloutBatch]:
