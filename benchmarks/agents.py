@@ -59,6 +59,7 @@ from postrl.lm.agents.tools import call_tool
 from postrl.lm.base_model import BASE_LM
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, run_grpo
 from postrl.lm.grpo.episodes import HELDOUT_SEED
+from postrl.lm.ppo import PPOConfig, run_ppo
 from postrl.lm.rollout import SamplingConfig
 from postrl.lm.sft import SFTConfig, run_sft
 from postrl.lm.spine import RunConfig
@@ -70,6 +71,7 @@ LAKE = {"id": "frozenlake", "options": {}, "max_turns": 8, "max_tokens": 48}
 CALC = {"id": "calculator", "options": {}, "max_turns": 3, "max_tokens": 160}
 MAX_NEW_TOKENS = 6
 EVAL_EPISODES = 32
+EPISODES_PER_STEP = 16
 
 
 def train(env: dict[str, Any], credit: str, seed: int, steps: int, out: Path) -> tuple[Path, float]:
@@ -86,6 +88,21 @@ def train(env: dict[str, Any], credit: str, seed: int, steps: int, out: Path) ->
     )
     start = time.perf_counter()
     run_grpo(cfg, out, overwrite=True)
+    return out / "model", time.perf_counter() - start
+
+
+def train_ppo(env: dict[str, Any], seed: int, steps: int, out: Path) -> tuple[Path, float]:
+    """PPO over episodes with the preset ppo-guess-number (16 episodes per step, a critic at each turn's start,
+    GAE over turns, β 0, AdamW 2e-4 constant) for ``steps`` steps; the model and seconds."""
+    cfg = load_config(
+        PPOConfig, "ppo-guess-number",
+        [f"model={BASE_LM.path()}", f"run.steps={steps}", f"run.seed={seed}", "run.eval_every=1000000",
+         f"run.save_every={steps}", "run.device=cpu", "env.n_eval=0", "plots=false"],
+    )  # fmt: skip
+    preset = {key: getattr(cfg.env, key) for key in env}
+    assert preset == env and cfg.batch_size == EPISODES_PER_STEP, "the preset plays another game"
+    start = time.perf_counter()
+    run_ppo(cfg, out, overwrite=True)
     return out / "model", time.perf_counter() - start
 
 
@@ -110,10 +127,14 @@ def evaluate(
 
 def part_game(seeds: list[int], steps: int, workdir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"untrained": evaluate(BASE_LM.path(), GAME)}
-    for credit in ("trajectory", "turn"):
+    for credit in ("trajectory", "turn", "ppo"):
         runs = []
         for seed in seeds:
-            model, seconds = train(GAME, credit, seed, steps, workdir / f"game-{credit}-{seed}")
+            run_dir = workdir / f"game-{credit}-{seed}"
+            if credit == "ppo":  # the critic at each turn's start, GAE over turns
+                model, seconds = train_ppo(GAME, seed, steps, run_dir)
+            else:
+                model, seconds = train(GAME, credit, seed, steps, run_dir)
             runs.append({"seed": seed, "seconds": round(seconds, 1), **evaluate(model, GAME)})
             print(json.dumps({"game": credit, **runs[-1]}), file=sys.stderr)
         out[credit] = {
@@ -215,7 +236,11 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/postrl-agents"))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    result: dict[str, Any] = {"steps": args.steps, "seeds": args.seeds, "episodes_per_step": 16}
+    result: dict[str, Any] = {
+        "steps": args.steps,
+        "seeds": args.seeds,
+        "episodes_per_step": EPISODES_PER_STEP,
+    }
     parts = {"game": part_game, "frozenlake": part_lake, "calculator": part_calculator}
     for name in args.parts:
         result[name] = parts[name](args.seeds, args.steps, args.workdir)

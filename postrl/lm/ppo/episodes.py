@@ -101,7 +101,10 @@ def play(
     envs = [make_env(cfg.env.id, **cfg.env.options) for _ in seeds]
     was_training = policy.training
     policy.eval()
-    out = sample_episodes(policy, tokenizer, envs, sampling, cfg.env.budget, generator, list(seeds))
+    env = cfg.env
+    out = sample_episodes(
+        policy, tokenizer, envs, sampling, env.budget, generator, list(seeds), kv_cache=env.kv_cache
+    )
     policy.train(was_training)
     device = next(policy.parameters()).device
     ids, P = out.input_ids.to(device), out.prompt_len
