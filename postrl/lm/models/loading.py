@@ -169,7 +169,10 @@ def load_pretrained(
     the hub is unreachable; a failure is the `ModelError` of `load_error`, naming ``what``."""
     dtype = resolve_dtype(dtype)
     source, local = model_source(path_or_name, what)
-    kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+    # use_kernels off: transformers 5 turns hub kernels on whenever the `kernels` package is installed, which
+    # may fetch code from the hub at run time and re-kernelizes the model at every train()/eval() switch
+    # (0.8 ms on the built-in tiny models, twice per GRPO step: benchmarks/grpo.py)
+    kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code, "use_kernels": False}
     kwargs["local_files_only"] = local or not hub_reachable()
     try:
         return auto_cls.from_pretrained(source, **kwargs)
