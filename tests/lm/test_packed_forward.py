@@ -167,6 +167,7 @@ def test_a_dpo_run_has_the_same_metrics_padding_free_or_not(
         return [{k: v for k, v in json.loads(x).items() if "time" not in k and "rss" not in k} for x in lines]
 
     packed, padded = rows("packed"), rows("padded")
+    assert packed[0]["heldout_reward_margin"] == 0.0  # π = π_ref: the reference pass runs the same forward
     assert [r.keys() for r in packed] == [r.keys() for r in padded] and len(packed) >= 4
     for a, b in zip(packed, padded, strict=True):
         for key, value in a.items():

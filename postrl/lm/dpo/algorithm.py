@@ -189,6 +189,11 @@ class DPORecipe(ReferenceRecipe):
         self, reference: ResponseForward, examples: list[dict], setup: Setup, batch_size: int
     ) -> Tensor:
         pad = setup.tokenizer.pad_token_id
+        model = getattr(
+            reference, "model", None
+        )  # the held-out metrics' forward: π = π_ref gives h = 0 exactly
+        if model is not None:
+            reference = padding_free_forward(model, reference, setup.cfg, gradients=False)
         return reference_pair_log_probs(reference, examples, pad, setup.info.device, batch_size)
 
     def summarize(self, setup: Setup, algo: DPO, state: LoopState) -> dict[str, Any]:
