@@ -105,6 +105,41 @@ def _reward_specs(rewards: Any) -> tuple[list[str], dict[str, Callable[..., Any]
 
 
 @contextmanager
+def _python_env(overrides: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """TRL's ``environment_factory=`` / ``tools=`` / ``reward_funcs=`` (and ``data=`` rows for it) as an
+    environment registered for the run (`postrl.lm.agents.python_envs`): the overrides with ``env.id`` set."""
+    if overrides.get("environment_factory") is None and not overrides.get("tools"):
+        if overrides.get("reward_funcs") is not None:  # TRL's name of rewards=, without an environment
+            overrides = {**overrides, "rewards": overrides.get("rewards") or overrides["reward_funcs"]}
+            overrides.pop("reward_funcs")
+        yield overrides
+        return
+    from postrl.lm.agents.python_envs import register_tool_env, release_tool_env  # deferred: torch
+
+    values = dict(overrides)
+    rows = values.pop("data", None)
+    if isinstance(rows, (str, os.PathLike)):
+        raise UserError(
+            "data= with environment_factory=/tools= takes rows in memory (a list of dicts, a Dataset)"
+        )
+    env_id, n_rows = register_tool_env(
+        values.pop("tools", None),
+        values.pop("environment_factory", None),
+        values.pop("reward_funcs", None),
+        rows,
+    )
+    env = dict(values.get("env") or {})
+    env["id"] = env_id
+    if n_rows is not None:
+        env.setdefault("n_train", n_rows)
+    values["env"] = env
+    try:
+        yield values
+    finally:
+        release_tool_env(env_id)
+
+
+@contextmanager
 def _in_memory(overrides: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """The overrides with rows in memory and Python reward functions replaced by their names, registered
     for the length of the ``with`` block."""
@@ -172,6 +207,8 @@ def _note_in_memory(run_dir: Path, cfg: Any) -> None:
         notes += NOTE.format(what="rows (data: memory:...) were", arg="data=")
     if any(str(spec).startswith("callable:") for spec in values.get("rewards") or []):
         notes += NOTE.format(what="reward functions (callable:...) were", arg="rewards=")
+    if str((values.get("env") or {}).get("id") or "").startswith("python:"):
+        notes += NOTE.format(what="the environment (python:...) was", arg="environment_factory=/tools=")
     if notes and not text.startswith(notes):
         from postrl.runtime.checkpoint import atomic_write_text  # deferred: torch
 
@@ -204,7 +241,7 @@ def run_stage(
     from postrl.runtime import distributed as dist  # deferred: torch
 
     run_dir = Path(out)
-    with _in_memory(overrides) as values:
+    with _python_env(overrides) as with_env, _in_memory(with_env) as values:
         cfg = resolve_config(stage, config, values, run_dir, resume)
         run = spec.run_function()
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import random
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -106,6 +107,18 @@ def environment_tools(instance: Any) -> list[Callable[..., Any]]:
     ]
 
 
+def seeded(seed: int | None, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
+    """``fn(**kwargs)`` with Python's `random` seeded by ``seed`` (None: as it is), its state restored after."""
+    if seed is None:
+        return fn(**kwargs)
+    state = random.getstate()
+    random.seed(seed)
+    try:
+        return fn(**kwargs)
+    finally:
+        random.setstate(state)
+
+
 RewardFn = Callable[..., Sequence[float]]
 """TRL's reward function: ``fn(prompts=[...], completions=[...], **columns) -> list[float]``"""
 
@@ -114,9 +127,16 @@ class ToolEnv(TextEnv):
     """A `TextEnv` over TRL-style ``tools`` and/or an ``environment_factory``.
 
     ``reset(options=row)`` starts an episode on a data row (``row["prompt"]``: a string or messages; the other
-    columns go to the environment's ``reset`` and to the reward functions). Each step runs the reply's tool
-    calls and observes their results as ``tool`` messages; a reply with no tool call ends the episode, scored
-    by the sum of the reward functions on the conversation and the environment's ``get_reward()``.
+    columns go to the environment's ``reset`` and to the reward functions); ``reset(seed)`` plays row
+    ``seed mod len(rows)`` of ``rows`` when the environment was given rows, else a row whose prompt is one empty
+    user message (TRL's rows when an environment owns its data: `reset`'s string becomes the prompt). Each
+    step runs the reply's tool calls and observes their results as ``tool`` messages; a reply with no tool
+    call ends the episode, scored by the sum of the reward functions on the conversation and the
+    environment's ``get_reward()``.
+
+    The environment object's ``reset`` runs with Python's `random` seeded from the episode's seed (its state
+    restored afterwards), so an environment that draws its task with `random` (TRL's documented
+    ``IncrementEnv``) gives the G episodes of a group one task, and a run is reproducible.
     """
 
     def __init__(
@@ -125,7 +145,11 @@ class ToolEnv(TextEnv):
         environment_factory: Callable[[], Any] | None = None,
         reward_funcs: Sequence[RewardFn] = (),
         tool_timeout_s: float = 10.0,
+        rows: Sequence[dict[str, Any]] | None = None,
     ) -> None:
+        self._rows = [dict(row) for row in rows] if rows is not None else None
+        if self._rows is not None and not self._rows:
+            raise AgentError("ToolEnv: rows is empty")
         self._standalone = list(tools)
         self._factory = environment_factory
         self._reward_funcs = list(reward_funcs)
@@ -152,7 +176,7 @@ class ToolEnv(TextEnv):
     def reset(
         self, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
-        row = dict(options or {})
+        row = dict(options) if options else self._row_of(seed)
         if "prompt" not in row:
             raise AgentError("ToolEnv.reset: options must hold the data row, with its 'prompt'")
         prompt = row["prompt"]
@@ -164,11 +188,18 @@ class ToolEnv(TextEnv):
         if self._factory is not None:
             self._instance = self._fresh()  # a fresh object per episode: interactions stay isolated
             by_name.update({fn.__name__: fn for fn in environment_tools(self._instance)})
-            observation = self._instance.reset(**row)
+            observation = seeded(seed, self._instance.reset, **row)
             if isinstance(observation, str):
                 messages[-1] = {**messages[-1], "content": f"{messages[-1]['content']}{observation}"}
         self._by_name = by_name
         return messages, {}
+
+    def _row_of(self, seed: int | None) -> dict[str, Any]:
+        if self._rows is None:
+            return {
+                "prompt": [{"role": "user", "content": ""}]
+            }  # TRL's row when the environment owns the data
+        return dict(self._rows[(seed or 0) % len(self._rows)])
 
     def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         self._turns.append({"role": "assistant", "content": action})
