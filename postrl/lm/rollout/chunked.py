@@ -61,9 +61,11 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
         tau, n = ctx.temperature, ctx.chunk_tokens
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
-        # summed over chunks in float32 at least (bfloat16 weights: one rounding at the end, not one per chunk)
+        # summed over chunks in float32 at least (bfloat16 weights: one rounding at the end, not one per chunk).
+        # The first chunk's product is the sum (no zeroed [V, d] buffer to fill), later ones are added in place
+        # by addmm_ (no [V, d] temporary): at V = 151,936 each of those was 544 MB and seconds of page faults.
         acc = torch.promote_types(weight.dtype, torch.float32)
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_w: Tensor | None = None
         grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
         for s in range(0, hidden.shape[0], n):
             h, g = hidden[s : s + n], grad_log_probs[s : s + n]
@@ -74,7 +76,8 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
             if need_h:
                 grad_h[s : s + n] = (grad_z.to(weight.dtype) @ weight).to(hidden.dtype)  # (n, d)
             if need_w:
-                grad_w += grad_z.to(acc).T @ h.to(acc)  # (V, d)
+                part, rows = grad_z.to(acc).T, h.to(acc)  # (V, n), (n, d)
+                grad_w = part @ rows if grad_w is None else grad_w.addmm_(part, rows)  # (V, d)
             if need_b:
                 grad_b += grad_z.to(acc).sum(0)
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)
