@@ -201,7 +201,8 @@ def _grpo_data(work: Path, n: int) -> Path:
     return path
 
 
-def postrl_run(args: argparse.Namespace, model: Path, data: Path, out: Path) -> dict:
+def postrl_command(args: argparse.Namespace, model: Path, data: Path, out: Path) -> list[str]:
+    """The ``postrl`` command line (without the program) of ``args.stage`` on ``model`` and ``data``."""
     common = [
         "--model", str(model), "--data", str(data), "--out", str(out), "--overwrite", f"run.steps={args.steps}",
         "run.eval_every=0", "run.save_every=0", "run.log_every=1", "run.device=cpu", f"run.threads={args.threads}",
@@ -232,6 +233,11 @@ def postrl_run(args: argparse.Namespace, model: Path, data: Path, out: Path) -> 
             "eval_size=0",
             "grpo.repeat_prompts=true",
         ]
+    return stage
+
+
+def postrl_run(args: argparse.Namespace, model: Path, data: Path, out: Path) -> dict:
+    stage = postrl_command(args, model, data, out)
     launch = [sys.executable, "-m", "postrl.cli"]
     if args.ranks > 1:  # torchrun's wait4 usage: the largest of its children (the ranks)
         launch = [
