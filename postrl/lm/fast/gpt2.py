@@ -223,7 +223,10 @@ class FastGPT2:
     def select_rows(self, index: Tensor) -> None:
         """After `prefill`: row b continues prefilled row ``index[b]`` (a prompt shared by several rows)."""
         self.cache.select_rows(index)
-        self.key_bias, self.pos_steps = self.key_bias[index], self.pos_steps[index]
+        self.key_bias, self.pos_steps = (
+            self.key_bias.index_select(0, index),
+            self.pos_steps.index_select(0, index),
+        )
 
     def step(self, tokens: Tensor) -> Tensor:
         """Append one token per row (positions continue from the prompt): tokens [B] → logits [B, V]."""

@@ -107,7 +107,7 @@ def generate(
         ids, mask = prompt_ids, prompt_mask
     logits = decoder.prefill(ids, mask, position_ids_from_mask(mask), P + max_new_tokens)
     if shared:
-        logits = logits[inverse]
+        logits = logits.index_select(0, inverse)
         decoder.select_rows(inverse)
     draw = Draw(temperature, top_k, top_p, greedy, generator)
     response, log_probs = decode(decoder, logits, max_new_tokens, draw, eos_token_id)

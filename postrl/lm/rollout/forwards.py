@@ -140,7 +140,7 @@ class FusedForward:
         decoder = self.decoder_class(self.model, checked=True)
         first = decoder.prefill(ids, mask, position_ids_from_mask(mask), input_ids.shape[1])  # (U, V)
         if shared:
-            first = first[inverse]
+            first = first.index_select(0, inverse)
             decoder.select_rows(inverse)
         if input_ids.shape[1] == P + 1:
             return first[:, None]
