@@ -79,7 +79,7 @@ STAGES: dict[str, Stage] = {
         ),
         Stage(
             "ppo", "postrl.lm.ppo", "PPOConfig", "run_ppo",
-            "PPO-based RLHF: actor, critic, frozen reward model and frozen reference",
+            "PPO-based RLHF: actor, critic, frozen reward model and frozen reference (--env: over episodes)",
             "prompts", {**MODEL_AND_DATA, "--reward-model": "reward_model", "--env": "env.id"},
         ),
         Stage(
