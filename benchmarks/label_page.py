@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -89,6 +90,54 @@ def act(driver: Any, key: str | None = None, click: str | None = None) -> None:
     else:
         ActionChains(driver).send_keys(key).perform()
     wait_until(driver, lambda d: d.find_element(By.ID, "status").text in ("saved", "undone"))
+
+
+def by_true_return(folder: Path, index: int) -> str:
+    """The choice (left, right or tie) for segment pair ``index`` of a labelling folder as the page shows it,
+    by the two segments' true returns read from the folder's pairs file: a scripted person cannot watch the
+    clips, so it reads what they show a person."""
+    from postrl.label.pairs import swapped
+
+    row = json.loads((folder / "pairs.jsonl").read_text().splitlines()[index])
+    first, second = (sum(row[side]["true_rewards"]) for side in ("first", "second"))
+    left, right = (second, first) if swapped(index) else (first, second)
+    return "tie" if left == right else "left" if left > right else "right"
+
+
+def on_screen(driver: Any) -> int | None:
+    """The pair the page shows once it has loaded (its clip and its index agree); None while all are judged."""
+    from selenium.webdriver.common.by import By
+
+    if "hidden" not in driver.find_element(By.ID, "finished").get_attribute("class"):
+        return None
+    src = driver.execute_script("const i = document.querySelector('#left img'); return i ? i.src : ''")
+    match = re.search(r"/media/(\d+)/left$", src)
+    index = shown_pair(driver)
+    return int(index) if match and index == match.group(1) else None
+
+
+def label_run(url: str, folder: Path, stop: Any, made: list[int], name: str = "ada") -> None:
+    """A scripted person for a running ``postrl control prefs`` (labeller.source page): logs in once the run
+    serves the page, then labels each pair the page shows (`by_true_return`, keys 1/2/0) until ``stop`` (a
+    threading.Event) is set; appends each pair it judged to ``made``."""
+    keys = {"left": "1", "right": "2", "tie": "0"}
+    driver = make_driver(1000, 700)
+    try:
+        for _ in range(1200):  # the run serves the page after its first rollout
+            try:
+                log_in(driver, url, name)
+                break
+            except Exception:  # not served yet
+                time.sleep(0.1)
+        while not stop.is_set():
+            index = on_screen(driver)
+            if index is None:
+                time.sleep(0.05)
+                continue
+            act(driver, keys[by_true_return(folder, index)])
+            made.append(index)
+    finally:
+        driver.quit()
 
 
 def _lm_folder(tmp: Path, n: int) -> Any:

@@ -16,6 +16,14 @@ share of PPO's improvement over chance that preferences recover, the same for Pe
 
     python benchmarks/segment_prefs.py                         # both envs, seed 0, noise 0 and 0.1
     python benchmarks/segment_prefs.py --envs cartpole --seeds 0 1 2 --jobs 3
+    python benchmarks/segment_prefs.py --envs cartpole --seeds 0 1 2 --arms synthetic judge page --noise 0
+
+Who labels (``--arms``, the same label budget for each): ``synthetic`` (the true returns compared, at each
+``--noise``), ``judge`` (`upright_judge` below, through ``labeller.source=fn:segment_prefs:upright_judge``: a
+rule judge that sees only what the clips show, never the reward) and ``page`` (people on the labelling page,
+played by a scripted headless Chromium that decides by the true returns, `label_page.label_run`; the run waits
+for each iteration's labels, ``labeller.page.wait=all``, so labels arrive at the same iterations as in the
+other arms and only the labeller differs).
 
 Runs go in parallel processes (``--jobs``, one torch thread each). The last line is one JSON object.
 
@@ -76,8 +84,60 @@ ENVS = {"cartpole": ("CartPole-v1", 100_000, 0.9), "pendulum": ("Pendulum-v1", 2
 KEYS = ("true_return", "labels_used", "rm_accuracy", "rm_accuracy_true", "reward_correlation", "wall_seconds")
 
 
-def run_one(env: str, seed: int, noise: float | None, steps: int, labels: int | None, out: str) -> dict:
-    """One run: PPO on the true reward (noise None) or on the learned reward with label noise ``noise``."""
+def upright_judge(first: dict, second: dict) -> float:
+    """A CartPole judge that sees what the clips show, never the reward: the segment that stays up longer is
+    better; as long, the one whose pole leans less on average (|θ| < 0.21 while up, so the lean only breaks
+    ties of length); 0.5 when both are the same."""
+
+    def score(seg: dict) -> float:
+        alive = seg["alive"].astype(bool)
+        return float(alive.sum()) - float(np.abs(seg["obs"][alive, 2]).mean()) / 0.21
+
+    a, b = score(first), score(second)
+    return 0.5 if a == b else float(a > b)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _labeller(arm: str, noise: float | None, port: int) -> list[str]:
+    if arm == "synthetic":
+        return [f"labeller.flip_prob={noise}"]
+    if arm == "judge":
+        return ["labeller.source=fn:segment_prefs:upright_judge"]
+    return ["labeller.source=page", f"labeller.page.port={port}", "labeller.page.wait=all"]
+
+
+def _prefs_with_browser(cfg, run_dir: Path, port: int) -> dict:
+    """`prefs.run` of ``cfg`` (labeller.source page) while a scripted Chromium labels the pairs on its page."""
+    import threading
+
+    from label_page import label_run
+
+    from postrl.control import prefs
+
+    stop, made = threading.Event(), []
+    person = threading.Thread(
+        target=label_run, args=(f"http://127.0.0.1:{port}", run_dir / "labelling", stop, made)
+    )
+    person.start()
+    try:
+        return {**prefs.run(cfg, run_dir), "labelled_in_browser": len(made)}
+    finally:
+        stop.set()
+        person.join(timeout=60)
+
+
+def run_one(
+    env: str, seed: int, arm: str | None, noise: float | None, steps: int, labels: int | None, out: str
+) -> dict:
+    """One run: PPO on the true reward (``arm`` None) or on the learned reward, labelled by ``arm`` (synthetic
+    with label noise ``noise``, judge, page)."""
     import torch
 
     torch.set_num_threads(1)
@@ -91,8 +151,8 @@ def run_one(env: str, seed: int, noise: float | None, steps: int, labels: int | 
         "run.save_every=0",
         "run.eval_episodes=20",
     ]
-    row = {"env": env, "seed": seed, "noise": noise}
-    if noise is None:
+    row = {"env": env, "seed": seed, "labeller": arm, "noise": noise if arm == "synthetic" else None}
+    if arm is None:
         cfg = load_config(ppo.ControlPPOConfig, ROOT / f"configs/ppo-{env}.yaml", common)
         summary = train_from_config(cfg, Path(out) / f"ppo-{env}-s{seed}", overwrite=True)
         return {
@@ -101,9 +161,11 @@ def run_one(env: str, seed: int, noise: float | None, steps: int, labels: int | 
             "true_return": summary["eval_return_mean"],
             "wall_seconds": summary["wall_seconds"],
         }
-    extra = [f"labeller.flip_prob={noise}"] + ([f"prefs.label_budget={labels}"] if labels else [])
+    port = _free_port()
+    extra = _labeller(arm, noise, port) + ([f"prefs.label_budget={labels}"] if labels else [])
     cfg = load_config(prefs.ControlPrefsConfig, ROOT / f"configs/prefs-{env}.yaml", [*common, *extra])
-    summary = prefs.run(cfg, Path(out) / f"prefs-{env}-s{seed}-n{noise}")
+    run_dir = Path(out) / (f"prefs-{env}-s{seed}-{arm}" + (f"-n{noise}" if arm == "synthetic" else ""))
+    summary = _prefs_with_browser(cfg, run_dir, port) if arm == "page" else prefs.run(cfg, run_dir)
     return {**row, "algo": "prefs", **{k: summary[k] for k in KEYS}}
 
 
@@ -122,36 +184,47 @@ def random_return(env_id: str, episodes: int = 20) -> float:
     return float(np.mean(total))
 
 
+ARMS = ("synthetic", "judge", "page")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument(
+        "--arms", nargs="+", default=["synthetic"], choices=ARMS, help="who labels (synthetic)"
+    )
     parser.add_argument("--noise", nargs="+", type=float, default=[0.0, 0.1], help="label flip probabilities")
     parser.add_argument("--steps", type=float, default=None, help="override every env's step budget")
     parser.add_argument("--labels", type=int, default=None, help="override the presets' label budgets")
     parser.add_argument("--jobs", type=int, default=3, help="runs in parallel (one process, one thread each)")
     parser.add_argument("--out", default=None, help="folder for the run folders (default: a temp folder)")
     args = parser.parse_args()
+    if "judge" in args.arms and args.envs != ["cartpole"]:
+        parser.error("--arms judge: upright_judge judges CartPole segments (--envs cartpole)")
     out = args.out or tempfile.mkdtemp(prefix="postrl-prefs-bench-")
+    labellers = [
+        (arm, noise) for arm in args.arms for noise in (args.noise if arm == "synthetic" else [None])
+    ]
     tasks = [
-        (env, seed, noise, int(args.steps or ENVS[env][1]), args.labels, out)
+        (env, seed, arm, noise, int(args.steps or ENVS[env][1]), args.labels, out)
         for env in args.envs
         for seed in args.seeds
-        for noise in (None, *args.noise)
+        for arm, noise in [(None, None), *labellers]
     ]
     rows = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for row in pool.map(run_one, *zip(*tasks, strict=True)):
             print(json.dumps(row), flush=True)
             rows.append(row)
-    results = summarise(rows, args.envs, args.noise)
+    results = summarise(rows, args.envs, labellers)
     print(f"run folders: {out}")
     result = {"benchmark": "segment_prefs", "seeds": args.seeds, "results": results, "runs": rows}
-    record("segment_prefs", result)
+    record("segment_prefs" if args.arms == ["synthetic"] else "segment_prefs-labellers", result)
     print(json.dumps(result))
 
 
-def summarise(rows: list[dict], envs: list[str], noises: list[float]) -> dict:
+def summarise(rows: list[dict], envs: list[str], labellers: list[tuple[str, float | None]]) -> dict:
     results = {}
     for env in envs:
         env_id, _, goal = ENVS[env]
@@ -159,18 +232,25 @@ def summarise(rows: list[dict], envs: list[str], noises: list[float]) -> dict:
         ppo_rows = {r["seed"]: r["true_return"] for r in rows if r["env"] == env and r["algo"] == "ppo"}
         r_ppo = float(np.mean(list(ppo_rows.values())))
         results[env] = {"random_return": r_random, "ppo_true_reward_return": r_ppo, "goal_ratio": goal}
-        for noise in noises:
-            mine = [r for r in rows if r["env"] == env and r["algo"] == "prefs" and r["noise"] == noise]
+        for arm, noise in labellers:
+            mine = [
+                r
+                for r in rows
+                if r["env"] == env and r["algo"] == "prefs" and r["labeller"] == arm and r["noise"] == noise
+            ]
             ratios = [(r["true_return"] - r_random) / (ppo_rows[r["seed"]] - r_random) for r in mine]
             entry = {k: float(np.mean([r[k] for r in mine if r[k] is not None])) for k in KEYS[:5]}
+            entry["true_return_per_seed"] = [r["true_return"] for r in mine]
             entry["ratio"] = float(np.mean(ratios))
             entry["ratio_per_seed"] = ratios
             if r_ppo > 0:
                 entry["raw_ratio"] = float(np.mean([r["true_return"] / ppo_rows[r["seed"]] for r in mine]))
             entry["goal_met"] = entry["ratio"] >= goal
-            results[env][f"noise_{noise}"] = entry
+            name = f"noise_{noise}" if arm == "synthetic" else arm
+            results[env][name] = entry
+            what = f"noise {noise:.0%}" if arm == "synthetic" else f"labels from the {arm}"
             print(
-                f"{env_id} noise {noise:.0%}: true return {entry['true_return']:.1f} vs PPO on the true reward "
+                f"{env_id} {what}: true return {entry['true_return']:.1f} vs PPO on the true reward "
                 f"{r_ppo:.1f} (random {r_random:.1f}) → ratio {entry['ratio']:.2f} (goal {goal}), "
                 f"labels {entry['labels_used']:.0f}, RM accuracy {entry['rm_accuracy']:.3f}, "
                 f"reward correlation {entry['reward_correlation']:.3f}"

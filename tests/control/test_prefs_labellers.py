@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.label_page import by_true_return
 from postrl.control import prefs
 from postrl.control.prefs_judges import FunctionJudge, ReturnJudge, load_segment_judge
 from postrl.control.prefs_reward import Segments, synthetic_labels
@@ -24,7 +25,6 @@ from postrl.runtime.errors import UserError
 from tests.control.test_prefs import tiny_cartpole_cfg
 
 pytest.importorskip("starlette")
-from postrl.label.pairs import swapped  # noqa: E402
 
 
 def _cfg(*overrides):
@@ -136,7 +136,7 @@ class HttpLabeller:
             choice = (
                 "skip"
                 if self.skip_every and i % self.skip_every == self.skip_every - 1
-                else left_or_right(self.folder, i)
+                else by_true_return(self.folder, i)
             )
             body = json.dumps({"labeller": "bot", "pair": i, "choice": choice}).encode()
             request = urllib.request.Request(
@@ -144,14 +144,6 @@ class HttpLabeller:
             )
             urllib.request.urlopen(request, timeout=5)
             self.choices[i] = choice
-
-
-def left_or_right(folder: Path, i: int) -> str:
-    """What a labeller who can read the true returns chooses for pair ``i`` as the page shows it."""
-    row = json.loads((folder / "pairs.jsonl").read_text().splitlines()[i])
-    first, second = (sum(row[s]["true_rewards"]) for s in ("first", "second"))
-    left, right = (second, first) if swapped(i) else (first, second)
-    return "tie" if left == right else "left" if left > right else "right"
 
 
 def _page_cfg(port: int, *overrides: str):
