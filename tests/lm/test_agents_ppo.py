@@ -187,7 +187,7 @@ def _config(tiny_lm_dir, env=None, **kw) -> PPOConfig:
 
 
 def test_ppo_trains_on_episodes(tiny_lm_dir, tmp_path):
-    summary = run_ppo(_config(tiny_lm_dir), tmp_path / "run")
+    summary = run_ppo(_config(tiny_lm_dir, plots=True), tmp_path / "run")
     rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "env_return" in r]
     assert len(rows) == 2
     for r in rows:
@@ -196,6 +196,7 @@ def test_ppo_trains_on_episodes(tiny_lm_dir, tmp_path):
     assert summary["heldout_return"] is not None and summary["start_heldout_return"] is not None
     assert (tmp_path / "run" / "model" / "config.json").is_file()
     assert (tmp_path / "run" / "critic").is_dir()
+    assert (tmp_path / "run" / "curves.png").is_file() and (tmp_path / "run" / "heldout.png").is_file()
 
 
 def test_an_episode_run_resumes_exactly(tiny_lm_dir, tmp_path):

@@ -4,6 +4,7 @@
     advantages.py  phase 2 and 3 of a step: scores, KL-shaped rewards, values and GAE → `RolloutBatch`
     config.py      `PPOConfig` and its parts (`PPOLossConfig`, `PtxConfig`), `check_ppo_config`
     build.py       the four roles, prompts and ptx data, the reward scorer, export, plots
+    episodes.py    env.id: episodes for prompts, the critic at each turn's start, GAE over turns
 
 `run_ppo`, `PPOConfig` and its parts (and the loss helpers tests use) are importable from here.
 """

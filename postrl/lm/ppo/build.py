@@ -296,9 +296,10 @@ def plot_run(run_dir: Path) -> None:
     over-optimisation shows as the RM score rising while the gold reward falls)."""
     rows = read_jsonl(run_dir / "metrics.jsonl")
     heldout = ["heldout_rm_score", "heldout_gold_reward", "heldout_kl", "heldout_length"]
+    heldout += ["heldout_return", "heldout_success", "heldout_turns"]  # episodes (env.id)
     plot_curves(
-        [r for r in rows if "heldout_kl" in r], heldout, run_dir / "heldout.png", title="held-out prompts"
+        [r for r in rows if any(k in r for k in heldout)], heldout, run_dir / "heldout.png", title="held-out"
     )
-    train = ["rm_score", "gold_reward", "kl_to_ref", "entropy", "clip_fraction", "approx_kl"]
-    train.append("explained_variance")
-    plot_curves([r for r in rows if "rm_score" in r], train, run_dir / CURVES, title="PPO training batches")
+    train = ["rm_score", "gold_reward", "env_return", "success", "kl_to_ref", "entropy", "clip_fraction"]
+    train += ["approx_kl", "explained_variance"]
+    plot_curves([r for r in rows if "kl_to_ref" in r], train, run_dir / CURVES, title="PPO training batches")
