@@ -59,6 +59,8 @@ def strided_minibatches(batch: RolloutBatch, n: int) -> list[RolloutBatch]:
     i is global row r·N + i, so when m divides N this is the same split of the global batch at any number of
     ranks (contiguous cuts are not)."""
     rows, m = len(batch), min(n, len(batch))
+    if m == 1:  # the whole batch (views, no gather)
+        return [batch.rows(slice(None))]
     return [batch.rows(torch.arange(k, rows, m, device=batch.input_ids.device)) for k in range(m)]
 
 

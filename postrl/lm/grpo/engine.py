@@ -26,6 +26,7 @@ from postrl.lm.rollout import (
     response_forward,
     response_log_probs,
 )
+from postrl.lm.rollout.decoders import fast_decoder_class
 from postrl.lm.tasks.base import stable_hash
 from postrl.runtime import distributed as dist
 
@@ -71,11 +72,15 @@ def sample_prompts(
     The one sampling path of the trainer's process and of the generation lane (`postrl.lm.grpo.lanes`)."""
     ids, mask = left_pad([prompt_ids[i] for i in indices for _ in range(repeat)], tokenizer.pad_token_id)
     generator = torch.Generator(device=device).manual_seed(seed)
-    was_training = model.training
-    model.eval()
+    # a fast decoder computes the eval-mode forward whatever the modules' flags (it refuses a model whose
+    # dropout is active), so the train()/eval() walk over every module is needed only for the HF forward
+    switch = model.training and (sampling.use_fast is False or fast_decoder_class(model) is None)
+    if switch:
+        model.eval()
     engine = RolloutEngine(model, tokenizer, sampling)
     rollout = engine.sample(ids.to(device), mask.to(device), generator)
-    model.train(was_training)
+    if switch:
+        model.train()
     return rollout, engine.decode(rollout)
 
 

@@ -185,6 +185,9 @@ def _select(rounds: list[_Round], wanted: int, dynamic: bool) -> list[tuple[int,
 def _gather(run: Run, rounds: list[_Round], chosen: list[tuple[int, int]]) -> tuple[Rollout, Tensor]:
     """The chosen groups' rows as one rollout (G contiguous rows per group) and their rewards."""
     G = run.cfg.grpo.group_size
+    if len(rounds) == 1 and chosen == [(0, k) for k in range(rounds[0].informative.numel())]:
+        # every row of the only round, in order: nothing to gather
+        return rounds[0].rollout, rounds[0].rewards
     parts, rewards = [], []
     for r, rnd in enumerate(rounds):
         rows = torch.tensor([k * G + j for rr, k in chosen if rr == r for j in range(G)], dtype=torch.long)

@@ -43,7 +43,9 @@ def _ids(row: Any) -> list[int]:
 def completion_ids_of(response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[list[int]]:
     """The ``completion_ids`` a reward function gets: each row's response tokens up to and including EOS,
     as TRL passes them. ``response_ids``, ``response_mask``: ``[B, T]`` as in a `Rollout`."""
-    return [ids[m.bool()].tolist() for ids, m in zip(response_ids.cpu(), response_mask.cpu(), strict=True)]
+    # as Python lists: a boolean index and a copy per row were two tensor ops per response
+    rows = zip(response_ids.tolist(), response_mask.tolist(), strict=True)
+    return [[t for t, keep in zip(ids, m, strict=True) if keep] for ids, m in rows]
 
 
 def columns_of(rows: Sequence[dict[str, Any]], hidden: Sequence[str] = ("prompt",)) -> dict[str, list[Any]]:
