@@ -211,3 +211,34 @@ def test_short_labels_go_on_after_the_timeout(tmp_path):
     summary = prefs.run(_page_cfg(0, "labeller.page.timeout=0.3"), run)
     assert summary["labels_used"] is None or summary["labels_used"] == 0
     assert summary["pairs_asked"] == 24 and time.monotonic() - t0 < 60
+
+
+def test_a_page_served_from_another_terminal_picks_up_the_pairs_the_run_appends(tmp_path):
+    """serve=false: the run only writes the folder; `postrl label --out FOLDER` (here its `Labelling` and
+    `running`, started once the first pairs are there) serves it and takes in the pairs appended later."""
+    from postrl.label.app import Labelling, running
+
+    run = tmp_path / "run"
+    folder = run / "labelling"
+    served, stop = [], threading.Event()
+
+    def second_terminal():
+        while not (folder / "pairs.jsonl").is_file():
+            time.sleep(0.02)
+        with running(Labelling(folder)) as url:
+            bot = HttpLabeller(url, folder)
+            bot.thread.start()
+            stop.wait()
+            bot.stop = True
+            served.append(len(bot.choices))
+
+    page = threading.Thread(target=second_terminal, daemon=True)
+    page.start()
+    try:
+        summary = prefs.run(
+            _cfg("labeller.source=page", "labeller.page.serve=false", "labeller.page.wait=all"), run
+        )
+    finally:
+        stop.set()
+        page.join(timeout=30)
+    assert summary["labels_used"] == 24 and served == [24]
