@@ -108,16 +108,35 @@ def table(summaries: dict[int, dict]) -> list[str]:
         "| stage | metric | vs | value | baseline | margin | clear (> 2 SE) |",
         "|---|---|---|---|---|---|---|",
     ]
-    first = next(iter(summaries.values()))
-    for k, v in enumerate(first["verdicts"]):
-        rows = [s["verdicts"][k] for s in summaries.values()]
-        clear = sum(r["verdict"] == "clear" for r in rows)
+    for r in verdict_rows(summaries):
         lines.append(
-            f"| {v['stage']} | {v['metric']} | {v['baseline']} | {spread([r['value'] for r in rows])} | "
-            f"{spread([r['baseline_value'] for r in rows])} | {spread([r['margin'] for r in rows])} | "
-            f"{clear}/{len(rows)} |"
+            f"| {r['stage']} | {r['metric']} | {r['baseline']} | {spread(r['value']['per_seed'])} | "
+            f"{spread(r['baseline_value']['per_seed'])} | {spread(r['margin']['per_seed'])} | "
+            f"{r['clear']}/{r['seeds']} |"
         )
     return lines
+
+
+def verdict_rows(summaries: dict[int, dict]) -> list[dict]:
+    """`table`'s rows as data: each comparison's value, baseline and margin per seed with mean, min and max."""
+
+    def stats(values: list[float]) -> dict:
+        return {"per_seed": values, "mean": statistics.fmean(values), "min": min(values), "max": max(values)}
+
+    out = []
+    for k, v in enumerate(next(iter(summaries.values()))["verdicts"]):
+        rows = [s["verdicts"][k] for s in summaries.values()]
+        out.append(
+            {
+                "stage": v["stage"],
+                "metric": v["metric"],
+                "baseline": v["baseline"],
+                **{key: stats([r[key] for r in rows]) for key in ("value", "baseline_value", "margin")},
+                "clear": sum(r["verdict"] == "clear" for r in rows),
+                "seeds": len(rows),
+            }
+        )
+    return out
 
 
 def job_cpu(summaries: dict[int, dict]) -> list[str]:
@@ -159,7 +178,12 @@ def main() -> int:
         name: [v["stages"][name]["wall_seconds"] for v in summaries.values()]
         for name in next(iter(summaries.values()))["stages"]
     }
-    result = {"times": times, "stage_wall_seconds": stage_seconds}
+    result = {
+        "times": times,
+        "stage_wall_seconds": stage_seconds,
+        "verdicts": verdict_rows(summaries),
+        "checkpoints": {seed: s["stages"] for seed, s in summaries.items()},
+    }
     record("demo-seeds-quick" if args.quick else "demo-seeds", result)
     print(json.dumps(result))
     return 0

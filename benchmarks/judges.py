@@ -59,6 +59,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _record import record
+
 import postrl
 from postrl.lm import base_model
 from postrl.lm.data import write_jsonl
@@ -286,18 +288,16 @@ def main() -> None:
         table[name] = {"gold": gold_of(str(work / folder / "model")), "kl": s.get("heldout_kl")}
         table[name] |= {"steps": s.get("steps"), "judge_win_rate": s.get("heldout_judge_win_rate")}
     gain = table["online_gold"]["gold"] - table["offline"]["gold"]
-    print(
-        json.dumps(
-            {
-                "judge_agreement": agree,
-                "dpo": table,
-                "online_minus_offline_gold": gain,
-                "dpo_labels": a.steps * a.batch,
-                "judge_labels": a.labels,
-                "seed": a.seed,
-            }
-        )
-    )
+    result = {
+        "judge_agreement": agree,
+        "dpo": table,
+        "online_minus_offline_gold": gain,
+        "dpo_labels": a.steps * a.batch,
+        "judge_labels": a.labels,
+        "seed": a.seed,
+    }
+    record(f"judges-s{a.seed}", result)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

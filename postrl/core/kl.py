@@ -148,7 +148,8 @@ class AdaptiveKLController:
 
 
 class FixedKLController:
-    """Constant β with the same interface as :class:`AdaptiveKLController` (``update`` is a no-op)."""
+    """Constant β with the same interface as [`AdaptiveKLController`][postrl.core.AdaptiveKLController]
+    (`update` is a no-op)."""
 
     def __init__(self, beta: float) -> None:
         self.value = float(beta)
