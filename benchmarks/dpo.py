@@ -188,6 +188,57 @@ def _trl_run(policy: Path, reference: Path, data: Path, ids: list, out: Path, ar
     return json.loads((out / "result.json").read_text())
 
 
+def breakdown(policy: Path, data: Path, args: argparse.Namespace) -> dict:
+    """Where a postrl step's time goes, padded (``dpo.padding_free=off``, 2 length groups: the path before the
+    padding-free forward) and padding-free, alternated step by step in one process on the same model and pairs:
+    median ms of collation (data), the loss's forward, the backward and the optimiser (clip + AdamW)."""
+    import torch
+
+    from postrl.lm.data import load_rows, render_rows
+    from postrl.lm.dpo import DPOLossConfig
+    from postrl.lm.dpo.algorithm import length_groups
+    from postrl.lm.dpo.build import collate_dpo_batch, dpo_batch_loss
+    from postrl.lm.models import load_causal_lm
+    from postrl.lm.reward_model.pairs import tokenize_pairs
+    from postrl.lm.rollout import response_forward
+    from postrl.lm.rollout.forwards import PackedForward
+    from postrl.lm.tokenizer import load_tokenizer
+
+    torch.set_num_threads(args.threads)
+    tok = load_tokenizer(policy)
+    pairs = tokenize_pairs(render_rows(load_rows(str(data), "prefs"), "prefs", tok), tok, args.max_length)
+    model = load_causal_lm(policy).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    ref, cfg, cpu = torch.zeros(len(pairs), 2), DPOLossConfig(beta=BETA), torch.device("cpu")
+    paths = {"padded": (response_forward(model), 2), "padding_free": (PackedForward(model), 1)}
+    times = {k: {p: [] for p in ("data", "forward", "backward", "optimiser")} for k in paths}
+    for step in range(args.steps):
+        start = step * args.batch % (len(pairs) - args.batch + 1)
+        for name, (forward, groups) in paths.items():
+            parts = dict.fromkeys(times[name], 0.0)
+            for rows, _ in length_groups(list(range(start, start + args.batch)), 1.0, pairs, groups):
+                t0 = time.perf_counter()
+                batch = collate_dpo_batch([pairs[i] for i in rows], tok.pad_token_id, cpu)
+                t1 = time.perf_counter()
+                loss, _ = dpo_batch_loss(forward, batch, ref[rows], cfg)
+                t2 = time.perf_counter()
+                (loss * len(rows) / args.batch).backward()
+                parts["data"], parts["forward"] = parts["data"] + t1 - t0, parts["forward"] + t2 - t1
+                parts["backward"] += time.perf_counter() - t2
+            t3 = time.perf_counter()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            parts["optimiser"] = time.perf_counter() - t3
+            for k, v in parts.items():
+                times[name][k].append(v)
+    out = {}
+    for name, parts in times.items():
+        out[name] = {k: round(1000 * statistics.median(v[5:]), 2) for k, v in parts.items()}
+        out[name]["total"] = round(sum(out[name].values()), 2)
+    return out
+
+
 # ---- TRL's side (its own venv) ---------------------------------------------------------------------------
 def trl_worker(args: argparse.Namespace) -> None:
     """Train TRL's DPOTrainer for ``--steps`` steps on the pairs; also its loss on postrl's identical batch."""
@@ -289,6 +340,7 @@ def bench(args: argparse.Namespace) -> dict:
     med = {k: statistics.median(x["step_time_median_s"] for x in v) for k, v in runs.items()}
     peak = {k: max(x["peak_rss_mb"] for x in v) for k, v in runs.items()}
     trl_loss = runs["trl"][0]["identical_batch_loss"]
+    times = breakdown(policy, data, args) if args.breakdown else None
     out = {
         "steps": args.steps,
         "pairs_per_step": args.batch,
@@ -312,6 +364,8 @@ def bench(args: argparse.Namespace) -> dict:
         },
         "versions": runs["trl"][0]["versions"],
     }
+    if times is not None:
+        out["breakdown_ms"] = times
     print(
         f"identical batch: postrl {postrl_loss:.8f}  TRL {trl_loss:.8f}  |diff| {abs(postrl_loss - trl_loss):.2e}\n"
         f"steps/s: postrl {out['steps_per_s']['postrl']}, TRL {out['steps_per_s']['trl']} (precompute "
@@ -332,6 +386,9 @@ def main() -> None:
     parser.add_argument("--order", nargs="+", default=["postrl", "trl"], help="contender order")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also time a step's parts, padded and padding-free"
+    )
     parser.add_argument("--workdir", default="runs/bench-dpo", help="models, data and runs")
     parser.add_argument(
         "--trl-python",

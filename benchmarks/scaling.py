@@ -191,15 +191,28 @@ def control(args: argparse.Namespace) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("part", choices=("control",), help="which cost curve to measure")
+    p.add_argument("part", choices=("control", "grpo", "sft", "dpo"), help="which cost curve to measure")
     p.add_argument("--envs", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64], help="numbers of envs")
     p.add_argument("--steps", type=int, default=32_768, help="env steps per point (at least 4 rollouts)")
     p.add_argument("--with-sb3", action="store_true", help="run SB3 at every point too (needs `make peers`)")
     p.add_argument("--peers-python", default=str(PEERS / ".venv-sb3" / "bin" / "python"))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for the PNG")
+    p.add_argument("--lengths", nargs="+", type=int, default=[16, 32, 64, 128, 256, 512], help="GRPO: L")
+    p.add_argument("--groups", nargs="+", type=int, default=[2, 4, 8, 16, 32], help="GRPO: group sizes")
+    p.add_argument("--seq-lengths", nargs="+", type=int, default=[32, 64, 128, 256, 512], help="SFT, DPO: L")
+    p.add_argument(
+        "--lm-steps", type=int, default=4, help="LM parts: steps per point (median after the first)"
+    )
+    p.add_argument("--workdir", default=str(ROOT / "runs" / "scaling"), help="LM parts: models, data, runs")
+    p.add_argument("--trl-python", default=str(PEERS / ".venv-trl" / "bin" / "python"), help="TRL's venv")
     args = p.parse_args(argv)
     args.load = round(os.getloadavg()[0], 2)
-    result = {"control": control}[args.part](args)
+    if args.part == "control":
+        result = control(args)
+    else:
+        import scaling_lm  # the LM parts: postrl beside TRL 1.16
+
+        result = scaling_lm.run_part(args.part, args)
     record(f"scaling-{args.part}", result)
     print(json.dumps(result))
     return 0
