@@ -27,9 +27,17 @@ TRL runs in its own virtual environment (this file in ``--trl-worker`` mode), as
 
     make peers    # benchmarks/peers/.venv-trl, from benchmarks/peers/requirements-trl.txt (TRL 1.16, pinned)
 
-Latest (benchmarks/results/dpo.json: a fresh clone, `make venv && make peers`, then ``--steps 60 --repeats 2``,
-2026-12-05, load average 13.9-14.3 from other jobs): postrl 2.30 steps/s, TRL 0.98 (2.36x), TRL with precompute
-1.34 (1.72x); identical batch |difference| 6.0e-8, the same token ids; peak RSS 536 vs 673 MB (676).
+Latest (benchmarks/results/dpo.json: ``--steps 60 --repeats 3 --breakdown``, 2026-12-05, load average 12.7 at
+the start, 18-30 during, 18.8 at the end, from other jobs), with the padding-free forward (``dpo.padding_free``
+auto: `postrl.lm.fast.packed`): postrl 2.97 steps/s (0.336 s/step), TRL 0.77 (3.87x), TRL with precompute 0.63
+(4.73x; slower than TRL's default in this run: the load moved between the alternated runs, read the first
+ratio); identical batch |difference| 6.0e-8, the same token ids; peak RSS 466 vs 625 MB (635). Where postrl's
+step goes (``--breakdown``, the two paths alternated step by step in one process, median ms): padded (the path
+before, 2 length groups) data 2.1, forward 138, backward 240, optimiser 13.0 = 393; padding-free data 3.4,
+forward 85, backward 143, optimiser 13.5 = 246 (1.60x: the 32 pairs hold ~730 real tokens in ~1,900 padded
+positions). What is left: the products of the real tokens (forward and backward ~ 95% of the step).
+Before it (same command with ``--repeats 2``, load 14): postrl 2.30 steps/s, TRL 0.98 (2.36x), precompute 1.34
+(1.72x); peak RSS 536 vs 673 MB.
 
 Measured 2026-12-03 on the shared 2-core machine, load average 5.7-6.3 (``--steps 40 --repeats 2``, same
 set-up as below): postrl 3.95 steps/s (0.253 s/step), TRL 1.63 (0.614): 2.43x; TRL with precompute 2.36
