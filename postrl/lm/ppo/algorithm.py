@@ -395,7 +395,8 @@ class PPORecipe:
         if setup.info.is_main and setup.cfg.plots:
             plot_run(setup.run_dir)
         summary = summarize(algo.history, algo.totals, state.step, run.kl_ctl.value)
-        if setup.cfg.env.id is not None:
+        if setup.cfg.env.id is not None:  # the held-out episodes' numbers instead of the reward model's
+            summary = {k: v for k, v in summary.items() if v is not None}
             summary |= episodes.summarize_episodes(algo.history)
         return summary
 
