@@ -8,6 +8,8 @@ from typing import Any, Literal
 from postrl.lm.agents.env import EpisodeBudget
 
 CREDITS = ("trajectory", "turn")
+HELDOUT_SEED = 1_000_000
+"""the held-out episodes' seeds start here (the training seeds are 0 … env.n_train − 1)"""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from postrl.core import turn_group_advantages, turn_index, turns_to_tokens
 from postrl.lm.agents import check_env, make_env
+from postrl.lm.agents.config import HELDOUT_SEED
 from postrl.lm.agents.rollout import sample_episodes
 from postrl.lm.grpo.config import GRPOConfig
 from postrl.lm.grpo.engine import Prompts, Sampled, TextEngine
@@ -27,9 +28,6 @@ from postrl.lm.rollout import Rollout, SamplingConfig
 from postrl.lm.tasks.base import stable_hash
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
-
-HELDOUT_SEED = 1_000_000
-"""the held-out episodes' seeds start here (the training seeds are 0 … n_train − 1)"""
 
 
 def env_return(

@@ -39,6 +39,7 @@ from postrl.core import (
     turns_to_tokens,
 )
 from postrl.lm.agents import check_env, make_env
+from postrl.lm.agents.config import HELDOUT_SEED
 from postrl.lm.agents.rollout import TurnRollout, sample_episodes
 from postrl.lm.evaluation import PromptSet
 from postrl.lm.ppo.advantages import (
@@ -54,9 +55,6 @@ from postrl.lm.rollout import ResponseForward, Rollout, SamplingConfig
 from postrl.lm.rollout.batch import RolloutBatch
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
-
-HELDOUT_SEED = 1_000_000
-"""the held-out episodes' seeds start here (the training seeds are 0 … n_train − 1), as GRPO's"""
 
 
 def check_env_ppo(cfg: PPOConfig) -> None:
@@ -98,10 +96,10 @@ def play(
 ) -> tuple[Rollout, TurnRollout]:
     """One episode per seed by ``policy`` (in eval mode, put back as it was), as a `Rollout` whose response is
     everything after the first prompt and whose ``response_mask`` marks the action tokens, and as turns."""
-    envs = [make_env(cfg.env.id, **cfg.env.options) for _ in seeds]
+    env = cfg.env
+    envs = [make_env(env.id, **env.options) for _ in seeds]
     was_training = policy.training
     policy.eval()
-    env = cfg.env
     out = sample_episodes(
         policy, tokenizer, envs, sampling, env.budget, generator, list(seeds), kv_cache=env.kv_cache
     )
