@@ -127,7 +127,9 @@ class Prefs(Learner):
         )
         lab = cfg.labeller
         self.page = (
-            PageLabeller(lab.page, cfg.env.id, cfg.prefs.val_fraction) if lab.source == "page" else None
+            PageLabeller(lab.page, cfg.env.id, cfg.prefs.segment_length, cfg.prefs.val_fraction)
+            if lab.source == "page"
+            else None
         )
         self.judge = None if self.page else load_segment_judge(lab, obs_dim, env.single_action_space)
         self.modules = {**self.ppo.modules, "reward_model": self.reward_model}
@@ -153,7 +155,7 @@ class Prefs(Learner):
     @property
     def pairs_asked(self) -> int:
         """Pairs asked for so far: labelled at once by a judge, or shown to people on the page."""
-        return self.labels_used if self.page is None else self.page.asked
+        return self.labels_used if self.page is None else self.page.n_asked
 
     def attach(self, run_dir: Path) -> None:
         if self.page is not None:

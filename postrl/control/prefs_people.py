@@ -130,7 +130,7 @@ def _cut_torn_tail(path: Path) -> None:
 class PageLabeller:
     """The run's side of the labelling page: asks for pairs, serves (or names) the page, takes in labels."""
 
-    def __init__(self, cfg: PageConfig, env_id: str, val_fraction: float):
+    def __init__(self, cfg: PageConfig, env_id: str, segment_length: int, val_fraction: float):
         try:
             from postrl.label import app  # noqa: F401  (starlette, uvicorn)
         except ImportError as err:
@@ -139,12 +139,17 @@ class PageLabeller:
             ) from None
         if cfg.serve and cfg.port:
             _check_port(cfg.host, cfg.port)
-        self.cfg, self.env_id, self.val_fraction = cfg, env_id, val_fraction
+        self.cfg, self.env_id, self.length, self.val_fraction = cfg, env_id, segment_length, val_fraction
         self.renderer = ClipRenderer(env_id, cfg.clip_width)
-        self.folder: Path | None = None
+        self.folder = Path(cfg.folder).expanduser()
+        if self.folder.is_absolute() and (self.folder / "pairs.jsonl").is_file():  # before the run folder
+            from postrl.label.pairs import read_pairs
+
+            self._check_fits(read_pairs(self.folder / "pairs.jsonl"))
         self.run_dir: Path | None = None
         self.labelling = None
-        self.asked = 0  # pairs of the folder this run knows of (asked by it, or by the run it resumes)
+        self.asked = 0  # pairs of the folder this run knows of (asked by it, its interrupted run, or before)
+        self.n_asked = 0  # pairs this run asked for (the label schedule's count)
         self.events = 0  # log events taken in so far
         self.taken: dict[int, int] = {}  # iteration → events taken in (labels_taken.jsonl)
         self.url: str | None = None
@@ -174,10 +179,7 @@ class PageLabeller:
             self.labelling.refresh()
             return
         self.labelling = Labelling(self.folder)
-        if self.labelling.kind != "segments":
-            raise ConfigError(
-                f"labeller.page.folder {self.folder}: it labels language-model pairs, not segments"
-            )
+        self._check_fits(self.labelling.pairs)
         if not self.cfg.serve:
             print(
                 f"postrl control prefs: people label the pairs this run asks for with\n"
@@ -194,6 +196,21 @@ class PageLabeller:
             flush=True,
         )
 
+    def _check_fits(self, pairs: list[dict[str, Any]]) -> None:
+        """Pairs already in the folder (labelled before, e.g. by `postrl label --env`) are labels of this run
+        only if they are segments of its env and length."""
+        if pairs and "first" not in pairs[0]:
+            raise ConfigError(
+                f"labeller.page.folder {self.folder}: it labels language-model pairs, not segments"
+            )
+        for i, p in enumerate(pairs):
+            if (p["env"], len(p["first"]["obs"])) != (self.env_id, self.length):
+                raise ConfigError(
+                    f"labeller.page.folder {self.folder}: pair {i} is a segment of {len(p['first']['obs'])} "
+                    f"steps of {p['env']}; this run cuts segments of {self.length} steps of {self.env_id} "
+                    "(prefs.segment_length, env.id)"
+                )
+
     def close(self) -> None:
         self._stack.close()
         self.renderer.close()
@@ -203,6 +220,7 @@ class PageLabeller:
         """Append the pairs ``(first[i], second[i])`` to the folder (clips rendered into ``media/``); pairs
         the interrupted run of a resume had already appended at this point are reused when the same."""
         existing, n = self._folder_pairs(), len(first)
+        self.n_asked += n
         tail = existing[self.asked :]
         k = 0
         while k < min(len(tail), n) and _same(tail[k], first, second, k):
@@ -311,10 +329,14 @@ class PageLabeller:
         return pairs
 
     def state_dict(self) -> dict[str, int]:
-        return {"asked": self.asked, "events": self.events}
+        return {"asked": self.asked, "n_asked": self.n_asked, "events": self.events}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.asked, self.events = int(state["asked"]), int(state["events"])
+        self.asked, self.n_asked, self.events = (
+            int(state["asked"]),
+            int(state["n_asked"]),
+            int(state["events"]),
+        )
 
 
 def _same(row: dict[str, Any], first: Segments, second: Segments, i: int) -> bool:

@@ -242,3 +242,31 @@ def test_a_page_served_from_another_terminal_picks_up_the_pairs_the_run_appends(
         stop.set()
         page.join(timeout=30)
     assert summary["labels_used"] == 24 and served == [24]
+
+
+def test_labels_given_before_with_postrl_label_env_are_labels_of_the_run(tmp_path):
+    """A folder of `postrl label --env CartPole-v1 --length 10` (random-action segments, labelled by true
+    return) named as labeller.page.folder: its judgements are the run's first labels, in the format the
+    reward model reads; a folder of other segment lengths is refused before the run folder is made."""
+    from postrl.label.app import Labelling
+    from postrl.label.segments import segment_pairs
+
+    folder = tmp_path / "labels"
+    labelling = Labelling(
+        folder, segment_pairs("CartPole-v1", tmp_path / "made" / "pairs.jsonl", 6, 10, width=64)
+    )
+    for i in range(6):
+        labelling.store.record("ada", i, "skip" if i == 5 else by_true_return(folder, i))
+    page = [
+        "labeller.source=page",
+        f"labeller.page.folder={folder}",
+        "labeller.page.wait=none",
+        "labeller.page.port=0",
+    ]
+    summary = prefs.run(_cfg(*page), tmp_path / "run")
+    assert summary["labels_used"] == 5  # the judgements made before; nobody labels the run's own pairs
+    assert summary["pairs_asked"] == 24  # the run's own, after the 6 pairs of the folder
+    assert len((folder / "pairs.jsonl").read_text().splitlines()) == 6 + 24
+    with pytest.raises(ConfigError, match="pair 0 is a segment of 10 steps"):
+        prefs.run(_cfg(*page, "prefs.segment_length=8"), tmp_path / "other")
+    assert not (tmp_path / "other").exists()
