@@ -211,17 +211,26 @@ def test_run_folder_and_exact_resume(tmp_path):
         assert key in summary
     assert (straight / "true_return_vs_labels.png").is_file() and (straight / "curves.png").is_file()
     assert json.loads((straight / "summary.json").read_text())["labels_used"] == 40
-    interrupted = tmp_path / "interrupted"
+    interrupted = interrupted_copy(straight, tmp_path / "interrupted")
+    prefs.run(cfg, interrupted, resume=True)
+    assert_same_weights(straight, interrupted)
+
+
+def interrupted_copy(straight, interrupted, after_step=128):
+    """A copy of the finished run ``straight`` as if killed after the checkpoint of ``after_step``."""
     shutil.copytree(straight, interrupted)
     for ckpt in (interrupted / "checkpoints").iterdir():
-        if int(ckpt.name.split("_")[1]) > 128:  # killed after the 2nd of 4 iterations
+        if int(ckpt.name.split("_")[1]) > after_step:
             shutil.rmtree(ckpt)
     (interrupted / "summary.json").unlink()
-    prefs.run(cfg, interrupted, resume=True)
-    last = "step_00000256"
+    return interrupted
+
+
+def assert_same_weights(straight, resumed, last="step_00000256"):
+    """The two runs' last checkpoints hold the same actor, critic and reward model, bit for bit."""
     for name in ("actor", "critic", "reward_model"):
         a = (straight / "checkpoints" / last / f"{name}.safetensors").read_bytes()
-        b = (interrupted / "checkpoints" / last / f"{name}.safetensors").read_bytes()
+        b = (resumed / "checkpoints" / last / f"{name}.safetensors").read_bytes()
         assert a == b, name
 
 

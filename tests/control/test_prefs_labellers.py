@@ -5,7 +5,6 @@ real browser is tests/label/test_prefs_browser.py)."""
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import threading
 import time
@@ -22,7 +21,7 @@ from postrl.control.prefs_judges import FunctionJudge, ReturnJudge, load_segment
 from postrl.control.prefs_reward import Segments, synthetic_labels
 from postrl.runtime.config import ConfigError, load_config
 from postrl.runtime.errors import UserError
-from tests.control.test_prefs import tiny_cartpole_cfg
+from tests.control.test_prefs import assert_same_weights, interrupted_copy, tiny_cartpole_cfg
 
 pytest.importorskip("starlette")
 
@@ -185,23 +184,14 @@ def test_a_resumed_page_run_replays_the_judgements_and_repeats_the_run(tmp_path)
         prefs.run(_page_cfg(port, "run.save_every=1", "run.keep_last=20"), straight)
     finally:
         bot.stop = True
-    interrupted = tmp_path / "interrupted"
-    shutil.copytree(straight, interrupted)
-    for ckpt in (interrupted / "checkpoints").iterdir():
-        if int(ckpt.name.split("_")[1]) > 128:  # killed after the 2nd of 4 iterations
-            shutil.rmtree(ckpt)
-    (interrupted / "summary.json").unlink()
+    interrupted = interrupted_copy(straight, tmp_path / "interrupted")  # killed after the 2nd of 4 iterations
     cfg = load_config(
         prefs.ControlPrefsConfig, interrupted / "config.yaml", [f"labeller.page.port={free_port()}"]
     )
     prefs.run(cfg, interrupted, resume=True)
     lines = (interrupted / "labelling" / "pairs.jsonl").read_text()
     assert lines == (straight / "labelling" / "pairs.jsonl").read_text()  # no pair asked twice
-    last = "step_00000256"
-    for name in ("actor", "critic", "reward_model"):
-        a = (straight / "checkpoints" / last / f"{name}.safetensors").read_bytes()
-        b = (interrupted / "checkpoints" / last / f"{name}.safetensors").read_bytes()
-        assert a == b, name
+    assert_same_weights(straight, interrupted)
 
 
 def test_short_labels_go_on_after_the_timeout(tmp_path):
