@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,7 +154,7 @@ def template_mismatch(tokenizer: Any, tools: list[dict[str, Any]] | None = None)
 
 
 @dataclass
-class _Running:
+class EpisodeTokens:
     """One episode being played: its environment, its tokens after the prompt, and its record."""
 
     env: TextEnv
@@ -171,23 +171,29 @@ class _Running:
         return self.episode.terminated or self.episode.truncated
 
 
-def _start(tokenizer: Any, env: TextEnv, seed: int | None, options: dict[str, Any] | None) -> _Running:
+def _start(tokenizer: Any, env: TextEnv, seed: int | None, options: dict[str, Any] | None) -> EpisodeTokens:
     messages, _ = reset_env(env, seed, options)
     episode = Episode(messages=list(messages), prompt_len=len(messages))
     prompt = prompt_ids(tokenizer, env, messages)
-    return _Running(env, prompt, [], [], [], episode, prompt)
+    return EpisodeTokens(env, prompt, [], [], [], episode, prompt)
 
 
-def _take_turn(
-    run: _Running, ids: list[int], log_probs: list[float], text: str, budget: EpisodeBudget, tokenizer: Any
+def take_turn(
+    run: EpisodeTokens,
+    ids: list[int],
+    log_probs: list[float],
+    text: str,
+    budget: EpisodeBudget,
+    encode: Callable[[list[Message]], list[int]],
 ) -> None:
-    """Record one sampled action, step the environment, append the observation's tokens."""
+    """Record one sampled action, step the environment, append the observation's tokens (``encode``: an
+    observation's messages → the tokens that follow the reply, `observation_ids` for a text policy)."""
     run.after += ids
     run.action += [1] * len(ids)
     run.log_probs += log_probs
     observation = play_turn(run.env, run.episode, text, len(ids), budget)
     if observation is not None:
-        suffix = observation_ids(tokenizer, observation)
+        suffix = encode(observation)
         run.fresh = suffix
         run.after += suffix
         run.action += [0] * len(suffix)
@@ -228,6 +234,10 @@ def sample_episodes(
         )
     turns = _turn_sampler(model, tokenizer, sampling, generator, kv_cache)
     eos = tokenizer.eos_token_id
+
+    def encode(observation: list[Message]) -> list[int]:
+        return observation_ids(tokenizer, observation)
+
     while active := [i for i, r in enumerate(runs) if not r.done]:
         limits = [budget.max_tokens - runs[i].episode.tokens for i in active]
         max_new = min(sampling.max_new_tokens, max(limits))
@@ -242,8 +252,8 @@ def sample_episodes(
             length = int(lengths[j])
             action = tokens[j, :length].tolist()
             text = tokenizer.decode([t for t in action if t != eos], skip_special_tokens=True)
-            _take_turn(runs[i], action, log_probs[j, :length].tolist(), text, budget, tokenizer)
-    return _assemble(runs, tokenizer.pad_token_id, len(runs))
+            take_turn(runs[i], action, log_probs[j, :length].tolist(), text, budget, encode)
+    return assemble_episodes(runs, tokenizer.pad_token_id)
 
 
 def _turn_sampler(
@@ -266,7 +276,7 @@ def _turn_sampler(
 
 
 def _prefilled_turn(
-    engine: RolloutEngine, runs: list[_Running], active: list[int], generator: Any
+    engine: RolloutEngine, runs: list[EpisodeTokens], active: list[int], generator: Any
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One turn of the episodes ``active`` with each whole conversation prefilled: (tokens [B, T],
     log-probs [B, T], lengths up to EOS [B])."""
@@ -276,8 +286,9 @@ def _prefilled_turn(
     return out.response_ids, out.log_probs, out.response_lengths.cpu()
 
 
-def _assemble(runs: list[_Running], pad_token_id: int, n: int) -> TurnRollout:
+def assemble_episodes(runs: list[EpisodeTokens], pad_token_id: int) -> TurnRollout:
     """The played episodes in the one token layout."""
+    n = len(runs)
     prompt, prompt_mask = left_pad([r.prompt for r in runs], pad_token_id)
     width = max(len(r.after) for r in runs)
     after = torch.full((n, width), pad_token_id, dtype=torch.long)

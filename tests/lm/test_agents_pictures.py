@@ -1,0 +1,82 @@
+"""A vision-language policy acting over turns in an environment whose observations are pictures (issue #35
+item 2): FrozenLake rendered with ``rgb_array``, the built-in tiny LLaVA (`postrl/lm/vlm/base_model`)."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from postrl.lm.agents import AgentError, EpisodeBudget
+from postrl.lm.agents.pictures import PictureGymEnv, sample_picture_episodes
+from postrl.lm.rollout import SamplingConfig
+from postrl.lm.vlm import base_model, image_token_id, load_vlm, vlm_score
+
+
+@pytest.fixture(scope="module")
+def vlm():
+    return load_vlm(str(base_model.path()))
+
+
+def test_the_observation_is_the_worlds_picture_and_the_action_is_read_from_the_reply():
+    env = PictureGymEnv("FrozenLake-v1", is_slippery=False)
+    (message,), _ = env.reset(seed=0)
+    image, text = message["content"]
+    assert message["role"] == "user" and image["type"] == "image" and "left, down, right, up" in text["text"]
+    start = np.asarray(image["image"])
+    assert start.shape == (256, 256, 3)
+    (after,), reward, terminated, _, info = env.step("I go right")
+    assert info["action"] == 2 and (reward, terminated) == (0.0, False)
+    assert not np.array_equal(np.asarray(after["content"][0]["image"]), start)  # the agent moved
+    (same,), _, _, _, info = env.step("no idea")
+    assert info["invalid"] and np.array_equal(
+        np.asarray(same["content"][0]["image"]), np.asarray(after["content"][0]["image"])
+    )
+
+
+class NoPictures(gym.Env):
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+        self.action_space = gym.spaces.Discrete(2)
+        self.observation_space = gym.spaces.Discrete(2)
+
+
+def test_an_environment_without_pictures_is_refused():
+    gym.register("postrl-test/NoPictures-v0", entry_point=NoPictures)
+    try:
+        with pytest.raises(AgentError, match="NoPictures-v0 has no rgb_array render"):
+            PictureGymEnv("postrl-test/NoPictures-v0")
+    finally:
+        del gym.registry["postrl-test/NoPictures-v0"]
+
+
+def test_a_vlm_policy_acts_over_turns_and_its_log_probs_are_the_teacher_forced_ones(vlm):
+    model, processor = vlm
+    envs = [PictureGymEnv("FrozenLake-v1", is_slippery=False) for _ in range(3)]
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0)
+    gen = torch.Generator().manual_seed(0)
+    out = sample_picture_episodes(
+        model, processor, envs, sampling, EpisodeBudget(3, 18), gen, seeds=[0, 1, 2]
+    )
+    image = image_token_id(model, processor)
+    encoded = processor(text=["<image>"], images=[envs[0].picture()], return_tensors="pt")
+    per_picture = int((encoded["input_ids"][0] == image).sum())
+    turns = [len(ep.actions) for ep in out.episodes]
+    assert max(turns) > 1
+    # one picture at the start and one after every reply but the last; each as the processor's placeholders
+    assert out.pictures_per_row == turns
+    assert (out.input_ids == image).sum(-1).tolist() == [n * per_picture for n in turns]
+    assert out.pixel_values.shape[0] == sum(turns)
+    after = out.input_ids[:, out.prompt_len :]
+    assert not bool(((after == image) & (out.action_mask == 1)).any())  # placeholders: context, never actions
+    act = out.action_mask.bool()
+    images = {"pixel_values": out.pixel_values}
+    args = (out.input_ids, out.attention_mask, out.prompt_len)
+    scored = vlm_score(model, *args, images, temperature=1.0, banned=[image], share=False)
+    torch.testing.assert_close(scored[act], out.log_probs[act], atol=1e-4, rtol=0)
+    # the policy sees the pictures: blank ones give other log-probs
+    blank = vlm_score(
+        model, *args, {"pixel_values": torch.zeros_like(out.pixel_values)}, banned=[image], share=False
+    )
+    assert (blank[act] - scored[act]).abs().max() > 1e-3
