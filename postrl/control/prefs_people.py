@@ -352,6 +352,8 @@ def _same(row: dict[str, Any], first: Segments, second: Segments, i: int) -> boo
 def _check_port(host: str, port: int) -> None:
     """Refuse a port that is taken before the run folder is touched."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        # as uvicorn binds: the port of a run that just ended (TIME_WAIT) is free
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as err:

@@ -260,3 +260,13 @@ def test_labels_given_before_with_postrl_label_env_are_labels_of_the_run(tmp_pat
     with pytest.raises(ConfigError, match="pair 0 is a segment of 10 steps"):
         prefs.run(_cfg(*page, "prefs.segment_length=8"), tmp_path / "other")
     assert not (tmp_path / "other").exists()
+
+
+def test_a_taken_port_is_refused_before_the_run_folder(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"labeller.page.port {port}: cannot serve"):
+            prefs.run(_page_cfg(port), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
