@@ -107,6 +107,16 @@ def _check_layout(rollout, prompts, tokenizer):
     assert rollout.response_ids.shape[1] <= T
 
 
+def perturbed(model):
+    """A copy of ``model`` (eval) with every parameter moved by 0.05·N(0, 1) noise of a fixed seed."""
+    changed = type(model)(model.config)
+    changed.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for p in changed.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    return changed.eval()
+
+
 def _teacher_forced(model, rollout, temperature):
     lp = score(model, rollout.input_ids, rollout.attention_mask, rollout.prompt_len, temperature=temperature)
     return lp * rollout.response_mask
@@ -133,12 +143,8 @@ def test_samples_in_postrls_layout_with_the_log_probs_of_pi_tau(sampler, base, t
 @pytest.mark.vllm
 def test_pushed_weights_are_the_ones_vllm_samples_from(sampler, base):
     _, tiny_lm, tiny_tokenizer = base
-    changed = type(tiny_lm)(tiny_lm.config)
-    changed.load_state_dict(tiny_lm.state_dict())
-    with torch.no_grad():
-        for p in changed.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
-    sampler.push(changed.eval())
+    changed = perturbed(tiny_lm)
+    sampler.push(changed)
     prompts, sampling = _prompts(tiny_tokenizer), SamplingConfig(max_new_tokens=T, temperature=1.0)
     rollout = sampler.sample(prompts, G, sampling, seed=1)
     torch.testing.assert_close(rollout.log_probs, _teacher_forced(changed, rollout, 1.0), atol=2e-3, rtol=0)

@@ -66,6 +66,7 @@ import torch
 
 from postrl.lm.grpo.build import build_grpo_run, check_grpo_config
 from postrl.lm.grpo.config import GRPOConfig, is_correction
+from postrl.lm.grpo.engine import VLLMEngine
 from postrl.lm.grpo.lanes import AsyncEngine, GenerationLane
 from postrl.lm.grpo.objective import (
     GRPOObjective as GRPOObjective,
@@ -242,6 +243,8 @@ class GRPORecipe:
     def finish(self, setup: Setup, algo: GRPO, state: LoopState) -> dict[str, Any]:
         if algo.lane is not None:
             algo.lane.stop()
+        if isinstance(algo.run.engine, VLLMEngine):  # a launched vLLM server stops with its run
+            algo.run.engine.close()
         export_on_main(algo.run.policy, algo.run.tokenizer, setup.run_dir / "model")
         if setup.info.is_main:
             _plot_run(setup.run_dir)

@@ -12,7 +12,7 @@ import torch
 
 from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_train_heldout, render_rows
 from postrl.lm.grpo.config import GRPOConfig, sampling_engine
-from postrl.lm.grpo.engine import Prompts, TextEngine, VLLMEngine, vllm_options
+from postrl.lm.grpo.engine import Prompts, TextEngine, VLLMEngine, make_vllm_sampler, vllm_options
 from postrl.lm.grpo.episodes import EpisodeEngine, check_env_config, episode_prompts
 from postrl.lm.grpo.rollouts import Run
 from postrl.lm.memory import configure_memory
@@ -26,7 +26,7 @@ from postrl.lm.models import (
 )
 from postrl.lm.rewards import RewardFunction, load_reward_fns
 from postrl.lm.rollout.decoders import check_backend
-from postrl.lm.rollout.vllm_engine import VLLMSampler, vllm_available
+from postrl.lm.rollout.vllm_engine import vllm_available
 from postrl.lm.tokenizer import load_tokenizer
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
@@ -69,7 +69,12 @@ def vllm_problems(cfg: GRPOConfig, world: int) -> dict[str, bool]:
         "sampling.engine=vllm runs one process: run it without torchrun": world > 1,
         "sampling.engine=vllm samples prompts, not env episodes: unset env.id": cfg.env.id is not None,
         "sampling.engine=vllm pushes whole weights: set run.lora.enabled=false": cfg.run.lora.enabled,
-        "sampling.engine=vllm needs vLLM: pip install '.[vllm]' (on CPU: make vllm-venv)": not vllm_available(),
+        "sampling.engine=vllm needs vLLM: pip install '.[vllm]' (on CPU: make vllm-venv)": (
+            cfg.sampling.vllm_url is None and not vllm_available()  # a server's URL: vLLM runs elsewhere
+        ),
+        "sampling.vllm_url is a server's: set sampling.vllm_mode=server": (
+            cfg.sampling.vllm_url is not None and cfg.sampling.vllm_mode != "server"
+        ),
     }
 
 
@@ -150,7 +155,7 @@ def build_grpo_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
             engine = TextEngine(*args)
         else:
             options = vllm_options(cfg, next(policy.parameters()).dtype)
-            engine = VLLMEngine(*args, sampler=VLLMSampler(tokenizer=tokenizer, **options))
+            engine = VLLMEngine(*args, sampler=make_vllm_sampler(tokenizer, options))
     else:
         engine = (EpisodeEngine if cfg.env.id is not None else TextEngine)(*args)
     return Run(cfg, policy, ref, tokenizer, fns, engine, info.device)

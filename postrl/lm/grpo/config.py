@@ -116,6 +116,19 @@ class GRPOSamplingConfig(SamplingConfig):
     install '.[vllm]', on CPU `make vllm-venv`): the policy's weights are pushed to it after every optimiser
     step, and grpo.is_correction auto corrects its numerics with tis. Scoring and the loss always run
     postrl's forward (sampling.backend)."""
+    vllm_mode: Literal["colocate", "server"] = "colocate"
+    """engine vllm: colocate (a vllm.LLM in the trainer's process, weights pushed as tensors) or server (vLLM's
+    OpenAI-compatible server in another process, sampled over HTTP: the one at sampling.vllm_url, else one
+    postrl launches on the model's folder). Server weight sync: after each optimiser step the policy is
+    written to model.safetensors in a temporary folder and the server reloads it (POST /collective_rpc
+    reload_weights with weights_path; the server must run with VLLM_SERVER_DEV_MODE=1 and see that folder)."""
+    vllm_url: str | None = None
+    """vllm_mode server: the base URL of a vLLM server you started (e.g. http://127.0.0.1:8000; `python -m
+    vllm.entrypoints.openai.api_server --model MODEL --skip-tokenizer-init --logprobs-mode processed_logprobs`
+    with VLLM_SERVER_DEV_MODE=1, on this machine's file system); unset: postrl launches one and stops it."""
+    vllm_timeout: float = 300.0
+    """vllm_mode server: seconds the server may take to start, and to answer one request; past it (or when the
+    server dies) the run stops with one error."""
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """engine vllm: the dtype vLLM holds the weights and computes in; auto: the policy's (run.dtype). A lower
     precision than the trainer's samples from a μ further from π_old: grpo.is_correction corrects it."""
@@ -124,7 +137,11 @@ class GRPOSamplingConfig(SamplingConfig):
     vllm_gpu_memory_utilization: float = 0.3
     """engine vllm on a GPU: the fraction of the device's memory vLLM may take (the rest is training's)."""
 
-    CHECKS = SamplingConfig.CHECKS | {"vllm_kv_cache_gib": "> 0", "vllm_gpu_memory_utilization": "(0, 1]"}
+    CHECKS = SamplingConfig.CHECKS | {
+        "vllm_kv_cache_gib": "> 0",
+        "vllm_gpu_memory_utilization": "(0, 1]",
+        "vllm_timeout": "> 0",
+    }
 
 
 def sampling_engine(cfg: GRPOConfig) -> str:

@@ -27,6 +27,8 @@ from postrl.lm.rollout import (
     response_log_probs,
 )
 from postrl.lm.rollout.decoders import fast_decoder_class
+from postrl.lm.rollout.vllm_engine import VLLMSampler
+from postrl.lm.rollout.vllm_server import VLLMServerSampler
 from postrl.lm.tasks.base import stable_hash
 from postrl.runtime import distributed as dist
 
@@ -191,8 +193,18 @@ def vllm_options(cfg: Any, dtype: torch.dtype) -> dict[str, Any]:
     return {
         "model_dir": cfg.model, "dtype": dtype, "max_model_len": cfg.max_prompt_length + s.max_new_tokens,
         "kv_cache_gib": s.vllm_kv_cache_gib, "gpu_memory_utilization": s.vllm_gpu_memory_utilization,
-        "seed": cfg.run.seed,
+        "seed": cfg.run.seed, "mode": s.vllm_mode, "url": s.vllm_url, "timeout": s.vllm_timeout,
     }  # fmt: skip
+
+
+def make_vllm_sampler(tokenizer: Any, options: dict[str, Any]) -> VLLMSampler | VLLMServerSampler:
+    """The sampler of `vllm_options` ``options``: a colocated `VLLMSampler` (mode colocate) or a
+    `VLLMServerSampler` (mode server: the server at ``url``, else one it launches)."""
+    options = dict(options)
+    mode, url, timeout = options.pop("mode"), options.pop("url"), options.pop("timeout")
+    if mode == "server":
+        return VLLMServerSampler(tokenizer, url=url, timeout=timeout, **options)
+    return VLLMSampler(tokenizer=tokenizer, **options)
 
 
 def vllm_sample(
@@ -218,6 +230,10 @@ class VLLMEngine(TextEngine):
 
     def weights_changed(self) -> None:
         self.stale = True
+
+    def close(self) -> None:
+        """Release the sampler (a launched vLLM server stops)."""
+        self.sampler.close()
 
     def sample(
         self, split: str, indices: list[int], repeat: int, sampling: SamplingConfig, key: tuple

@@ -37,6 +37,7 @@ from postrl.lm.grpo.config import GRPOConfig, sampling_engine
 from postrl.lm.grpo.engine import (
     Sampled,
     TextEngine,
+    make_vllm_sampler,
     sample_prompts,
     sampling_seed,
     vllm_options,
@@ -44,7 +45,6 @@ from postrl.lm.grpo.engine import (
 )
 from postrl.lm.grpo.rollouts import PromptStream
 from postrl.lm.rollout import Rollout, SamplingConfig, response_forward, response_log_probs
-from postrl.lm.rollout.vllm_engine import VLLMSampler
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
 
@@ -90,10 +90,11 @@ def lane_main(
     ref_forward = (
         None if ref is None else response_forward(ref, sampling.use_fast, gradients=False, gathered=True)
     )
-    sampler = None if vllm is None else VLLMSampler(tokenizer=tokenizer, **vllm)
+    sampler = None
     stale = True
-    results.put(("ready",))
     try:
+        sampler = None if vllm is None else make_vllm_sampler(tokenizer, vllm)
+        results.put(("ready",))
         while True:
             try:
                 message = requests.get(timeout=1.0)
@@ -130,6 +131,9 @@ def lane_main(
             results.put(("sampled", step, tensors, rollout.prompt_len, texts))
     except BaseException:  # noqa: BLE001 - every failure goes back to the training lane as one message
         results.put(("error", traceback.format_exc()))
+    finally:
+        if sampler is not None:  # a launched vLLM server stops with its lane
+            sampler.close()
 
 
 # ---- the training lane's side ---------------------------------------------------------------------------------

@@ -101,6 +101,10 @@ class VLLMSampler:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         return time.perf_counter() - start
 
+    def close(self) -> None:
+        """Drop this sampler's engine (garbage collection frees its memory); it cannot sample afterwards."""
+        self.llm = None
+
     def sample(
         self,
         prompt_ids: Sequence[Sequence[int]],
@@ -114,20 +118,10 @@ class VLLMSampler:
         takes the argmax, with log-probs at τ = 1 as postrl's engine records them."""
         from vllm import SamplingParams
 
-        greedy = sampling.greedy or sampling.temperature == 0
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        fields = request_fields(sampling, repeat, eos)
         params = [
-            SamplingParams(
-                n=repeat,
-                temperature=0.0 if greedy else sampling.temperature,
-                top_k=sampling.top_k if sampling.top_k > 0 else -1,
-                top_p=sampling.top_p,
-                max_tokens=sampling.max_new_tokens,
-                logprobs=0,  # the sampled token's log-prob only
-                stop_token_ids=[eos],
-                seed=(seed + i) % 2**63,
-                detokenize=False,
-            )
+            SamplingParams(**fields, seed=(seed + i) % 2**63, detokenize=False)
             for i in range(len(prompt_ids))
         ]
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
@@ -140,21 +134,37 @@ class VLLMSampler:
                 tokens = list(sample.token_ids)
                 responses.append(tokens)
                 log_probs.append([sample.logprobs[t][tok].logprob for t, tok in enumerate(tokens)])
-        return self._layout(prompt_ids, repeat, responses, log_probs, pad, eos, device)
+        return rollout_from_tokens(prompt_ids, repeat, responses, log_probs, pad, eos, device)
 
-    @staticmethod
-    def _layout(
-        prompt_ids: Sequence[Sequence[int]],
-        repeat: int,
-        responses: list[list[int]],
-        log_probs: list[list[float]],
-        pad: int,
-        eos: int,
-        device: torch.device | str,
-    ) -> Rollout:
-        """Token lists → the `Rollout` layout: prompts left-padded, responses right-padded to the longest."""
-        ids, mask = left_pad([p for p in prompt_ids for _ in range(repeat)], pad)
-        width = max(1, max(len(r) for r in responses))
-        response = torch.tensor([r + [pad] * (width - len(r)) for r in responses], dtype=torch.long)  # (B, T)
-        lp = torch.tensor([x + [0.0] * (width - len(x)) for x in log_probs], dtype=torch.float32)  # (B, T)
-        return assemble(ids.to(device), mask.to(device), response.to(device), lp.to(device), eos, pad)
+
+def request_fields(sampling: SamplingConfig, repeat: int, eos: int) -> dict[str, Any]:
+    """vLLM's sampling parameters for ``repeat`` responses (its ``SamplingParams`` keywords, which are also the
+    fields of its OpenAI-compatible completions request): the sampled token's log-prob only, stop at EOS.
+    Greedy (or τ = 0) is vLLM's temperature 0."""
+    greedy = sampling.greedy or sampling.temperature == 0
+    return {
+        "n": repeat,
+        "temperature": 0.0 if greedy else sampling.temperature,
+        "top_k": sampling.top_k if sampling.top_k > 0 else -1,
+        "top_p": sampling.top_p,
+        "max_tokens": sampling.max_new_tokens,
+        "logprobs": 0,  # the sampled token's log-prob only
+        "stop_token_ids": [eos],
+    }
+
+
+def rollout_from_tokens(
+    prompt_ids: Sequence[Sequence[int]],
+    repeat: int,
+    responses: list[list[int]],
+    log_probs: list[list[float]],
+    pad: int,
+    eos: int,
+    device: torch.device | str,
+) -> Rollout:
+    """Token lists → the `Rollout` layout: prompts left-padded, responses right-padded to the longest."""
+    ids, mask = left_pad([p for p in prompt_ids for _ in range(repeat)], pad)
+    width = max(1, max(len(r) for r in responses))
+    response = torch.tensor([r + [pad] * (width - len(r)) for r in responses], dtype=torch.long)  # (B, T)
+    lp = torch.tensor([x + [0.0] * (width - len(x)) for x in log_probs], dtype=torch.float32)  # (B, T)
+    return assemble(ids.to(device), mask.to(device), response.to(device), lp.to(device), eos, pad)
