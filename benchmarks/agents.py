@@ -31,13 +31,14 @@ Measured 2026-12-05 with these commands on the shared 2-core machine (load avera
   tool's result (e.g. 15+26: call add(15, 26) → 41, then answers 40): 400 demonstrations teach the 2-layer
   model the call's format, not to copy from the tool response. Wall time 932 s (tool: 64-token calls) vs 137 s.
 
-Not measured (not built yet): rollouts with the KV cache kept across turns (every turn re-prefills its prefix).
+Rollouts with the KV cache kept across turns vs re-prefilled: benchmarks/turn_cache.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -140,9 +141,16 @@ def part_game(seeds: list[int], steps: int, workdir: Path) -> dict[str, Any]:
         out[credit] = {
             "runs": runs,
             "success_mean": statistics.mean(r["success"] for r in runs),
+            "success_sd": statistics.stdev(r["success"] for r in runs) if len(runs) > 1 else 0.0,
             "return_mean": statistics.mean(r["return"] for r in runs),
+            # the seeds' mean turns to solve, over the seeds that solved any held-out episode
+            "turns_solved_mean": statistics.mean(solved) if (solved := solved_turns(runs)) else math.nan,
         }
     return out
+
+
+def solved_turns(runs: list[dict[str, Any]]) -> list[float]:
+    return [r["turns_solved"] for r in runs if not math.isnan(r["turns_solved"])]
 
 
 def random_lake_return(episodes: int = 400) -> float:
