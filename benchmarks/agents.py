@@ -1,12 +1,13 @@
-"""Agents (issue #35): GRPO over episodes of the built-in text environments, from the built-in tiny Llama
+"""Agents (issue #35): GRPO and PPO over episodes of the built-in text environments, from the built-in tiny Llama
 (`postrl/lm/base_model`, pretrained on arithmetic text: it writes numbers, so guesses and action numbers are
 within its reach). Ends with ONE JSON line (also written to benchmarks/results/agents.json, or agents_<parts>.json for other
 parts than the default two).
 
-    game        guess_number in [1, 15] (bisection solves it in ≤ 4 turns), ≤ 4 turns of ≤ 6 tokens: trajectory
-                credit vs per-turn credit (env.credit=turn), the same episodes per step (4 seeds × G = 4) and
-                steps, per seed; held-out greedy success rate and turns to solve on 32 unseen secrets, and the
-                untrained model's.
+    game        guess_number in [1, 15] (bisection solves it in ≤ 4 turns), ≤ 4 turns of ≤ 6 tokens, the same
+                episodes per step (16) and steps, per seed: GRPO with trajectory credit vs per-turn credit
+                (env.credit=turn; 4 seeds × G = 4) vs PPO with the critic at the turn boundaries and GAE over
+                turns (preset ppo-guess-number; 16 seeds × 1, 2 epochs); held-out greedy success rate and
+                turns to solve on 32 unseen secrets, and the untrained model's.
     frozenlake  the deterministic 4×4 lake as text (≤ 8 turns): the LM's held-out greedy return after GRPO vs a
                 uniformly random choice of action (Monte Carlo, 400 episodes) vs the greedy policy of tabular
                 Q-learning (`postrl.control.tabular`, 500 episodes), whose return is the optimum 1.0.
@@ -17,13 +18,18 @@ parts than the default two).
                 100 calculator episodes (≤ 3 turns of ≤ 80 tokens).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/agents.py --steps 30 --seeds 0 1 2 --workdir /tmp/agents
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/agents.py --parts game --steps 30 --seeds 3 4 5 6 7 8 \
+        --workdir /tmp/agents
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/agents.py --parts calculator --steps 200 --seeds 0 \
         --workdir /tmp/agents
 
 Measured 2026-12-05 with these commands on the shared 2-core machine (load average 12-20):
-- game, 30 steps × 16 episodes: held-out success (32 secrets) untrained 0.00; trajectory credit 0.156 0.188 0.031
-  (mean 0.125, return −0.083); per-turn credit 0.188 0.156 0.156 (mean 0.167, return −0.054); solved in 1.2-2.5
-  turns. Three seeds and 32 episodes cannot tell the two apart (the seeds' spread is as large as the gap).
+- game, 30 steps × 16 episodes (08:18 UTC, load ~22): held-out success (32 secrets) untrained 0.00; GRPO
+  trajectory credit 0.156 0.062 0.031 (mean 0.083, return −0.154); GRPO per-turn credit 0.188 0.031 0.031 (mean
+  0.083, return −0.182); PPO with the critic at turn boundaries 0.250 0.062 0.156 (mean 0.156, return −0.061);
+  solved in 1.0-3.0 turns. A PPO run took 181-304 s, a GRPO run 24-123 s (2 epochs and a critic as large as
+  the policy). Three seeds and 32 episodes cannot tell the arms apart (the seeds' spread is as large as the
+  gaps).
 - frozenlake, 30 steps: GRPO 0.0 0.0 0.0 (the base model rarely writes an action; it never reached the goal),
   uniformly random actions 0.0025, Q-learning's greedy policy 1.0 (the optimum).
 - calculator, 200 SFT steps, seed 0: with the tool 0.13, without it 0.55. The tool-trained model writes every
