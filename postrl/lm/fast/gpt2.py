@@ -143,9 +143,11 @@ class FastGPT2:
         ``length … length + S − 1``. Returns [B·S, d]."""
         nh, hs, d = self.n_heads, self.head_dim, self.d
         B, S = batch, qkv.shape[0] // batch
-        heads = qkv.view(B, S, 3, nh, hs)
-        k, v = self.cache.write(i, heads[:, :, 1], heads[:, :, 2], self.length)  # (B, nh, end, hs)
-        q = heads[:, :, 0].transpose(1, 2)  # (B, nh, S, hs)
+        # unbind, not three selects: the same views, and one backward node (a stack) instead of three that
+        # each write into zeros of qkv's size and two adds
+        q, k, v = qkv.view(B, S, 3, nh, hs).unbind(2)  # (B, S, nh, hs) each
+        k, v = self.cache.write(i, k, v, self.length)  # (B, nh, end, hs)
+        q = q.transpose(1, 2)  # (B, nh, S, hs)
         att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scales[i])  # (B, nh, S, hs)
         return att.transpose(1, 2).reshape(B * S, d)
 

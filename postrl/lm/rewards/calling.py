@@ -216,19 +216,18 @@ def _check_values(
 ) -> torch.Tensor:
     """The values as float64 [N], NaN for None; a wrong length, a non-number, NaN or inf raises `RewardError`
     (``when``: the step, see `_when`)."""
-    name = _label(fn)
     if isinstance(values, torch.Tensor):
         values = values.detach().cpu().reshape(-1).tolist()
     try:
         values = list(values)
     except TypeError:
         raise RewardError(
-            f"reward function {name} returned {type(values).__name__}{when}; expected a list of floats"
+            f"reward function {_label(fn)} returned {type(values).__name__}{when}; expected a list of floats"
         ) from None
     if len(values) != len(completions):
         raise RewardError(
-            f"reward function {name} returned {len(values)} values for {len(completions)} completions{when} "
-            f"(first {_sample(prompts, completions, 0)})"
+            f"reward function {_label(fn)} returned {len(values)} values for {len(completions)} "
+            f"completions{when} (first {_sample(prompts, completions, 0)})"
         )
     out = []
     for i, value in enumerate(values):
@@ -239,13 +238,13 @@ def _check_values(
             number = float(value)
         except (TypeError, ValueError):
             raise RewardError(
-                f"reward function {name} returned {_one_line(repr(value)[:200])}, not a number, for "
+                f"reward function {_label(fn)} returned {_one_line(repr(value)[:200])}, not a number, for "
                 f"{_sample(prompts, completions, i)}{when}"
             ) from None
         if not math.isfinite(number):
             raise RewardError(
-                f"reward function {name} returned {number} for {_sample(prompts, completions, i)}{when} "
-                "(return None for 'no reward for this sample')"
+                f"reward function {_label(fn)} returned {number} for {_sample(prompts, completions, i)}"
+                f"{when} (return None for 'no reward for this sample')"
             )
         out.append(number)
     return torch.tensor(out, dtype=torch.float64)
