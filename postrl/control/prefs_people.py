@@ -22,6 +22,7 @@ training envs never render; envs whose state is not their observation cannot be 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -236,8 +237,6 @@ class PageLabeller:
         self._open_page()
 
     def _pair(self, first: Segments, second: Segments, i: int) -> dict[str, Any]:
-        import hashlib
-
         from postrl.label.clips import save_clip
 
         media = self.folder / "media"
@@ -323,20 +322,15 @@ class PageLabeller:
         pairs = Pairs.from_rows(pair_rows(self.labelling.pairs, standing))
         index = torch.tensor([j.pair for j in standing], dtype=torch.float64)
         f = self.val_fraction
-        pairs.val = torch.floor((index + 1) * f) > torch.floor(
-            index * f
-        )  # held out by pair, as the synthetic
+        # held out by pair (all of a pair's labels on one side), at the share the synthetic labeller holds out
+        pairs.val = torch.floor((index + 1) * f) > torch.floor(index * f)
         return pairs
 
     def state_dict(self) -> dict[str, int]:
         return {"asked": self.asked, "n_asked": self.n_asked, "events": self.events}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.asked, self.n_asked, self.events = (
-            int(state["asked"]),
-            int(state["n_asked"]),
-            int(state["events"]),
-        )
+        self.asked, self.n_asked, self.events = (int(state[k]) for k in ("asked", "n_asked", "events"))
 
 
 def _same(row: dict[str, Any], first: Segments, second: Segments, i: int) -> bool:
