@@ -15,7 +15,24 @@ Stable-Baselines3 2.9 PPO at the same settings through ``benchmarks/peers/sb3_be
     python benchmarks/scaling.py control --with-sb3
     python benchmarks/scaling.py control --envs 1 4 16 64 --steps 8192     # a quicker curve
 
+``grpo``, ``sft``, ``dpo``: seconds per training step of postrl and TRL 1.16 against GRPO's completion length
+(16 → 512) and group size (2 → 32), SFT's and DPO's sequence length (32 → 512), on the same model, data and
+threads (`benchmarks/scaling_lm.py` says how; needs ``make peers``); each writes
+``benchmarks/results/scaling-PART.{json,png}``:
+
+    python benchmarks/scaling.py grpo      # ~6 min at load 23
+    python benchmarks/scaling.py sft       # ~2 min
+    python benchmarks/scaling.py dpo       # ~5 min
+
 The last line printed is one JSON object with every point and the exponents.
+
+Measured 2026-12-05 at load 21-24 (DPO's last point 43) from other jobs, CPU seconds per step (robust to the
+load), 4 steps per point: GRPO postrl 0.045 → 1.74 s over L = 16 → 512 and TRL 0.091 → 3.53 (2.0× at every
+L; b 1.06 and 1.05, 1.33 and 1.35 over 128 → 512), over G = 2 → 32 postrl 0.031 → 0.109, TRL 0.054 → 0.229
+(1.7-2.1×; b 0.47 and 0.52); SFT over L = 32 → 512 postrl 0.027 → 0.387, TRL 0.027 → 0.421 (1.0-1.2×; b 0.98
+and 0.99: both run the Hugging Face forward); DPO postrl 0.054 → 1.39, TRL 0.186 → 2.25 (3.5× at 32, ~2× from
+64 on, 1.6× at 512; b 1.15 and 0.91: TRL's fixed cost per step flattens its curve, and a third of postrl's
+step at 512 is attention, which grows as L²).
 
 Measured 2026-12-05 on the shared 2-core machine at load 13 → 8 from other jobs (read the shape, not the
 level), ``python benchmarks/scaling.py control --with-sb3 --steps 16384``: env steps/s at n = 1, 2, 4, 8, 16,

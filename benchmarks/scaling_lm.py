@@ -14,11 +14,19 @@ as the work grows, on the same model, data and settings, 1 torch thread each, fp
   rejected ≈ 3L/4 tokens of random text), the same tiny Llama; TRL with its default reference forward in each
   step (postrl stores the reference log-probs once: its step has no reference forward).
 
-Each point: a few steps (``--steps``), the median of the steps after the first; postrl in this process through
-`postrl.api`, TRL in one worker process in its own venv (this file with ``--trl-worker``, fed one point at a
-time on stdin), postrl's point then TRL's, so load drift hits both. The exponent b of each curve is the
-least-squares slope of log(seconds per step) on log(x), seconds ≈ c·x^b (b = 1: cost in proportion to the
-work; b < 1: a fixed part per step still counts), over the whole range and over its upper half.
+Each point: a few steps (``--lm-steps``), the median of the steps after the first; postrl in this process
+through `postrl.api`, TRL in one worker process in its own venv (this file with ``--trl-worker``, fed one point
+at a time on stdin), postrl's point then TRL's, so load drift hits both. The measure is the CPU seconds of the
+process per step (``time.process_time`` between steps: one thread each, so on an idle core it is the wall time;
+on the shared machine at load 20+ a process gets ~10% of a core and the wall time is mostly waiting), the wall
+seconds are kept beside it (``*_wall``). The exponent b of each curve is the least-squares slope of
+log(CPU seconds per step) on log(x), seconds ≈ c·x^b (b = 1: cost in proportion to the work; b < 1: a fixed
+part per step still counts; b > 1: a part grows faster than the work, e.g. attention), over the whole range
+and over its upper half.
+
+    python benchmarks/scaling.py grpo        # L 16 → 512 and G 2 → 32: benchmarks/results/scaling-grpo.{json,png}
+    python benchmarks/scaling.py sft         # L 32 → 512
+    python benchmarks/scaling.py dpo
 """
 
 from __future__ import annotations
@@ -141,7 +149,9 @@ def postrl_point(point: dict, work: Path, steps: int) -> dict:
     run = {"steps": steps, "eval_every": 0, "save_every": 0, "log_every": 1, "device": "cpu", "threads": 1}
     optim = {"lr": LR, "warmup_steps": 0, "min_lr_ratio": 1.0, "weight_decay": 0.0, "max_grad_norm": 1.0}
     out, part = work / f"postrl-{point['name']}", point["part"]
-    common = {"model": point["model"], "out": str(out), "overwrite": True, "run": run, "optim": optim}
+    clock: list[float] = []  # this process's CPU seconds after each step: robust to other jobs' load
+    common = {"model": point["model"], "out": str(out), "overwrite": True, "run": run, "optim": optim,
+              "on_iteration": lambda info: clock.append(time.process_time())}  # fmt: skip
     if part == "grpo":
         postrl.grpo(
             **common, data=str(work / "grpo-prompts.jsonl"), rewards=[digit_reward], max_prompt_length=32,
@@ -157,7 +167,8 @@ def postrl_point(point: dict, work: Path, steps: int) -> dict:
         train = {"batch_size": BATCH, "max_length": 2 * point["length"]}
         postrl.dpo(**common, data=point["rows"], train=train, dpo={"beta": 0.1}, eval_size=0, eval_samples=0,
                    eval_at_start=False, plots=False)  # fmt: skip
-    return _step_seconds(out)
+    cpu = [clock[i + 1] - clock[i] for i in range(len(clock) - 1)]  # steps 2 … n
+    return _step_seconds(out) | {"cpu_seconds": statistics.median(cpu)}
 
 
 # ---- TRL's points (its venv; imports nothing from postrl) -----------------------------------------------
@@ -207,20 +218,24 @@ def trl_worker() -> None:
 
     class Timer(TrainerCallback):
         def __init__(self) -> None:
-            self.t0, self.times = 0.0, []
+            self.t0, self.c0, self.times, self.cpu = 0.0, 0.0, [], []
 
         def on_step_begin(self, a, state, control, **kw):
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_step_end(self, a, state, control, **kw):
             self.times.append(time.perf_counter() - self.t0)
+            self.cpu.append(time.process_time() - self.c0)
 
     for line in sys.stdin:
         point = json.loads(line)
         timer = Timer()
         trainer = _trl_trainer(point, point["out"], [timer])
         trainer.train()
-        reply = {"seconds": statistics.median(timer.times[1:])}
+        reply = {
+            "seconds": statistics.median(timer.times[1:]),
+            "cpu_seconds": statistics.median(timer.cpu[1:]),
+        }
         lengths = [
             h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h
         ]
@@ -280,22 +295,26 @@ def plot(part: str, points: list[dict], exponents: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     curves = CURVES[part]
     fig, axes = plt.subplots(1, len(curves), figsize=(5.5 * len(curves), 4), squeeze=False)
     for ax, curve in zip(axes[0], curves, strict=True):
-        for backend, marker in (("postrl", "o"), ("trl", "s")):
+        for backend, marker, name in (("postrl", "o", "postrl"), ("trl", "s", "TRL")):
             mine = [p for p in points if p["curve"] == curve]
             b = exponents[curve][backend]["all"]
             ax.plot(
                 [p["x"] for p in mine],
                 [p[backend] for p in mine],
                 marker=marker,
-                label=f"{backend} (b = {b:.2f})",
+                label=f"{name} (b = {b:.2f})",
             )
         xlabel = {"length": "completion length L (tokens)" if part == "grpo" else "sequence length L (tokens)",
                   "group": "group size G (2G completions per step)"}[curve]  # fmt: skip
-        ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="seconds per step")
+        ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="CPU seconds per step (1 thread)")
+        xs = [p["x"] for p in points if p["curve"] == curve]
+        ax.set_xticks(xs, [str(x) for x in xs])  # the measured x values, no minor-tick labels
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_title(f"{part.upper()}: postrl vs TRL 1.16, seconds ≈ c·x^b")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
@@ -321,12 +340,13 @@ def run_part(part: str, args) -> dict:
             theirs = worker.point(
                 {**trl_point, "steps": args.lm_steps, "out": str(work / f"trl-{p['name']}")}
             )
-            p.update(
-                {k: v for k, v in mine.items() if k != "seconds"},
-                **{k: v for k, v in theirs.items() if k != "seconds"},
-            )
-            p["postrl"], p["trl"] = round(mine["seconds"], 5), round(theirs["seconds"], 5)
+            timings = ("seconds", "cpu_seconds")
+            p.update({k: v for k, v in mine.items() if k not in timings})
+            p.update({k: v for k, v in theirs.items() if k not in timings})
+            p["postrl"], p["trl"] = round(mine["cpu_seconds"], 5), round(theirs["cpu_seconds"], 5)
+            p["postrl_wall"], p["trl_wall"] = round(mine["seconds"], 5), round(theirs["seconds"], 5)
             p["ratio"] = round(p["trl"] / p["postrl"], 2)
+            p["ratio_wall"] = round(p["trl_wall"] / p["postrl_wall"], 2)
             print(
                 json.dumps({k: v for k, v in p.items() if k not in ("rows", "model")}),
                 file=sys.stderr,
