@@ -78,6 +78,16 @@ def test_logits_and_gradients_equal_the_padded_forward_in_float64(n_kv_heads):
         assert (g - r).abs().max() < 1e-12 * max(1.0, r.abs().max())
 
 
+def test_one_token_responses():
+    """T = 1: every response is its first token alone, predicted by its prompt's last token."""
+    model = tiny_llama(vocab=48)
+    input_ids, attention_mask, P = grouped_batch(T=1, seed=2)
+    with torch.no_grad():
+        ref = FusedForward(model, FastLlama).logits(input_ids, attention_mask, P)
+        got = PackedForward(model).logits(input_ids, attention_mask, P)
+    assert got.shape == ref.shape and (got - ref).abs().max() < 1e-5
+
+
 def test_logits_equal_the_hugging_face_forward():
     model = tiny_llama(vocab=48)
     input_ids, attention_mask, P = grouped_batch(group=2, T=5, seed=3)

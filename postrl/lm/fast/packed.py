@@ -63,7 +63,8 @@ def packed_layout(
     Np = prompt_index.shape[0]
     # the packed row of each prompt's last token (predicts response token 0), and of each response input
     last = prompt_valid.sum(1).cumsum(0) - 1  # (U,)
-    row_of = torch.full((B * max(T - 1, 0),), -1, dtype=torch.long, device=response_ids.device)
+    size = max(B * (T - 1), 1)  # not empty: with T = 1 the torch.where below still reads row 0
+    row_of = torch.full((size,), -1, dtype=torch.long, device=response_ids.device)
     row_of[response_index] = torch.arange(response_index.shape[0], device=row_of.device) + Np
     targets = valid.flatten().nonzero().squeeze(1)  # (Nt,)
     b, t = targets // T, targets % T
