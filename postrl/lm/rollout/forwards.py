@@ -3,7 +3,7 @@
 A `ResponseForward` has one method, ``logits(input_ids, attention_mask, prompt_len)`` → [B, T, V]: the logits
 at positions P − 1 … P + T − 2 of a batch in the `postrl.lm.rollout.Rollout` layout ([B, P + T], prompts
 left-padded), so that row b's t-th predicts its response token ``input_ids[b, P + t]``. It runs under the
-caller's grad mode. Three implementations give the same logits and gradients to float32 rounding (tests/lm):
+caller's grad mode. Four implementations give the same logits and gradients to float32 rounding (tests/lm):
 
 - `FullForward`: the model's own forward over every column (any causal LM; DDP, FSDP, checkpointing);
 - `SharedPrefixForward`: the Hugging Face forward run on each distinct prompt once with a KV cache, every row
@@ -12,7 +12,10 @@ caller's grad mode. Three implementations give the same logits and gradients to 
   DPO pair's chosen and rejected, spend one prompt forward instead of G or two;
 - `FusedForward`: the same two passes through a fast decoder (`postrl.lm.rollout.decoders.FAST_DECODERS`:
   GPT-2 and Llama in float32), which skips the Hugging Face forward's per-call overhead (mask building, cache
-  objects, module wrappers); a GRPO step spends a third less time in its forward and backward.
+  objects, module wrappers); a GRPO step spends a third less time in its forward and backward;
+- `PackedForward`: the fused Llama weights run padding-free (`postrl.lm.fast.packed`): every product on the
+  batch's real tokens only, each distinct prompt once; responses must be right-padded, and positions whose
+  attention mask is 0 hold 0. DPO takes it (``dpo.padding_free``) where `packed_refusal` allows.
 
 `response_forward` picks the fastest that is exact for a model and a use (with or without gradients) — the
 trainer calls it when it builds, and its loss code then reads ``forward.logits(...)`` like the reference.
