@@ -80,3 +80,19 @@ def test_a_vlm_policy_acts_over_turns_and_its_log_probs_are_the_teacher_forced_o
         model, *args, {"pixel_values": torch.zeros_like(out.pixel_values)}, banned=[image], share=False
     )
     assert (blank[act] - scored[act]).abs().max() > 1e-3
+
+
+def test_keeping_the_vlm_cache_across_turns_gives_the_episodes_of_re_prefilling(vlm):
+    model, processor = vlm
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.3)
+    out = {}
+    for kv in ("reuse", "prefill"):
+        envs = [PictureGymEnv("FrozenLake-v1", is_slippery=False) for _ in range(4)]
+        gen = torch.Generator().manual_seed(3)
+        budget = EpisodeBudget(3, 14)  # some replies cut by the token budget, some rows ending first
+        out[kv] = sample_picture_episodes(model, processor, envs, sampling, budget, gen, [0, 0, 1, 2], kv)
+    a, b = out["reuse"], out["prefill"]
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.action_mask, b.action_mask)
+    torch.testing.assert_close(a.log_probs, b.log_probs, atol=2e-5, rtol=0)
+    assert torch.equal(a.pixel_values, b.pixel_values) and a.pictures_per_row == b.pictures_per_row
+    assert max(a.pictures_per_row) > 1  # pictures came after the first prompt, through the kept cache

@@ -10,8 +10,10 @@ model: the processor's picture tensor is ``pixel_values``). The tokens are laid 
 (`postrl.lm.agents.rollout.TurnRollout`): the first prompt, then each reply and the observation after it,
 concatenated; an observation's pictures become the processor's image placeholders where the chat template
 puts them, and their pixel values are kept in order (``pixel_values``: every episode's pictures, row by row,
-as the model's forward takes them for the whole batch). Each turn prefills every episode's conversation with
-all its pictures (`postrl.lm.vlm.vlm_generate`); a VLM's KV cache is not kept across turns. The image
+as the model's forward takes them for the whole batch). Each episode's KV cache is kept across turns as for
+a text policy (`postrl.lm.rollout.turns.TurnSampler`): a turn runs only its new tokens with its new pictures
+(the vision tower encodes each picture once); ``kv_cache="prefill"`` prefills every conversation with all its
+pictures at every turn instead (`postrl.lm.vlm.vlm_generate`), the same episodes. The image
 placeholder is never sampled, so placeholders are context only (no loss), and the sampled log-probs equal the
 teacher-forced ones of `postrl.lm.vlm.vlm_score` over the whole trajectory (with ``share=False``: the
 pictures are not all in the first prompt).
@@ -31,9 +33,12 @@ from torch import Tensor
 
 from postrl.lm.agents.env import AgentError, Episode, EpisodeBudget, Message, TextEnv, reset_env
 from postrl.lm.agents.gym_text import GymTextEnv
-from postrl.lm.agents.rollout import EpisodeTokens, TurnRollout, assemble_episodes, take_turn
+from postrl.lm.agents.rollout import KV_CACHES, EpisodeTokens, TurnRollout, assemble_episodes, take_turn
 from postrl.lm.rollout import SamplingConfig, left_pad
+from postrl.lm.rollout.engine import Draw
+from postrl.lm.rollout.turns import TurnSampler
 from postrl.lm.vlm import image_token_id, vlm_generate
+from postrl.lm.vlm.rollout import VLMDecoder
 
 _DUMMY = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
 
@@ -139,6 +144,38 @@ class _Encoder:
         return self.encode(full[len(base) :], observation, add_special_tokens=False)
 
 
+class _PictureDecoder:
+    """`postrl.lm.vlm.rollout.VLMDecoder` in the shape `postrl.lm.rollout.turns.TurnSampler` drives: the
+    pictures of the next prefill or append (row by row) are set in ``images`` before the turn."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.inner = VLMDecoder(model)
+        self.images: dict[str, Tensor] = {}
+
+    @property
+    def length(self) -> int:
+        return self.inner.length
+
+    def prefill(self, ids: Tensor, mask: Tensor, positions: Tensor, max_len: int) -> Tensor:
+        return self.inner.prefill(ids, mask, max_len, self.images)
+
+    def append(self, ids: Tensor, mask: Tensor, positions: Tensor, max_len: int) -> Tensor:
+        return self.inner.append(ids, mask, positions, max_len, self.images)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        return self.inner.step(tokens)
+
+    def select_rows(self, index: Tensor) -> None:
+        self.inner.select_rows(index)
+
+    def forget(self, start: int, keep: Tensor) -> None:
+        self.inner.forget(start, keep)
+
+
+def _stacked(pictures: list[Tensor], device: torch.device) -> dict[str, Tensor]:
+    return {"pixel_values": torch.stack(pictures).to(device)} if pictures else {}
+
+
 @torch.no_grad()
 def sample_picture_episodes(
     model: torch.nn.Module,
@@ -148,43 +185,63 @@ def sample_picture_episodes(
     budget: EpisodeBudget,
     generator: torch.Generator | None = None,
     seeds: Sequence[int | None] | None = None,
+    kv_cache: str = "auto",
 ) -> PictureTurnRollout:
     """Play one episode in each of ``envs`` with the vision-language ``model`` (`sample_episodes`' contract,
-    the image placeholder never drawn)."""
+    the image placeholder never drawn). ``kv_cache``: ``reuse`` (``auto``) keeps each episode's KV cache
+    across turns, a turn's new pictures encoded with its new tokens; ``prefill`` prefills every conversation
+    with all its pictures at every turn (`postrl.lm.vlm.vlm_generate`); both give the same episodes."""
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"kv_cache must be one of {KV_CACHES}, got {kv_cache!r}")
     tokenizer, encoder = processor.tokenizer, _Encoder(processor)
     banned = [image_token_id(model, processor)]
     device = next(model.parameters()).device
-    runs, pixels = [], []
+    runs, pixels, fresh = [], [], []  # per episode: all its pictures, those not yet in the cache
     for i, env in enumerate(envs):
         messages, _ = reset_env(env, seeds[i] if seeds else None, None)
         ids, first = encoder.prompt(messages)
         episode = Episode(messages=list(messages), prompt_len=len(messages))
         runs.append(EpisodeTokens(env, ids, [], [], [], episode, ids))
-        pixels.append(first)
-    eos = tokenizer.eos_token_id
+        pixels.append(list(first))
+        fresh.append(list(first))
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    turns, decoder = None, None
+    if kv_cache != "prefill":
+        decoder = _PictureDecoder(model)
+        draw = Draw(
+            sampling.temperature, sampling.top_k, sampling.top_p, sampling.greedy, generator, tuple(banned)
+        )
+        turns = TurnSampler(decoder, draw, eos, pad, device, share_prompts=False)
     while active := [i for i, r in enumerate(runs) if not r.done]:
         limits = [budget.max_tokens - runs[i].episode.tokens for i in active]
-        ids, mask = left_pad([runs[i].prompt + runs[i].after for i in active], tokenizer.pad_token_id)
-        seen = [p for i in active for p in pixels[i]]
-        images = {"pixel_values": torch.stack(seen).to(device)} if seen else {}
-        out = vlm_generate(
-            model, ids.to(device), mask.to(device), images,
-            max_new_tokens=min(sampling.max_new_tokens, max(limits)), eos_token_id=eos,
-            pad_token_id=tokenizer.pad_token_id, banned=banned, temperature=sampling.temperature,
-            top_k=sampling.top_k, top_p=sampling.top_p, greedy=sampling.greedy, generator=generator,
-        )  # fmt: skip
+        max_new = min(sampling.max_new_tokens, max(limits))
+        if turns is None:
+            ids, mask = left_pad([runs[i].prompt + runs[i].after for i in active], pad)
+            out = vlm_generate(
+                model, ids.to(device), mask.to(device), _stacked([p for i in active for p in pixels[i]], device),
+                max_new_tokens=max_new, eos_token_id=eos, pad_token_id=pad, banned=banned,
+                temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                greedy=sampling.greedy, generator=generator,
+            )  # fmt: skip
+            tokens, log_probs = out.response_ids, out.log_probs
+            lengths = torch.minimum(out.response_lengths.cpu(), torch.tensor(limits))
+        else:
+            decoder.images = _stacked([p for i in active for p in fresh[i]], device)
+            tokens, log_probs, lengths = turns.turn(active, [runs[i].fresh for i in active], max_new, limits)
         for j, i in enumerate(active):
-            length = min(int(out.response_lengths[j]), limits[j])
-            action = out.response_ids[j, :length].tolist()
+            fresh[i] = []
+            length = int(lengths[j])
+            action = tokens[j, :length].tolist()
             text = tokenizer.decode([t for t in action if t != eos], skip_special_tokens=True)
 
             def encode(observation: list[Message], i: int = i) -> list[int]:
                 suffix, more = encoder.observation(observation)
                 pixels[i].extend(more)
+                fresh[i].extend(more)
                 return suffix
 
-            take_turn(runs[i], action, out.log_probs[j, :length].tolist(), text, budget, encode)
-    layout = assemble_episodes(runs, tokenizer.pad_token_id)
+            take_turn(runs[i], action, log_probs[j, :length].tolist(), text, budget, encode)
+    layout = assemble_episodes(runs, pad)
     everything = [p for row in pixels for p in row]
     return PictureTurnRollout(
         **vars(layout),

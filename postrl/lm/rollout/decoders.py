@@ -28,6 +28,21 @@ def cache_argument(model: torch.nn.Module) -> str | None:
     return next((name for name in ("cache", "past_key_values") if name in params), None)
 
 
+def grown_mask(mask: Tensor, length: int, chunk_mask: Tensor, max_len: int) -> Tensor:
+    """A decoder's attention mask [B, ≥ max_len] after a left-padded chunk (mask [B, S]) is appended at
+    column ``length``: the first ``length`` columns kept, the chunk's, then ones (the columns decoding fills)."""
+    grown = mask.new_ones(mask.shape[0], max(max_len, mask.shape[1]))
+    grown[:, :length] = mask[:, :length]
+    grown[:, length : length + chunk_mask.shape[1]] = chunk_mask
+    return grown
+
+
+def forget_mask(mask: Tensor, start: int, keep: Tensor, length: int) -> None:
+    """In place: row b no longer attends to columns ``start + keep[b] … length − 1`` of ``mask`` [B, L]."""
+    columns = torch.arange(start, length, device=mask.device)
+    mask[:, start:length].masked_fill_(columns[None, :] >= start + keep[:, None], 0)
+
+
 class HFDecoder:
     """Incremental decoding through the model's own forward and KV cache (any HF causal LM)."""
 
@@ -68,18 +83,14 @@ class HFDecoder:
     def append(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, max_len: int) -> Tensor:
         """A conversation's next turn (`postrl.lm.rollout.turns`): a left-padded chunk [B, S] (mask, positions
         [B, S]) after the cache's columns, whose mask grows to ``max_len``; next-token logits [B, V]."""
-        S = input_ids.shape[1]
-        mask = self.mask.new_ones(input_ids.shape[0], max(max_len, self.mask.shape[1]))
-        mask[:, : self.length] = self.mask[:, : self.length]
-        mask[:, self.length : self.length + S] = attention_mask
-        self.mask, self.length = mask, self.length + S
+        self.mask = grown_mask(self.mask, self.length, attention_mask, max_len)
+        self.length += input_ids.shape[1]
         self.next_pos = position_ids[:, -1:] + 1
         return self._forward(input_ids, position_ids)
 
     def forget(self, start: int, keep: Tensor) -> None:
         """Row b keeps only its first ``keep[b]`` columns from ``start`` on: the later ones are masked."""
-        columns = torch.arange(start, self.length, device=self.mask.device)
-        self.mask[:, start : self.length].masked_fill_(columns[None, :] >= start + keep[:, None], 0)
+        forget_mask(self.mask, start, keep, self.length)
 
     def step(self, tokens: Tensor) -> Tensor:
         """Append one token per row (positions continue from the prompt): tokens [B] → logits [B, V]."""

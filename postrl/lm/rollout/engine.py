@@ -123,6 +123,8 @@ class Draw:
     top_p: float = 1.0
     greedy: bool = False
     generator: torch.Generator | None = None
+    banned: tuple[int, ...] = ()
+    """token ids never drawn (a VLM's image placeholder): −∞ before the softmax"""
 
 
 def decode(
@@ -137,7 +139,10 @@ def decode(
     tau = None if draw.temperature in (0.0, 1.0) else torch.tensor(draw.temperature, device=logits.device)
     tokens, log_probs = [], []  # per step: [B, 1] each, stacked once at the end
     finished = torch.zeros(logits.shape[0], 1, dtype=torch.bool, device=logits.device)
+    banned = torch.tensor(draw.banned, dtype=torch.long, device=logits.device) if draw.banned else None
     for t in range(max_new_tokens):
+        if banned is not None:
+            logits = logits.float().index_fill(-1, banned, float("-inf"))
         scaled = logits if tau is None else logits / tau
         log_pi = torch.log_softmax(scaled, dim=-1)  # (B, V): log π_τ, before any top-k / top-p filter
         if greedy:

@@ -42,17 +42,25 @@ class TurnSampler:
 
     ``decoder`` is a fresh one from `postrl.lm.rollout.decoders.make_decoder` (on the live weights), ``device`` the model's;
     ``draw`` and ``eos_token_id`` as in `postrl.lm.rollout.generate`. One sampler serves one batch of
-    conversations: the first `turn` starts them, later ones continue those still named.
+    conversations: the first `turn` starts them, later ones continue those still named. ``share_prompts``:
+    prefill a first prompt held by several rows once (False where equal ids may go with other pictures).
     """
 
     def __init__(
-        self, decoder: Any, draw: Draw, eos_token_id: int | None, pad_token_id: int, device: torch.device
+        self,
+        decoder: Any,
+        draw: Draw,
+        eos_token_id: int | None,
+        pad_token_id: int,
+        device: torch.device,
+        share_prompts: bool = True,
     ) -> None:
         reason = reuse_unsupported_reason(decoder)
         if reason is not None:
             raise ValueError(f"the KV cache cannot be kept across turns: {reason}")
         self.decoder, self.draw, self.eos, self.pad = decoder, draw, eos_token_id, pad_token_id
         self.device = device  # the model's
+        self.share_prompts = share_prompts  # False where equal ids may hold other inputs (pictures)
         self.rows: list[Hashable] = []  # the conversation of each cache row
         self.next_pos = torch.zeros(0, dtype=torch.long, device=self.device)  # (rows,) each row's real tokens
         self.pending: dict[
@@ -95,7 +103,7 @@ class TurnSampler:
         """Prefill the left-padded prompts, each distinct prompt once; next-token logits [B, V]."""
         ids, mask = (t.to(self.device) for t in left_pad(prompts, self.pad))
         unique, unique_mask, inverse = distinct_prompts(ids, mask)
-        shared = unique.shape[0] < ids.shape[0]
+        shared = self.share_prompts and unique.shape[0] < ids.shape[0]
         if shared:
             ids, mask = unique, unique_mask
         width = ids.shape[1] + max_new_tokens

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.rollout import Rollout, mask_after_eos, sample_tokens
-from postrl.lm.rollout.decoders import cache_argument
+from postrl.lm.rollout.decoders import cache_argument, forget_mask, grown_mask
 from postrl.lm.vlm.inputs import model_type, response_columns, select_rows, split_inputs, with_response
 from postrl.runtime import distributed as dist
 
@@ -69,6 +69,25 @@ class VLMDecoder:
         kind = model_type(self.model)
         self.token_inputs = {k: response_columns(kind, k, v, 1) for k, v in token.items()}  # (U, 1, ...)
         return self._forward(positions, input_ids=ids, **images)
+
+    def append(
+        self, ids: Tensor, mask: Tensor, positions: Tensor, max_len: int, images: dict[str, Tensor]
+    ) -> Tensor:
+        """A conversation's next turn (`postrl.lm.rollout.turns`): a left-padded chunk [B, S] (mask,
+        positions [B, S]) after the cached columns, with the pictures its placeholders stand for (row by row);
+        the mask grows to ``max_len``; next-token logits [B, V]. For models without per-token inputs."""
+        if self.token_inputs:
+            raise ValueError(
+                f"appending turns needs a model without per-token inputs: {sorted(self.token_inputs)}"
+            )
+        self.mask = grown_mask(self.mask, self.length, mask, max_len)
+        self.length += ids.shape[1]
+        self.next_pos = positions[:, -1:] + 1
+        return self._forward(positions, input_ids=ids, **images)
+
+    def forget(self, start: int, keep: Tensor) -> None:
+        """Row b keeps only its first ``keep[b]`` columns from ``start`` on: the later ones are masked."""
+        forget_mask(self.mask, start, keep, self.length)
 
     def select_rows(self, index: Tensor) -> None:
         """Row b continues prefilled row ``index[b]`` (a group's rows share their prompt's cache)."""
