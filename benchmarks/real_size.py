@@ -233,7 +233,7 @@ def postrl_command(args: argparse.Namespace, model: Path, data: Path, out: Path)
             "eval_size=0",
             "grpo.repeat_prompts=true",
         ]
-    return stage
+    return stage + list(args.set or [])
 
 
 def postrl_run(args: argparse.Namespace, model: Path, data: Path, out: Path) -> dict:
@@ -366,6 +366,9 @@ def main() -> None:
     p.add_argument("--full-logits", action="store_true", help="postrl with run.memory.log_probs=full")
     p.add_argument("--only", choices=("postrl", "trl"), help="run one contender")
     p.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="a postrl override (repeatable; in the name)"
+    )
+    p.add_argument(
         "--fsdp", action="store_true", help="sft: 2 ranks (torchrun, gloo, FSDP2) beside 1 process"
     )
     p.add_argument(
@@ -383,17 +386,23 @@ def main() -> None:
     data = {"sft": _sft_data, "dpo": _dpo_data}.get(args.stage, _grpo_data)(args.work, n)
     tag = f"{args.stage}-{args.model}-{args.dtype}-{'lora' if args.lora else 'full'}"
     tag += f"-t{args.new_tokens}" if args.stage == "grpo" and args.new_tokens != 128 else ""
+    tag += "".join(
+        f"-{kv.split('.')[-1].replace('=', '')}" for kv in args.set or []
+    )  # dpo.length_groups=1: -length_groups1
     result: dict = {"config": tag, "steps": args.steps, "load_avg": os.getloadavg()}
     args.ranks, args.parallel = 1, "ddp"
     if args.fsdp:
         result |= fsdp_pair(args, model, data, tag)
-        record(f"real_size-{tag}-fsdp", result)
+        record(f"real_size_fsdp-{tag}", result)
         return print(json.dumps(result))
     for who, fn in (("postrl", postrl_run), ("trl", trl_run)):
         if args.only in (None, who):
             result[who] = fn(args, model, data, args.work / f"{tag}-{who}")
     if "postrl" in result and "trl" in result:
-        result["memory_ratio"] = result["postrl"]["peak_rss_mb"] / result["trl"]["peak_rss_mb"]
+        # postrl's training peak (sampled until its last step's row: before the final checkpoint and export,
+        # which TRL's runs here do not write) over TRL's whole-run peak; with them, the second ratio
+        result["memory_ratio"] = result["postrl"]["training_rss_mb"] / result["trl"]["peak_rss_mb"]
+        result["memory_ratio_with_export"] = result["postrl"]["peak_rss_mb"] / result["trl"]["peak_rss_mb"]
         result["time_ratio"] = result["postrl"]["step_s"] / result["trl"]["step_s"]
     record(f"real_size-{tag}", result)
     print(json.dumps(result))

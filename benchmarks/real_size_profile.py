@@ -174,6 +174,7 @@ def main() -> None:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--lora", action="store_true")
     p.add_argument("--full-logits", action="store_true")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a postrl override (repeatable)")
     p.add_argument("--ops", action="store_true", help="torch.profiler's op tables too (more memory)")
     p.add_argument("--rows", type=int, default=25, help="ops per table")
     p.add_argument("--max-rss-mb", type=float, default=13000, help="stop the run above this resident set")
