@@ -109,9 +109,6 @@ def _python_env(overrides: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """TRL's ``environment_factory=`` / ``tools=`` / ``reward_funcs=`` (and ``data=`` rows for it) as an
     environment registered for the run (`postrl.lm.agents.python_envs`): the overrides with ``env.id`` set."""
     if overrides.get("environment_factory") is None and not overrides.get("tools"):
-        if overrides.get("reward_funcs") is not None:  # TRL's name of rewards=, without an environment
-            overrides = {**overrides, "rewards": overrides.get("rewards") or overrides["reward_funcs"]}
-            overrides.pop("reward_funcs")
         yield overrides
         return
     from postrl.lm.agents.python_envs import register_tool_env, release_tool_env  # deferred: torch

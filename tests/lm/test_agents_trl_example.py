@@ -128,3 +128,16 @@ def test_an_environment_step_budget_truncation_still_scores_with_get_reward():
         assert ep.truncated and ep.rewards == [1.0]  # cut by the budget: get_reward scores what there is
     finally:
         release_tool_env(env_id)
+
+
+def test_reward_funcs_get_the_environment_objects_next_to_get_reward():
+    def reward_func(environments, **kwargs):  # the shape of TRL's OpenEnv docs' reward function
+        return [float(env.counter) for env in environments]
+
+    env_id, _ = register_tool_env(environment_factory=self_sampled.IncrementEnv, reward_funcs=reward_func)
+    try:
+        target = random.Random(1).randint(1, 6)
+        ep = run_episode(make_env(env_id), scripted([call(target), "Done."]), seed=1)
+        assert ep.rewards == [0.0, target + 1.0]  # reward_func's counter + get_reward's 1
+    finally:
+        release_tool_env(env_id)
