@@ -73,6 +73,7 @@ def record_dir(tmp_path, monkeypatch) -> Path:
             "per_seed": [0.5, 0.25],
             "runs": [{"who": "a", "steps_per_s": 1234.5}, {"who": "b", "steps_per_s": 10.0}],
             "tasks": {"x": {"v": 1}, "y": {"v": 2}},
+            "noise": {"noise_0.0": {"v": [3, 4]}, "a:b": 5},
         },
     }
     (tmp_path / "toy.json").write_text(json.dumps(record))
@@ -131,3 +132,12 @@ def test_the_checker_finds_a_hand_typed_table() -> None:
     page = "x\n\n| a | b |\n| --- | --- |\n| postrl | 2.36× |\n\n<!-- not-measured -->\n| k | d |\n|---|---|\n| lr | 0.1 |\n"
     page += "\n```\n| c | 1.5 |\n|---|---|\n| d | 2.5 |\n```\n"
     assert results.hand_tables(page) == [(3, "| a | b |")]
+
+
+def test_keys_with_dots_or_colons_and_a_pattern_not_measured_yet(record_dir) -> None:
+    out = results.render(
+        '<!-- results: toy\nrows:\n  - {a: "{noise.noise_0.0.v.-1}", b: "{noise.[a:b]}"}\n-->'
+    )
+    assert out.splitlines()[2] == "| 4 | 5 |"
+    note = results.render('<!-- results: none-*\nmissing: "run it"\ncolumns: {a: "{x}"}\n-->')
+    assert note == '!!! note "Not measured into a results file yet"\n    run it'

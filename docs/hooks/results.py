@@ -23,11 +23,12 @@ appears without any edit). A chosen table is a YAML spec inside the comment::
     columns: {seed: "{seed}", "eval return": "{eval_return_mean:.1f}"}
     -->
 
-A spec's ``missing: TEXT`` puts TEXT in a note while the file does not exist (a table prepared for a benchmark
-not rerun since results files exist); without it a missing file fails the build.
+A spec's ``missing: TEXT`` puts TEXT in a note while the file (or every file of a pattern) does not exist (a
+table prepared for a benchmark not rerun since results files exist); without it a missing file fails the build.
 
 A template's ``{path:format}`` reads a dotted path (``tasks.ppo-cartpole.sb3.speed_ratio_median``; a list
-index is a number; ``summary.[postrl:rloo].peak_rss_mb`` for a key with a colon or a dot) from the row, or from the file's ``result`` when it starts with ``^``; ``{a / b:.2f}``
+index is a number; ``summary.[postrl:rloo].peak_rss_mb`` for a key with a colon; a key with dots is found as
+it is) from the row, or from the file's ``result`` when it starts with ``^``; ``{a / b:.2f}``
 divides two paths (a number is a number); ``{path?}`` is ``—`` when the path is missing (else the build
 fails, naming the page, the file and the path). Lists format each item and join them with " / ".
 """
@@ -67,13 +68,22 @@ def load(name: str) -> dict:
 
 
 def lookup(value: Any, path: str) -> Any:
-    """``value`` at a dotted ``path`` (``[a:b]`` for a key with dots or colons); `MISSING` where one is absent."""
-    for bracketed, plain in KEY.findall(path.strip()):
-        key = bracketed or plain.strip()
-        if isinstance(value, dict) and key in value:
-            value = value[key]
-        elif isinstance(value, list) and key.lstrip("-").isdigit() and -len(value) <= int(key) < len(value):
-            value = value[int(key)]
+    """``value`` at a dotted ``path`` (``[a:b]`` for a key with a colon); `MISSING` where one is absent. A key
+    with dots (``noise_0.0``) is found as it is: segments are joined until the mapping has the key."""
+    keys = [bracketed or plain.strip() for bracketed, plain in KEY.findall(path.strip())]
+    i = 0
+    while i < len(keys):
+        if isinstance(value, dict):
+            j = next((j for j in range(i + 1, len(keys) + 1) if ".".join(keys[i:j]) in value), None)
+            if j is None:
+                return MISSING
+            value, i = value[".".join(keys[i:j])], j
+        elif (
+            isinstance(value, list)
+            and keys[i].lstrip("-").isdigit()
+            and -len(value) <= int(keys[i]) < len(value)
+        ):
+            value, i = value[int(keys[i])], i + 1
         else:
             return MISSING
     return value
@@ -202,9 +212,15 @@ def generic(name: str, record: dict) -> list[str]:
     return [*lines, "", source_line(name, record)]
 
 
+def _missing_note(text: str) -> str:
+    return f'!!! note "Not measured into a results file yet"\n    {text}'
+
+
 def _many(pattern: str, spec: Any) -> str:
     """One row per results file whose name matches ``pattern`` (``control_seeds-*``), ``_key`` its name."""
     found = sorted(p.stem for p in RESULTS.glob(f"{pattern}.json"))
+    if not found and isinstance(spec, dict) and spec.get("missing"):
+        return _missing_note(spec["missing"])
     if not found:
         raise ResultsError(f"no results file matches benchmarks/results/{pattern}.json")
     if not isinstance(spec, dict) or not isinstance(spec.get("columns"), dict):
@@ -220,7 +236,7 @@ def render_block(name: str, spec_text: str) -> str:
     if "*" in name:
         return _many(name, spec)
     if isinstance(spec, dict) and spec.get("missing") and not (RESULTS / f"{name}.json").is_file():
-        return f'!!! note "Not measured into a results file yet"\n    {spec["missing"]}'
+        return _missing_note(spec["missing"])
     record = load(name)
     if spec is None:
         return "\n".join(generic(name, record))
