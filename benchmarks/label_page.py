@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import sys
 import tempfile
@@ -62,7 +61,7 @@ def wait_until(driver: Any, condition: Any, timeout: float = 20.0) -> Any:
 
 
 def shown_pair(driver: Any) -> str | None:
-    """The index of the pair on screen ("" when all are judged, None before the first)."""
+    """The index of the pair on screen ("" when all are judged, None before the first and while one loads)."""
     return driver.execute_script(
         "return document.body.dataset.ready ? (document.body.dataset.pair ?? null) : null"
     )
@@ -105,15 +104,10 @@ def by_true_return(folder: Path, index: int) -> str:
 
 
 def on_screen(driver: Any) -> int | None:
-    """The pair the page shows once it has loaded (its clip and its index agree); None while all are judged."""
-    from selenium.webdriver.common.by import By
-
-    if "hidden" not in driver.find_element(By.ID, "finished").get_attribute("class"):
-        return None
-    src = driver.execute_script("const i = document.querySelector('#left img'); return i ? i.src : ''")
-    match = re.search(r"/media/(\d+)/left$", src)
+    """The pair the page shows once it has loaded; None while one loads or all are judged (the page clears its
+    index while it loads the next pair, so a key is never decided for a pair that is leaving the screen)."""
     index = shown_pair(driver)
-    return int(index) if match and index == match.group(1) else None
+    return int(index) if index else None
 
 
 def label_run(url: str, folder: Path, stop: Any, made: list[int], name: str = "ada") -> None:

@@ -220,8 +220,16 @@ def main() -> None:
     results = summarise(rows, args.envs, labellers)
     print(f"run folders: {out}")
     result = {"benchmark": "segment_prefs", "seeds": args.seeds, "results": results, "runs": rows}
-    record("segment_prefs" if args.arms == ["synthetic"] else "segment_prefs-labellers", result)
+    record(_record_name(args.arms), result)
     print(json.dumps(result))
+
+
+def _record_name(arms: list[str]) -> str:
+    """segment_prefs (the synthetic labeller at each noise), segment_prefs-labellers (all three arms), or
+    segment_prefs-<arms> (a subset, e.g. a rerun of the page arm)."""
+    if arms == ["synthetic"]:
+        return "segment_prefs"
+    return "segment_prefs-labellers" if sorted(arms) == sorted(ARMS) else "segment_prefs-" + "-".join(arms)
 
 
 def summarise(rows: list[dict], envs: list[str], labellers: list[tuple[str, float | None]]) -> dict:
