@@ -27,6 +27,16 @@ other arms and only the labeller differs).
 
 Runs go in parallel processes (``--jobs``, one torch thread each). The last line is one JSON object.
 
+Measured 2026-12-05 (``--envs cartpole --seeds 0 1 2 --arms synthetic judge page --noise 0 --jobs 3``, load
+average 23–42 from other jobs; benchmarks/results/segment_prefs-labellers.json), 300 labels and 10⁵ steps each:
+synthetic 500 / 500 / 500 (RM held-out accuracy 1.00); judge (`upright_judge`, no reward) 377.1 / 500 / 500
+(ratio 0.91; RM accuracy 0.86 against its own labels, 0.99 against the true returns': the lean tie-break is a
+preference that a sum of per-step r̂(o) fits only in part); page, labelled by the scripted Chromium, 500 / 500 /
+500 (accuracy 0.98: the script mislabelled 2 of 900 pairs, on seed 1, by pressing a key decided for the pair
+that was leaving the screen; the page now clears its index while the next pair loads); PPO on the true reward
+500 / 500 / 500. A page run took 773–1410 s against 210–472 s for the synthetic labeller: each iteration waits
+for its labels (rendering the clips, the browser's half-second poll for new pairs, one fsync'd judgement each).
+
 Measured 2026-12-03 at 065e2eb (PPO's hand gradient after its op diet: the same gradients to float rounding,
 so every run takes a different chaotic path; ``--envs cartpole pendulum --seeds 0 1 2 --jobs 2``):
 - CartPole-v1 noise 0: 500 / 500 / 500 → ratio 1.00. **Noise 10%: 384.3 / 209.5 / 500.0 → ratio 0.72, below
