@@ -30,6 +30,9 @@ Measured 2026-12-05 with these commands on the shared 2-core machine (load avera
   solved in 1.0-3.0 turns. A PPO run took 181-304 s, a GRPO run 24-123 s (2 epochs and a critic as large as
   the policy). Three seeds and 32 episodes cannot tell the arms apart (the seeds' spread is as large as the
   gaps).
+- game, seeds 3-8 (08:44 UTC, load ~26): mean success (sd over seeds) GRPO trajectory 0.172 (0.115), GRPO
+  per-turn 0.109 (0.055), PPO critic 0.109 (0.055); mean turns to solve 1.87, 1.52, 1.95. Over the nine seeds
+  no arm is ahead: seeds 0-2 favoured PPO, seeds 3-8 trajectory credit.
 - frozenlake, 30 steps: GRPO 0.0 0.0 0.0 (the base model rarely writes an action; it never reached the goal),
   uniformly random actions 0.0025, Q-learning's greedy policy 1.0 (the optimum).
 - calculator, 200 SFT steps, seed 0: with the tool 0.13, without it 0.55. The tool-trained model writes every
