@@ -27,16 +27,19 @@ TRL runs in its own virtual environment (this file in ``--trl-worker`` mode), as
 
     make peers    # benchmarks/peers/.venv-trl, from benchmarks/peers/requirements-trl.txt (TRL 1.16, pinned)
 
-Latest (benchmarks/results/dpo.json: ``--steps 60 --repeats 3 --breakdown``, 2026-12-05, load average 12.7 at
-the start, 18-30 during, 18.8 at the end, from other jobs), with the padding-free forward (``dpo.padding_free``
-auto: `postrl.lm.fast.packed`): postrl 2.97 steps/s (0.336 s/step), TRL 0.77 (3.87x), TRL with precompute 0.63
-(4.73x; slower than TRL's default in this run: the load moved between the alternated runs, read the first
-ratio); identical batch |difference| 6.0e-8, the same token ids; peak RSS 466 vs 625 MB (635). Where postrl's
+Latest (benchmarks/results/dpo.json: ``--steps 60 --repeats 3 --breakdown``, 2026-12-05, load average 23.3 at
+the start, 22.8-31 during, 35.9 at the end, from other jobs), with the padding-free forward (``dpo.padding_free``
+auto: `postrl.lm.fast.packed`): postrl 3.98 steps/s (0.251 s/step), TRL 1.17 (3.39x), TRL with precompute 1.35
+(2.95x); identical batch |difference| 6.0e-8, the same token ids; peak RSS 469 vs 635 MB (636). Where postrl's
 step goes (``--breakdown``, the two paths alternated step by step in one process, median ms): padded (the path
-before, 2 length groups) data 2.1, forward 138, backward 240, optimiser 13.0 = 393; padding-free data 3.4,
-forward 85, backward 143, optimiser 13.5 = 246 (1.60x: the 32 pairs hold ~730 real tokens in ~1,900 padded
+before, 2 length groups) data 8.9, forward 213, backward 390, optimiser 12.3 = 625; padding-free data 9.8,
+forward 145, backward 232, optimiser 13.4 = 400 (1.56x: the 32 pairs hold ~730 real tokens in ~1,900 padded
 positions). What is left: the products of the real tokens (forward and backward ~ 95% of the step).
-Before it (same command with ``--repeats 2``, load 14): postrl 2.30 steps/s, TRL 0.98 (2.36x), precompute 1.34
+The run before it, the same command 20 minutes earlier (load 12.7 → 18.8, 18-30 during): postrl 2.97 steps/s,
+TRL 0.77 (3.87x), precompute 0.63 (4.73x: slower than TRL's default in that run, the load moved between the
+alternated runs); breakdown padded 393 ms (forward 138, backward 240, optimiser 13.0, data 2.1), padding-free
+246 (85, 143, 13.5, 3.4): 1.60x.
+Before the padding-free forward (``--steps 60 --repeats 2``, load 14): postrl 2.30 steps/s, TRL 0.98 (2.36x), precompute 1.34
 (1.72x); peak RSS 536 vs 673 MB.
 
 Measured 2026-12-03 on the shared 2-core machine, load average 5.7-6.3 (``--steps 40 --repeats 2``, same
