@@ -39,8 +39,8 @@ The run before it, the same command 20 minutes earlier (load 12.7 → 18.8, 18-3
 TRL 0.77 (3.87x), precompute 0.63 (4.73x: slower than TRL's default in that run, the load moved between the
 alternated runs); breakdown padded 393 ms (forward 138, backward 240, optimiser 13.0, data 2.1), padding-free
 246 (85, 143, 13.5, 3.4): 1.60x.
-Before the padding-free forward (``--steps 60 --repeats 2``, load 14): postrl 2.30 steps/s, TRL 0.98 (2.36x), precompute 1.34
-(1.72x); peak RSS 536 vs 673 MB.
+Before the padding-free forward (``--steps 60 --repeats 2``, load 14): postrl 2.30 steps/s, TRL 0.98 (2.36x),
+precompute 1.34 (1.72x); peak RSS 536 vs 673 MB.
 
 Measured 2026-12-03 on the shared 2-core machine, load average 5.7-6.3 (``--steps 40 --repeats 2``, same
 set-up as below): postrl 3.95 steps/s (0.253 s/step), TRL 1.63 (0.614): 2.43x; TRL with precompute 2.36
