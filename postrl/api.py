@@ -37,8 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from postrl.lm.stages import STAGES, get_stage
 from postrl.runtime import notices
 from postrl.runtime.config import load_config, to_dict
@@ -191,15 +189,21 @@ def resolve_config(stage: str, config: Any, overrides: Mapping[str, Any], run_di
     return cfg
 
 
-def _note_in_memory(run_dir: Path, cfg: Any) -> None:
-    """Say at the top of config.yaml which of its values were Python objects (not saved with the run)."""
+def _config_text(run_dir: Path) -> str | None:
     path = run_dir / "config.yaml"
-    if not path.is_file():
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def _note_in_memory(run_dir: Path, cfg: Any, before: str | None) -> None:
+    """Say at the top of config.yaml which of its values were Python objects (not saved with the run).
+    ``before`` is the file's text before the run: unchanged, it is another run's config (this one was
+    refused before it started) or already noted. (Not a comparison with ``cfg``: a run may write a value it
+    fitted, e.g. a prompt length clipped to the model's context.)"""
+    path = run_dir / "config.yaml"
+    text, notes = _config_text(run_dir), ""
+    if text is None or text == before:
         return
-    text, notes = path.read_text(encoding="utf-8"), ""
     values = to_dict(cfg)
-    if yaml.safe_load(text) != values:  # another run's config (this one was refused before it started)
-        return
     if any(str(values.get(k) or "").startswith("memory:") for k in DATA_KEYS):
         notes += NOTE.format(what="rows (data: memory:...) were", arg="data=")
     if any(str(spec).startswith("callable:") for spec in values.get("rewards") or []):
@@ -241,12 +245,13 @@ def run_stage(
     with _python_env(overrides) as with_env, _in_memory(with_env) as values:
         cfg = resolve_config(stage, config, values, run_dir, resume)
         run = spec.run_function()
+        before = _config_text(run_dir)
         try:
             with callbacks.on_iteration(on_iteration):
                 summary = run(cfg, run_dir, resume=resume, overwrite=overwrite)
         finally:
             if dist.is_main():
-                _note_in_memory(run_dir, cfg)
+                _note_in_memory(run_dir, cfg, before)
     model = run_dir / "model"
     return Result(run_dir, summary, model if model.is_dir() else None, cfg)
 

@@ -181,6 +181,17 @@ def test_grpo_with_trls_quickstart_reward_rows_in_memory_and_resume(tiny_model, 
     assert resumed.summary["steps"] == 3
 
 
+def test_the_in_memory_note_is_written_when_the_run_fits_a_value(tiny_model, tmp_path) -> None:
+    """A run that writes a value it fitted (max_prompt_length clipped to the context left by the new tokens)
+    has a config.yaml that differs from the config it was given; the note must still be written."""
+    settings = {k: v for k, v in TINY_GRPO.items() if k != "max_prompt_length"}
+    out = tmp_path / "grpo"
+    postrl.grpo(model=tiny_model, data=PROMPTS, rewards=[reward_len], out=out, run={"steps": 1}, **settings)
+    text = (out / "config.yaml").read_text()
+    assert yaml.safe_load(text)["max_prompt_length"] < 512  # fitted: the default does not fit
+    assert text.startswith("# postrl: rows (data: memory:...) were given in memory")
+
+
 def test_on_iteration_stops_early_and_sft_takes_a_dataset(tiny_model, tmp_path) -> None:
     datasets = pytest.importorskip("datasets")
     system = {"role": "system", "content": "Answer with the number."}
