@@ -292,12 +292,13 @@ def _trl_task(work: Path, args: argparse.Namespace) -> tuple[Path, Path, Path]:
     return work / "sft" / "model", train, heldout
 
 
-def _postrl_on_trl_task(
+def trl_task_args(
     model: Path, train: Path, heldout: Path, out: Path, args: argparse.Namespace, extra: tuple[str, ...] = ()
-) -> dict:
-    """`postrl grpo` on TRL's task at the settings above; ``extra`` key=value pairs come last (they win)."""
+) -> list[str]:
+    """The `postrl grpo` arguments of TRL's task at the settings above (also `grpo_profile.py`'s); ``extra``
+    key=value pairs come last (they win)."""
     spec = f"{THIS}:trl"
-    summary = _postrl(
+    return [
         "grpo", "--model", str(model), "--data", str(train), "--out", str(out), "--overwrite", "max_prompt_length=32",
         f"eval_data={heldout}", f"rewards=[{spec}_reward, {spec}_correct]", "reward_weights=[1.0, 0.0]",
         f"verifier={spec}_correct", f"sampling.max_new_tokens={MAX_NEW_TOKENS}", "sampling.temperature=1.0",
@@ -307,8 +308,14 @@ def _postrl_on_trl_task(
         "optim.weight_decay=0.0", "optim.max_grad_norm=1.0", f"run.steps={args.steps}",
         f"run.eval_every={args.eval_every}", "eval_size=100", "run.save_every=0", "run.log_every=1",
         "run.device=cpu", f"run.threads={args.threads}", f"run.seed={args.seed}", *extra,
-        log=out.with_suffix(".log"),
-    )  # fmt: skip
+    ]  # fmt: skip
+
+
+def _postrl_on_trl_task(
+    model: Path, train: Path, heldout: Path, out: Path, args: argparse.Namespace, extra: tuple[str, ...] = ()
+) -> dict:
+    """`postrl grpo` on TRL's task at the settings above; ``extra`` key=value pairs come last (they win)."""
+    summary = _postrl(*trl_task_args(model, train, heldout, out, args, extra), log=out.with_suffix(".log"))
     times = _step_times(out)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "time_generate" in r]
