@@ -33,23 +33,41 @@ Stages (``--stage``), each contender in its own process, peak memory its residen
 TRL runs in benchmarks/peers/.venv-trl (``make peers``; ``--trl-python``), this file in ``--trl-worker`` mode. The postrl process gets
 ``run.memory.log_probs=auto`` (chunked at this vocabulary) unless ``--full-logits``.
 
-Measured 2026-12-05 on the shared 2-core machine, load average 10-18 (a dozen other jobs: each contender got
-10-25% of a core, so step times are inflated several-fold and their ratio is noisy; peak memory is not):
+Measured 2026-12-05 on the shared 2-core machine, load average 10-45 (a dozen other jobs: each contender got
+a fraction of a core, so step times are inflated several-fold and their ratio is noisy; peak memory is not).
+Earlier (before the two fixes below; load 10-18):
 
-    --stage dpo --model qwen0.5b --steps 3 (4 pairs × 128 tokens, fp32, full fine-tuning, chunks of 512):
-      postrl  peak RSS 11,027 MB, step 325 s (390, 284, 366)
-      TRL     peak RSS  9,622 MB, step 167 s (327, 187, 147)
-      ratio   memory 1.15x, time 1.94x: the #37 goals (0.6x, 0.67x) are NOT met. postrl's steps 2-3 ran beside
-              another job of this benchmark, TRL's did not. `postrl dpo --dry-run` estimated 10.71 GiB for it
-              (measured 10.77 GiB): weights 1.84 + gradients 1.84 + AdamW 3.68 + activations 2.47 + logits.
-    --stage grpo --model qwen0.5b --steps 2 --new-tokens 16 (G 8 × 4 prompts, fp32, full; 16 new tokens, not
+    --stage dpo --model qwen0.5b --steps 3 (4 pairs, fp32, full fine-tuning):
+      postrl  peak RSS 11,027 MB, step 325 s (390, 284, 366); TRL 9,622 MB, 167 s. Goals (0.6x, 0.67x) NOT met.
+    --stage grpo --model qwen0.5b --steps 2 --new-tokens 16 (G 8 x 4 prompts, fp32, full; 16 new tokens, not
       128: at this load a 128-token step would have taken hours):
-      postrl  peak RSS 11,458 MB (the sampled training peak the same: not the final checkpoint), step 134 s
-              (205, 134; generation 56 s, training 78 s), load 0.9-2.4 (--only postrl, rerun)
+      postrl  peak RSS 11,458 MB, step 134 s (205, 134; generation 56 s, training 78 s), load 0.9-2.4
       TRL     peak RSS 10,421 MB, step 102 s (124, 102), load falling 10 -> 1
-      ratio   memory 1.10x, time 1.31x: goals NOT met. (The first postrl run, at load 6-10: 11,518 MB, 266 s.)
-    --stage sft --model smollm135m --fsdp on the built-in tiny Llama put in its place (a check of the path,
-      not of real size): 2 FSDP ranks vs 1 process, exported weights' largest difference 3.0e-8.
+
+The cause (benchmarks/real_size_profile.py, the resident set per phase, DPO 0.5B, 2 steps, one process at a
+time at load 7-12): both trainers hold the same floor (torch's fused AdamW on both sides, 2 threads each, no
+float64: weights + gradients + moments = 16 B/parameter = 7.9 GB); TRL's peak is its one backward per step
+(7,665 -> 9,701 MB). postrl's was the SECOND backward of a step (dpo.length_groups=2: two forwards per step),
+8,925 -> 11,095 MB: gradient accumulation through the shared-prompt forward (prompt pass + response pass, the
+KV cache gathered) holds a second full set of gradients while it runs, because autograd sums the two passes'
+contributions to each weight before adding them to .grad (--accumulation: one DPO-shaped micro-batch, the
+backward onto existing gradients +2.3 GB with shared prompts, +0.5 GB for a first backward). Found and fixed
+on the way: the chunked output layer's backward filled a zeroed [V, d] buffer and made a [V, d] temporary per
+chunk (2 x 544 MB; ~3 s of page faults each at load 14), and DPO/KTO loaded a second copy of the policy as
+the reference for the precompute. After the fixes (step losses bit-identical to the run before them):
+
+    --stage dpo --model qwen0.5b --steps 3, load 19-45:
+      postrl  training peak 11,232 MB, step 195 s (239, 232, 157)
+      TRL     peak 9,769 MB, step 146 s (205, 144, 148); ratio memory 1.15x, time 1.34x
+    ... --only postrl --set dpo.length_groups=1 (one forward and backward per step, as TRL), load 24-28:
+      postrl  training peak 9,789 MB (1.00x TRL's), step 242 s (301, 308, 177): the excess was the accumulation
+    --stage sft --model smollm135m --steps 3 --fsdp (SFT, 4 rows x 128 tokens), load 25-41:
+      1 process 2,672 MB; 2 FSDP2 ranks (gloo) 2,992 MB the larger rank (its final export gathers the whole
+      model), all processes together 6,037 MB while training; exported weights' largest difference 2.2e-8.
+      At 135M the per-process libraries (~0.5 GB) and the gathered weights outweigh the sharded state.
+
+The goal of 0.6x TRL's peak is below the float32 AdamW floor (7.9 GB of TRL's 9.8 GB = 0.81x) for full
+fine-tuning on either side; time ratios at these loads are within the noise of the machine.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ that file's worker, under ``benchmarks/peers/.venv-trl``) with three instruments
 
     .venv/bin/python benchmarks/real_size_profile.py --stage dpo --model qwen0.5b --steps 2
     benchmarks/peers/.venv-trl/bin/python benchmarks/real_size_profile.py --who trl --stage dpo --steps 2
+    .venv/bin/python benchmarks/real_size_profile.py --stage dpo --accumulation [--distinct]
 
 It prints the phases in order (seconds, RSS at the start and peak within) and the op tables; ``--json`` writes
 them too.
@@ -159,6 +160,39 @@ def run(args: argparse.Namespace) -> None:
         )
 
 
+def accumulation_probe(args: argparse.Namespace) -> None:
+    """Resident set around three forward+backward passes of one DPO-shaped micro-batch (4 rows: 2 prompts of 10
+    tokens, each shared by a chosen and a rejected row of 12 tokens; ``--distinct``: 4 different prompts) through
+    the forward a postrl trainer picks, the later backwards adding onto existing gradients: what gradient
+    accumulation holds beyond the gradients themselves."""
+    from postrl.lm.memory import MemoryConfig, configure_memory
+    from postrl.lm.models import load_causal_lm
+    from postrl.lm.rollout.forwards import forward_log_probs, response_forward
+
+    torch.set_num_threads(args.threads)
+    phases = Phases()
+    threading.Thread(target=phases.sample, args=(args.max_rss_mb,), daemon=True).start()
+    path = Path(args.model_dir) if args.model_dir else args.work / args.model
+    model = configure_memory(load_causal_lm(str(path), dtype=torch.float32), MemoryConfig())
+    forward = response_forward(model.train())
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (4, 22), generator=gen)  # (B, P + T), P = 10
+    if not args.distinct:
+        ids[2:, :10] = ids[:2, :10]  # row b and b + 2 share a prompt, as a DPO pair's chosen and rejected
+    print(type(forward).__name__)
+    for k in range(3):
+        phases.enter(f"forward {k + 1}")
+        log_probs, _ = forward_log_probs(forward, ids, torch.ones_like(ids), 10)
+        phases.enter(f"backward {k + 1} ({'onto gradients' if k else 'fresh gradients'})")
+        log_probs.sum().backward()
+        phases.enter(f"after backward {k + 1}")
+    phases.done = True
+    for row in phases.merged():
+        print(
+            f"{row['seconds']:7.1f}s  rss {row['rss_start']:8.0f} -> peak {row['rss_peak']:8.0f} MB  {row['phase']}"
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--who", choices=("postrl", "trl"), default="postrl")
@@ -175,12 +209,16 @@ def main() -> None:
     p.add_argument("--lora", action="store_true")
     p.add_argument("--full-logits", action="store_true")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a postrl override (repeatable)")
+    p.add_argument("--accumulation", action="store_true", help="the gradient-accumulation probe alone")
+    p.add_argument("--distinct", action="store_true", help="--accumulation: 4 distinct prompts")
     p.add_argument("--ops", action="store_true", help="torch.profiler's op tables too (more memory)")
     p.add_argument("--rows", type=int, default=25, help="ops per table")
     p.add_argument("--max-rss-mb", type=float, default=13000, help="stop the run above this resident set")
     p.add_argument("--json-out", help="write the phases and tables here")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.accumulation:
+        return accumulation_probe(args)
     if args.model_dir is None:
         real_size.make_model(args.model, args.work / args.model)
     names = {"sft": "sft.jsonl", "dpo": "pairs.jsonl", "grpo": "prompts.jsonl"}
