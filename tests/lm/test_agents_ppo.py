@@ -224,6 +224,7 @@ class BrokenStep(GuessNumberEnv):
     [
         ({"env": {"id": "guess_numbr"}}, AgentError, "unknown environment 'guess_numbr'.*did you mean guess_number"),
         ({"env": {"id": "broken"}}, AgentError, r"BrokenStep \(.*test_agents_ppo.py:\d+\): step raised RuntimeError"),
+        ({"env": {"id": "frozenlake_pictures"}}, UserError, "observes pictures: postrl ppo trains text policies"),
         ({"rewards": ["task:arithmetic"]}, UserError, "leave rewards empty"),
         ({"critic": "reward_model", "reward_model": "runs/rm/model"}, UserError, "set critic=sft"),
         ({"batch_size": 16}, UserError, "env.n_train=8 is fewer than batch_size=16"),

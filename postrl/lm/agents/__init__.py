@@ -3,7 +3,9 @@
 `TextEnv` (Gymnasium's shape with text actions and message observations), `run_episode` (one episode under a
 budget of turns and tokens), TRL's ``tools=`` / ``environment_factory`` conventions (`ToolEnv`), and built-in
 environments by id (`make_env`): ``calculator``, ``guess_number``, ``frozenlake``, ``cliffwalking``, ``taxi``
-and ``gym:<any Gymnasium id with discrete actions>``. The credit per turn is `postrl.core.turns`.
+and ``gym:<any Gymnasium id with discrete actions>``; ``frozenlake_pictures`` and ``pictures:<Gymnasium id>``
+observed through pictures, for vision-language policies (`postrl.lm.agents.pictures`). The credit per turn is
+`postrl.core.turns`.
 """
 
 from postrl.lm.agents.env import AgentError, Episode, EpisodeBudget, TextEnv, as_messages, run_episode

@@ -19,7 +19,8 @@ class EnvConfig:
 
     id: str | None = None
     """Environment: calculator, guess_number, frozenlake, cliffwalking, taxi, or gym:<Gymnasium id with
-    discrete actions>; None: prompts from data."""
+    discrete actions>; observed through pictures (for a vision-language model, GRPO only):
+    frozenlake_pictures or pictures:<Gymnasium id>; None: prompts from data."""
     options: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the environment (e.g. {digits: 3} for calculator, {high: 20} for guess_number)."""
     n_train: int = 1000

@@ -1,4 +1,5 @@
-"""Environment ids: the built-in text environments and any Gymnasium id with discrete actions."""
+"""Environment ids: the built-in text environments, any Gymnasium id with discrete actions, and the same worlds
+observed through pictures (for vision-language policies)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,15 @@ from postrl.lm.agents.gym_text import GymTextEnv
 
 GYM_PREFIX = "gym:"
 """``gym:<id>``: any registered Gymnasium environment with a Discrete action space, e.g. ``gym:Taxi-v4``"""
+PICTURES_PREFIX = "pictures:"
+"""``pictures:<id>``: the same, observed through its ``rgb_array`` render (`postrl.lm.agents.pictures`)"""
+
+
+def _pictures(env_id: str, **kwargs: Any) -> TextEnv:
+    from postrl.lm.agents.pictures import PictureGymEnv  # deferred: it imports postrl.lm.vlm (transformers)
+
+    return PictureGymEnv(env_id, **kwargs)
+
 
 ENVS: dict[str, Callable[..., TextEnv]] = {
     "calculator": CalculatorEnv,
@@ -21,20 +31,31 @@ ENVS: dict[str, Callable[..., TextEnv]] = {
     "frozenlake": lambda **kw: GymTextEnv("FrozenLake-v1", **{"is_slippery": False, **kw}),
     "cliffwalking": lambda **kw: GymTextEnv("CliffWalking-v1", **kw),
     "taxi": lambda **kw: GymTextEnv("Taxi-v4", **kw),
+    "frozenlake_pictures": lambda **kw: _pictures("FrozenLake-v1", **{"is_slippery": False, **kw}),
 }
-"""the built-in environments by id (``frozenlake`` is the deterministic 4×4 lake)"""
+"""the built-in environments by id (``frozenlake`` is the deterministic 4×4 lake; ``frozenlake_pictures`` the
+same lake observed through pictures)"""
+PICTURE_ENVS = ("frozenlake_pictures",)
+"""the built-in ids whose observations are pictures"""
 
 
 def env_ids() -> list[str]:
-    """The built-in ids (``gym:<id>`` takes any Gymnasium id besides)."""
+    """The built-in ids (``gym:<id>`` and ``pictures:<id>`` take any Gymnasium id besides)."""
     return sorted(ENVS)
 
 
+def returns_pictures(env_id: str) -> bool:
+    """Whether ``env_id``'s observations are pictures (a policy for it is a vision-language model)."""
+    return env_id.startswith(PICTURES_PREFIX) or env_id in PICTURE_ENVS
+
+
 def make_env(env_id: str, **kwargs: Any) -> TextEnv:
-    """A fresh environment for ``env_id`` (a built-in id or ``gym:<Gymnasium id>``), or an `AgentError` that
-    names the id and the closest known ones."""
+    """A fresh environment for ``env_id`` (a built-in id, ``gym:<Gymnasium id>`` or ``pictures:<Gymnasium
+    id>``), or an `AgentError` that names the id and the closest known ones."""
     if env_id.startswith(GYM_PREFIX):
         return GymTextEnv(env_id[len(GYM_PREFIX) :], **kwargs)
+    if env_id.startswith(PICTURES_PREFIX):
+        return _pictures(env_id[len(PICTURES_PREFIX) :], **kwargs)
     if env_id in ENVS:
         try:
             return ENVS[env_id](**kwargs)
@@ -43,7 +64,8 @@ def make_env(env_id: str, **kwargs: Any) -> TextEnv:
     close = difflib.get_close_matches(env_id, [*ENVS, *(GYM_PREFIX + k for k in gym.registry)], n=3)
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
     raise AgentError(
-        f"unknown environment {env_id!r}: expected one of {', '.join(env_ids())} or gym:<Gymnasium id>{hint}"
+        f"unknown environment {env_id!r}: expected one of {', '.join(env_ids())}, gym:<Gymnasium id> or"
+        f" pictures:<Gymnasium id>{hint}"
     )
 
 

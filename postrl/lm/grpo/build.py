@@ -114,7 +114,7 @@ def reward_fns(cfg: GRPOConfig, rows: list[dict[str, Any]], device: torch.device
 def build_grpo_run(cfg: GRPOConfig, info: dist.DistInfo) -> Run:
     """Load and check everything a run needs (models, tokenizer, prompts, reward functions)."""
     if cfg.env.id is not None:  # the environment first: an unknown id is refused before a model loads
-        check_env_config(cfg)
+        check_env_config(cfg)  # (a picture environment: a text model is refused here)
     load = {
         "dtype": resolve_dtype(cfg.run.dtype, "run.dtype"),
         "device": info.device,

@@ -5,7 +5,8 @@ seed, sampled turn by turn with `postrl.lm.agents.rollout.sample_episodes`; the 
 whole trajectory after the first prompt, its ``response_mask`` the tokens the policy wrote (observations and
 tool results carry no loss). The reward is the environment's: ``env_return``, the episode's summed reward,
 is the one reward function. With ``env.credit=turn`` each token gets its turn's group-relative return-to-go
-(`postrl.core.turn_group_advantages`) instead of the episode's advantage.
+(`postrl.core.turn_group_advantages`) instead of the episode's advantage. An environment that returns
+pictures (``pictures:<id>``) is played by a vision-language model: `postrl.lm.vlm.episodes`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from torch import Tensor
 from postrl.core import turn_group_advantages, turn_index, turns_to_tokens
 from postrl.lm.agents import check_env, make_env
 from postrl.lm.agents.config import HELDOUT_SEED
-from postrl.lm.agents.rollout import sample_episodes
+from postrl.lm.agents.registry import returns_pictures
+from postrl.lm.agents.rollout import TurnRollout, sample_episodes
 from postrl.lm.grpo.config import GRPOConfig
 from postrl.lm.grpo.engine import Prompts, Sampled, TextEngine
 from postrl.lm.rewards import RewardFunction
@@ -37,9 +39,21 @@ def env_return(
     return [float(r) for r in env_return]
 
 
-def check_env_config(cfg: GRPOConfig) -> None:
-    """What an episode run refuses before it loads anything: an unknown environment (`AgentError`), and keys
-    that do not apply to episodes."""
+def check_env_config(cfg: GRPOConfig, vlm: bool = False) -> None:
+    """What an episode run refuses before it loads anything: a policy that cannot see the environment's
+    observations (``vlm``: the model is a vision-language model), an unknown environment (`AgentError`), and
+    keys that do not apply to episodes."""
+    pictures = returns_pictures(cfg.env.id)
+    if pictures and not vlm:
+        raise UserError(
+            f"env.id={cfg.env.id} observes pictures but model {cfg.model} is a text causal LM: use a"
+            " vision-language model (e.g. the built-in tiny LLaVA) or a text environment"
+        )
+    if vlm and not pictures:
+        raise UserError(
+            f"env.id={cfg.env.id} is a text environment but model {cfg.model} is a vision-language model: use"
+            " a picture environment (frozenlake_pictures, pictures:<Gymnasium id>) or a text causal LM"
+        )
     check_env(cfg.env.id, cfg.env.options)  # an unknown id or option, a step that raises: one AgentError
     g = cfg.grpo
     problems = {
@@ -81,6 +95,13 @@ class EpisodeInputs:
     """[N, K] bool"""
 
 
+def _text(content: Any) -> Any:
+    """A message's text: its content, or the text parts of a content list (TRL's image + text)."""
+    if isinstance(content, list):
+        return "\n".join(part["text"] for part in content if part.get("type") == "text")
+    return content
+
+
 class EpisodeEngine(TextEngine):
     """A causal LM acting in ``cfg.env``: `TextEngine`'s scoring and forward, episodes instead of prompts."""
 
@@ -96,9 +117,7 @@ class EpisodeEngine(TextEngine):
         was_training = inner.training
         inner.eval()
         with dist.gathered(self.policy_module):  # the sampler reads whole weights
-            out = sample_episodes(
-                inner, self.tokenizer, envs, sampling, env.budget, generator, seeds, kv_cache=env.kv_cache
-            )
+            out = self.play(inner, envs, sampling, generator, seeds)
         inner.train(was_training)
         ids, P = out.input_ids.to(self.device), out.prompt_len
         rollout = Rollout(
@@ -107,7 +126,7 @@ class EpisodeEngine(TextEngine):
         )  # fmt: skip
         rows = [
             {
-                "prompt": ep.messages[0]["content"],
+                "prompt": _text(ep.messages[0]["content"]),
                 "seed": s,
                 "env_return": ep.total_reward,
                 "turns": len(ep.actions),
@@ -115,8 +134,25 @@ class EpisodeEngine(TextEngine):
             for s, ep in zip(seeds, out.episodes, strict=True)
         ]
         texts = [ep.actions[-1] for ep in out.episodes]
-        inputs = EpisodeInputs(out.turn_rewards.to(self.device), out.turn_mask.to(self.device))
-        return Sampled(rollout, rows, texts, inputs)
+        return Sampled(rollout, rows, texts, self.inputs(out))
+
+    def play(
+        self,
+        model: torch.nn.Module,
+        envs: list[Any],
+        sampling: SamplingConfig,
+        generator: torch.Generator,
+        seeds: list[int],
+    ) -> TurnRollout:
+        """One episode in each of ``envs`` by the (unwrapped, eval-mode) ``model``."""
+        env = self.cfg.env
+        return sample_episodes(
+            model, self.tokenizer, envs, sampling, env.budget, generator, seeds, kv_cache=env.kv_cache
+        )
+
+    def inputs(self, out: TurnRollout) -> EpisodeInputs:
+        """What the advantages (and the forwards) need of the episodes besides their tokens."""
+        return EpisodeInputs(out.turn_rewards.to(self.device), out.turn_mask.to(self.device))
 
     def credit(self, rollout: Rollout, advantages: Tensor, inputs: EpisodeInputs) -> Tensor:
         """The advantages the loss takes: the episode's ([N], credit=trajectory) or its turns' spread over

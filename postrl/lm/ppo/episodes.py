@@ -40,6 +40,7 @@ from postrl.core import (
 )
 from postrl.lm.agents import check_env, make_env
 from postrl.lm.agents.config import HELDOUT_SEED
+from postrl.lm.agents.registry import returns_pictures
 from postrl.lm.agents.rollout import TurnRollout, sample_episodes
 from postrl.lm.evaluation import PromptSet
 from postrl.lm.ppo.advantages import (
@@ -60,6 +61,11 @@ from postrl.runtime.errors import UserError
 def check_env_ppo(cfg: PPOConfig) -> None:
     """What an episode run refuses before it loads a model: an unknown environment or option (`AgentError`),
     and keys that do not apply to episodes."""
+    if returns_pictures(cfg.env.id):
+        raise UserError(
+            f"env.id={cfg.env.id} observes pictures: postrl ppo trains text policies; train a vision-language"
+            " model on it with postrl grpo, or use a text environment"
+        )
     check_env(cfg.env.id, cfg.env.options)  # an unknown id or option, a step that raises: one AgentError
     problems = {
         "env.id replaces data and rewards: leave rewards empty (the reward is the environment's)": bool(

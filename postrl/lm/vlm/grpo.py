@@ -11,6 +11,9 @@ Under torchrun, as the text trainer: every rank draws the same global prompts an
 groups with its own generator, the loss normaliser is the global count, gradients are averaged by DDP (or
 FSDP2, sampling and scoring then with whole weights: `dist.gathered`), metrics are averaged over ranks.
 
+With ``env.id`` a picture environment (``pictures:<Gymnasium id>``, ``frozenlake_pictures``), episodes
+replace the prompts: `postrl.lm.vlm.episodes.PictureEpisodeEngine`.
+
 Not here yet: dynamic sampling (a config error).
 """
 
@@ -29,6 +32,7 @@ from postrl.lm.grpo.algorithm import GRPO, GRPORecipe
 from postrl.lm.grpo.build import check_grpo_config, reward_fns
 from postrl.lm.grpo.config import GRPOConfig, sampling_engine
 from postrl.lm.grpo.engine import Sampled
+from postrl.lm.grpo.episodes import check_env_config, episode_prompts
 from postrl.lm.grpo.objective import PolicyForward
 from postrl.lm.grpo.rollouts import Run
 from postrl.lm.recipe import Setup, run_recipe
@@ -36,7 +40,7 @@ from postrl.lm.rollout import Rollout, SamplingConfig
 from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.vlm.data import VLMExample, encode_rows, load_vlm_rows, prompt_batch
 from postrl.lm.vlm.inputs import select_rows
-from postrl.lm.vlm.model import image_token_id, load_vlm
+from postrl.lm.vlm.model import checkpoint_files, image_token_id, load_vlm
 from postrl.lm.vlm.rollout import vlm_generate, vlm_score
 from postrl.lm.vlm.train import accuracy_by_kind, check_parallel, decode, nested_to_device, wrap_vlm
 from postrl.runtime import distributed as dist
@@ -121,11 +125,7 @@ class VLMEngine:
         return forward
 
     def write_files(self) -> Callable[[Path], None]:
-        def hf_files(folder: Path) -> None:  # the checkpoint is also a folder from_pretrained loads
-            dist.unwrap(self.model).config.save_pretrained(str(folder))
-            self.processor.save_pretrained(str(folder))
-
-        return hf_files
+        return checkpoint_files(dist.unwrap(self.model), self.processor)
 
     def accuracy_breakdown(self, accuracy: Tensor) -> dict[str, float]:
         return accuracy_by_kind(self.examples["heldout"], accuracy.tolist())
@@ -150,6 +150,20 @@ def _load_prompts(cfg: GRPOConfig, processor: Any) -> tuple[list[VLMExample], li
     return train, heldout_examples, rows
 
 
+def _prompts_and_rewards(
+    cfg: GRPOConfig, processor: Any, device: torch.device
+) -> tuple[list[VLMExample], list[VLMExample], list]:
+    """(train, held-out) prompts with pictures and the reward functions, checked against the data's columns."""
+    train, heldout, rows = _load_prompts(cfg, processor)
+    if len(train) < cfg.grpo.prompts_per_step and not cfg.grpo.repeat_prompts:
+        raise UserError(
+            f"{cfg.data}: {len(train)} prompts for grpo.prompts_per_step={cfg.grpo.prompts_per_step}; "
+            "lower it or set grpo.repeat_prompts=true"
+        )
+    columns = [{k: v for k, v in r.items() if k not in ("images", "image")} for r in rows]
+    return train, heldout, reward_fns(cfg, columns, device)
+
+
 def freeze_vision_parts(model: torch.nn.Module) -> int:
     """Freeze every parameter outside the language model and its head (the vision tower and the projector);
     returns how many tensors were frozen."""
@@ -171,6 +185,8 @@ class VLMGRPORecipe(GRPORecipe):
         self.freeze_vision = freeze_vision
 
     def check(self, cfg: GRPOConfig) -> None:
+        if cfg.env.id is not None:  # before a model loads: a picture environment, keys that fit episodes
+            check_env_config(cfg, vlm=True)
         if cfg.grpo.dynamic_sampling:
             raise UserError("grpo.dynamic_sampling is not supported for vision-language models yet")
         # VLMEngine samples with postrl's engine only. vLLM has LLaVA (the built-in VLM's architecture), but
@@ -188,14 +204,10 @@ class VLMGRPORecipe(GRPORecipe):
         check_parallel(cfg.run, info.world_size, trains_vision=not self.freeze_vision)
         check_grpo_config(cfg, info.world_size)
         model, processor = load_vlm(cfg.model, cfg.run.dtype, info.device, cfg.trust_remote_code)
-        train, heldout, rows = _load_prompts(cfg, processor)
-        if len(train) < cfg.grpo.prompts_per_step and not cfg.grpo.repeat_prompts:
-            raise UserError(
-                f"{cfg.data}: {len(train)} prompts for grpo.prompts_per_step={cfg.grpo.prompts_per_step}; "
-                "lower it or set grpo.repeat_prompts=true"
-            )
-        columns = [{k: v for k, v in r.items() if k not in ("images", "image")} for r in rows]
-        fns = reward_fns(cfg, columns, info.device)
+        if cfg.env.id is not None:  # episodes in a picture environment: seeds for prompts, its reward
+            train, heldout, fns = episode_prompts(cfg)
+        else:
+            train, heldout, fns = _prompts_and_rewards(cfg, processor, info.device)
         ref = None
         if cfg.grpo.beta != 0:
             what = "ref_model" if cfg.ref_model else "model"
@@ -215,7 +227,15 @@ class VLMGRPORecipe(GRPORecipe):
     def build(self, setup: Setup, resumed: bool) -> GRPO:
         cfg, x, info = setup.cfg, setup.extra, setup.info
         model = wrap_vlm(setup.policy, info, cfg.run.parallel)
-        engine = VLMEngine(cfg, model, x["ref"], setup.tokenizer, x["train"], x["heldout"])
+        if cfg.env.id is not None:
+            # deferred: postrl.lm.agents.pictures imports this package
+            from postrl.lm.vlm.episodes import PictureEpisodeEngine
+
+            engine: Any = PictureEpisodeEngine(
+                cfg, model, x["ref"], setup.tokenizer, x["train"], x["heldout"], info.device
+            )
+        else:
+            engine = VLMEngine(cfg, model, x["ref"], setup.tokenizer, x["train"], x["heldout"])
         setup.extra["run"] = Run(cfg, model, x["ref"], setup.tokenizer, x["fns"], engine, info.device)
         return super().build(setup, resumed)
 

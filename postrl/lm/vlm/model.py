@@ -10,6 +10,7 @@ TRL's ``{"type": "image"}`` content. `save_vlm` writes model and processor with 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,17 @@ def save_vlm(model: torch.nn.Module, processor: Any, path: str | Path) -> Path:
     model.save_pretrained(str(path))
     processor.save_pretrained(str(path))
     return path
+
+
+def checkpoint_files(model: torch.nn.Module, processor: Any) -> Callable[[Path], None]:
+    """What a trainer's checkpoint folder gets besides the weights so that ``from_pretrained`` loads it too:
+    the (unwrapped) ``model``'s config and the processor."""
+
+    def hf_files(folder: Path) -> None:
+        model.config.save_pretrained(str(folder))
+        processor.save_pretrained(str(folder))
+
+    return hf_files
 
 
 def is_vlm(path_or_name: str | Path) -> bool:
