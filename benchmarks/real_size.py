@@ -64,7 +64,7 @@ the reference for the precompute. After the fixes (step losses bit-identical to 
     --stage sft --model smollm135m --steps 3 --fsdp (SFT, 4 rows x 128 tokens), load 25-41:
       1 process 2,672 MB; 2 FSDP2 ranks (gloo) 2,992 MB the larger rank (its final export gathers the whole
       model), all processes together 6,037 MB while training; exported weights' largest difference 2.2e-8.
-      At 135M the per-process libraries (~0.5 GB) and the gathered weights outweigh the sharded state.
+      Sharding saves ~0.5 GB of gradients and moments per rank at 135M: not visible here (not broken down).
 
 The goal of 0.6x TRL's peak is below the float32 AdamW floor (7.9 GB of TRL's 9.8 GB = 0.81x) for full
 fine-tuning on either side; time ratios at these loads are within the noise of the machine.
