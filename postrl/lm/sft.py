@@ -46,6 +46,12 @@ class SFTConfig:
     names the first one's file:line:field and the count) or skip (dropped, the count logged)."""
     train: TrainConfig = field(default_factory=lambda: TrainConfig(batch_size=8, max_length=1024))
     """Batches: examples per step, micro-batches, length limit, packing (TRL's SFT defaults)."""
+    padding_free: Literal["auto", "off"] = "auto"
+    """auto: the loss's forward runs its products on the real tokens only, each row's tokens before its first
+    target (the prompt) once per distinct prompt (postrl.lm.packed_sft, as TRL's padding_free) where it can: a
+    whole Llama-family model in float32 without activation checkpointing, and run.memory.log_probs not chunked;
+    the choice, or why it was refused, is logged. off: the padded forward (the same loss and gradients to
+    float32 rounding)."""
     optim: OptimConfig = field(
         default_factory=lambda: OptimConfig(lr=2e-5, warmup_steps=0, min_lr_ratio=0.0, betas=(0.9, 0.999))
     )
@@ -150,7 +156,7 @@ class SFTRecipe:
         return Supervised(
             dist.wrap_model(setup.policy, setup.info, run.parallel), setup.tokenizer, setup.extra["train"],
             setup.extra["evals"], cfg.train, cfg.optim, run, device=setup.info.device, name="sft",
-            evaluate=evaluate, should_stop=stop,
+            evaluate=evaluate, should_stop=stop, padding_free=cfg.padding_free,
         )  # fmt: skip
 
     def finish(self, setup: Setup, algo: Supervised, state: LoopState) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import torch
 from postrl.core import masked_sum
 from postrl.lm.data import pack_examples, pad
 from postrl.lm.master_adamw import MasterAdamW, needs_master
+from postrl.lm.packed_sft import packed_next_token_log_probs, sft_padding_free
 from postrl.lm.rollout.forwards import next_token_log_probs
 from postrl.lm.spine import LoopState, Parts, RunConfig, accumulate, train_loop
 from postrl.runtime import distributed as dist
@@ -129,29 +130,41 @@ TRAIN_RENAMED |= {f"train.{k}": f"run.{k}" for k in ("log_every", "max_seconds",
 TRAIN_RENAMED |= {k: f"run.{k}" for k in ("device", "dtype", "threads", "tensorboard")}
 
 
-def token_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token next-token NLL and its mask, both [B, L−1]: position t predicts token t+1."""
+def token_losses(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], packed: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token next-token NLL and its mask, both [B, L−1]: position t predicts token t+1. ``packed``: through
+    the padding-free forward (`postrl.lm.packed_sft`, for a model `sft_padding_free` accepted)."""
     targets = batch["labels"][:, 1:]  # (B, L-1)
     mask = targets != -100
+    if packed:
+        nll = -packed_next_token_log_probs(
+            model, batch["input_ids"], batch["attention_mask"], batch["labels"]
+        )
+        return nll, mask
     # −log softmax(logits)[target]: the whole logits' cross-entropy, or the output layer in chunks (run.memory)
     nll = -next_token_log_probs(model, batch["input_ids"], batch["attention_mask"], targets.clamp_min(0))
     return nll, mask
 
 
-def sft_step_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], n_tokens: int) -> torch.Tensor:
+def sft_step_loss(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], n_tokens: int, packed: bool = False
+) -> torch.Tensor:
     """Σ NLL over this micro-batch's target tokens / ``n_tokens`` (the whole step's count)."""
-    nll, mask = token_losses(model, batch)
+    nll, mask = token_losses(model, batch, packed)
     return masked_sum(nll, mask) / max(1, n_tokens)
 
 
 @torch.no_grad()
-def heldout_loss(model: torch.nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> float:
-    """Token-mean NLL over held-out batches (dropout off)."""
+def heldout_loss(
+    model: torch.nn.Module, batches: Sequence[dict[str, torch.Tensor]], packed: bool = False
+) -> float:
+    """Token-mean NLL over held-out batches (dropout off); ``packed`` as `token_losses`."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
     for batch in batches:
-        nll, mask = token_losses(model, batch)
+        nll, mask = token_losses(model, batch, packed)
         total += float(masked_sum(nll, mask))
         count += int(mask.sum())
     model.train(was_training)
@@ -217,11 +230,12 @@ def train_step(
     optim: OptimConfig,
     pad_token_id: int,
     device: torch.device,
+    packed: bool = False,
 ) -> dict[str, float]:
     """One optimiser step over ``indices`` (all ranks' examples); returns loss and gradient norm.
 
     The loss is Σ NLL over the global step's target tokens / their global count, so 1 process with the
-    whole batch and N processes with a share each take the same step.
+    whole batch and N processes with a share each take the same step. ``packed`` as `token_losses`.
     """
     cpu = [
         (make_batches([examples[i] for i in m], pad_token_id), w)
@@ -233,7 +247,7 @@ def train_step(
     scale = dist.world_size()  # DDP and FSDP average gradients over ranks; the loss is a global token sum
 
     def loss(mb: tuple[dict[str, torch.Tensor], float]) -> torch.Tensor:
-        return sft_step_loss(model, mb[0], n_tokens) * (scale * mb[1])
+        return sft_step_loss(model, mb[0], n_tokens, packed) * (scale * mb[1])
 
     total = accumulate([model], micro, loss) / scale
     total = float(dist.all_reduce_sum(torch.tensor(total)).item())
@@ -283,7 +297,9 @@ class Supervised:
         name: str = "sft",
         evaluate: Callable[[torch.nn.Module], dict[str, float]] | None = None,
         should_stop: Callable[[dict[str, float]], bool] | None = None,
+        padding_free: Literal["auto", "off"] = "off",
     ) -> None:
+        """``padding_free``: SFT's ``padding_free`` (`postrl.lm.packed_sft.sft_padding_free`; off: pretraining)."""
         if not examples:
             raise ValueError("no training examples left after tokenisation and the length limit")
         self.name, self.model, self.tokenizer, self.examples = name, model, tokenizer, examples
@@ -298,6 +314,8 @@ class Supervised:
         self.position, self.tokens, self.seconds = 0, 0, 0.0  # tokens and seconds trained (checkpointed)
         self.batches = iterate_batches(len(examples), cfg.batch_size, run.seed)
         model.train()
+        self.packed = sft_padding_free(model, padding_free)
+        self.eval_packed = sft_padding_free(dist.unwrap(model), padding_free, gradients=False)
 
     def step(self, step: int) -> dict[str, float]:
         self.position, indices = next(self.batches)
@@ -305,7 +323,7 @@ class Supervised:
         tic = time.perf_counter()
         out = train_step(
             self.model, self.optimizer, self.examples, indices, self.cfg, self.optim,
-            self.tokenizer.pad_token_id, self.device,
+            self.tokenizer.pad_token_id, self.device, self.packed,
         )  # fmt: skip
         self.seconds += time.perf_counter() - tic
         self.tokens += out["tokens"]
@@ -316,7 +334,7 @@ class Supervised:
         return {"loss": metrics["loss"]}
 
     def evaluate(self) -> dict[str, float]:
-        return _evaluate(self.model, self.eval_batches, self._evaluate)
+        return _evaluate(self.model, self.eval_batches, self._evaluate, self.eval_packed)
 
     def should_stop(self, evals: dict[str, float]) -> bool:
         return self._should_stop is not None and self._should_stop(evals)
@@ -356,13 +374,16 @@ def _evaluate(
     model: torch.nn.Module,
     eval_batches: list[dict[str, torch.Tensor]],
     evaluate: Callable[[torch.nn.Module], dict[str, float]] | None,
+    packed: bool = False,
 ) -> dict[str, float]:
     """Held-out loss (and ``evaluate``): on rank 0, sent to the others, so every rank takes the same
     stop decision; an FSDP-sharded model needs every rank in each forward, so there all ranks compute."""
     inner = dist.unwrap(model)
     metrics: dict[str, float] = {}
     if dist.is_main() or dist.is_sharded(model):
-        metrics = {"heldout_loss": heldout_loss(inner, eval_batches) if eval_batches else float("nan")}
+        metrics = {
+            "heldout_loss": heldout_loss(inner, eval_batches, packed) if eval_batches else float("nan")
+        }
         if evaluate is not None:
             with dist.gathered(model):  # generation reads whole weights
                 metrics.update(evaluate(inner))

@@ -171,17 +171,24 @@ def test_a_dpo_run_has_the_same_metrics_padding_free_or_not(
         run_dpo(_cfg(tiny_lm_dir), tmp_path / "packed")
     assert "padding-free forward" in caplog.text
     run_dpo(_cfg(tiny_lm_dir, dpo=DPOLossConfig(padding_free="off")), tmp_path / "padded")
+    packed = assert_same_metrics(tmp_path / "packed", tmp_path / "padded")
+    assert packed[0]["heldout_reward_margin"] == 0.0  # π = π_ref: the reference pass runs the same forward
 
-    def rows(name: str) -> list[dict]:
-        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+
+def assert_same_metrics(run_a: Path, run_b: Path) -> list[dict]:
+    """Two run folders logged the same rows, every float equal to float32 rounding (times and memory aside);
+    returns the rows of ``run_a``."""
+
+    def rows(run: Path) -> list[dict]:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
         return [{k: v for k, v in json.loads(x).items() if "time" not in k and "rss" not in k} for x in lines]
 
-    packed, padded = rows("packed"), rows("padded")
-    assert packed[0]["heldout_reward_margin"] == 0.0  # π = π_ref: the reference pass runs the same forward
-    assert [r.keys() for r in packed] == [r.keys() for r in padded] and len(packed) >= 4
-    for a, b in zip(packed, padded, strict=True):
+    a_rows, b_rows = rows(run_a), rows(run_b)
+    assert [r.keys() for r in a_rows] == [r.keys() for r in b_rows] and len(a_rows) >= 4
+    for a, b in zip(a_rows, b_rows, strict=True):
         for key, value in a.items():
             if isinstance(value, float):
                 assert value == pytest.approx(b[key], rel=1e-4, abs=1e-5), key
             else:
                 assert value == b[key], key
+    return a_rows

@@ -306,15 +306,21 @@ def _wants_chunks(model: torch.nn.Module) -> bool:
 _CHUNKED: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
+def chunks_output_layer(model: torch.nn.Module) -> bool:
+    """Whether ``run.memory.log_probs`` picks the chunked output layer for ``model`` (`_wants_chunks`), decided
+    and logged once per model."""
+    if model not in _CHUNKED:
+        _CHUNKED[model] = _wants_chunks(model)
+    return _CHUNKED[model]
+
+
 def next_token_log_probs(
     model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, targets: Tensor
 ) -> Tensor:
     """log π(targets) [B, L − 1] float32 of a teacher-forced forward over [B, L] (position t predicts
     ``targets[:, t]``, the next token; every target a valid id), as SFT's loss reads it: through the chunked
-    output layer when ``run.memory.log_probs`` picks it for ``model`` (`_wants_chunks`), else the whole logits."""
-    if model not in _CHUNKED:
-        _CHUNKED[model] = _wants_chunks(model)
-    if not _CHUNKED[model]:
+    output layer when ``run.memory.log_probs`` picks it for ``model`` (`chunks_output_layer`), else the whole logits."""
+    if not chunks_output_layer(model):
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]  # (B, L − 1, V)
         return token_log_probs(logits, targets)
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
