@@ -6,13 +6,33 @@ that `_grpo_sft.py` builds (or ``--sft``), the ``configs/grpo-arithmetic.yaml`` 
 
 - ``sync``: today's algorithm, sampling and training in turn in one process (``run.threads`` = ``--threads``);
 - ``async``: ``lanes.enabled`` with ``lanes.max_staleness`` = ``--staleness``, the training lane and the
-  generation lane one torch thread each, ``grpo.is_correction`` = ``--correction`` for the stale samples.
+  generation lane one torch thread each, ``grpo.is_correction`` = ``--correction`` (``grpo.is_level`` =
+  ``--is-level``) for the stale samples.
 
 Reported per seed and as medians: seconds per training step (``time_step``: the wait for the lane included,
 evaluation excluded), the training seconds until the held-out greedy accuracy first reaches ``--target``
 (checked every ``--eval-every`` steps), and the accuracy after ``--steps``; the speed-ups are sync ÷ async.
 
     .venv/bin/python benchmarks/async_grpo.py --seeds 0 1 2 3 4 --steps 60 --eval-every 10 --target 0.6
+
+Which correction, measured 2026-12-05 (``benchmarks/results/async_grpo.json`` is the run with ``--correction
+tis``, then the default; the others are this file's async contender with ``--correction none`` and with
+``--correction tis --is-level sequence``, run by hand at load 23-37, which moves no accuracy). 60 steps,
+k = 1, held-out greedy accuracy (200 problems) at step 60, and its difference from the synchronous run of the
+same seed (mean ± standard error over the seeds; in brackets the same over the six checks of steps 10-60):
+
+    sync                     0.620 0.610 0.590 0.570 0.545  median 0.590
+    tis, token (5 seeds)     0.575 0.575 0.560 0.515 0.490  median 0.560  −0.044 ± 0.005 (−0.022 ± 0.006)
+    tis, sequence (3 seeds)  0.605 0.580 0.620              median 0.605  −0.005 ± 0.018 (−0.011 ± 0.016)
+    none (5 seeds)           0.625 0.595 0.605 0.555 0.585  median 0.595  +0.006 ± 0.010 (+0.014 ± 0.005)
+
+With one update per batch, tis (decoupled PPO, Hilton et al. 2021) takes the clipped ratio against the
+proximal policy, which is the current one: nothing is ever clipped (clip_fraction 0) and each token's
+surrogate is weighted by π/μ up to 3, so tokens whose probability the last step already raised are pushed
+further. none takes the lane's log-probs as π_old: PPO's own ratio π/μ, clipped at 1 ± ε (about 1% of the
+tokens clipped per step); with postrl's engine that is what ``auto`` picks, and it is equal to synchronous
+within noise here, per-token TIS is not. The correction changes nothing of the work per step (the step
+speed-up was not re-measured: the machine was loaded).
 """
 
 from __future__ import annotations
@@ -45,7 +65,7 @@ def _contender(mode: str, args: argparse.Namespace) -> list[str]:
         return [f"run.threads={args.threads}"]
     return [
         "run.threads=1", "lanes.enabled=true", f"lanes.max_staleness={args.staleness}", "lanes.threads=1",
-        f"grpo.is_correction={args.correction}", "grpo.is_level=token",
+        f"grpo.is_correction={args.correction}", f"grpo.is_level={args.is_level}",
     ]  # fmt: skip
 
 
@@ -80,7 +100,8 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=10, help="steps between accuracy checks")
     parser.add_argument("--target", type=float, default=0.6, help="held-out greedy accuracy to reach")
     parser.add_argument("--staleness", type=int, default=1, help="lanes.max_staleness of the async runs")
-    parser.add_argument("--correction", default="tis", help="grpo.is_correction of the async runs")
+    parser.add_argument("--correction", default="auto", help="grpo.is_correction of the async runs")
+    parser.add_argument("--is-level", default="token", help="grpo.is_level of the async runs (tis, mis)")
     parser.add_argument("--threads", type=int, default=1, help="run.threads of the sync runs")
     parser.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts per check")
     parser.add_argument("--workdir", default="runs/bench-async", help="folder for models and runs")

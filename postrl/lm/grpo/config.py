@@ -165,8 +165,10 @@ class LanesConfig:
     """Sample in the generation lane; false: sample and train in turn, in this process."""
     max_staleness: int = 1
     """k: step s trains on responses sampled by the policy after step s − k (the lane works up to k steps
-    ahead). 0: by the current policy, nothing overlaps, and the run is the synchronous one. With k > 0 set
-    grpo.is_correction (tis) to correct for the stale samples."""
+    ahead). 0: by the current policy, nothing overlaps, and the run is the synchronous one. With k > 0 and
+    postrl's engine, grpo.is_correction auto (none) takes the sampler's log-probs as π_old: PPO's clipped ratio
+    against the stale policy, as accurate as the synchronous run within noise (benchmarks/async_grpo.py);
+    tis or mis at one update per batch clip against the current policy, so never (per-token tis was lower)."""
     threads: int = 1
     """torch intra-op threads of the generation lane (run.threads are the training lane's)."""
     timeout: float = 600.0
