@@ -178,3 +178,12 @@ def test_a_policy_that_cannot_see_the_observations_is_refused_before_a_model_loa
     with pytest.raises(UserError, match=match):
         run_grpo(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_the_python_api_takes_a_picture_env_id_with_a_vlm(tmp_path):
+    import postrl
+
+    # refused by the VLM's trainer: the API routes a VLM folder with env there
+    with pytest.raises(UserError, match="env.id=frozenlake is a text environment"):
+        postrl.grpo(model=VLM, env="frozenlake", out=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
