@@ -34,7 +34,8 @@ synthetic 500 / 500 / 500 (RM held-out accuracy 1.00); judge (`upright_judge`, n
 preference that a sum of per-step r̂(o) fits only in part); page, labelled by the scripted Chromium, 500 / 500 /
 500 (accuracy 0.98: the script mislabelled 2 of 900 pairs, on seed 1, by pressing a key decided for the pair
 that was leaving the screen; the page now clears its index while the next pair loads); PPO on the true reward
-500 / 500 / 500. A page run took 773–1410 s against 210–472 s for the synthetic labeller: each iteration waits
+500 / 500 / 500. The page arm again after that fix (``--arms page``, load 16–26;
+benchmarks/results/segment_prefs-page.json), all 900 labels right: 500 / 433.2 / 500 (RM accuracy 1.00). A page run took 773–1410 s against 210–472 s for the synthetic labeller: each iteration waits
 for its labels (rendering the clips, the browser's half-second poll for new pairs, one fsync'd judgement each).
 
 Measured 2026-12-03 at 065e2eb (PPO's hand gradient after its op diet: the same gradients to float rounding,
