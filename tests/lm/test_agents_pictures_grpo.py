@@ -18,7 +18,7 @@ from postrl.lm.rollout.batch import RolloutBatch
 from postrl.lm.spine import RunConfig
 from postrl.lm.trainer import OptimConfig
 from postrl.lm.vlm import base_model, image_token_id, load_vlm
-from postrl.lm.vlm.episodes import PictureEpisodeEngine
+from postrl.lm.vlm.episodes import PictureEpisodeEngine, PictureInputs
 from postrl.runtime.errors import UserError
 from postrl.runtime.logging import read_jsonl
 from tests.lm.resume_check import assert_same_weights, interrupt_after
@@ -94,9 +94,13 @@ def test_the_engine_scores_the_trajectory_with_its_pictures(sampled):
     old = engine.log_probs("old", rollout, inputs)
     torch.testing.assert_close(old[act], rollout.log_probs[act], atol=1e-4, rtol=0)
     assert torch.all(old[~act] == 0)  # observations and placeholders (−∞ under the banned mask) carry nothing
-    picked = inputs.pictures(torch.tensor([5, 2]))["pixel_values"]
-    rows = [inputs.pixel_values[inputs.offsets[r] : inputs.offsets[r + 1]] for r in (5, 2)]
-    assert torch.equal(picked, torch.cat(rows))
+
+
+def test_a_micro_batch_gets_its_rows_pictures_in_its_order():
+    pictures = torch.arange(5.0).view(5, 1, 1, 1)  # row 0: picture 0, row 1: 1 and 2, row 2: 3 and 4
+    inputs = PictureInputs(torch.zeros(3, 2), torch.ones(3, 2, dtype=torch.bool), pictures, [0, 1, 3, 5])
+    assert inputs.pictures(torch.tensor([2, 0]))["pixel_values"].flatten().tolist() == [3, 4, 0]
+    assert torch.equal(inputs.pictures()["pixel_values"], pictures)
 
 
 def test_observation_tokens_and_placeholders_get_exactly_zero_gradient(sampled):
@@ -134,6 +138,16 @@ def test_observation_tokens_and_placeholders_get_exactly_zero_gradient(sampled):
     assert torch.all(grad[mask == 0] == 0) and torch.all(grad[placeholders] == 0)
     assert torch.all(grad[(mask == 1) & (advantages != 0)] > 0)
     assert all(torch.isfinite(p.grad).all() for p in engine.policy_module.parameters() if p.grad is not None)
+    # a micro-batch of rows in another order gets its own rows' pictures (by row_ids)
+    rows = torch.tensor([5, 2, 7])
+    part = RolloutBatch(
+        rollout.input_ids[rows], rollout.attention_mask[rows], rollout.prompt_len, mask[rows],
+        rollout.log_probs[rows], advantages[rows], row_ids=rows,
+    )  # fmt: skip
+    with torch.no_grad():
+        log_probs, _ = engine.policy(inputs, n)(part)
+    act = mask[rows].bool()
+    torch.testing.assert_close(log_probs[act], rollout.log_probs[rows][act], atol=1e-4, rtol=0)
 
 
 def test_a_picture_episode_run_resumes_exactly(tmp_path):
