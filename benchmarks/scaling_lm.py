@@ -195,7 +195,10 @@ def _trl_trainer(point: dict, out: str, callbacks: list):
     data = Dataset.from_list(point["rows"])
     if point["part"] == "sft":
         cfg = trl.SFTConfig(
-            **common, per_device_train_batch_size=BATCH, max_length=point["length"], packing=False
+            **common,
+            per_device_train_batch_size=point.get("batch", BATCH),
+            max_length=point["length"],
+            packing=False,
         )
         return trl.SFTTrainer(model=point["model"], args=cfg, train_dataset=data, processing_class=tok,
                               callbacks=callbacks)  # fmt: skip
