@@ -134,6 +134,17 @@ How configs/ppo-pendulum.yaml was chosen (issue 24; moved here from the preset's
 - the same with the lr annealed: −166 / −216 (seeds 2, 3), so 1e5 steps stay short of 9 in 10;
 - the preset (annealed, 2e5) was not run on the tuning seeds: the shared 2-core machine ran at load 9–13, and
   it went straight to the reporting seeds.
+- Issue 38 item 4 (2026-12-05): at γ 0.9 the preset met −200 on 9 of 10 seeds (10–19) and on 6 of 8 others
+  (misses −226, −225; bimodal episodes, some never swung up); 3e5 steps at γ 0.9 gave −180.3 / −200.8 (seeds
+  20, 21). γ 0.9 values a state about ten steps ahead, less than a swing-up takes. Tried on seeds 100, 101,
+  105 (``postrl control bench --config ppo-pendulum --seeds 100-109 ppo.gamma=G``, cut short at load 13–24):
+  γ 0.95 → −146.1 ± 74.5 / −121.2 ± 64.9 / −154.8 ± 98.5, γ 0.98 → −142.2 ± 68.7 / −118.1 ± 63.8 /
+  −157.9 ± 104.6 (20-episode evaluation; the same evaluation episodes for both), 75–82 CPU-s a seed; the two
+  are not told apart on three seeds, and the preset takes γ 0.98 for the longer horizon. The fresh seeds
+  200–219: ``python benchmarks/control_seeds.py --config ppo-pendulum --seeds 200-219`` →
+  ``benchmarks/results/control_seeds-ppo-pendulum.json`` (docs/results/control.md renders it). Where a run's
+  time goes (cProfile, 4e4 steps): the autograd update 76%, the Gymnasium vector env 10%, the actor 10%; a numpy
+  Pendulum (as ``fast/cartpole.py`` for CartPole) would save under a tenth, so the run was left as it is.
 """
 
 from __future__ import annotations
