@@ -105,20 +105,25 @@ def _algo(model, tokenizer, examples, steps=6, eval_every=3, save_every=3, **kw)
     )  # fmt: skip
 
 
-def test_resume_is_exact(tiny_lm_dir, tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("padding_free", ["off", "auto"])
+def test_resume_is_exact(tiny_lm_dir, tiny_tokenizer, tmp_path, padding_free):
     from postrl.lm.models import load_causal_lm
 
     examples = tokenize_sft(ROWS, tiny_tokenizer, max_length=64)
     straight = load_causal_lm(tiny_lm_dir)
-    run_training(_algo(straight, tiny_tokenizer, examples), tmp_path / "a", RunLogger(tmp_path / "a"))
+    algo = _algo(straight, tiny_tokenizer, examples, padding_free=padding_free)
+    assert algo.packed == (padding_free == "auto")
+    run_training(algo, tmp_path / "a", RunLogger(tmp_path / "a"))
     # an interrupted run: it stops right after the step-3 checkpoint
     model = load_causal_lm(tiny_lm_dir)
-    interrupted = _algo(model, tiny_tokenizer, examples, should_stop=lambda m: True)
+    interrupted = _algo(
+        model, tiny_tokenizer, examples, should_stop=lambda m: True, padding_free=padding_free
+    )
     run_training(interrupted, tmp_path / "b", RunLogger(tmp_path / "b"))
     torch.manual_seed(123)  # a different process: nothing may depend on the RNG left behind
     resumed = load_causal_lm(tiny_lm_dir)
     logger = RunLogger(tmp_path / "b", resume=True)
-    finished = _algo(resumed, tiny_tokenizer, examples)
+    finished = _algo(resumed, tiny_tokenizer, examples, padding_free=padding_free)
     run_training(finished, tmp_path / "b", logger, resume=True)
     for a, b in zip(straight.parameters(), resumed.parameters(), strict=True):
         assert torch.equal(a, b)
