@@ -37,8 +37,8 @@ from postrl.lm.agents.rollout import KV_CACHES, EpisodeTokens, TurnRollout, asse
 from postrl.lm.rollout import SamplingConfig, left_pad
 from postrl.lm.rollout.engine import Draw
 from postrl.lm.rollout.turns import TurnSampler
-from postrl.lm.vlm import image_token_id, vlm_generate
-from postrl.lm.vlm.rollout import VLMDecoder
+from postrl.lm.vlm.model import image_token_id
+from postrl.lm.vlm.rollout import VLMDecoder, vlm_generate
 
 _DUMMY = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
 

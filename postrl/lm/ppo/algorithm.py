@@ -35,12 +35,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+import postrl.lm.ppo.episodes as episodes
 from postrl.core import entropy_from_logits, masked_mean, ppo_clip_loss, value_loss
 from postrl.lm import onpolicy
 from postrl.lm.evaluation import evaluate_heldout
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.onpolicy import Term
-from postrl.lm.ppo import episodes
 from postrl.lm.ppo.advantages import make_batch
 from postrl.lm.ppo.build import (
     PPORun,
