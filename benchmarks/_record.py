@@ -39,6 +39,18 @@ def _relative(word: str) -> str:
     return word.replace(root + os.sep, "")
 
 
+def portable(value: object) -> object:
+    """``value`` (a result: dicts, lists, strings, numbers) with every path inside the repository made relative,
+    so that a results file names no folder of the machine that wrote it (tests/test_no_absolute_paths.py)."""
+    if isinstance(value, str):
+        return _relative(value)
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v) for v in value]
+    return value
+
+
 def command(argv: list[str] | None = None) -> str:
     """The command line that reran this process, from the repository root: ``python benchmarks/x.py ...``."""
     script, *args = sys.argv if argv is None else argv
@@ -84,7 +96,7 @@ def record(name: str, result: dict, argv: list[str] | None = None) -> Path:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
-        "result": result,
+        "result": portable(result),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

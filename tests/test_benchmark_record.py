@@ -49,3 +49,23 @@ def test_a_results_file_has_the_result_and_how_it_was_made(tmp_path, monkeypatch
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", data["date"])
     assert len(data["load_average"]) == 3 and data["machine"]["cpu_count"] >= 1
     assert data["machine"]["python"].count(".") == 2
+
+
+def test_paths_inside_the_checkout_are_written_relative_in_the_result(tmp_path, monkeypatch):
+    rec = load_record_module()
+    monkeypatch.setattr(rec, "RESULTS", tmp_path / "results")
+    result = {
+        "sft": str(ROOT / "runs" / "bench" / "model"),
+        "runs": [{"settings": {"sft": str(ROOT / "runs" / "m"), "budget": "30"}, "acc": 0.5}],
+        "note": f"trained from {ROOT}/runs/base",
+        "elsewhere": "/data/model",
+        "n": 3,
+    }
+    data = json.loads(rec.record("bench", result, [str(ROOT / "benchmarks" / "bench.py")]).read_text())
+    assert data["result"] == {
+        "sft": "runs/bench/model",
+        "runs": [{"settings": {"sft": "runs/m", "budget": "30"}, "acc": 0.5}],
+        "note": "trained from runs/base",
+        "elsewhere": "/data/model",
+        "n": 3,
+    }
