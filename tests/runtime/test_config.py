@@ -207,7 +207,8 @@ def test_every_shipped_config_default_is_valid():
             "sft": SFTConfig,
             "pretrain": PretrainConfig,
         }
-        lm_ppo = kind == "ppo" and "model" in read_yaml(path)  # `postrl ppo` (LM) rather than `postrl control ppo`
+        # a ppo preset with a model key is `postrl ppo`'s (LM), not `postrl control ppo`'s
+        lm_ppo = kind == "ppo" and "model" in read_yaml(path)
         if kind in ("reinforce", "a2c", "trpo", "prefs") or (kind == "ppo" and not lm_ppo):
             load_config(algorithm(kind).config, path)
         elif kind in cls:
