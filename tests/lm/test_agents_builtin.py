@@ -1,12 +1,14 @@
 """Built-in multi-turn environments (issue #35 item 4): calculator, guess the number, Gymnasium as text."""
 
 import json
+import math
 import random
 
 import gymnasium as gym
 import pytest
 
 from postrl.lm.agents import AgentError, CalculatorEnv, EpisodeBudget, carrying_sum, make_env, run_episode
+from postrl.lm.agents.config import HELDOUT_SEED
 from postrl.lm.agents.games import carries
 
 
@@ -76,6 +78,42 @@ def test_guess_number_penalises_guesses_the_hints_ruled_out():
     _, r3, *_ = env.step("no idea")
     _, r4, terminated, *_ = env.step(f"it is {secret}")
     assert (r1, r2, r3, r4, terminated) == (0.0, -0.5, -0.5, 1.0, True)
+
+
+def secrets(env, seeds):
+    drawn = set()
+    for seed in seeds:
+        env.reset(seed=seed)
+        drawn.add(env.secret)
+    return drawn
+
+
+def test_guess_number_holds_out_secrets_the_training_seeds_never_draw():
+    env = make_env("guess_number", high=15)
+    heldout = secrets(env, range(HELDOUT_SEED, HELDOUT_SEED + 1000))
+    assert heldout == {5, 10, 15} and secrets(env, range(1000)) == set(range(1, 16)) - heldout
+    whole = make_env("guess_number", high=15, heldout_every=0)
+    assert secrets(whole, range(HELDOUT_SEED, HELDOUT_SEED + 1000)) == set(range(1, 16))
+    with pytest.raises(AgentError, match="no heldout secret in \\[1, 4\\] with heldout_every=5"):
+        make_env("guess_number", high=4)
+    with pytest.raises(AgentError, match="no train secret"):
+        make_env("guess_number", high=4, heldout_every=1)
+
+
+def test_guess_number_interval_reward_is_the_share_of_information_each_hint_wins():
+    env = make_env("guess_number", high=15, reward="interval", penalty=0.5)
+    env.reset(seed=0)
+    env.secret = 3  # bisection: 8 leaves [1, 7], 4 leaves [1, 3], 2 leaves [3, 3], then 3
+    rewards = [env.step(g)[1] for g in ("8", "4", "9", "2", "3")]
+    ln = math.log
+    expected = [ln(15 / 7) / ln(15), ln(7 / 3) / ln(15), -0.5, ln(3 / 1) / ln(15), 0.0]
+    assert rewards == pytest.approx(expected, abs=1e-12)
+    assert sum(r for r in rewards if r >= 0) == pytest.approx(1.0)  # a solved episode earns 1 in all
+    env.reset(seed=0)
+    env.secret = 3
+    assert env.step("3")[1:3] == (1.0, True)  # solved at once: all the information in one turn
+    with pytest.raises(AgentError, match="reward must be one of success, interval"):
+        make_env("guess_number", reward="bits")
 
 
 def test_frozenlake_as_text_reaches_the_goal():
