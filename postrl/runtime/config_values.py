@@ -38,6 +38,7 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         return _coerce_union(value, typing.get_args(tp), key)
     if origin is typing.Literal:
+        value = _yaml_word(value, typing.get_args(tp))
         if value not in typing.get_args(tp):
             choices = ", ".join(repr(a) for a in typing.get_args(tp))
             raise ConfigError(f"'{key}': {value!r} is not one of {choices}")
@@ -55,6 +56,19 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"'{key}': expected a mapping of {tp.__name__} fields, got {value!r}")
         return from_mapping(tp, value, prefix=f"{key}.")
     return _coerce_scalar(value, tp, key)
+
+
+_YAML_BOOL_WORDS = {True: ("on", "true", "yes"), False: ("off", "false", "no")}
+
+
+def _yaml_word(value: Any, choices: tuple[Any, ...]) -> Any:
+    """YAML reads ``off``/``on``/``yes``/``no`` as booleans: for a choice among words, the word that was written
+    (``padding_free: off`` is "off", not False; a word that is not a choice is named as ``on``/``off`` in the
+    error); any other value unchanged."""
+    if isinstance(value, bool) and value not in choices:
+        words = _YAML_BOOL_WORDS[value]
+        return next((word for word in words if word in choices), words[0])
+    return value
 
 
 def _coerce_union(value: Any, args: tuple[Any, ...], key: str) -> Any:

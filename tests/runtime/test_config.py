@@ -262,3 +262,21 @@ def test_a_yaml_file_with_a_byte_order_mark_reads(tmp_path):
     path = tmp_path / "bom.yaml"
     path.write_bytes("\ufeffinner:\n  lr: 0.5\n".encode())
     assert load_config(Holder, path).inner.lr == 0.5
+
+
+@dataclass(frozen=True)
+class Switch:
+    padding_free: Literal["auto", "off"] = "auto"
+    """A choice among words that YAML reads as booleans."""
+    mode: Literal["auto", "on", "off"] = "auto"
+    """Another."""
+
+
+def test_yaml_booleans_are_the_words_written_for_a_choice_of_words(tmp_path):
+    """YAML 1.1 reads ``off``/``on`` as booleans: a choice among words takes the word, from a file or a flag."""
+    path = tmp_path / "c.yaml"
+    path.write_text("padding_free: off\nmode: on\n")
+    assert load_config(Switch, path, []) == Switch("off", "on")
+    assert load_config(Switch, None, ["padding_free=off", "mode=off"]) == Switch("off", "off")
+    with pytest.raises(ConfigError, match=r"'padding_free': 'on' is not one of 'auto', 'off'"):
+        load_config(Switch, None, ["padding_free=on"])
