@@ -18,6 +18,7 @@ it is chosen once, when PPO is built, and ``auto`` logs which step runs and why 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -34,6 +35,8 @@ from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.core import gae, ppo_clip_loss, value_loss
 
 __all__ = ["ControlPPOConfig", "PPOHyperparams", "build_ppo", "ppo_actor_critic_loss"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,10 @@ class PPOHyperparams:
     numpy, for postrl's MLP actor and critic: postrl.control.fast; the same numbers to float32 rounding) or
     auto (fused when the networks allow it, else autograd; the choice and the reason are logged at info
     level)."""
+    critic_thread: Literal["auto", "on", "off"] = "auto"
+    """With the fused backend, compute the critic's half of each minibatch step on a second thread while the
+    actor's runs (the same numbers; two cores instead of one); auto: on when run.threads is 1 and the process
+    may use at least 2 CPUs per local rank. Ignored by the autograd backend."""
 
     CHECKS = {  # valid ranges (postrl.runtime.config.validate)
         "n_steps": ">= 1",
@@ -169,10 +176,16 @@ class ReferenceStep:
         return torch.stack(list(stats.values()))[None]
 
 
-def make_step(cfg: PPOHyperparams, actor: nn.Module, critic: nn.Module) -> MinibatchStep:
-    """The minibatch step of ``cfg.backend`` (logs which runs and, under ``auto``, why the other was refused)."""
+def make_step(
+    cfg: PPOHyperparams, actor: nn.Module, critic: nn.Module, threads: int | None = 1
+) -> MinibatchStep:
+    """The minibatch step of ``cfg.backend`` (logs which runs and, under ``auto``, why the other was refused);
+    ``threads``: run.threads (``ppo.critic_thread`` auto reads it)."""
     if not ppo_step.use_fused(cfg.backend, actor, critic):
         return ReferenceStep(actor, critic, cfg)
+    critic_thread = ppo_step.critic_thread_wanted(cfg.critic_thread, threads)
+    if critic_thread:
+        log.info("ppo.critic_thread=%s: the critic's gradient runs on a second thread", cfg.critic_thread)
     return ppo_step.FusedStep(
         actor,
         critic,
@@ -182,6 +195,7 @@ def make_step(cfg: PPOHyperparams, actor: nn.Module, critic: nn.Module) -> Minib
         vf_coef=cfg.vf_coef,
         ent_coef=cfg.ent_coef,
         vf_clip=cfg.vf_clip,
+        critic_thread=critic_thread,
     )
 
 
@@ -197,11 +211,15 @@ class PPOLearner(Learner):
         self.actor = make_actor(env.single_observation_space, env.single_action_space, cfg.policy)
         self.critic = Critic(env.single_observation_space.shape[0], cfg.policy)
         self.buffer = RolloutBuffer(env, self.cfg.n_steps)
-        self.step = make_step(self.cfg, self.actor, self.critic)
+        self.step = make_step(self.cfg, self.actor, self.critic, cfg.run.threads)
         self.fused = isinstance(self.step, ppo_step.FusedStep)  # the rollout's actor then runs in numpy
         self.optimizer = self.step.optimizer
         self.modules = {"actor": self.actor, "critic": self.critic}
         self.optimizers = {"optimizer": self.optimizer}
+
+    def close(self) -> None:
+        if isinstance(self.step, ppo_step.FusedStep):
+            self.step.close()  # its critic thread, if any
 
     def iteration(self, env: VecEnv, it: int, frac_done: float) -> tuple[dict, list, int]:
         cfg, buf = self.cfg, self.buffer

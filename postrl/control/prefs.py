@@ -63,8 +63,10 @@ from postrl.control.prefs_reward import (
     RewardEnsemble,
     Segments,
     accuracy,
+    cut_segments,
     extract_segments,
     labels_due,
+    pick_segments,
     reward_correlation,
     select_pairs,
     synthetic_labels,
@@ -125,9 +127,9 @@ class Prefs(Learner):
         self.rm_optimizer = torch.optim.AdamW(
             self.reward_model.parameters(), lr=rm.lr, weight_decay=rm.weight_decay
         )
-        lab = cfg.labeller
+        lab, p = cfg.labeller, cfg.prefs
         self.page = (
-            PageLabeller(lab.page, cfg.env.id, cfg.prefs.segment_length, cfg.prefs.val_fraction)
+            PageLabeller(lab.page, cfg.env.id, p.segment_length, p.val_fraction, cfg.env.kwargs)
             if lab.source == "page"
             else None
         )
@@ -162,11 +164,14 @@ class Prefs(Learner):
             self.page.attach(run_dir)
 
     def close(self) -> None:
+        self.ppo.close()
         if self.page is not None:
             self.page.close()
 
     def iteration(self, env: VecEnv, it: int, frac_done: float) -> tuple[dict, list, int]:
         self._frac, self._it = frac_done, it
+        if self.page is not None:  # what the clips of this rollout's segments are drawn from
+            self.page.renderer.rollout_start([tap.env for tap in self.taps], it)
         metrics, _poisoned_episodes, n_steps = self.ppo.iteration(env, it, frac_done)
         return {**metrics, **self._metrics}, self._episodes, n_steps
 
@@ -177,9 +182,10 @@ class Prefs(Learner):
             tap.tape.clear()
         obs = self._raw_obs(buf.obs)
         p = self.cfg.prefs
-        segs = extract_segments(
-            obs, buf.actions, true, buf.terminated, buf.truncated, p.segment_length, p.segments_per_rollout
-        )
+        picks = pick_segments(buf.terminated, buf.truncated, p.segment_length, p.segments_per_rollout)
+        segs = cut_segments(obs, buf.actions, true, buf.terminated, picks, p.segment_length)
+        if self.page is not None:
+            self.page.renderer.add(self._it, picks, buf.actions, p.pool_size)
         self.pool = (
             segs if self.pool is None else Segments.cat([self.pool, segs]).take(slice(-p.pool_size, None))
         )
@@ -227,7 +233,7 @@ class Prefs(Learner):
         i, j = select_pairs(self.reward_model, self.pool, n, p.pair_selection, p.candidates_per_label)
         first, second = self.pool.take(i), self.pool.take(j)
         if self.page is not None:
-            self.page.ask(first, second)
+            self.page.ask(first, second, i, j)
             return
         labels = self.judge(first, second)
         index = torch.arange(self.labels_used, self.labels_used + len(i), dtype=torch.float64)

@@ -160,3 +160,90 @@ def test_a_fast_path_checkpoint_resumes_on_the_reference_path(tmp_path):
     env.reset()
     metrics, _, steps = agents["autograd"].iteration(env, 3, 0.5)  # and the reference steps on from it
     assert steps == 32 and all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+
+
+def test_the_critic_thread_computes_the_same_steps(tmp_path):
+    """``ppo.critic_thread``: the critic's half of each fused step on a second thread gives the same run
+    (weights and logged metrics bit for bit), and a run may resume with the setting changed."""
+    runs = {}
+    for setting in ("off", "on"):
+        cfg = load_config(
+            ppo.ControlPPOConfig, None, [*SMALL, "ppo.backend=fused", f"ppo.critic_thread={setting}"]
+        )
+        train_from_config(cfg, tmp_path / setting)
+        runs[setting] = tmp_path / setting
+    last = [run / "checkpoints" / "step_00000192" for run in runs.values()]
+    for name in ("actor.safetensors", "critic.safetensors"):
+        assert (last[0] / name).read_bytes() == (last[1] / name).read_bytes(), name
+    assert (runs["off"] / "metrics.jsonl").read_text().count("\n") > 0
+    strip = [
+        [{k: v for k, v in row.items() if k not in ("time", "steps_per_second")} for row in _rows(run)]
+        for run in runs.values()
+    ]
+    assert strip[0] == strip[1]
+    _interrupt(runs["on"], 96)
+    cfg = load_config(ppo.ControlPPOConfig, None, [*SMALL, "ppo.backend=fused", "ppo.critic_thread=off"])
+    train_from_config(cfg, runs["on"], resume=True)
+    resumed = runs["on"] / "checkpoints" / "step_00000192" / "actor.safetensors"
+    assert resumed.read_bytes() == (last[0] / "actor.safetensors").read_bytes()
+
+
+def _rows(run):
+    import json
+
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_an_error_on_the_critic_thread_is_raised_by_the_step_and_the_next_step_still_runs():
+    from postrl.control.buffer import Batch
+    from postrl.control.fast.ppo_step import FusedStep
+
+    actor, critic = _nets()
+    step = FusedStep(
+        actor,
+        critic,
+        lr=1e-3,
+        adam_eps=1e-5,
+        max_grad_norm=0.5,
+        vf_coef=0.5,
+        ent_coef=0.0,
+        vf_clip=None,
+        critic_thread=True,
+    )
+    n = 16
+    good = Batch(
+        torch.randn(n, 4),
+        torch.randint(0, 2, (n,)).float(),
+        torch.zeros(n),
+        torch.zeros(n),
+        torch.randn(n),
+        torch.randn(n),
+    )
+    bad = Batch(good.obs, good.actions, good.log_probs, good.values, good.advantages, torch.randn(n + 1))
+    with pytest.raises(RuntimeError):
+        step(bad, 0.2)  # the value error's shapes do not broadcast: raised on the critic's thread
+    stats = step(good, 0.2)
+    assert stats.shape == (1, 5) and torch.isfinite(stats).all()
+    step.close()
+
+
+@pytest.mark.parametrize(
+    ("setting", "threads", "cpus", "local_ranks", "want"),
+    [
+        ("on", None, 1, 1, True),
+        ("off", 1, 8, 1, False),
+        ("auto", 1, 2, 1, True),
+        ("auto", 1, 1, 1, False),
+        ("auto", None, 8, 1, False),
+        ("auto", 1, 2, 2, False),
+        ("auto", 1, 4, 2, True),
+    ],
+)
+def test_critic_thread_auto_wants_two_cpus_per_local_rank(
+    monkeypatch, setting, threads, cpus, local_ranks, want
+):
+    from postrl.control.fast import ppo_step
+
+    monkeypatch.setattr(ppo_step.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_ranks))
+    assert ppo_step.critic_thread_wanted(setting, threads) is want

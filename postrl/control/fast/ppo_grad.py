@@ -26,8 +26,7 @@ The derivation (N rows; ρ = exp(log π − log π_old); A the whitened advantag
   ∂L/∂b_k = Σ_rows δ_k, δ_{k−1} = (δ_k W_k) ⊙ act'(h_{k−1}), with act' read off the output y:
   tanh 1 − y², relu 1[y > 0], elu (α = 1) 1 where y > 0 else y + 1.
 
-tanh is computed as 2σ(2u) − 1 (the same function, to 2e-7): torch's float32 sigmoid kernel is cheaper than its
-tanh on the CPUs measured (benchmarks/control.py), and the ×2 rides in the GEMM (addmm's α, β).
+tanh is applied in place on the GEMM's output (``tanh_``: one kernel, no new tensor).
 
 Everything is kept ``[N, 1]``-shaped (a column per row of the minibatch) so that nothing is reshaped, and the
 statistics are columns concatenated and averaged in two ops (`STATS`). Gradients are written into each
@@ -37,6 +36,8 @@ parameter's ``.grad`` as it was when the `HandGradient` was built (views of
 
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -47,7 +48,15 @@ from postrl.control.fast import numpy_actor
 from postrl.control.policies import MLP, CategoricalActor, Critic, GaussianActor
 from postrl.core import diag_gaussian_entropy, diag_gaussian_log_prob
 
-__all__ = ["STATS", "HandGradient", "Minibatch", "fused_refusal", "minibatch_gradient", "stat_names"]
+__all__ = [
+    "STATS",
+    "HandGradient",
+    "Minibatch",
+    "SideThread",
+    "fused_refusal",
+    "minibatch_gradient",
+    "stat_names",
+]
 
 # The statistics of `postrl.control.ppo.ppo_actor_critic_loss`, in the order of the vector a gradient step returns.
 STATS = ("policy_loss", "value_loss", "clip_fraction", "approx_kl", "ratio_mean", "entropy")
@@ -143,12 +152,8 @@ class _Net:
         inputs = [x]
         *hidden, last = self.layers
         for layer in hidden:
-            if self.tanh:  # tanh(u) = 2σ(2u) − 1
-                u2 = torch.addmm(layer.bias, inputs[-1], layer.weight_t, beta=2.0, alpha=2.0)
-                h = torch.add(_MINUS_ONE, u2.sigmoid_(), alpha=2.0, out=u2)
-            else:
-                h = self.activation(torch.addmm(layer.bias, inputs[-1], layer.weight_t))
-            inputs.append(h)
+            u = torch.addmm(layer.bias, inputs[-1], layer.weight_t)
+            inputs.append(u.tanh_() if self.tanh else self.activation(u))
         return inputs, torch.addmm(last.bias, inputs[-1], last.weight_t)
 
     def backward(self, inputs: list[Tensor], delta: Tensor) -> None:
@@ -164,6 +169,41 @@ class _Net:
                 delta = self.act_backward(torch.mm(delta, layer.weight), h)
 
 
+class SideThread:
+    """One worker thread that runs a job (torch ops, no autograd, one intra-op thread) while the caller runs
+    another: ``submit(fn, *args)``, then ``result()`` waits and returns ``fn``'s value or raises its
+    exception. torch releases the GIL inside every op, so two streams of small ops overlap on two cores."""
+
+    def __init__(self):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._results: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="postrl-side", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        torch.set_num_threads(1)  # OpenMP's thread count is per thread: as the caller's (run.threads=1)
+        torch.set_grad_enabled(False)  # grad mode is per thread too
+        while (job := self._jobs.get()) is not None:
+            fn, args = job
+            try:
+                self._results.put((True, fn(*args)))
+            except BaseException as err:  # noqa: BLE001 - handed to the caller, who raises it
+                self._results.put((False, err))
+
+    def submit(self, fn, *args) -> None:
+        self._jobs.put((fn, args))
+
+    def result(self):
+        ok, value = self._results.get()
+        if not ok:
+            raise value
+        return value
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+
 class HandGradient:
     """The gradient of `postrl.control.ppo.ppo_actor_critic_loss` for one actor and critic, written out.
 
@@ -171,13 +211,24 @@ class HandGradient:
     `postrl.control.fast.flat.FlatParameters` has re-homed them; call it per minibatch.
     """
 
-    def __init__(self, actor: CategoricalActor | GaussianActor, critic: Critic):
+    def __init__(
+        self, actor: CategoricalActor | GaussianActor, critic: Critic, *, critic_thread: bool = False
+    ):
+        """``critic_thread``: compute the critic's half on a `SideThread` while the actor's runs on the
+        caller's (the same numbers: the halves share nothing but the minibatch); `close` stops it."""
+        self.side = SideThread() if critic_thread else None
         self.actor, self.discrete = actor, isinstance(actor, CategoricalActor)
         self.actor_net, self.critic_net = _Net(actor.net), _Net(critic.net)
         if not self.discrete:
             if actor.log_std.grad is None:
                 actor.log_std.grad = torch.zeros_like(actor.log_std)
             self.log_std_grad = actor.log_std.grad
+
+    def close(self) -> None:
+        """Stop the side thread, if any."""
+        if self.side is not None:
+            self.side.close()
+            self.side = None
 
     def prepare(self, batch: Batch) -> Minibatch:
         """``batch`` in the shapes a call reads (once per minibatch, or once per update for the whole rollout)."""
@@ -190,8 +241,34 @@ class HandGradient:
         """Write the gradient on ``mb`` into every parameter's ``.grad``; return the statistics
         `stat_names(ent_coef)` as a row ``[1, k]``. The advantages are used as given (already whitened)."""
         n = mb.obs.shape[0]
-        actor_in, head = self.actor_net.forward(mb.obs)
+        if self.side is None:
+            value_terms = self._critic(mb, vf_coef / n, vf_clip)
+            columns = self._actor(mb, clip_eps, ent_coef)
+        else:  # the critic on the side thread while the actor runs here (torch ops release the GIL)
+            self.side.submit(self._critic, mb, vf_coef / n, vf_clip)
+            try:
+                columns = self._actor(mb, clip_eps, ent_coef)
+            finally:
+                value_terms = (
+                    self.side.result()
+                )  # collected even when the actor raised: the queue stays in step
+        columns.insert(1, value_terms)
+        stats = torch.mm(mb.mean_weights, torch.cat(columns, dim=1))  # (1, k): the columns' means
+        if ent_coef and not self.discrete:  # the Gaussian's entropy does not depend on the state
+            stats = torch.cat([stats, diag_gaussian_entropy(self.actor.log_std).reshape(1, 1)], dim=1)
+        return stats
+
+    def _critic(self, mb: Minibatch, scale: float, vf_clip: float | None) -> Tensor:
+        """Write the critic's gradient; return the per-row value-loss terms (N, 1). ``scale`` = c_v / N."""
         critic_in, values = self.critic_net.forward(mb.obs)  # [N, 1]
+        d_values, value_terms = self._value_gradient(values, mb, scale, vf_clip)
+        self.critic_net.backward(critic_in, d_values)
+        return value_terms
+
+    def _actor(self, mb: Minibatch, clip_eps: float, ent_coef: float) -> list[Tensor]:
+        """Write the actor's gradient; return the per-row statistics columns but the value loss's."""
+        n = mb.obs.shape[0]
+        actor_in, head = self.actor_net.forward(mb.obs)
         if self.discrete:
             log_p = torch.log_softmax(head, dim=-1)  # (N, K)
             log_probs = log_p.gather(1, mb.actions)  # (N, 1)
@@ -210,8 +287,7 @@ class HandGradient:
         )  # (ρ − clip ρ)·A > 0: the clip binds
         d_log_probs = torch.mul(neg_unclipped, 1.0 / n).masked_fill_(clipped, 0.0)  # ∂L/∂log π, (N, 1)
         kl = torch.add(_MINUS_ONE, ratio).sub_(log_ratio)  # (ρ − 1) − log ρ, as ppo_clip_loss's approx_kl
-        d_values, value_terms = self._value_gradient(values, mb, vf_coef / n, vf_clip)
-        columns = [neg_surrogate, value_terms, clipped.to(ratio.dtype), kl, ratio]
+        columns = [neg_surrogate, clipped.to(ratio.dtype), kl, ratio]
 
         if self.discrete:
             probs = log_p.exp()
@@ -227,11 +303,7 @@ class HandGradient:
                 d_log_std -= ent_coef  # ∂(−c_H mean H)/∂log σ
             self.log_std_grad.copy_(d_log_std)
         self.actor_net.backward(actor_in, d_head)
-        self.critic_net.backward(critic_in, d_values)
-        stats = torch.mm(mb.mean_weights, torch.cat(columns, dim=1))  # (1, k): the columns' means
-        if ent_coef and not self.discrete:  # the Gaussian's entropy does not depend on the state
-            stats = torch.cat([stats, diag_gaussian_entropy(self.actor.log_std).reshape(1, 1)], dim=1)
-        return stats
+        return columns
 
     @staticmethod
     def _value_gradient(

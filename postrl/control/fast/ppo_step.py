@@ -15,6 +15,7 @@ gSDE); ``fused`` insists on it (a ConfigError says why it cannot run); ``autogra
 from __future__ import annotations
 
 import logging
+import os
 
 from torch import Tensor, nn
 
@@ -24,7 +25,7 @@ from postrl.control.fast.flat import FlatAdam, FlatParameters
 from postrl.control.fast.ppo_grad import HandGradient, Minibatch, fused_refusal, stat_names
 from postrl.runtime.config import ConfigError
 
-__all__ = ["BACKENDS", "FusedStep", "use_fused"]
+__all__ = ["BACKENDS", "FusedStep", "critic_thread_wanted", "use_fused"]
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +74,12 @@ class FusedStep:
         vf_coef: float,
         ent_coef: float,
         vf_clip: float | None,
+        critic_thread: bool = False,
     ):
         self.flat = FlatParameters([actor, critic])  # one tensor for Adam, clipping and the gradient
         self.optimizer = FlatAdam(self.flat.param, lr=lr, eps=adam_eps)
-        self.gradient = HandGradient(actor, critic)  # writes into the flat gradient's views
+        # writes into the flat gradient's views; the critic's half on a second thread with critic_thread
+        self.gradient = HandGradient(actor, critic, critic_thread=critic_thread)
         self.max_grad_norm, self.vf_coef, self.ent_coef, self.vf_clip = (
             max_grad_norm,
             vf_coef,
@@ -95,3 +98,18 @@ class FusedStep:
         self.flat.clip_grad_norm_(self.max_grad_norm)
         self.optimizer.update()
         return stats
+
+    def close(self) -> None:
+        """Stop the critic's thread, if any."""
+        self.gradient.close()
+
+
+def critic_thread_wanted(setting: str, threads: int | None) -> bool:
+    """Whether the fused step computes the critic on a second thread, for ``ppo.critic_thread`` =
+    ``setting`` and ``run.threads`` = ``threads``: ``on``/``off`` as said; ``auto`` when torch runs one
+    thread per process (``run.threads`` 1) and this process may use two CPUs of its own (the CPUs it may
+    run on, shared among the ranks that torchrun started on this machine)."""
+    if setting != "auto":
+        return setting == "on"
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return threads == 1 and len(os.sched_getaffinity(0)) >= 2 * local_ranks
