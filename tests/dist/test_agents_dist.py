@@ -6,6 +6,8 @@ and their checkpoint and export (written by rank 0) load in one process."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -13,25 +15,31 @@ from safetensors.torch import load_file
 from tests.dist.launch import assert_same_weights, load_script, torchrun
 
 
+def assert_updates_match_one_process(model_dir: Path, out: Path, label: str) -> None:
+    """What `agents_run`'s updates saved in ``out`` (2 ranks) equals the same updates in this process, and
+    the policy moved."""
+    script = load_script("agents_run.py")
+    info = script.dist.DistInfo(0, 1, 0, torch.device("cpu"))
+    initial = load_file(str(model_dir / "model.safetensors"))
+    two = load_file(str(out / "grpo.safetensors"))
+    one = dict(script.grpo_update(model_dir, info).state_dict())
+    print(f"grpo episodes{label}: max |2 ranks - 1 process| = {assert_same_weights(two, one):.2e}")
+    assert any(not torch.equal(initial[k], two[k]) for k in initial.keys() & two.keys())  # it moved
+    for name, module in script.ppo_update(model_dir, info).items():
+        two = load_file(str(out / f"ppo_{name}.safetensors"))
+        worst = assert_same_weights(two, dict(module.state_dict()))
+        print(f"ppo episodes{label} {name}: max |2 ranks - 1 process| = {worst:.2e}")
+        if name == "actor":
+            assert any(not torch.equal(initial[k], two[k]) for k in initial.keys() & two.keys())
+
+
 @pytest.mark.slow  # one torchrun launch of ~1-2 min on a loaded 2-core machine
 def test_two_processes_match_one_on_episodes(tiny_lm_dir, tmp_path):
     from postrl.lm.models import load_causal_lm
     from postrl.runtime.logging import read_jsonl
 
-    script = load_script("agents_run.py")
     torchrun("agents_run.py", [str(tiny_lm_dir), str(tmp_path)], timeout=600)
-    info = script.dist.DistInfo(0, 1, 0, torch.device("cpu"))
-    initial = load_file(str(tiny_lm_dir / "model.safetensors"))
-    two = load_file(str(tmp_path / "grpo.safetensors"))
-    one = dict(script.grpo_update(tiny_lm_dir, info).state_dict())
-    print(f"grpo episodes: max |2 ranks - 1 process| = {assert_same_weights(two, one):.2e}")
-    assert any(not torch.equal(initial[k], two[k]) for k in initial.keys() & two.keys())  # it moved
-    for name, module in script.ppo_update(tiny_lm_dir, info).items():
-        two = load_file(str(tmp_path / f"ppo_{name}.safetensors"))
-        worst = assert_same_weights(two, dict(module.state_dict()))
-        print(f"ppo episodes {name}: max |2 ranks - 1 process| = {worst:.2e}")
-        if name == "actor":
-            assert any(not torch.equal(initial[k], two[k]) for k in initial.keys() & two.keys())
+    assert_updates_match_one_process(tiny_lm_dir, tmp_path, "")
     for run in ("grpo_run", "ppo_run"):
         folder = tmp_path / run
         assert (folder / "checkpoints" / "step_00000002").is_dir()

@@ -86,8 +86,9 @@ def share(out: TurnRollout, rows: list[int]) -> tuple[Rollout, TurnRollout]:
     return rollout, turns
 
 
-def grpo_update(model_dir: Path, info: dist.DistInfo) -> torch.nn.Module:
-    """This rank's whole groups through per-turn credit and `optimise_grpo` (μ = 2, grad_accum 2, β 0.04)."""
+def grpo_update(model_dir: Path, info: dist.DistInfo, parallel: str = "ddp") -> torch.nn.Module:
+    """This rank's whole groups through per-turn credit and `optimise_grpo` (μ = 2, grad_accum 2, β 0.04); the
+    policy replicated (``parallel=ddp``) or sharded in place (``fsdp``)."""
     tokenizer = load_tokenizer(model_dir)
     model, ref = load_causal_lm(model_dir), load_causal_lm(model_dir).eval()
     groups = list(dist.shard_range(len(SEEDS), info))
@@ -99,9 +100,10 @@ def grpo_update(model_dir: Path, info: dist.DistInfo) -> torch.nn.Module:
     advantages = turns_to_tokens(per_turn, turns.token_turns)
     batch = RolloutBatch(ids, mask, P, rollout.response_mask, old, advantages, ref_lp)
     cfg = GRPOLossConfig(group_size=G, prompts_per_step=len(SEEDS), epochs=2, grad_accum=2, beta=0.04)
+    policy = dist.wrap_model(model, info, parallel)  # fsdp: sharded in place, before the optimiser is built
     # SGD: the weights after the update are linear in the gradients (Adam's first steps are ≈ sign(g))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    optimise_grpo(dist.wrap_model(model, info, "ddp"), optimizer, batch, cfg, 1.0, ENV.max_tokens, 1.0)
+    optimise_grpo(policy, optimizer, batch, cfg, 1.0, ENV.max_tokens, 1.0)
     return model
 
 
@@ -113,14 +115,15 @@ def ppo_config(model_dir: Path) -> PPOConfig:
     )  # fmt: skip
 
 
-def ppo_update(model_dir: Path, info: dist.DistInfo) -> dict[str, torch.nn.Module]:
-    """This rank's rows through `make_turn_batch` (global whitening) and `optimise_ppo` (2 epochs, grad_accum 2)."""
+def ppo_update(model_dir: Path, info: dist.DistInfo, parallel: str = "ddp") -> dict[str, torch.nn.Module]:
+    """This rank's rows through `make_turn_batch` (global whitening) and `optimise_ppo` (2 epochs, grad_accum 2),
+    actor and critic replicated (``parallel=ddp``) or sharded in place (``fsdp``)."""
     cfg = ppo_config(model_dir)
     roles = build_roles(cfg, info.device)
     out = global_episodes(roles.actor, load_tokenizer(model_dir))
     rollout, turns = share(out, list(dist.shard_range(len(SEEDS) * G, info)))
     batch, _ = make_turn_batch(roles, rollout, turns, temperature=1.0, beta=0.1, gamma=0.9, advantage=cfg.gae)
-    actor, critic = (dist.wrap_model(m, info, "ddp") for m in (roles.actor, roles.critic))
+    actor, critic = (dist.wrap_model(m, info, parallel) for m in (roles.actor, roles.critic))
     parts = trainable_parts(roles)
     opts = {k: torch.optim.SGD(m.parameters(), lr=0.1) for k, m in parts.items()}
     params = {k: [p for p in m.parameters() if p.requires_grad] for k, m in parts.items()}
