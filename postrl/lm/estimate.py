@@ -16,7 +16,10 @@ counted once, no memory), and the peak is summed from the parts a training step 
                      with activation checkpointing, the blocks' inputs (h) plus one block's full set
     logits           the response tokens' [tokens, vocab] float32 logits, their log-softmax and gradient
                      (3 copies), or one chunk's (`run.memory.log_probs`: chunked)
-    kv cache         GRPO's sampling: rows × tokens × layers × 2·kv
+    kv cache         GRPO's and PPO's sampling: rows × tokens × layers × 2·kv
+    reward model     PPO: the frozen reward model's weights (its folder's shape)
+    critic           PPO: its weights, gradients, optimizer state and activations (a copy of the reward model
+                     or of the policy's trunk; nothing for a value head on the actor, critic=shared)
 
 It is an estimate (allocator slack, the framework's own buffers, tokenizer and data are not counted):
 `benchmarks/real_size.py` measures the peaks it predicts. `check_fits` refuses a config whose estimate
@@ -94,9 +97,10 @@ def model_shape(path: str, lora: Any, trust_remote_code: bool = False) -> Shape:
 
 def _batch(stage: str, cfg: Any) -> tuple[int, int, int]:
     """(rows of one forward, tokens per row, response tokens per row) of a stage's config."""
-    if stage == "grpo":
-        g = cfg.grpo
-        rows = -(-g.prompts_per_step * g.group_size // (g.minibatches * g.grad_accum))
+    if stage in ("grpo", "ppo"):
+        g = cfg.grpo if stage == "grpo" else cfg.ppo
+        responses = g.prompts_per_step * g.group_size if stage == "grpo" else cfg.batch_size
+        rows = -(-responses // (g.minibatches * g.grad_accum))
         T = cfg.sampling.max_new_tokens
         return rows, cfg.max_prompt_length + T, T
     train = cfg.train
@@ -104,14 +108,37 @@ def _batch(stage: str, cfg: Any) -> tuple[int, int, int]:
     return rows, train.max_length, train.max_length
 
 
-def estimate(stage: str, cfg: Any, shape: Shape) -> Estimate:
-    """The peak memory of one training step of ``stage`` under ``cfg`` for a model of ``shape``."""
+def _trained_bytes(shape: Shape, wbytes: int, lora: bool) -> float:
+    """Gradients and AdamW state of ``shape``'s trained parameters: moments float32, a float32 master for
+    low-precision weights (`postrl.lm.master_adamw`), LoRA adapters float32."""
+    return shape.trained * ((4 if lora else wbytes) + 8 + (4 if wbytes < 4 and not lora else 0))
+
+
+def _ppo_roles(cfg: Any, policy: Shape, reward: Shape, wbytes: int, activations: float) -> dict[str, float]:
+    """PPO-RLHF's roles beyond the actor and its reference (`postrl.lm.ppo.build.build_roles`): the frozen
+    reward model's weights, and the critic's weights, gradients, AdamW state and activations (its forward and
+    backward run beside the actor's, one loss); critic=reward_model copies the reward model, sft the policy's
+    trunk, shared is a value head on the actor (nothing more)."""
+    lora = cfg.run.lora.enabled
+    scored = cfg.reward_model is not None and not cfg.rewards and cfg.env.id is None
+    parts = {"reward model": float(reward.params * wbytes if scored else 0), "critic": 0.0}
+    if cfg.critic != "shared":
+        trunk = reward if cfg.critic == "reward_model" else policy
+        parts["critic"] = trunk.params * wbytes + _trained_bytes(trunk, wbytes, lora) + activations
+    return parts
+
+
+def estimate(stage: str, cfg: Any, shape: Shape, reward_shape: Shape | None = None) -> Estimate:
+    """The peak memory of one training step of ``stage`` under ``cfg`` for a model of ``shape`` (PPO: its
+    reward model and critic of ``reward_shape``, by default the policy's)."""
     run, memory = cfg.run, cfg.run.memory
     wbytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(run.dtype, 4)
     lora = run.lora.enabled
     rows, L, T = _batch(stage, cfg)
     s = shape
     reference = stage in STAGES_WITH_REFERENCE and not lora and getattr(getattr(cfg, "grpo", None), "beta", 1)
+    if stage == "ppo":  # LoRA's reference is the actor with its adapters off, unless ref_model names another
+        reference = not lora or cfg.ref_model is not None
     if stage in ("dpo", "kto"):  # the reference's log-probs are stored before training; the model stays only
         reference = reference and cfg.eval_samples > 0  # for the held-out samples' KL (postrl.lm.reference)
     per_token = 8 * s.hidden + 3 * s.kv + 4 * s.ffn + (2 * s.heads * L if s.eager else 0)  # per token, layer
@@ -127,8 +154,10 @@ def estimate(stage: str, cfg: Any, shape: Shape) -> Estimate:
         "optimizer": s.trained * (8 + (4 if wbytes < 4 and not lora else 0)),
         "activations": activations,
         "logits": 3 * logit_rows * s.vocab * 4,
-        "kv cache": rows * L * s.layers * 2 * s.kv * wbytes if stage == "grpo" else 0,
+        "kv cache": rows * L * s.layers * 2 * s.kv * wbytes if stage in ("grpo", "ppo") else 0,
     }
+    if stage == "ppo":
+        parts |= _ppo_roles(cfg, s, reward_shape or s, wbytes, activations)
     return Estimate({k: float(v) for k, v in parts.items()}, rows, L)
 
 
@@ -148,15 +177,22 @@ def available_memory(device: str) -> tuple[float, str]:
 def check_fits(stage: str, cfg: Any, *, dry_run: bool = False) -> str | None:
     """The estimate's line for ``stage`` (None: a stage it does not cover). Raises `UserError` with the
     estimate when it exceeds the available memory and ``run.memory.check`` is on (or under ``dry_run``)."""
-    if stage not in ("sft", "dpo", "kto", "grpo") or not hasattr(cfg, "model"):
+    if stage not in ("sft", "dpo", "kto", "grpo", "ppo") or not hasattr(cfg, "model"):
         return None
+    remote = getattr(cfg, "trust_remote_code", False)
     try:
-        shape = model_shape(str(cfg.model), cfg.run.lora, getattr(cfg, "trust_remote_code", False))
+        shape = model_shape(str(cfg.model), cfg.run.lora, remote)
     except (OSError, ValueError) as err:
         if dry_run:
             raise UserError(f"model={cfg.model}: no config.json to estimate from ({err})") from None
         return None  # the loader says what is wrong with the model, as before
-    est = estimate(stage, cfg, shape)
+    reward_shape = None
+    if stage == "ppo" and cfg.reward_model is not None:
+        try:  # a *ForSequenceClassification folder: its trunk's shape (a tied LM head counted once)
+            reward_shape = model_shape(str(cfg.reward_model), cfg.run.lora, remote)
+        except (OSError, ValueError):
+            reward_shape = None  # estimated as the policy's; the loader names a missing reward model
+    est = estimate(stage, cfg, shape, reward_shape)
     free, what = available_memory(cfg.run.device)
     line = (
         f"estimated peak {est.describe()}; {what} {free / GiB:.2f} GiB ({shape.params / 1e6:.0f}M parameters)"

@@ -92,3 +92,43 @@ def test_dpo_keeps_the_reference_only_for_held_out_samples(tmp_path):
     kept = estimate("dpo", replace(cfg, eval_samples=8), shape)
     assert stored.parts["weights"] == 494_032_768 * 4 and kept.parts["weights"] == 2 * 494_032_768 * 4
     assert 10.0 * GiB < stored.total < 12.0 * GiB
+
+
+def test_ppo_counts_its_four_roles(tmp_path):
+    """Actor, reference, reward model and critic (`postrl.lm.ppo.build.build_roles`), by hand for Qwen2.5-0.5B:
+    full fp32 is 40 B/parameter before activations (actor 16, reference 4, reward model 4, critic 16): 19.8 GB,
+    beyond this 24 GB machine's free memory; LoRA keeps three trunks (the reference is the actor without its
+    adapters). Measured: benchmarks/real_size_ppo.py."""
+    from postrl.lm.ppo.config import PPOConfig
+
+    P = 494_032_768
+    cfg = PPOConfig(model=str(qwen05b_folder(tmp_path)), reward_model=str(tmp_path), batch_size=4)
+    shape = model_shape(str(tmp_path), LoraConfig())
+    full = estimate("ppo", cfg, shape)
+    act = full.parts["activations"]
+    assert (full.rows, full.tokens) == (4, 512 + 53)
+    assert full.parts["weights"] == 2 * P * 4 and full.parts["reward model"] == P * 4
+    assert full.parts["gradients"] == P * 4 and full.parts["optimizer"] == P * 8
+    assert full.parts["critic"] == P * (4 + 4 + 8) + act
+    assert full.total - 2 * act - full.parts["logits"] - full.parts["kv cache"] == 40 * P
+    lora_cfg = replace(cfg, run=replace(cfg.run, lora=LoraConfig(enabled=True)))
+    lora_shape = model_shape(str(tmp_path), lora_cfg.run.lora)
+    lora = estimate("ppo", lora_cfg, lora_shape)
+    assert lora.parts["weights"] == P * 4 and lora.parts["reward model"] == P * 4
+    assert lora.parts["critic"] == P * 4 + lora_shape.trained * (4 + 8) + act
+    shared = estimate("ppo", replace(cfg, critic="shared"), shape)
+    assert shared.parts["critic"] == 0 and shared.total < full.total - 16 * P
+    rules = estimate("ppo", replace(cfg, rewards=["task:reviews"], critic="shared"), shape)
+    assert rules.parts["reward model"] == 0
+
+
+def test_ppo_dry_run_refuses_what_would_not_fit(tmp_path, capsys):
+    model = qwen05b_folder(tmp_path / "qwen")
+    argv = ["ppo", "--model", str(model), "--reward-model", str(model), "--out", str(tmp_path / "run")]
+    assert main([*argv, "batch_size=4096", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("postrl: error: this config would not fit: estimated peak") and "critic" in err
+    assert err.count("\n") == 1 and not (tmp_path / "run").exists()
+    lora = ["run.lora.enabled=true", "batch_size=1", "sampling.max_new_tokens=8", "max_prompt_length=8"]
+    assert main([*argv, *lora, "--dry-run"]) == 0
+    assert "it fits" in capsys.readouterr().out
