@@ -16,86 +16,32 @@ Exact resume. How many log events each iteration took in is appended to ``RUN_DI
 appended when they are the same pairs, so it repeats the uninterrupted run; after the last recorded
 iteration it reads the log as it finds it.
 
-Clips are drawn from the raw observations by setting the simulator's state (`STATE_FROM_OBS`), so the
-training envs never render; envs whose state is not their observation cannot be labelled on the page yet.
+Clips are drawn by `postrl.control.prefs_clips` (the training envs never render): from the raw observations
+where they are the simulator's state (classic control), else by replaying the segment's rollout from a
+snapshot of its env taken at the rollout's start (any env that renders rgb_array and whose state is plain
+data: FrozenLake, CliffWalking, Taxi…, one-hot encoded for the MLP policies).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import socket
 import sys
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from postrl.control.envs import make_env
+from postrl.control.prefs_clips import clip_renderer
 from postrl.control.prefs_config import PageConfig
 from postrl.control.prefs_reward import Pairs, Segments
 from postrl.runtime.config import ConfigError
 
 TAKEN_FILE = "labels_taken.jsonl"
-
-
-def _angles(*pairs: tuple[int, int]) -> Callable[[np.ndarray], list[float]]:
-    return lambda o: [math.atan2(o[s], o[c]) for c, s in pairs]
-
-
-STATE_FROM_OBS: dict[str, Callable[[np.ndarray], Any]] = {
-    "CartPole": lambda o: np.asarray(o, dtype=np.float64),
-    "MountainCar": lambda o: np.asarray(o, dtype=np.float64),
-    "MountainCarContinuous": lambda o: np.asarray(o, dtype=np.float64),
-    "Pendulum": lambda o: np.asarray([*_angles((0, 1))(o), o[2]]),
-    "Acrobot": lambda o: np.asarray([*_angles((0, 1), (2, 3))(o), o[4], o[5]]),
-}
-"""The simulator state (``env.unwrapped.state``) of an observation, per env family."""
-
-
-def _family(env_id: str) -> str:
-    return env_id.split("/")[-1].rsplit("-v", 1)[0]
-
-
-class ClipRenderer:
-    """Draws a segment from its raw observations with an ``rgb_array`` env of the same id."""
-
-    def __init__(self, env_id: str, width: int):
-        family = _family(env_id)
-        if family not in STATE_FROM_OBS:
-            raise ConfigError(
-                f"labeller.source page: the clips are drawn from observations, which postrl can do for "
-                f"{', '.join(STATE_FROM_OBS)}, not {env_id}"
-            )
-        self.state_of, self.width = STATE_FROM_OBS[family], width
-        self.env = make_env(env_id, render_mode="rgb_array")
-        self.env.reset(seed=0)
-
-    def frames(self, obs: torch.Tensor, actions: torch.Tensor, alive: torch.Tensor) -> list:
-        from PIL import Image
-
-        from postrl.label.clips import ended_frame
-
-        frames = []
-        for t in range(len(obs)):
-            if not alive[t]:
-                frames.append(ended_frame(frames[-1]))
-                continue
-            self.env.unwrapped.state = self.state_of(obs[t].double().numpy())
-            if hasattr(self.env.unwrapped, "last_u"):  # Pendulum draws the torque
-                self.env.unwrapped.last_u = float(np.asarray(actions[t]).reshape(-1)[0])
-            frame = Image.fromarray(self.env.render())
-            frames.append(frame.resize((self.width, round(frame.height * self.width / frame.width))))
-        return frames
-
-    def close(self) -> None:
-        self.env.close()
 
 
 def _segment_row(seg: Segments, i: int) -> dict[str, list]:
@@ -131,7 +77,14 @@ def _cut_torn_tail(path: Path) -> None:
 class PageLabeller:
     """The run's side of the labelling page: asks for pairs, serves (or names) the page, takes in labels."""
 
-    def __init__(self, cfg: PageConfig, env_id: str, segment_length: int, val_fraction: float):
+    def __init__(
+        self,
+        cfg: PageConfig,
+        env_id: str,
+        segment_length: int,
+        val_fraction: float,
+        env_kwargs: dict[str, Any] | None = None,
+    ):
         try:
             from postrl.label import app  # noqa: F401  (starlette, uvicorn)
         except ImportError as err:
@@ -141,7 +94,7 @@ class PageLabeller:
         if cfg.serve and cfg.port:
             _check_port(cfg.host, cfg.port)
         self.cfg, self.env_id, self.length, self.val_fraction = cfg, env_id, segment_length, val_fraction
-        self.renderer = ClipRenderer(env_id, cfg.clip_width)
+        self.renderer = clip_renderer(env_id, cfg.clip_width, env_kwargs or {})
         self.folder = Path(cfg.folder).expanduser()
         if self.folder.is_absolute() and (self.folder / "pairs.jsonl").is_file():  # before the run folder
             from postrl.label.pairs import read_pairs
@@ -217,9 +170,10 @@ class PageLabeller:
         self.renderer.close()
 
     # -- asking for pairs -----------------------------------------------------------------------------------
-    def ask(self, first: Segments, second: Segments) -> None:
-        """Append the pairs ``(first[i], second[i])`` to the folder (clips rendered into ``media/``); pairs
-        the interrupted run of a resume had already appended at this point are reused when the same."""
+    def ask(self, first: Segments, second: Segments, i: torch.Tensor, j: torch.Tensor) -> None:
+        """Append the pairs ``(first[k], second[k])``, pool segments ``i[k]`` and ``j[k]``, to the folder
+        (clips rendered into ``media/``); pairs the interrupted run of a resume had already appended at this
+        point are reused when the same."""
         existing, n = self._folder_pairs(), len(first)
         self.n_asked += n
         tail = existing[self.asked :]
@@ -232,18 +186,18 @@ class PageLabeller:
             new, self.asked = range(n), len(existing) + n
         if len(new):
             self.folder.mkdir(parents=True, exist_ok=True)
-            lines = [json.dumps(self._pair(first, second, i)) + "\n" for i in new]
+            lines = [json.dumps(self._pair(first, second, k, (int(i[k]), int(j[k])))) + "\n" for k in new]
             _append_lines(self.folder / "pairs.jsonl", lines)
         self._open_page()
 
-    def _pair(self, first: Segments, second: Segments, i: int) -> dict[str, Any]:
+    def _pair(self, first: Segments, second: Segments, i: int, pool: tuple[int, int]) -> dict[str, Any]:
         from postrl.label.clips import save_clip
 
         media = self.folder / "media"
         media.mkdir(parents=True, exist_ok=True)
         row: dict[str, Any] = {"env": self.env_id}
-        for side, seg in (("first", first), ("second", second)):
-            frames = self.renderer.frames(seg.obs[i], seg.actions[i], seg.alive[i])
+        for side, seg, k in (("first", first, pool[0]), ("second", second, pool[1])):
+            frames = self.renderer.frames(k, seg.obs[i], seg.actions[i], seg.alive[i])
             data = _segment_row(seg, i)
             name = hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16] + ".gif"
             if not (media / name).is_file():
@@ -326,11 +280,13 @@ class PageLabeller:
         pairs.val = torch.floor((index + 1) * f) > torch.floor(index * f)
         return pairs
 
-    def state_dict(self) -> dict[str, int]:
-        return {"asked": self.asked, "n_asked": self.n_asked, "events": self.events}
+    def state_dict(self) -> dict[str, Any]:
+        counts = {"asked": self.asked, "n_asked": self.n_asked, "events": self.events}
+        return {**counts, "clips": self.renderer.state_dict()}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.asked, self.n_asked, self.events = (int(state[k]) for k in ("asked", "n_asked", "events"))
+        self.renderer.load_state_dict(state.get("clips", {}))
 
 
 def _same(row: dict[str, Any], first: Segments, second: Segments, i: int) -> bool:

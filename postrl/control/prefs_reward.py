@@ -32,8 +32,10 @@ __all__ = [
     "RewardModelConfig",
     "Segments",
     "accuracy",
+    "cut_segments",
     "extract_segments",
     "labels_due",
+    "pick_segments",
     "reward_correlation",
     "select_pairs",
     "synthetic_labels",
@@ -238,6 +240,13 @@ def extract_segments(
     the absorbing state); a segment with a time-limit truncation before its last step is not used (what
     follows a truncation is unknown, not worth 0).
     """
+    picks = pick_segments(terminated, truncated, length, n)
+    return cut_segments(obs, actions, true_rewards, terminated, picks, length)
+
+
+def pick_segments(terminated: torch.Tensor, truncated: torch.Tensor, length: int, n: int) -> torch.Tensor:
+    """``[S, 2]`` (env, start step) of up to ``n`` random segments of ``length`` steps of a rollout ``[E, T]``
+    that `extract_segments` may cut (none with a truncation before its last step while the episode runs)."""
     n_envs, n_steps = terminated.shape
     starts = torch.cartesian_prod(torch.arange(n_envs), torch.arange(n_steps - length + 1))  # (M, 2)
     env_i, t_i = starts[:, :1], starts[:, 1:] + torch.arange(length)  # (M, 1), (M, L)
@@ -245,8 +254,22 @@ def extract_segments(
     alive = (term.long().cumsum(-1) - term.long()) == 0  # no termination strictly before t
     valid = ~(truncated[env_i, t_i] & alive)[:, :-1].any(-1)
     pick = torch.nonzero(valid).squeeze(-1)
-    pick = pick[torch.randperm(len(pick))[:n]]
-    env_i, t_i, alive = env_i[pick], t_i[pick], alive[pick]
+    return starts[pick[torch.randperm(len(pick))[:n]]]
+
+
+def cut_segments(
+    obs: torch.Tensor,
+    actions: torch.Tensor,
+    true_rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    picks: torch.Tensor,
+    length: int,
+) -> Segments:
+    """The segments ``picks [S, 2]`` (env, start step) of a rollout ``[E, T, ...]``, padded after a
+    termination (``alive`` False, true reward 0)."""
+    env_i, t_i = picks[:, :1], picks[:, 1:] + torch.arange(length)  # (S, 1), (S, L)
+    term = terminated[env_i, t_i]
+    alive = (term.long().cumsum(-1) - term.long()) == 0  # no termination strictly before t
     true = torch.where(alive, true_rewards[env_i, t_i], torch.zeros(()))
     return Segments(obs[env_i, t_i], actions[env_i, t_i], true, alive)
 

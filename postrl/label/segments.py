@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image
 
 from postrl.control.api import load as load_agent
-from postrl.control.envs import make_env
+from postrl.control.prefs_clips import rgb_array_env
 from postrl.label.clips import ended_frame, save_clip
 from postrl.runtime.checkpoint import atomic_write_text
 from postrl.runtime.errors import UserError
@@ -81,7 +81,7 @@ def segment_pairs(
     if n < 1 or length < 1 or fps < 1 or width < 16:
         raise UserError("--n, --length and --fps must be ≥ 1 (and the clip width ≥ 16) to make segment pairs")
     agent = load_agent(policy) if policy is not None else None
-    env = make_env(env_id, render_mode="rgb_array")
+    env = rgb_array_env(env_id, {}, "postrl label --env")
     rng = np.random.default_rng(seed)
     env.action_space.seed(seed)
 
