@@ -20,12 +20,22 @@ share of PPO's improvement over chance that preferences recover, the same for Pe
 
 Who labels (``--arms``, the same label budget for each): ``synthetic`` (the true returns compared, at each
 ``--noise``), ``judge`` (`upright_judge` below, through ``labeller.source=fn:segment_prefs:upright_judge``: a
-rule judge that sees only what the clips show, never the reward) and ``page`` (people on the labelling page,
+rule judge that sees only what the clips show, never the reward), ``page`` (people on the labelling page,
 played by a scripted headless Chromium that decides by the true returns, `label_page.label_run`; the run waits
 for each iteration's labels, ``labeller.page.wait=all``, so labels arrive at the same iterations as in the
-other arms and only the labeller differs).
+other arms and only the labeller differs) and ``rm`` (``labeller.source=rm:TEACHER``: the reward-model ensemble of a teacher run that the benchmark makes
+first, a prefs run of ``--teacher-steps`` steps labelled by the synthetic labeller at the same budget).
+``--waits`` runs the page arm once per ``labeller.page.wait`` (all, initial, none; results ``page``,
+``page_wait_initial``, ``page_wait_none``, recorded as segment_prefs-page-waits): with ``none`` the agent trains
+on whatever the scripted person has labelled so far, never waiting for it.
 
 Runs go in parallel processes (``--jobs``, one torch thread each). The last line is one JSON object.
+
+Measured 2026-12-05 (``--envs cartpole --seeds 0 1 2 --arms rm --jobs 2``, load average 7.6–19.5 from other
+jobs; benchmarks/results/segment_prefs-rm.json), 300 labels: the teachers (25,000 steps, synthetic labels)
+reached 227.2 / 151.7 / 123.8; the new runs of 10⁵ steps labelled by their reward models 500 / 500 / 500 (their
+own RM agrees with 95 / 95 / 93% of the teacher's held-out labels and 100% of the true-return ones); PPO on the
+true reward 500 / 500 / 500.
 
 Measured 2026-12-05 (``--envs cartpole --seeds 0 1 2 --arms synthetic judge page --noise 0 --jobs 3``, load
 average 23–42 from other jobs; benchmarks/results/segment_prefs-labellers.json), 300 labels and 10⁵ steps each:
@@ -80,6 +90,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
@@ -93,6 +104,7 @@ sys.path.insert(0, str(ROOT))
 
 ENVS = {"cartpole": ("CartPole-v1", 100_000, 0.9), "pendulum": ("Pendulum-v1", 200_000, 0.7)}
 KEYS = ("true_return", "labels_used", "rm_accuracy", "rm_accuracy_true", "reward_correlation", "wall_seconds")
+TEACHER_KEYS = ("true_return", "labels_used", "rm_accuracy", "wall_seconds")
 
 
 def upright_judge(first: dict, second: dict) -> float:
@@ -116,12 +128,27 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _labeller(arm: str, noise: float | None, port: int) -> list[str]:
+def _labeller(arm: str, param: float | str | None, port: int, teacher: Path | None) -> list[str]:
+    """The overrides of one arm; ``param`` is the label noise (synthetic) or labeller.page.wait (page)."""
     if arm == "synthetic":
-        return [f"labeller.flip_prob={noise}"]
+        return [f"labeller.flip_prob={param}"]
     if arm == "judge":
         return ["labeller.source=fn:segment_prefs:upright_judge"]
-    return ["labeller.source=page", f"labeller.page.port={port}", "labeller.page.wait=all"]
+    if arm == "rm":
+        return [f"labeller.source=rm:{teacher}"]
+    return ["labeller.source=page", f"labeller.page.port={port}", f"labeller.page.wait={param}"]
+
+
+def _teacher(cfg_path: Path, common: list[str], labels: int | None, steps: int, run_dir: Path) -> dict:
+    """The rm arm's teacher: a short prefs run labelled by the synthetic labeller (noise 0) at the same label
+    budget, whose reward-model ensemble (its last checkpoint) then labels the new run's segments."""
+    from postrl.control import prefs
+    from postrl.runtime.config import load_config
+
+    extra = [f"run.steps={steps}"] + ([f"prefs.label_budget={labels}"] if labels else [])
+    cfg = load_config(prefs.ControlPrefsConfig, cfg_path, [*common, *extra])
+    summary = prefs.run(cfg, run_dir, overwrite=True)
+    return {f"teacher_{k}": summary[k] for k in TEACHER_KEYS} | {"teacher_steps": steps}
 
 
 def _prefs_with_browser(cfg, run_dir: Path, port: int) -> dict:
@@ -145,10 +172,17 @@ def _prefs_with_browser(cfg, run_dir: Path, port: int) -> dict:
 
 
 def run_one(
-    env: str, seed: int, arm: str | None, noise: float | None, steps: int, labels: int | None, out: str
+    env: str,
+    seed: int,
+    arm: str | None,
+    param: float | str | None,
+    steps: int,
+    labels: int | None,
+    out: str,
+    teacher_steps: int,
 ) -> dict:
     """One run: PPO on the true reward (``arm`` None) or on the learned reward, labelled by ``arm`` (synthetic
-    with label noise ``noise``, judge, page)."""
+    with label noise ``param``, judge, page with labeller.page.wait ``param``, rm: first its teacher run)."""
     import torch
 
     torch.set_num_threads(1)
@@ -162,7 +196,13 @@ def run_one(
         "run.save_every=0",
         "run.eval_episodes=20",
     ]
-    row = {"env": env, "seed": seed, "labeller": arm, "noise": noise if arm == "synthetic" else None}
+    row = {
+        "env": env,
+        "seed": seed,
+        "labeller": arm,
+        "noise": param if arm == "synthetic" else None,
+        "wait": param if arm == "page" else None,
+    }
     if arm is None:
         cfg = load_config(ppo.ControlPPOConfig, ROOT / f"configs/ppo-{env}.yaml", common)
         summary = train_from_config(cfg, Path(out) / f"ppo-{env}-s{seed}", overwrite=True)
@@ -172,12 +212,18 @@ def run_one(
             "true_return": summary["eval_return_mean"],
             "wall_seconds": summary["wall_seconds"],
         }
-    port = _free_port()
-    extra = _labeller(arm, noise, port) + ([f"prefs.label_budget={labels}"] if labels else [])
-    cfg = load_config(prefs.ControlPrefsConfig, ROOT / f"configs/prefs-{env}.yaml", [*common, *extra])
-    run_dir = Path(out) / (f"prefs-{env}-s{seed}-{arm}" + (f"-n{noise}" if arm == "synthetic" else ""))
+    port, cfg_path = _free_port(), ROOT / f"configs/prefs-{env}.yaml"
+    teacher, taught = Path(out) / f"prefs-{env}-s{seed}-teacher", {}
+    if arm == "rm":
+        taught = _teacher(cfg_path, common, labels, teacher_steps, teacher)
+    extra = _labeller(arm, param, port, teacher) + ([f"prefs.label_budget={labels}"] if labels else [])
+    cfg = load_config(prefs.ControlPrefsConfig, cfg_path, [*common, *extra])
+    run_dir = Path(out) / f"prefs-{env}-s{seed}-{arm}{'' if param is None else f'-{param}'}"
     summary = _prefs_with_browser(cfg, run_dir, port) if arm == "page" else prefs.run(cfg, run_dir)
-    return {**row, "algo": "prefs", **{k: summary[k] for k in KEYS}}
+    asked = {"pairs_asked": summary["pairs_asked"], **taught}
+    if arm == "page":
+        asked["labelled_in_browser"] = summary["labelled_in_browser"]
+    return {**row, "algo": "prefs", **{k: summary[k] for k in KEYS}, **asked}
 
 
 def random_return(env_id: str, episodes: int = 20) -> float:
@@ -195,7 +241,8 @@ def random_return(env_id: str, episodes: int = 20) -> float:
     return float(np.mean(total))
 
 
-ARMS = ("synthetic", "judge", "page")
+ARMS = ("synthetic", "judge", "page", "rm")
+WAITS = ("all", "initial", "none")
 
 
 def main() -> None:
@@ -206,6 +253,12 @@ def main() -> None:
         "--arms", nargs="+", default=["synthetic"], choices=ARMS, help="who labels (synthetic)"
     )
     parser.add_argument("--noise", nargs="+", type=float, default=[0.0, 0.1], help="label flip probabilities")
+    parser.add_argument(
+        "--waits", nargs="+", default=["all"], choices=WAITS, help="page arm: labeller.page.wait (all)"
+    )
+    parser.add_argument(
+        "--teacher-steps", type=float, default=25_000, help="rm arm: steps of the teacher run (25000)"
+    )
     parser.add_argument("--steps", type=float, default=None, help="override every env's step budget")
     parser.add_argument("--labels", type=int, default=None, help="override the presets' label budgets")
     parser.add_argument("--jobs", type=int, default=3, help="runs in parallel (one process, one thread each)")
@@ -214,14 +267,13 @@ def main() -> None:
     if "judge" in args.arms and args.envs != ["cartpole"]:
         parser.error("--arms judge: upright_judge judges CartPole segments (--envs cartpole)")
     out = args.out or tempfile.mkdtemp(prefix="postrl-prefs-bench-")
-    labellers = [
-        (arm, noise) for arm in args.arms for noise in (args.noise if arm == "synthetic" else [None])
-    ]
+    params = {"synthetic": args.noise, "page": args.waits}
+    labellers = [(arm, p) for arm in args.arms for p in params.get(arm, [None])]
     tasks = [
-        (env, seed, arm, noise, int(args.steps or ENVS[env][1]), args.labels, out)
+        (env, seed, arm, p, int(args.steps or ENVS[env][1]), args.labels, out, int(args.teacher_steps))
         for env in args.envs
         for seed in args.seeds
-        for arm, noise in [(None, None), *labellers]
+        for arm, p in [(None, None), *labellers]
     ]
     rows = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
@@ -231,19 +283,38 @@ def main() -> None:
     results = summarise(rows, args.envs, labellers)
     print(f"run folders: {out}")
     result = {"benchmark": "segment_prefs", "seeds": args.seeds, "results": results, "runs": rows}
-    record(_record_name(args.arms), result)
+    record(_record_name(args.arms, args.waits), result)
     print(json.dumps(result))
 
 
-def _record_name(arms: list[str]) -> str:
-    """segment_prefs (the synthetic labeller at each noise), segment_prefs-labellers (all three arms), or
-    segment_prefs-<arms> (a subset, e.g. a rerun of the page arm)."""
+def _record_name(arms: list[str], waits: list[str]) -> str:
+    """segment_prefs (the synthetic labeller at each noise), segment_prefs-labellers (synthetic, judge, page),
+    or segment_prefs-<arms> (a subset, e.g. a rerun of the page arm), with -waits when the page arm ran with
+    other labeller.page.wait values than all."""
     if arms == ["synthetic"]:
         return "segment_prefs"
-    return "segment_prefs-labellers" if sorted(arms) == sorted(ARMS) else "segment_prefs-" + "-".join(arms)
+    trio = sorted(arms) == sorted(ARMS[:3])
+    waits_tag = "-waits" if "page" in arms and waits != ["all"] else ""
+    return ("segment_prefs-labellers" if trio else "segment_prefs-" + "-".join(arms)) + waits_tag
 
 
-def summarise(rows: list[dict], envs: list[str], labellers: list[tuple[str, float | None]]) -> dict:
+def _mean(xs: list[float]) -> float | None:
+    """The mean; None when no run has the number (e.g. no accuracy when no label was taken in)."""
+    return float(np.mean(xs)) if xs else None
+
+
+def _nan(x: float | None) -> float:
+    return math.nan if x is None else x
+
+
+def _arm_name(arm: str, param: float | str | None) -> str:
+    """The key of an arm in the results: noise_<p> (synthetic), page (wait all), page_wait_<w>, judge, rm."""
+    if arm == "synthetic":
+        return f"noise_{param}"
+    return f"page_wait_{param}" if arm == "page" and param != "all" else arm
+
+
+def summarise(rows: list[dict], envs: list[str], labellers: list[tuple[str, float | str | None]]) -> dict:
     results = {}
     for env in envs:
         env_id, _, goal = ENVS[env]
@@ -251,28 +322,34 @@ def summarise(rows: list[dict], envs: list[str], labellers: list[tuple[str, floa
         ppo_rows = {r["seed"]: r["true_return"] for r in rows if r["env"] == env and r["algo"] == "ppo"}
         r_ppo = float(np.mean(list(ppo_rows.values())))
         results[env] = {"random_return": r_random, "ppo_true_reward_return": r_ppo, "goal_ratio": goal}
-        for arm, noise in labellers:
+        for arm, param in labellers:
             mine = [
                 r
                 for r in rows
-                if r["env"] == env and r["algo"] == "prefs" and r["labeller"] == arm and r["noise"] == noise
+                if r["env"] == env
+                and r["algo"] == "prefs"
+                and r["labeller"] == arm
+                and param in (r["noise"], r["wait"])
             ]
             ratios = [(r["true_return"] - r_random) / (ppo_rows[r["seed"]] - r_random) for r in mine]
-            entry = {k: float(np.mean([r[k] for r in mine if r[k] is not None])) for k in KEYS[:5]}
+            mean_keys = [*KEYS, "pairs_asked", *(f"teacher_{k}" for k in TEACHER_KEYS if arm == "rm")]
+            entry = {k: _mean([r[k] for r in mine if r[k] is not None]) for k in mean_keys}
+            entry["labels_used_per_seed"] = [r["labels_used"] for r in mine]
             entry["true_return_per_seed"] = [r["true_return"] for r in mine]
             entry["ratio"] = float(np.mean(ratios))
             entry["ratio_per_seed"] = ratios
             if r_ppo > 0:
                 entry["raw_ratio"] = float(np.mean([r["true_return"] / ppo_rows[r["seed"]] for r in mine]))
             entry["goal_met"] = entry["ratio"] >= goal
-            name = f"noise_{noise}" if arm == "synthetic" else arm
-            results[env][name] = entry
-            what = f"noise {noise:.0%}" if arm == "synthetic" else f"labels from the {arm}"
+            if arm == "rm":
+                entry["teacher_true_return_per_seed"] = [r["teacher_true_return"] for r in mine]
+            results[env][_arm_name(arm, param)] = entry
+            what = f"noise {param:.0%}" if arm == "synthetic" else f"labels from the {_arm_name(arm, param)}"
             print(
                 f"{env_id} {what}: true return {entry['true_return']:.1f} vs PPO on the true reward "
                 f"{r_ppo:.1f} (random {r_random:.1f}) → ratio {entry['ratio']:.2f} (goal {goal}), "
-                f"labels {entry['labels_used']:.0f}, RM accuracy {entry['rm_accuracy']:.3f}, "
-                f"reward correlation {entry['reward_correlation']:.3f}"
+                f"labels {entry['labels_used']:.0f}, RM accuracy {_nan(entry['rm_accuracy']):.3f}, "
+                f"reward correlation {_nan(entry['reward_correlation']):.3f}"
             )
     return results
 
