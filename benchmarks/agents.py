@@ -23,7 +23,10 @@ parts than the default two).
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/agents.py --parts calculator --steps 200 --seeds 0 \
         --workdir /tmp/agents
 
-Measured 2026-12-05 with these commands on the shared 2-core machine (load average 12-20):
+Measured 2026-12-05 with these commands on the shared 2-core machine (load average 12-20), before guess_number
+held out secrets (its 32 "held-out" seeds then drew the 15 training secrets; now they draw 5, 10 and 15, which no
+training seed draws). Per-turn vs trajectory credit from an SFT warm start, with success and turns measured on
+fresh episodes of the training secrets and on the held-out ones: benchmarks/agents_credit.py.
 - game, 30 steps × 16 episodes (08:18 UTC, load ~22): held-out success (32 secrets) untrained 0.00; GRPO
   trajectory credit 0.156 0.062 0.031 (mean 0.083, return −0.154); GRPO per-turn credit 0.188 0.031 0.031 (mean
   0.083, return −0.182); PPO with the critic at turn boundaries 0.250 0.062 0.156 (mean 0.156, return −0.061);
