@@ -31,6 +31,14 @@ on whatever the scripted person has labelled so far, never waiting for it.
 
 Runs go in parallel processes (``--jobs``, one torch thread each). The last line is one JSON object.
 
+Measured 2026-12-05 (``--envs cartpole --seeds 0 1 2 --arms page --waits none initial all --jobs 3``, load
+average 5.6–19.5 from other jobs; benchmarks/results/segment_prefs-page-waits.json), 300 labels, every label
+taken in by the end in all nine runs (RM accuracy 1.00): wait none 445.7 / 500 / 500 in 539 / 546 / 438 s;
+initial 500 / 500 / 383.6 in 540 / 520 / 449 s; all 500 / 500 / 500 in 586 / 592 / 382 s; PPO 500 x3. Without
+waiting the agent trained 1,024 / 1,024 / 1,280 steps before the 100 initial labels were all in, and 1.2–1.3
+of the pairs asked were still unlabelled at an iteration on average (initial 0.6, all 0; `_label_lag`, added
+after this run, records both).
+
 Measured 2026-12-05 (``--envs cartpole --seeds 0 1 2 --arms rm --jobs 2``, load average 7.6–19.5 from other
 jobs; benchmarks/results/segment_prefs-rm.json), 300 labels: the teachers (25,000 steps, synthetic labels)
 reached 227.2 / 151.7 / 123.8; the new runs of 10⁵ steps labelled by their reward models 500 / 500 / 500 (their
@@ -105,6 +113,7 @@ sys.path.insert(0, str(ROOT))
 ENVS = {"cartpole": ("CartPole-v1", 100_000, 0.9), "pendulum": ("Pendulum-v1", 200_000, 0.7)}
 KEYS = ("true_return", "labels_used", "rm_accuracy", "rm_accuracy_true", "reward_correlation", "wall_seconds")
 TEACHER_KEYS = ("true_return", "labels_used", "rm_accuracy", "wall_seconds")
+PAGE_KEYS = ("labelled_in_browser", "labels_behind_mean", "steps_before_initial_labels")
 
 
 def upright_judge(first: dict, second: dict) -> float:
@@ -222,8 +231,24 @@ def run_one(
     summary = _prefs_with_browser(cfg, run_dir, port) if arm == "page" else prefs.run(cfg, run_dir)
     asked = {"pairs_asked": summary["pairs_asked"], **taught}
     if arm == "page":
-        asked["labelled_in_browser"] = summary["labelled_in_browser"]
+        asked |= {"labelled_in_browser": summary["labelled_in_browser"], **_label_lag(run_dir, cfg)}
     return {**row, "algo": "prefs", **{k: summary[k] for k in KEYS}, **asked}
+
+
+def _label_lag(run_dir: Path, cfg) -> dict:
+    """How far the labels taken in trailed the pairs asked: the mean over iterations of pairs asked but not yet
+    labelled, and the env steps trained before the initial labels were all in (0 when they were before the
+    first update)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "pairs_asked" in r]
+    behind = [r["pairs_asked"] - r["labels_used"] for r in rows]
+    initial = cfg.prefs.initial_labels
+    first = next((r["step"] for r in rows if r["labels_used"] >= initial), None)
+    per_iteration = rows[0]["step"] if rows else 0
+    return {
+        "labels_behind_mean": float(np.mean(behind)) if behind else None,
+        "steps_before_initial_labels": None if first is None else first - per_iteration,
+    }
 
 
 def random_return(env_id: str, episodes: int = 20) -> float:
@@ -333,7 +358,8 @@ def summarise(rows: list[dict], envs: list[str], labellers: list[tuple[str, floa
             ]
             ratios = [(r["true_return"] - r_random) / (ppo_rows[r["seed"]] - r_random) for r in mine]
             mean_keys = [*KEYS, "pairs_asked", *(f"teacher_{k}" for k in TEACHER_KEYS if arm == "rm")]
-            entry = {k: _mean([r[k] for r in mine if r[k] is not None]) for k in mean_keys}
+            mean_keys += [*PAGE_KEYS] if arm == "page" else []
+            entry = {k: _mean([r[k] for r in mine if r.get(k) is not None]) for k in mean_keys}
             entry["labels_used_per_seed"] = [r["labels_used"] for r in mine]
             entry["true_return_per_seed"] = [r["true_return"] for r in mine]
             entry["ratio"] = float(np.mean(ratios))
