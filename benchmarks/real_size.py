@@ -22,10 +22,11 @@ Stages (``--stage``), each contender in its own process, peak memory its residen
     dpo   the built-in reviews pairs, ``--batch`` pairs per step, ``--max-length`` tokens, β 0.1, lr 1e-6;
           postrl precomputes the reference log-probs (as it always does), TRL with
           ``precompute_ref_log_probs=True`` (its cheapest setting), the precompute not timed either side
-    grpo  the built-in arithmetic prompts, G = 8, 4 prompts per step, 128 new tokens, β 0 (no reference model),
-          one optimiser step per batch of 32 completions, 8 rows per forward (postrl grpo.grad_accum=4, TRL
-          per_device_train_batch_size=8 × gradient_accumulation_steps=4); a random model's rewards are all 0 on both sides (TRL's reward function
-          returns 0), which changes no tensor size or kernel
+    grpo  the built-in arithmetic prompts, G = ``--group`` (8), ``--prompts`` per step (4), 128 new tokens, β 0
+          (no reference model), one optimiser step per batch of G × prompts completions, ``--per-forward`` (8)
+          rows per forward (postrl grpo.grad_accum, TRL per_device_train_batch_size × gradient_accumulation_steps);
+          a random model's rewards are all 0 on both sides (TRL's reward function returns 0), which changes no
+          tensor size or kernel
 
     .venv/bin/python benchmarks/real_size.py --stage dpo --model qwen0.5b --steps 3
     .venv/bin/python benchmarks/real_size.py --stage grpo --model qwen0.5b --steps 2 [--dtype bfloat16] [--lora]
@@ -65,6 +66,27 @@ the reference for the precompute. After the fixes (step losses bit-identical to 
       1 process 2,672 MB; 2 FSDP2 ranks (gloo) 2,992 MB the larger rank (its final export gathers the whole
       model), all processes together 6,037 MB while training; exported weights' largest difference 2.2e-8.
       Sharding saves ~0.5 GB of gradients and moments per rank at 135M: not visible here (not broken down).
+
+Measured 2026-12-05 20:00-20:16 (commit 0684583+, an Intel Xeon host: the runs above were on an AMD EPYC;
+load 1.7-4, other sessions' jobs), fp32 full fine-tuning unless said:
+
+    --stage sft --model qwen0.5b --steps 3 (4 rows of ~18 tokens: 72 tokens per step), load 1.7-2.6:
+      postrl  3.0 s/step, 8,710 MB; TRL 20.0 s/step, 8,790 MB (memory 0.99x; time 0.15x, not believed: see
+      the bfloat16 line); the same with --threads 1, load 3: postrl 4.7 s (5.9, 3.5), 8,644 MB; TRL 4.2 s
+      (4.4, 4.0), 8,765 MB: time 1.12x, memory 0.99x (the fp32 AdamW floor on both sides).
+    --stage grpo --model qwen0.5b --steps 2 --group 4 --prompts 1 --per-forward 4 (128 new tokens), load 1.9-2.4:
+      postrl  36.3 s/step (generation 24.0 s: Qwen2 runs through the Hugging Face forward, no fast decoder;
+      training 12.4 s), training peak 9,958 MB; TRL 37.8 s, 10,068 MB (time 0.96x, memory 0.99x). The same
+      with 1 step at load 12: postrl 1,099 s (generation 859 s), TRL 703 s (load falling 12 -> 6), 8,293 vs
+      8,290 MB: two torch threads on 2 shared cores at load 12 slowed a step 30-fold, not 6-fold.
+    --stage sft --model qwen0.5b --steps 3 --fsdp, load 4: 1 process 8,702 MB, 12.5 s/step; 2 FSDP2 ranks:
+      the larger 9,268 MB (its export gathers the model), all processes 13,796 MB while training, 24.7 s/step
+      (torchrun gives each rank OMP_NUM_THREADS=1); exported weights' largest difference 3.6e-8.
+    --stage sft --model qwen0.5b --steps 3 --dtype bfloat16 --lora: at 2 threads, load 3, postrl 26.5 s vs
+      TRL 1.0 s per step, but postrl's same command took 0.5 s and 7 s per step in back-to-back runs at load
+      2.7-2.8 (many small ops: each parallel region waits for the other thread's timeslice on the shared
+      cores), so 2-thread times here are not comparable (that file was not kept). With --threads 1 (in the
+      name), load 3: postrl 1.0 s, 3,084 MB; TRL 2.1 s, 3,313 MB (time 0.47x, memory 0.93x).
 
 The goal of 0.6x TRL's peak is below the float32 AdamW floor (7.9 GB of TRL's 9.8 GB = 0.81x) for full
 fine-tuning on either side; time ratios at these loads are within the noise of the machine.
@@ -240,10 +262,10 @@ def postrl_command(args: argparse.Namespace, model: Path, data: Path, out: Path)
         stage = [
             "grpo",
             *common,
-            "grpo.group_size=8",
-            "grpo.prompts_per_step=4",
+            f"grpo.group_size={args.group}",
+            f"grpo.prompts_per_step={args.prompts}",
             "grpo.beta=0",
-            "grpo.grad_accum=4",
+            f"grpo.grad_accum={grpo_accum(args)}",
         ]
         stage += [
             f"sampling.max_new_tokens={args.new_tokens}",
@@ -252,6 +274,11 @@ def postrl_command(args: argparse.Namespace, model: Path, data: Path, out: Path)
             "grpo.repeat_prompts=true",
         ]
     return stage + list(args.set or [])
+
+
+def grpo_accum(args: argparse.Namespace) -> int:
+    """Micro-batches per GRPO step: ``--per-forward`` completions per forward on both sides."""
+    return max(1, args.group * args.prompts // args.per_forward)
 
 
 def postrl_run(args: argparse.Namespace, model: Path, data: Path, out: Path) -> dict:
@@ -302,6 +329,7 @@ def trl_run(args: argparse.Namespace, model: Path, data: Path, out: Path) -> dic
         args.trl_python, str(THIS), "--trl-worker", "--stage", args.stage, "--model-dir", str(model),
         "--data", str(data), "--json", str(out / "result.json"), "--steps", str(args.steps), "--batch",
         str(args.batch), "--max-length", str(args.max_length), "--threads", str(args.threads), "--dtype", args.dtype, "--new-tokens", str(args.new_tokens),
+        "--group", str(args.group), "--prompts", str(args.prompts), "--per-forward", str(args.per_forward),
     ] + (["--lora"] if args.lora else [])  # fmt: skip
     wall, rss, sampled = _measured(cmd, out / "worker.log", out)
     result = json.loads((out / "result.json").read_text())
@@ -357,7 +385,9 @@ def trl_worker(args: argparse.Namespace) -> None:
         trainer = trl.DPOTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok,
                                  callbacks=[Timer()], peft_config=peft)  # fmt: skip
     else:
-        cfg = trl.GRPOConfig(**common, per_device_train_batch_size=8, gradient_accumulation_steps=4, num_generations=8, max_completion_length=args.new_tokens,
+        per_device = min(args.per_forward, args.group * args.prompts)
+        cfg = trl.GRPOConfig(**common, per_device_train_batch_size=per_device, gradient_accumulation_steps=grpo_accum(args),
+                             num_generations=args.group, max_completion_length=args.new_tokens,
                              beta=0.0, num_iterations=1, temperature=1.0)  # fmt: skip
         trainer = trl.GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
                                   args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok,
@@ -378,6 +408,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4, help="DPO pairs per step")
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=128, help="grpo: tokens sampled per completion")
+    p.add_argument("--group", type=int, default=8, help="grpo: completions per prompt (G)")
+    p.add_argument("--prompts", type=int, default=4, help="grpo: prompts per step")
+    p.add_argument("--per-forward", type=int, default=8, help="grpo: completions per forward (TRL's batch)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--lora", action="store_true")
@@ -403,7 +436,11 @@ def main() -> None:
     n = args.batch * args.steps  # one pass: the reference precompute of both covers only what is trained
     data = {"sft": _sft_data, "dpo": _dpo_data}.get(args.stage, _grpo_data)(args.work, n)
     tag = f"{args.stage}-{args.model}-{args.dtype}-{'lora' if args.lora else 'full'}"
-    tag += f"-t{args.new_tokens}" if args.stage == "grpo" and args.new_tokens != 128 else ""
+    if args.stage == "grpo":
+        tag += f"-t{args.new_tokens}" if args.new_tokens != 128 else ""
+        tag += f"-g{args.group}x{args.prompts}" if (args.group, args.prompts) != (8, 4) else ""
+        tag += f"-r{args.per_forward}" if args.per_forward != 8 else ""
+    tag += f"-threads{args.threads}" if args.threads != 2 else ""
     tag += "".join(
         f"-{kv.split('.')[-1].replace('=', '')}" for kv in args.set or []
     )  # dpo.length_groups=1: -length_groups1
