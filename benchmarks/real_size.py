@@ -79,9 +79,10 @@ load 1.7-4, other sessions' jobs), fp32 full fine-tuning unless said:
       training 12.4 s), training peak 9,958 MB; TRL 37.8 s, 10,068 MB (time 0.96x, memory 0.99x). The same
       with 1 step at load 12: postrl 1,099 s (generation 859 s), TRL 703 s (load falling 12 -> 6), 8,293 vs
       8,290 MB: two torch threads on 2 shared cores at load 12 slowed a step 30-fold, not 6-fold.
-    --stage sft --model qwen0.5b --steps 3 --fsdp, load 4: 1 process 8,702 MB, 12.5 s/step; 2 FSDP2 ranks:
-      the larger 9,268 MB (its export gathers the model), all processes 13,796 MB while training, 24.7 s/step
-      (torchrun gives each rank OMP_NUM_THREADS=1); exported weights' largest difference 3.6e-8.
+    --stage sft --model qwen0.5b --steps 3 --fsdp, load 2.3-4.4: 1 process 8,699 MB while training, 12.0
+      s/step; 2 FSDP2 ranks: the largest rank 7,042 MB while training (0.81x), 9,660 MB over the whole run
+      (its export gathers the model), all processes 14,126 MB while training, 24.9 s/step (torchrun gives
+      each rank OMP_NUM_THREADS=1); exported weights' largest difference 3.6e-8.
     --stage sft --model qwen0.5b --steps 3 --dtype bfloat16 --lora: at 2 threads, load 3, postrl 26.5 s vs
       TRL 1.0 s per step, but postrl's same command took 0.5 s and 7 s per step in back-to-back runs at load
       2.7-2.8 (many small ops: each parallel region waits for the other thread's timeslice on the shared
@@ -157,18 +158,18 @@ def make_model(name: str, folder: Path) -> Path:
     return folder
 
 
-def _rss_mb(pid: int) -> float:
-    """Resident set of ``pid`` and its children now (MB), from /proc (0 once gone)."""
-    total = 0.0
+def _rss_each(pid: int) -> list[float]:
+    """Resident set of ``pid`` and of each of its children now (MB), from /proc (gone ones left out)."""
+    out = []
     for p in [pid, *_children(pid)]:
         try:
             status = Path(f"/proc/{p}/status").read_text()
         except OSError:
             continue
-        total += next(
-            (int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS")), 0
+        out.append(
+            next((int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS")), 0)
         )
-    return total
+    return out
 
 
 def _children(pid: int) -> list[int]:
@@ -179,11 +180,12 @@ def _children(pid: int) -> list[int]:
     return kids + [g for k in kids for g in _children(k)]
 
 
-def _measured(cmd: list[str], log: Path, cwd: Path, trained=None) -> tuple[float, float, float]:
+def _measured(cmd: list[str], log: Path, cwd: Path, trained=None) -> tuple[float, float, float, float]:
     """Run ``cmd`` → (wall seconds, peak RSS in MB: ru_maxrss of that child alone, the RSS of it and its
     children sampled every 0.2 s until ``trained()`` says the training steps are over: their peak, before a
-    final checkpoint and export, which TRL's runs here do not write)."""
-    start, sampled = time.perf_counter(), 0.0
+    final checkpoint and export, which TRL's runs here do not write; and the largest one process's sample in
+    that time: under torchrun, the largest rank while training)."""
+    start, sampled, largest = time.perf_counter(), 0.0, 0.0
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=f, cwd=cwd)
         while True:
@@ -191,12 +193,13 @@ def _measured(cmd: list[str], log: Path, cwd: Path, trained=None) -> tuple[float
             if pid:
                 break
             if trained is None or not trained():
-                sampled = max(sampled, _rss_mb(proc.pid))
+                each = _rss_each(proc.pid)
+                sampled, largest = max(sampled, sum(each)), max([largest, *each])
             time.sleep(0.2)
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
     if proc.returncode != 0:
         raise SystemExit(f"{cmd[:4]} failed (status {proc.returncode}); see {log}")
-    return time.perf_counter() - start, usage.ru_maxrss / 1024, sampled
+    return time.perf_counter() - start, usage.ru_maxrss / 1024, sampled, largest
 
 
 def _last_step_logged(run_dir: Path, steps: int):
@@ -292,7 +295,7 @@ def postrl_run(args: argparse.Namespace, model: Path, data: Path, out: Path) -> 
             "postrl.cli",
         ]
     log = out.parent / f"{out.name}.log"
-    wall, rss, sampled = _measured([*launch, *stage], log, ROOT, _last_step_logged(out, args.steps))
+    wall, rss, sampled, largest = _measured([*launch, *stage], log, ROOT, _last_step_logged(out, args.steps))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     times = [r["time_step"] for r in rows if "time_step" in r]
     if not times:  # SFT logs the time since the run started: one step's is the difference
@@ -303,6 +306,7 @@ def postrl_run(args: argparse.Namespace, model: Path, data: Path, out: Path) -> 
         "step_times": times,
         "peak_rss_mb": rss,
         "training_rss_mb": sampled,
+        "training_largest_process_mb": largest,
         "wall_s": wall,
     }
 
@@ -331,7 +335,7 @@ def trl_run(args: argparse.Namespace, model: Path, data: Path, out: Path) -> dic
         str(args.batch), "--max-length", str(args.max_length), "--threads", str(args.threads), "--dtype", args.dtype, "--new-tokens", str(args.new_tokens),
         "--group", str(args.group), "--prompts", str(args.prompts), "--per-forward", str(args.per_forward),
     ] + (["--lora"] if args.lora else [])  # fmt: skip
-    wall, rss, sampled = _measured(cmd, out / "worker.log", out)
+    wall, rss, sampled, _ = _measured(cmd, out / "worker.log", out)
     result = json.loads((out / "result.json").read_text())
     return {"step_s": statistics.median(result["times"][1:] or result["times"]), "step_times": result["times"],
             "peak_rss_mb": rss, "training_rss_mb": sampled, "wall_s": wall, "versions": result["versions"]}  # fmt: skip
