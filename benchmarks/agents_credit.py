@@ -28,7 +28,7 @@ workdir is kept (a rerun only evaluates it), and so is the warm start (its secon
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/agents_credit.py --reward success --steps 60 \
         --arms trajectory turn --seeds 0 1 2 3 4 5 6 7 8 9 --workdir runs/agents-credit
     for reward in success interval; do OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/agents_credit.py \
-        --reward $reward --steps 60 --arms ppo trajectory --seeds 0 1 2 3 4 5 6 7 8 9 10 11 \
+        --reward $reward --steps 60 --arms ppo trajectory --seeds $(seq 0 19) \
         --workdir runs/agents-credit; done
 
 Measured 2026-12-05 (load average 11-15 on the shared 2 cores; the warm start's SFT, 150 steps, took 139 s):
@@ -43,9 +43,10 @@ Measured 2026-12-05 (load average 11-15 on the shared 2 cores; the warm start's 
   over secrets is learnable, and RL learns it). A GRPO run took 21-71 s, a PPO run 151-413 s (2 epochs and a
   critic as large as the policy).
 - More seeds (20:00-20:12 UTC, load 3-6): GRPO per-turn vs trajectory, reward success, 10 seeds: +0.030
-  [−0.037, +0.098]; PPO vs trajectory, 12 seeds: reward success +0.063 [−0.006, +0.131], reward interval
-  +0.041 [−0.022, +0.104]; held-out secrets with reward success, PPO −0.055 [−0.085, −0.024]. At load ~3 a
-  GRPO run took 6-24 s, a PPO run 31-87 s.
+  [−0.037, +0.098] (a tie). PPO vs trajectory, 20 seeds (20:13-20:26 UTC, load 3-4.5): reward success
+  +0.100 [+0.052, +0.148], reward interval +0.049 [+0.002, +0.096] (PPO wins both; at 12 seeds +0.063
+  [−0.006, +0.131] and +0.041 [−0.022, +0.104]); held-out secrets with reward success, PPO −0.053 [−0.074,
+  −0.032]. At load 3-6 a GRPO run took 6-24 s, a PPO run 31-90 s.
 """
 
 from __future__ import annotations
