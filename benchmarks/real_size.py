@@ -78,7 +78,9 @@ load 1.7-4, other sessions' jobs), fp32 full fine-tuning unless said:
       postrl  36.3 s/step (generation 24.0 s: Qwen2 runs through the Hugging Face forward, no fast decoder;
       training 12.4 s), training peak 9,958 MB; TRL 37.8 s, 10,068 MB (time 0.96x, memory 0.99x). The same
       with 1 step at load 12: postrl 1,099 s (generation 859 s), TRL 703 s (load falling 12 -> 6), 8,293 vs
-      8,290 MB: two torch threads on 2 shared cores at load 12 slowed a step 30-fold, not 6-fold.
+      8,290 MB: two torch threads on 2 shared cores at load 12 slowed a step 30-fold, not 6-fold. With
+      --threads 1, load 1.3-3.3: postrl 57.8 s (generation 35.1, training 22.6), 10,055 MB; TRL 58.9 s,
+      10,058 MB (time 0.98x, memory 1.00x).
     --stage sft --model qwen0.5b --steps 3 --fsdp, load 2.3-4.4: 1 process 8,699 MB while training, 12.0
       s/step; 2 FSDP2 ranks: the largest rank 7,042 MB while training (0.81x), 9,660 MB over the whole run
       (its export gathers the model), all processes 14,126 MB while training, 24.9 s/step (torchrun gives
