@@ -59,8 +59,13 @@ RLOOTrainer 0.420; pooled with seeds 0-2 (9 seeds, standard error ~0.025 each): 
 0.424 vs 0.431; seeds 9-16 at step 40: RLOO 0.420 vs 0.438, dapo_trl 0.401 and DAPO preset 0.401 vs
 0.415. Averaged over the checks from the first on, postrl sits 0.02-0.04 lower in each of these four samples
 (per-seed paired differences -0.021 ± 0.032 RLOO, -0.019 ± 0.033 dapo_trl for seeds 9-16): about 1.5
-standard errors pooled, unexplained; postrl's low tail is heavier (2 of 17 dapo_trl runs near 0.20, TRL's
-lowest 0.29), which ~30 more seeds per side would settle. The training statistics agree (mean over 60 steps x 6 seeds,
+standard errors pooled; postrl's low tail looked heavier (2 of 17 dapo_trl runs near 0.20, TRL's lowest 0.29).
+Settled 2026-12-05 (issue 36): it is seed noise. Coupled (``benchmarks/grpo_coupled.py``: TRL given postrl's
+prompt order and postrl's sampling draws, everything else its own), the two trainers take the same completions,
+rewards and gradient norms at every step while coupled (60 of 60 on 10 of 12 seeds), and end within 0.01 on every seed (GRPO, dapo_trl
+and RLOO; TRL too falls to 0.20-0.24 on the seeds where postrl did); the whole `postrl grpo` trainer fed TRL's
+sampled batches (seed 0, 30 steps) ends 3.9e-5 from TRL's weights (TRL moved them 2.2e-3). TRL's per-step
+``log_history`` is now kept in the worker's results (``log_history``) beside postrl's metrics.jsonl. The training statistics agree (mean over 60 steps x 6 seeds,
 postrl vs TRL: reward 0.485 vs 0.486 DAPO, 0.476 vs 0.489 RLOO; entropy 0.70 vs 0.70; length 3.44 vs 3.43).
 Ruled out one by one: the sampler (tests/lm/test_sampling_distribution.py: χ² of the continuations drawn
 by the fast and HF decoders against softmax(logits / τ); on this warm start 20,000 draws of 3 tokens per
@@ -333,6 +338,7 @@ def _postrl_on_trl_task(
 
 
 def _trl_run(model: Path, train: Path, heldout: Path, out: Path, args: argparse.Namespace) -> dict:
+    train = getattr(args, "train_override", None) or train  # grpo_coupled.py: postrl's prompt order
     cmd = [
         str(ROOT / args.trl_python),
         str(THIS), "--trl-worker", "--model", str(model), "--train", str(train),
@@ -340,6 +346,7 @@ def _trl_run(model: Path, train: Path, heldout: Path, out: Path, args: argparse.
         "--beta", str(args.beta), "--lr", str(args.lr), "--threads", str(args.threads), "--seed", str(args.seed), "--json", str(out),
         "--unbiased-kl", str(args.unbiased_kl), "--member", getattr(args, "member", "grpo"),
     ]  # fmt: skip
+    cmd += ["--coupled", args.coupled] if getattr(args, "coupled", None) else []
     with out.with_suffix(".log").open("w") as f:
         subprocess.run(cmd, check=True, stdout=f, stderr=f, cwd=out.parent)
     return json.loads(out.read_text())
@@ -775,7 +782,7 @@ def trl_worker(args: argparse.Namespace) -> None:
         learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, beta=args.beta, num_iterations=1,
         temperature=1.0, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
         fp16=False, gradient_checkpointing=False, use_vllm=False, seed=args.seed, dataloader_num_workers=0,
-        disable_tqdm=True,
+        disable_tqdm=True, shuffle_dataset=not args.coupled,  # coupled: the file is in postrl's order
     )  # fmt: skip
     if args.member == "rloo":  # RLOOTrainer's defaults otherwise (normalize_advantages False, ε 0.2)
         from trl import RLOOConfig, RLOOTrainer
@@ -800,9 +807,17 @@ def trl_worker(args: argparse.Namespace) -> None:
     gen = {"seconds": 0.0, "tokens": 0}
     original = trainer.model.generate
 
+    draws = json.loads(Path(args.coupled).read_text())["seeds"] if args.coupled else None
+
     def timed_generate(*a, **kw):  # as the peer script: time TRL's generation on its own
         start = time.perf_counter()
-        out = original(*a, **kw)
+        if draws is not None and not timer.evaluating:  # grpo_coupled.py: postrl's draws for this step
+            from grpo_coupled import coupled_draws
+
+            with coupled_draws(draws[trainer.state.global_step]):
+                out = original(*a, **kw)
+        else:
+            out = original(*a, **kw)
         if not timer.evaluating:
             gen["seconds"] += time.perf_counter() - start
             sequences = out.sequences if hasattr(out, "sequences") else out
@@ -828,6 +843,7 @@ def trl_worker(args: argparse.Namespace) -> None:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "accuracy_curve": timer.curve,
         "settings": _trl_settings(trainer, args.steps),
+        "log_history": [r for r in trainer.state.log_history if "reward" in r],  # per step (logging_steps=1)
     }
     Path(args.json).write_text(json.dumps(result, indent=2))
 
@@ -884,6 +900,7 @@ def main() -> None:
     parser.add_argument("--member", default="grpo", help=argparse.SUPPRESS)
     parser.add_argument("--epsilon-high", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--identical-batch", help=argparse.SUPPRESS)
+    parser.add_argument("--coupled", help=argparse.SUPPRESS)  # grpo_coupled.py's draws for the TRL worker
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--train", help=argparse.SUPPRESS)
     parser.add_argument("--heldout", help=argparse.SUPPRESS)
