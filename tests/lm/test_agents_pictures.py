@@ -9,7 +9,8 @@ import torch
 from postrl.lm.agents import AgentError, EpisodeBudget
 from postrl.lm.agents.pictures import PictureGymEnv, sample_picture_episodes
 from postrl.lm.rollout import SamplingConfig
-from postrl.lm.vlm import base_model, image_token_id, load_vlm, vlm_score
+from postrl.lm.vlm import base_model, encode_rows, image_token_id, load_vlm, sft_batch, vlm_score
+from postrl.lm.vlm.train import completion_nll
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +97,34 @@ def test_keeping_the_vlm_cache_across_turns_gives_the_episodes_of_re_prefilling(
     torch.testing.assert_close(a.log_probs, b.log_probs, atol=2e-5, rtol=0)
     assert torch.equal(a.pixel_values, b.pixel_values) and a.pictures_per_row == b.pictures_per_row
     assert max(a.pictures_per_row) > 1  # pictures came after the first prompt, through the kept cache
+
+
+def _sft_row(env: PictureGymEnv, moves: list[str], answer: str) -> dict:
+    """An SFT row of a played episode: the conversation after ``moves`` (a picture per observation) → answer."""
+    messages, _ = env.reset(seed=0)
+    prompt, images = [], []
+    for move in [*moves, None]:
+        image, text = messages[0]["content"]
+        prompt.append({"role": "user", "content": [{"type": "image"}, text]})
+        images.append(image["image"])
+        if move is not None:
+            prompt.append({"role": "assistant", "content": move})
+            messages, *_ = env.step(move)
+    return {"prompt": prompt, "completion": answer, "images": images}
+
+
+def test_sft_on_episode_rows_with_different_numbers_of_pictures(vlm):
+    # rows of episodes hold one picture per turn; two rows share their prompt, and the batch's 6 pictures
+    # split 2 per row though the rows hold 1, 1 and 4 (up and left at the start do not move: the same
+    # frame): the shared forward took the first two "rows of pictures" for 5 placeholders and raised
+    model, processor = vlm
+    env = PictureGymEnv("FrozenLake-v1", is_slippery=False)
+    rows = [_sft_row(env, [], "down"), _sft_row(env, [], "down"), _sft_row(env, ["up", "left", "up"], "down")]
+    examples = encode_rows(processor, rows, "sft", 512)
+    assert [len(e.pixel_values) for e in examples] == [1, 1, 4]
+    pad = processor.tokenizer.pad_token_id
+    with torch.no_grad():
+        nll, count = completion_nll(model, sft_batch(examples, pad))
+        alone = [completion_nll(model, sft_batch([e], pad)) for e in examples]
+    assert count == sum(n for _, n in alone)
+    torch.testing.assert_close(nll, sum(v for v, _ in alone), atol=1e-4, rtol=1e-5)

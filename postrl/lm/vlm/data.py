@@ -25,7 +25,7 @@ from torch import Tensor
 from postrl.lm.data import DataError, read_records
 from postrl.lm.rollout import left_pad
 from postrl.lm.tasks import get_task
-from postrl.lm.vlm.inputs import collate_inputs, picture_inputs
+from postrl.lm.vlm.inputs import collate_inputs, picture_inputs, same_count_per_row
 
 
 @dataclass
@@ -198,7 +198,9 @@ def prompt_batch(
 def sft_batch(examples: Sequence[VLMExample], pad_token_id: int) -> dict[str, Any]:
     """The rollout layout for supervised training: prompts left-padded [B, P], completions right-padded
     [B, T]; ``input_ids``/``attention_mask`` [B, P + T], ``prompt_len`` P, ``images`` (`prompt_batch`'s
-    processor inputs: per-token ones span the prompt, the forward continues them over the completion)."""
+    processor inputs: per-token ones span the prompt, the forward continues them over the completion),
+    ``share``: whether rows with one prompt may run it once (`postrl.lm.vlm.rollout.vlm_response_logits`);
+    not when the rows hold different numbers of pictures, whose batch tensors do not split by row."""
     ids, mask, images = prompt_batch(examples, pad_token_id)
     width = max(len(e.completion_ids) for e in examples)
     done = torch.tensor(
@@ -212,4 +214,5 @@ def sft_batch(examples: Sequence[VLMExample], pad_token_id: int) -> dict[str, An
         "attention_mask": torch.cat((mask, done_mask), 1),
         "prompt_len": ids.shape[1],
         "images": images,
+        "share": same_count_per_row([e.inputs for e in examples]),
     }

@@ -74,6 +74,14 @@ def collate_inputs(
     return out
 
 
+def same_count_per_row(per_row: Sequence[dict[str, Tensor]]) -> bool:
+    """Whether every row holds as many entries of each input as the first row (as many pictures): only then
+    does a batch's [B · n, ...] tensor split into B equal parts, one per row (`select_rows`,
+    `postrl.lm.vlm.rollout.shared_rows`). Rows of a multi-turn episode hold one picture per turn so far."""
+    first = per_row[0] if per_row else {}
+    return all(row[k].shape[0] == first[k].shape[0] for row in per_row for k in first)
+
+
 def select_rows(inputs: dict[str, Tensor], rows: Tensor, B: int) -> dict[str, Tensor]:
     """The inputs of ``rows`` out of a batch of B rows (leading dim B · n, row order)."""
     return {k: v.reshape(B, -1, *v.shape[1:])[rows].flatten(0, 1) for k, v in inputs.items()}

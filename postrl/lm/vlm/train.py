@@ -48,7 +48,7 @@ def completion_nll(model: torch.nn.Module, batch: dict[str, Any]) -> tuple[Tenso
     """(Σ −log p of the completion tokens, their count) of an `sft_batch`."""
     P = batch["prompt_len"]
     logits = vlm_response_logits(
-        model, batch["input_ids"], batch["attention_mask"], P, batch["images"]
+        model, batch["input_ids"], batch["attention_mask"], P, batch["images"], share=batch["share"]
     )  # (B, T, V)
     mask = batch["attention_mask"][:, P:].float()
     log_p = torch.log_softmax(logits.float(), -1).gather(-1, batch["input_ids"][:, P:, None]).squeeze(-1)
