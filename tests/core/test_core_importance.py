@@ -131,7 +131,9 @@ def test_masked_weights_agree_with_truncated_under_the_cap_and_mismatch_is_nonne
 def test_mismatch_of_engines_that_nearly_agree_is_nonnegative_in_float32(seed, width, scale):
     gen = torch.Generator().manual_seed(seed)
     logps = rand(gen, 8, width).float()
-    behaviour = logps + scale * torch.randn(8, width, generator=gen).float()  # vLLM vs the trainer: ~1e-5 apart
+    behaviour = (
+        logps + scale * torch.randn(8, width, generator=gen).float()
+    )  # vLLM vs the trainer: ~1e-5 apart
     mask = ragged_mask(gen, 8, width)
     stats = behaviour_mismatch(logps, behaviour, mask)
     assert float(stats["kl"]) >= 0
