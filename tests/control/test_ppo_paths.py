@@ -225,25 +225,3 @@ def test_an_error_on_the_critic_thread_is_raised_by_the_step_and_the_next_step_s
     stats = step(good, 0.2)
     assert stats.shape == (1, 5) and torch.isfinite(stats).all()
     step.close()
-
-
-@pytest.mark.parametrize(
-    ("setting", "threads", "cpus", "local_ranks", "want"),
-    [
-        ("on", None, 1, 1, True),
-        ("off", 1, 8, 1, False),
-        ("auto", 1, 2, 1, True),
-        ("auto", 1, 1, 1, False),
-        ("auto", None, 8, 1, False),
-        ("auto", 1, 2, 2, False),
-        ("auto", 1, 4, 2, True),
-    ],
-)
-def test_critic_thread_auto_wants_two_cpus_per_local_rank(
-    monkeypatch, setting, threads, cpus, local_ranks, want
-):
-    from postrl.control.fast import ppo_step
-
-    monkeypatch.setattr(ppo_step.os, "sched_getaffinity", lambda pid: set(range(cpus)))
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_ranks))
-    assert ppo_step.critic_thread_wanted(setting, threads) is want

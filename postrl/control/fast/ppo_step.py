@@ -15,7 +15,6 @@ gSDE); ``fused`` insists on it (a ConfigError says why it cannot run); ``autogra
 from __future__ import annotations
 
 import logging
-import os
 
 from torch import Tensor, nn
 
@@ -25,7 +24,7 @@ from postrl.control.fast.flat import FlatAdam, FlatParameters
 from postrl.control.fast.ppo_grad import HandGradient, Minibatch, fused_refusal, stat_names
 from postrl.runtime.config import ConfigError
 
-__all__ = ["BACKENDS", "FusedStep", "critic_thread_wanted", "use_fused"]
+__all__ = ["BACKENDS", "FusedStep", "use_fused"]
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +101,3 @@ class FusedStep:
     def close(self) -> None:
         """Stop the critic's thread, if any."""
         self.gradient.close()
-
-
-def critic_thread_wanted(setting: str, threads: int | None) -> bool:
-    """Whether the fused step computes the critic on a second thread, for ``ppo.critic_thread`` =
-    ``setting`` and ``run.threads`` = ``threads``: ``on``/``off`` as said; ``auto`` when torch runs one
-    thread per process (``run.threads`` 1) and this process may use two CPUs of its own (the CPUs it may
-    run on, shared among the ranks that torchrun started on this machine)."""
-    if setting != "auto":
-        return setting == "on"
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return threads == 1 and len(os.sched_getaffinity(0)) >= 2 * local_ranks
