@@ -18,7 +18,6 @@ it is chosen once, when PPO is built, and ``auto`` logs which step runs and why 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -35,8 +34,6 @@ from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.core import gae, ppo_clip_loss, value_loss
 
 __all__ = ["ControlPPOConfig", "PPOHyperparams", "build_ppo", "ppo_actor_critic_loss"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -79,12 +76,6 @@ class PPOHyperparams:
     numpy, for postrl's MLP actor and critic: postrl.control.fast; the same numbers to float32 rounding) or
     auto (fused when the networks allow it, else autograd; the choice and the reason are logged at info
     level)."""
-    critic_thread: Literal["on", "off"] = "off"
-    """With the fused backend, compute the critic's half of each minibatch step on a second thread while the
-    actor's runs (the same numbers; two cores instead of one). Off by default: on an idle 2-core machine the
-    CartPole preset ran at 14,600 env steps/s with it against 22,400 without (the hand-off each minibatch and
-    the GIL cost more than the critic's half). Ignored by the autograd backend."""
-
     CHECKS = {  # valid ranges (postrl.runtime.config.validate)
         "n_steps": ">= 1",
         "batch_size": ">= 1",
@@ -181,9 +172,6 @@ def make_step(cfg: PPOHyperparams, actor: nn.Module, critic: nn.Module) -> Minib
     """The minibatch step of ``cfg.backend`` (logs which runs and, under ``auto``, why the other was refused)."""
     if not ppo_step.use_fused(cfg.backend, actor, critic):
         return ReferenceStep(actor, critic, cfg)
-    critic_thread = cfg.critic_thread == "on"
-    if critic_thread:
-        log.info("ppo.critic_thread=on: the critic's gradient runs on a second thread")
     return ppo_step.FusedStep(
         actor,
         critic,
@@ -193,7 +181,6 @@ def make_step(cfg: PPOHyperparams, actor: nn.Module, critic: nn.Module) -> Minib
         vf_coef=cfg.vf_coef,
         ent_coef=cfg.ent_coef,
         vf_clip=cfg.vf_clip,
-        critic_thread=critic_thread,
     )
 
 
@@ -214,10 +201,6 @@ class PPOLearner(Learner):
         self.optimizer = self.step.optimizer
         self.modules = {"actor": self.actor, "critic": self.critic}
         self.optimizers = {"optimizer": self.optimizer}
-
-    def close(self) -> None:
-        if isinstance(self.step, ppo_step.FusedStep):
-            self.step.close()  # its critic thread, if any
 
     def iteration(self, env: VecEnv, it: int, frac_done: float) -> tuple[dict, list, int]:
         cfg, buf = self.cfg, self.buffer

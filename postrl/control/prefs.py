@@ -164,7 +164,6 @@ class Prefs(Learner):
             self.page.attach(run_dir)
 
     def close(self) -> None:
-        self.ppo.close()
         if self.page is not None:
             self.page.close()
 

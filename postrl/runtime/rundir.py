@@ -128,7 +128,7 @@ RESUME_MAY_CHANGE = frozenset(
     {"run.device", "run.threads", "run.tensorboard", "run.max_seconds", "run.steps"}
     | {"run.eval_every", "run.save_every", "run.keep_last", "run.log_every", "run.eval_episodes", "run.gif"}
     | {"labeller.page.host", "labeller.page.port", "labeller.page.serve", "labeller.page.poll_seconds"}
-    | {"labeller.page.timeout", "ppo.critic_thread"}
+    | {"labeller.page.timeout"}
 )
 """Keys a resumed run may change: where it runs (on how many threads), how long (more steps for a finished
 run, as TRL's and SB3's resumes allow) and how often it logs, evaluates and saves; not what a step computes

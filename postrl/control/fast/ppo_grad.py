@@ -28,6 +28,13 @@ The derivation (N rows; ρ = exp(log π − log π_old); A the whitened advantag
 
 tanh is applied in place on the GEMM's output (``tanh_``: one kernel, no new tensor).
 
+When the actor's and the critic's hidden layers have the same shapes and live in one storage (the flat
+parameter of `postrl.control.fast.flat.FlatParameters`, as `FusedStep` builds them), the two networks' hidden
+layers run as one batched GEMM per layer (`_HiddenPair`: the pair of weights is a strided view [2, out, in] of
+the flat tensor, the gradients are written through the same views of the flat gradient): half the kernel
+launches on the hidden layers, the same arithmetic. Only the heads (the policy's logits or mean, the value)
+run apart.
+
 Everything is kept ``[N, 1]``-shaped (a column per row of the minibatch) so that nothing is reshaped, and the
 statistics are columns concatenated and averaged in two ops (`STATS`). Gradients are written into each
 parameter's ``.grad`` as it was when the `HandGradient` was built (views of
@@ -36,8 +43,6 @@ parameter's ``.grad`` as it was when the `HandGradient` was built (views of
 
 from __future__ import annotations
 
-import queue
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -52,7 +57,6 @@ __all__ = [
     "STATS",
     "HandGradient",
     "Minibatch",
-    "SideThread",
     "fused_refusal",
     "minibatch_gradient",
     "stat_names",
@@ -144,7 +148,7 @@ class _Net:
 
     def __init__(self, net: MLP):
         self.layers = [_Layer(layer) for layer in net.layers]
-        self.tanh = net.activation_name == "tanh"
+        self.tanh, self.activation_name = net.activation_name == "tanh", net.activation_name
         self.activation, self.act_backward = net.activation, _ACT_BACKWARD[net.activation_name]
 
     def forward(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
@@ -169,39 +173,74 @@ class _Net:
                 delta = self.act_backward(torch.mm(delta, layer.weight), h)
 
 
-class SideThread:
-    """One worker thread that runs a job (torch ops, no autograd, one intra-op thread) while the caller runs
-    another: ``submit(fn, *args)``, then ``result()`` waits and returns ``fn``'s value or raises its
-    exception. torch releases the GIL inside every op, so two streams of small ops overlap on two cores."""
+class _HiddenPair:
+    """The hidden layers of two MLPs of the same shapes, run side by side as one batched GEMM per layer: for
+    layer k the weights [2, out, in] and biases [2, 1, out] are strided views over both networks' parameters
+    (and their gradients over both ``.grad``), which must share one storage (`pair_of`)."""
 
-    def __init__(self):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._results: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name="postrl-side", daemon=True)
-        self._thread.start()
+    def __init__(self, first: _Net, second: _Net):
+        self.tanh, self.activation, self.act_backward = first.tanh, first.activation, first.act_backward
+        self.layers = []  # per hidden layer: (weight, weight_t, bias, grad_weight, grad_bias, transposed_dw)
+        for one, two in zip(first.layers[:-1], second.layers[:-1], strict=True):
+            weight, grad_weight = (
+                _pair_view(one.weight, two.weight),
+                _pair_view(one.grad_weight, two.grad_weight),
+            )
+            bias = _pair_view(one.bias, two.bias).unsqueeze(1)  # [2, 1, out]
+            grad_bias = _pair_view(one.grad_bias, two.grad_bias)  # [2, out]
+            self.layers.append(
+                (weight, weight.transpose(1, 2), bias, grad_weight, grad_bias, one.transposed_dw)
+            )
 
-    def _serve(self) -> None:
-        torch.set_num_threads(1)  # OpenMP's thread count is per thread: as the caller's (run.threads=1)
-        torch.set_grad_enabled(False)  # grad mode is per thread too
-        while (job := self._jobs.get()) is not None:
-            fn, args = job
-            try:
-                self._results.put((True, fn(*args)))
-            except BaseException as err:  # noqa: BLE001 - handed to the caller, who raises it
-                self._results.put((False, err))
+    def forward(self, x: Tensor) -> list[Tensor]:
+        """Every hidden layer's input, stacked [2, N, ·] (x broadcast to both), and the last hidden output."""
+        inputs = [x.expand(2, *x.shape)]
+        for _, weight_t, bias, *_ in self.layers:
+            u = torch.baddbmm(bias, inputs[-1], weight_t)
+            inputs.append(u.tanh_() if self.tanh else self.activation(u))
+        return inputs
 
-    def submit(self, fn, *args) -> None:
-        self._jobs.put((fn, args))
+    def backward(self, inputs: list[Tensor], delta: Tensor) -> None:
+        """Write ∂L/∂W, ∂L/∂b of every hidden layer of both networks from delta = ∂L/∂(last hidden output)
+        [2, N, out] (before the activation's derivative, which is applied here)."""
+        for k in range(len(self.layers) - 1, -1, -1):
+            weight, _, _, grad_weight, grad_bias, transposed_dw = self.layers[k]
+            delta = self.act_backward(delta, inputs[k + 1])
+            h = inputs[k]
+            if transposed_dw:
+                grad_weight.copy_(torch.bmm(h.transpose(1, 2), delta).transpose(1, 2))
+            else:
+                torch.bmm(delta.transpose(1, 2), h, out=grad_weight)
+            torch.sum(delta, 1, out=grad_bias)
+            if k:
+                delta = torch.bmm(delta, weight)
 
-    def result(self):
-        ok, value = self._results.get()
-        if not ok:
-            raise value
-        return value
 
-    def close(self) -> None:
-        self._jobs.put(None)
-        self._thread.join()
+def _pair_view(one: Tensor, two: Tensor) -> Tensor:
+    """[2, *shape]: ``one`` and ``two`` (contiguous, one shape, one storage) as one strided view."""
+    stride = two.storage_offset() - one.storage_offset()
+    return one.as_strided((2, *one.shape), (stride, *one.stride()), one.storage_offset())
+
+
+def pair_of(first: _Net, second: _Net) -> _HiddenPair | None:
+    """The two networks' hidden layers as a `_HiddenPair`, or None when their shapes or activations differ,
+    when they have no hidden layer, or when their tensors are not in one storage."""
+    hidden = [(one, two) for one, two in zip(first.layers[:-1], second.layers[:-1], strict=False)]
+    if (
+        not hidden
+        or len(first.layers) != len(second.layers)
+        or first.activation_name != second.activation_name
+    ):
+        return None
+    for one, two in hidden:
+        tensors = [(one.weight, two.weight), (one.bias, two.bias)]
+        tensors += [(one.grad_weight, two.grad_weight), (one.grad_bias, two.grad_bias)]
+        for a, b in tensors:
+            if a.shape != b.shape or not (a.is_contiguous() and b.is_contiguous()):
+                return None
+            if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+                return None
+    return _HiddenPair(first, second)
 
 
 class HandGradient:
@@ -211,24 +250,14 @@ class HandGradient:
     `postrl.control.fast.flat.FlatParameters` has re-homed them; call it per minibatch.
     """
 
-    def __init__(
-        self, actor: CategoricalActor | GaussianActor, critic: Critic, *, critic_thread: bool = False
-    ):
-        """``critic_thread``: compute the critic's half on a `SideThread` while the actor's runs on the
-        caller's (the same numbers: the halves share nothing but the minibatch); `close` stops it."""
-        self.side = SideThread() if critic_thread else None
+    def __init__(self, actor: CategoricalActor | GaussianActor, critic: Critic):
         self.actor, self.discrete = actor, isinstance(actor, CategoricalActor)
         self.actor_net, self.critic_net = _Net(actor.net), _Net(critic.net)
+        self.pair = pair_of(self.actor_net, self.critic_net)  # None: each network on its own
         if not self.discrete:
             if actor.log_std.grad is None:
                 actor.log_std.grad = torch.zeros_like(actor.log_std)
             self.log_std_grad = actor.log_std.grad
-
-    def close(self) -> None:
-        """Stop the side thread, if any."""
-        if self.side is not None:
-            self.side.close()
-            self.side = None
 
     def prepare(self, batch: Batch) -> Minibatch:
         """``batch`` in the shapes a call reads (once per minibatch, or once per update for the whole rollout)."""
@@ -241,34 +270,39 @@ class HandGradient:
         """Write the gradient on ``mb`` into every parameter's ``.grad``; return the statistics
         `stat_names(ent_coef)` as a row ``[1, k]``. The advantages are used as given (already whitened)."""
         n = mb.obs.shape[0]
-        if self.side is None:
-            value_terms = self._critic(mb, vf_coef / n, vf_clip)
-            columns = self._actor(mb, clip_eps, ent_coef)
-        else:  # the critic on the side thread while the actor runs here (torch ops release the GIL)
-            self.side.submit(self._critic, mb, vf_coef / n, vf_clip)
-            try:
-                columns = self._actor(mb, clip_eps, ent_coef)
-            finally:
-                value_terms = (
-                    self.side.result()
-                )  # collected even when the actor raised: the queue stays in step
+        actor_head, critic_head = self.actor_net.layers[-1], self.critic_net.layers[-1]
+        if self.pair is None:
+            actor_in, head = self.actor_net.forward(mb.obs)
+            critic_in, values = self.critic_net.forward(mb.obs)  # [N, 1]
+        else:
+            hidden = self.pair.forward(mb.obs)  # [2, N, ·] per hidden layer: the actor's, the critic's
+            head = torch.addmm(actor_head.bias, hidden[-1][0], actor_head.weight_t)
+            values = torch.addmm(critic_head.bias, hidden[-1][1], critic_head.weight_t)
+        d_values, value_terms = self._value_gradient(values, mb, vf_coef / n, vf_clip)
+        d_head, columns = self._policy_gradient(head, mb, clip_eps, ent_coef)
+        if self.pair is None:
+            self.actor_net.backward(actor_in, d_head)
+            self.critic_net.backward(critic_in, d_values)
+        else:
+            top = hidden[-1]
+            delta = top.new_empty(top.shape)  # ∂L/∂(last hidden output) of both, [2, N, hidden]
+            for i, (layer, d) in enumerate(((actor_head, d_head), (critic_head, d_values))):
+                torch.mm(d.t(), top[i], out=layer.grad_weight)
+                torch.sum(d, 0, out=layer.grad_bias)
+                torch.mm(d, layer.weight, out=delta[i])
+            self.pair.backward(hidden, delta)
         columns.insert(1, value_terms)
         stats = torch.mm(mb.mean_weights, torch.cat(columns, dim=1))  # (1, k): the columns' means
         if ent_coef and not self.discrete:  # the Gaussian's entropy does not depend on the state
             stats = torch.cat([stats, diag_gaussian_entropy(self.actor.log_std).reshape(1, 1)], dim=1)
         return stats
 
-    def _critic(self, mb: Minibatch, scale: float, vf_clip: float | None) -> Tensor:
-        """Write the critic's gradient; return the per-row value-loss terms (N, 1). ``scale`` = c_v / N."""
-        critic_in, values = self.critic_net.forward(mb.obs)  # [N, 1]
-        d_values, value_terms = self._value_gradient(values, mb, scale, vf_clip)
-        self.critic_net.backward(critic_in, d_values)
-        return value_terms
-
-    def _actor(self, mb: Minibatch, clip_eps: float, ent_coef: float) -> list[Tensor]:
-        """Write the actor's gradient; return the per-row statistics columns but the value loss's."""
+    def _policy_gradient(
+        self, head: Tensor, mb: Minibatch, clip_eps: float, ent_coef: float
+    ) -> tuple[Tensor, list[Tensor]]:
+        """(∂L/∂head, the per-row statistics columns but the value loss's) from the actor's ``head`` (logits
+        or mean); a Gaussian's ∂L/∂log σ is written here."""
         n = mb.obs.shape[0]
-        actor_in, head = self.actor_net.forward(mb.obs)
         if self.discrete:
             log_p = torch.log_softmax(head, dim=-1)  # (N, K)
             log_probs = log_p.gather(1, mb.actions)  # (N, 1)
@@ -302,8 +336,7 @@ class HandGradient:
             if ent_coef:
                 d_log_std -= ent_coef  # ∂(−c_H mean H)/∂log σ
             self.log_std_grad.copy_(d_log_std)
-        self.actor_net.backward(actor_in, d_head)
-        return columns
+        return d_head, columns
 
     @staticmethod
     def _value_gradient(

@@ -73,12 +73,11 @@ class FusedStep:
         vf_coef: float,
         ent_coef: float,
         vf_clip: float | None,
-        critic_thread: bool = False,
     ):
         self.flat = FlatParameters([actor, critic])  # one tensor for Adam, clipping and the gradient
         self.optimizer = FlatAdam(self.flat.param, lr=lr, eps=adam_eps)
-        # writes into the flat gradient's views; the critic's half on a second thread with critic_thread
-        self.gradient = HandGradient(actor, critic, critic_thread=critic_thread)
+        # writes into the flat gradient's views (the two networks' hidden layers batched: ppo_grad._HiddenPair)
+        self.gradient = HandGradient(actor, critic)
         self.max_grad_norm, self.vf_coef, self.ent_coef, self.vf_clip = (
             max_grad_norm,
             vf_coef,
@@ -97,7 +96,3 @@ class FusedStep:
         self.flat.clip_grad_norm_(self.max_grad_norm)
         self.optimizer.update()
         return stats
-
-    def close(self) -> None:
-        """Stop the critic's thread, if any."""
-        self.gradient.close()
