@@ -65,7 +65,7 @@ def _pad(frames: list, alive: torch.Tensor) -> list:
     """``frames`` of the alive steps, then the last one greyed and marked for each padding step."""
     from postrl.label.clips import ended_frame
 
-    held = [ended_frame(frames[-1])] * int((~alive).sum()) if frames else []
+    held = [ended_frame(frames[-1], len(frames))] * int((~alive).sum()) if frames else []
     return frames + held
 
 

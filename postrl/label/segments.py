@@ -53,7 +53,7 @@ def _cut(ep: dict[str, Any], start: int, length: int) -> tuple[dict[str, Any], l
         "true_rewards": ep["rewards"][start:stop] + [0.0] * pad,
         "alive": [True] * (stop - start) + [False] * pad,
     }
-    return seg, ep["frames"][start:stop] + [ended_frame(ep["frames"][stop - 1])] * pad
+    return seg, ep["frames"][start:stop] + [ended_frame(ep["frames"][stop - 1], stop - start)] * pad
 
 
 def _starts(ep: dict[str, Any], length: int) -> list[int]:
