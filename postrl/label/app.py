@@ -40,18 +40,28 @@ from postrl.label.pairs import (
     shown,
 )
 from postrl.label.store import LabelStore, StaleJudgement, check_name
+from postrl.runtime.checkpoint import atomic_write_text
 from postrl.runtime.errors import DataError, UserError
 
 HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+QUESTION_FILE = "question.txt"
+QUESTIONS = {"lm": "Which response is better?", "segments": "Which segment shows the better behaviour?"}
+"""The question the page asks of each pair when the folder has none of its own (``postrl label --question``)."""
 
 
 class Labelling:
     """A labelling folder opened for the page: its pairs and its store of judgements."""
 
-    def __init__(self, folder: Path, pairs_file: Path | None = None):
+    def __init__(self, folder: Path, pairs_file: Path | None = None, question: str | None = None):
+        """``question``: what the labellers are asked of each pair, kept in the folder for later starts (None:
+        the folder's, else `QUESTIONS`' for the pairs' kind)."""
         self.folder = Path(folder)
         self.pairs = prepare(self.folder, pairs_file)
         self.kind = kind_of(self.pairs)
+        stored = self.folder / QUESTION_FILE
+        if question is not None:
+            atomic_write_text(stored, question + "\n")
+        self.question = stored.read_text().strip() if stored.is_file() else QUESTIONS[self.kind]
         self.store = LabelStore(self.folder, len(self.pairs), lambda js: pair_rows(self.pairs, js))
         self._read = (self.folder / PAIRS_FILE).stat().st_size
         self._refreshing = threading.Lock()  # the run and the page's requests may refresh together
@@ -82,10 +92,14 @@ class Labelling:
         left, right = shown(pair, index)
         images = [f"/media/{index}/image{k}" for k in range(len(pair.get("images", [])))]
         if self.kind == "lm":
-            return {"kind": "lm", "prompt": pair["prompt"], "left": left, "right": right, "images": images}
+            return {
+                "kind": "lm", "question": self.question, "prompt": pair["prompt"], "left": left, "right": right,
+                "images": images,
+            }  # fmt: skip
         steps = len(pair["first"]["obs"])
         return {
             "kind": "segments",
+            "question": self.question,
             "env": pair["env"],
             "steps": steps,
             "left": f"/media/{index}/left",

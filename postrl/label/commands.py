@@ -48,6 +48,13 @@ def add_label_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=48, help="response length (--model; 48)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (--model; 1.0)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled pairs (0)")
+    p.add_argument(
+        "--question",
+        default=None,
+        metavar="TEXT",
+        help="what labellers are asked of each pair, e.g. 'Which review is more helpful?' (kept in DIR; default "
+        "'Which response is better?' or, for segments, 'Which segment shows the better behaviour?')",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this computer only)")
     p.add_argument("--port", type=int, default=8765, help="port (8765)")
     p.add_argument("--no-serve", action="store_true", help="prepare DIR and exit without serving")
@@ -63,6 +70,12 @@ def _check(args: argparse.Namespace) -> None:
         raise UserError("postrl label: --model and --prompts go together (two samples per prompt)")
     if args.policy and not args.env:
         raise UserError("postrl label: --policy needs --env (the env its segments come from)")
+    if args.question is not None and not (
+        0 < len(args.question.strip()) <= 300 and "\n" not in args.question
+    ):
+        raise UserError(
+            f"postrl label --question {args.question!r}: expected one line of 1 to 300 characters"
+        )
     if not 0 < args.port < 65536:
         raise UserError(f"postrl label --port {args.port}: expected 1 to 65535")
     out = Path(args.out)
@@ -101,7 +114,7 @@ def _label(args: argparse.Namespace) -> int:
             pairs_file = segment_pairs(
                 args.env, Path(tmp) / "pairs.jsonl", args.n, args.length, args.policy, args.seed, args.fps
             )
-        labelling = Labelling(out, pairs_file)
+        labelling = Labelling(out, pairs_file, args.question.strip() if args.question else None)
     if args.no_serve:
         print(f"postrl label: {len(labelling.pairs)} {labelling.kind} pairs ready in {out}")
         return 0

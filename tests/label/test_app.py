@@ -108,6 +108,8 @@ def test_cli_errors_are_one_line_before_the_folder_is_touched(tmp_path, capsys):
         (["--port", "0", "--pairs", "x"], "--port 0"),
         ([], "no pairs there yet"),
         (["--pairs", str(tmp_path / "missing.jsonl")], "no such file"),
+        (["--pairs", "x", "--question", "two\nlines"], "--question"),
+        (["--pairs", "x", "--question", " "], "expected one line of 1 to 300 characters"),
     ]
     for argv, message in cases:
         assert main(["label", "--out", str(out), *argv, "--no-serve"]) == 2
@@ -121,6 +123,20 @@ def test_cli_errors_are_one_line_before_the_folder_is_touched(tmp_path, capsys):
     assert main(["label", "--out", str(out), "--pairs", str(bad), "--no-serve"]) == 2
     assert "bad.jsonl:2: field 'images': no such file" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_the_question_asked_of_each_pair_is_kept_in_the_folder(tmp_path, capsys):
+    out, pairs = tmp_path / "lab", _vlm_pairs(tmp_path)
+    assert TestClient(make_app(Labelling(out, pairs))).get("/api/pair/0").json()["question"] == (
+        "Which response is better?"
+    )
+    argv = ["label", "--out", str(out), "--question", "Which colour is right?", "--no-serve"]
+    assert main(argv) == 0 and "1 lm pairs ready" in capsys.readouterr().out
+    restarted = Labelling(out)  # a later start without --question asks the same
+    assert TestClient(make_app(restarted)).get("/api/pair/0").json()["question"] == "Which colour is right?"
+    segments = segment_pairs("CartPole-v1", tmp_path / "seg" / "pairs.jsonl", 1, length=5, seed=0)
+    view = TestClient(make_app(Labelling(tmp_path / "seg-lab", segments))).get("/api/pair/0").json()
+    assert view["question"] == "Which segment shows the better behaviour?"
 
 
 def test_segments_of_a_trained_policy_and_of_continuous_actions(tmp_path):
