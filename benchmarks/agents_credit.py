@@ -129,28 +129,37 @@ def scripted_rows(episodes: int, seed: int = 0) -> list[dict[str, str]]:
 
 
 def warm_start(workdir: Path, steps: int) -> tuple[Path, float | None]:
-    """SFT of the base model on the scripted episodes (sft-arithmetic's lr 1e-3, batch 64), once per workdir:
-    the model and the seconds it took (None: found in the workdir)."""
+    """SFT of the base model on the scripted episodes, once per workdir: the model and the seconds it took (None:
+    found in the workdir)."""
     out = workdir / "warm"
     if (out / "model" / "config.json").exists():  # made by an earlier run in this workdir
         return out / "model", None
     data = workdir / "scripted.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text("".join(json.dumps(r) + "\n" for r in scripted_rows(400)))
+    return out / "model", sft_from_base(data, out, steps, seed=0, max_length=128)
+
+
+def sft_from_base(data: Path, out: Path, steps: int, seed: int, max_length: int) -> float:
+    """SFT of the base model on the rows of ``data`` into ``out`` (sft-arithmetic's lr 1e-3, batch 64, 10 warm-up
+    steps, no evaluation); the seconds it took."""
     cfg = load_config(
         SFTConfig, "sft-arithmetic",
-        [f"model={BASE_LM.path()}", f"data={data}", f"run.steps={steps}", "run.seed=0", "run.eval_every=1000000",
-         f"run.save_every={steps}", "run.threads=1", "run.device=cpu", "train.max_length=128",
-         "optim.warmup_steps=10", "eval_size=0"],
+        [f"model={BASE_LM.path()}", f"data={data}", f"run.steps={steps}", f"run.seed={seed}",
+         "run.eval_every=1000000", f"run.save_every={steps}", "run.threads=1", "run.device=cpu",
+         f"train.max_length={max_length}", "optim.warmup_steps=10", "eval_size=0"],
     )  # fmt: skip
     start = time.perf_counter()
     run_sft(cfg, out, overwrite=True)
-    return out / "model", time.perf_counter() - start
+    return time.perf_counter() - start
 
 
-def train(arm: str, model: Path, env: dict[str, Any], seed: int, steps: int, out: Path) -> float:
+def train(
+    arm: str, model: Path, env: dict[str, Any], seed: int, steps: int, out: Path, lr: float = 2e-4
+) -> float:
     """One arm for ``steps`` steps of 16 episodes from ``model`` (kept when ``out`` holds a finished run of as
-    many steps: a rerun only evaluates); the training seconds the run logged."""
+    many steps: a rerun only evaluates); the training seconds the run logged. ``lr``: GRPO's (PPO's is the
+    preset's)."""
     if not finished(out, steps) and arm == "ppo":  # the critic at each turn's start, GAE over turns
         cfg = load_config(
             PPOConfig, "ppo-guess-number",
@@ -160,15 +169,13 @@ def train(arm: str, model: Path, env: dict[str, Any], seed: int, steps: int, out
         )  # fmt: skip
         assert cfg.env.options == env["options"] and cfg.batch_size == EPISODES_PER_STEP
         run_ppo(cfg, out, overwrite=True)
-    elif not finished(out, steps):  # GRPO, 4 seeds × G = 4, β 0, AdamW 2e-4 constant (benchmarks/agents.py's)
+    elif not finished(out, steps):  # GRPO, 4 seeds × G = 4, β 0, AdamW constant lr
         cfg = GRPOConfig(
             model=str(model),
             env=EnvConfig(**env, n_train=256, n_eval=0, credit=arm),
             sampling=SamplingConfig(max_new_tokens=MAX_NEW_TOKENS),
             grpo=GRPOLossConfig(group_size=4, prompts_per_step=4, beta=0.0, advantage="grpo"),
-            optim=OptimConfig(
-                lr=2e-4, warmup_steps=0, min_lr_ratio=1.0, betas=(0.9, 0.95), max_grad_norm=1.0
-            ),
+            optim=OptimConfig(lr=lr, warmup_steps=0, min_lr_ratio=1.0, betas=(0.9, 0.95), max_grad_norm=1.0),
             run=RunConfig(
                 steps=steps,
                 eval_every=10**6,
