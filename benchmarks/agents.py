@@ -15,12 +15,13 @@ parts than the default two).
     calculator  SFT from the base model (pretrained on sums WITHOUT carries) on 400 two-digit sums that carry,
                 with the add tool (the call, then the answer after the tool's result) or without it (the answer),
                 the same steps and batch (sft-arithmetic's lr 1e-3, batch 64); held-out greedy accuracy of
-                100 calculator episodes (≤ 3 turns of ≤ 80 tokens).
+                100 calculator episodes (≤ 3 turns of ≤ 80 tokens), and how often the tool-trained model's
+                reply writes the tool's result when the tool is made to answer wrong (``reads_tool``).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/agents.py --steps 30 --seeds 0 1 2 --workdir /tmp/agents
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/agents.py --parts game --steps 30 --seeds 3 4 5 6 7 8 \
         --workdir /tmp/agents
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/agents.py --parts calculator --steps 200 --seeds 0 \
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/agents.py --parts calculator --steps 600 --seeds 0 1 2 \
         --workdir /tmp/agents
 
 Measured 2026-12-05 with these commands on the shared 2-core machine (load average 12-20), before guess_number
@@ -38,10 +39,19 @@ fresh episodes of the training secrets and on the held-out ones: benchmarks/agen
   no arm is ahead: seeds 0-2 favoured PPO, seeds 3-8 trajectory credit.
 - frozenlake, 30 steps: GRPO 0.0 0.0 0.0 (the base model rarely writes an action; it never reached the goal),
   uniformly random actions 0.0025, Q-learning's greedy policy 1.0 (the optimum).
-- calculator, 200 SFT steps, seed 0: with the tool 0.13, without it 0.55. The tool-trained model writes every
-  call right and the tool answers right, but its final reply computes the sum again instead of copying the
-  tool's result (e.g. 15+26: call add(15, 26) → 41, then answers 40): 400 demonstrations teach the 2-layer
-  model the call's format, not to copy from the tool response. Wall time 932 s (tool: 64-token calls) vs 137 s.
+- calculator, 600 SFT steps, seeds 0 1 2 (2026-12-06 00:07-00:25 UTC, load 1.1-2.5): with the tool 0.95 0.96
+  0.93 (mean 0.947), without it 0.60 0.51 0.76 (mean 0.623), the same 600 steps × 64 rows; wall 302-311 s per
+  tool run (69-token demonstrations: the 64-token call and EOS, or the 3-digit answer and EOS) vs 45-47 s.
+  At 200 steps (seed 0, 2026-12-05) the tool lost, 0.13 vs 0.55: nothing in the library was wrong (the tool's
+  result is rendered in training exactly as in the episodes, 117 tokens within the 128-token limit; the loss
+  covers the call and the answer and none of the tool's tokens; the padding-free forward equals the padded
+  one), the answer turn was undertrained: SFT's loss is the mean over a batch's target tokens (TRL's), so a
+  demonstration's 4-token answer is 6% of its loss, and after 200 steps the model wrote the right answer after
+  the right tool result for only 28% of the TRAINING sums (12% held out). Trained on the answer rows alone for
+  200 steps it writes it for 96% of held-out sums; with a per-row mean loss, 38%; at 600 steps, 95%. The
+  model does not only copy: when the tool is made to answer a wrong number, its reply writes that number for
+  33%, 54%, 17% of held-out sums (``reads_tool``; the rest are neither the sum nor the tool's number), so it
+  reads the result together with the question rather than copying it.
 
 Rollouts with the KV cache kept across turns vs re-prefilled: benchmarks/turn_cache.py.
 """
@@ -70,12 +80,14 @@ from postrl.lm.agents.games import add, carrying_sum
 from postrl.lm.agents.rollout import observation_text, sample_episodes
 from postrl.lm.agents.tools import call_tool
 from postrl.lm.base_model import BASE_LM
+from postrl.lm.data import encode_prompts
 from postrl.lm.grpo import GRPOConfig, GRPOLossConfig, run_grpo
 from postrl.lm.grpo.episodes import HELDOUT_SEED
 from postrl.lm.ppo import PPOConfig, run_ppo
 from postrl.lm.rollout import SamplingConfig
 from postrl.lm.sft import SFTConfig, run_sft
 from postrl.lm.spine import RunConfig
+from postrl.lm.tasks.arithmetic import is_correct
 from postrl.lm.trainer import OptimConfig
 from postrl.runtime.config import load_config
 
@@ -209,12 +221,41 @@ def calculator_rows(tool: bool, n: int) -> list[dict[str, str]]:
         if not tool:
             rows.append({"prompt": prompt, "completion": f"{a + b}"})
             continue
-        call = f"<tool_call>{json.dumps({'name': 'add', 'arguments': {'a': a, 'b': b}})}</tool_call>"
         result = str(call_tool(add, {"a": a, "b": b}, 1.0))
-        observation = observation_text(tokenizer, [{"role": "tool", "name": "add", "content": result}])
-        rows.append({"prompt": prompt, "completion": call})
-        rows.append({"prompt": prompt + call + tokenizer.eos_token + observation, "completion": result})
+        rows.append({"prompt": prompt, "completion": add_call(a, b)})
+        rows.append({"prompt": tool_context(tokenizer, prompt, a, b, result), "completion": result})
     return rows
+
+
+def add_call(a: int, b: int) -> str:
+    return f"<tool_call>{json.dumps({'name': 'add', 'arguments': {'a': a, 'b': b}})}</tool_call>"
+
+
+def tool_context(tokenizer: Any, prompt: str, a: int, b: int, result: str) -> str:
+    """The episode up to the final reply: the prompt, the call add(a, b), and ``result`` as the tool's answer."""
+    observation = observation_text(tokenizer, [{"role": "tool", "name": "add", "content": result}])
+    return prompt + add_call(a, b) + tokenizer.eos_token + observation
+
+
+@torch.no_grad()
+def reads_tool(model_path: Path, n: int = 100) -> float:
+    """Share of ``n`` held-out sums whose greedy final reply, after the right call and a WRONG tool result (a
+    number drawn at random, never the sum), writes that result: 1 when the model copies the tool, 0 when it
+    ignores it (it computes the sum from the question, or writes neither)."""
+    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    copied = 0
+    for i in range(n):
+        rng = random.Random(HELDOUT_SEED + i)
+        a, b = carrying_sum(rng, 2)
+        shown = rng.choice([s for s in range(20, 199) if s != a + b])
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"What is {a}+{b}?"}], add_generation_prompt=True, tokenize=False
+        )
+        ids = torch.tensor(encode_prompts(tokenizer, [tool_context(tokenizer, prompt, a, b, str(shown))]))
+        out = model.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        copied += is_correct(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True), shown)
+    return copied / n
 
 
 def part_calculator(seeds: list[int], steps: int, workdir: Path) -> dict[str, Any]:
@@ -241,6 +282,8 @@ def part_calculator(seeds: list[int], steps: int, workdir: Path) -> dict[str, An
             runs.append(
                 {"seed": seed, "seconds": round(seconds, 1), **evaluate(run_dir / "model", CALC, 100, 80)}
             )
+            if tool:
+                runs[-1]["reads_tool"] = reads_tool(run_dir / "model")
             print(json.dumps({"calculator": name, **runs[-1]}), file=sys.stderr)
         out[name] = {"runs": runs, "accuracy_mean": statistics.mean(r["success"] for r in runs)}
     return out
