@@ -15,15 +15,12 @@ from postrl.control import ppo
 from postrl.control.buffer import Batch, collect_rollout
 from postrl.control.envs import VecEnv
 from postrl.control.fast import numpy_actor, ppo_grad, ppo_step
-from postrl.control.fast.flat import FlatParameters
 from postrl.control.policies import Critic, PolicyConfig, make_actor
 from postrl.control.ppo import PPOHyperparams, ppo_actor_critic_loss
 from postrl.core import gae
 from postrl.runtime.config import ConfigError, load_config
 
 N = 64
-OBS = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
-ACT = {True: gym.spaces.Discrete(3), False: gym.spaces.Box(-1.0, 1.0, (2,), np.float32)}
 
 
 def setup(discrete: bool, activation: str, seed: int = 0):
@@ -70,41 +67,6 @@ def test_hand_gradient_equals_autograd(discrete, activation, ent_coef, vf_clip):
     assert stats.keys() == ref_stats.keys()
     for key in stats:
         assert torch.allclose(stats[key], ref_stats[key], atol=1e-6), key
-
-
-@pytest.mark.parametrize("activation", ["tanh", "relu"])
-@pytest.mark.parametrize("discrete", [True, False])
-@pytest.mark.parametrize("hidden", [(16, 8), (16,), (8, 8, 8)])
-def test_batched_hidden_layers_equal_each_network_on_its_own(discrete, activation, hidden):
-    """With both networks in one flat parameter (as `FusedStep` builds them), their hidden layers run as one
-    batched GEMM per layer (`_HiddenPair`); the gradients and statistics equal the per-network path's."""
-    actor, critic, batch = setup(discrete, activation)
-    cfg = PolicyConfig(hidden=hidden, activation=activation, log_std_init=-0.3)
-    actor, critic = make_actor(OBS, ACT[discrete], cfg), Critic(3, cfg)
-    assert ppo_grad.HandGradient(actor, critic).pair is None  # not in one storage yet
-    flat = FlatParameters([actor, critic])
-    apart, together = ppo_grad.HandGradient(actor, critic), ppo_grad.HandGradient(actor, critic)
-    assert together.pair is not None
-    apart.pair = None  # the per-network path on the same storage
-    results = []
-    for gradient in (apart, together):
-        stats = gradient(gradient.prepare(batch), 0.2, 0.5, 0.01, 0.3)
-        results.append((stats, flat.param.grad.clone()))
-    (stats_apart, grad_apart), (stats_together, grad_together) = results
-    assert torch.allclose(stats_together, stats_apart, atol=1e-6)
-    assert torch.allclose(grad_together, grad_apart, atol=1e-6, rtol=1e-5), (
-        (grad_together - grad_apart).abs().max()
-    )
-    assert grad_together.abs().sum() > 0
-
-
-def test_networks_of_different_shapes_are_not_batched():
-    actor, critic = (
-        make_actor(OBS, ACT[True], PolicyConfig(hidden=(16, 8))),
-        Critic(3, PolicyConfig(hidden=(16, 4))),
-    )
-    FlatParameters([actor, critic])
-    assert ppo_grad.HandGradient(actor, critic).pair is None
 
 
 def test_hand_gradient_replaces_the_old_gradient():

@@ -76,7 +76,7 @@ class FusedStep:
     ):
         self.flat = FlatParameters([actor, critic])  # one tensor for Adam, clipping and the gradient
         self.optimizer = FlatAdam(self.flat.param, lr=lr, eps=adam_eps)
-        # writes into the flat gradient's views (the two networks' hidden layers batched: ppo_grad._HiddenPair)
+        # writes into the flat gradient's views
         self.gradient = HandGradient(actor, critic)
         self.max_grad_norm, self.vf_coef, self.ent_coef, self.vf_clip = (
             max_grad_norm,
