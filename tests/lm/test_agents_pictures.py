@@ -128,3 +128,28 @@ def test_sft_on_episode_rows_with_different_numbers_of_pictures(vlm):
         alone = [completion_nll(model, sft_batch([e], pad)) for e in examples]
     assert count == sum(n for _, n in alone)
     torch.testing.assert_close(nll, sum(v for v, _ in alone), atol=1e-4, rtol=1e-5)
+
+
+def test_picture_episodes_are_cut_at_the_models_context_with_their_pictures(vlm):
+    model, processor = vlm
+    config = model.config.text_config
+    positions = config.max_position_embeddings
+    envs = [PictureGymEnv("FrozenLake-v1", is_slippery=False) for _ in range(2)]
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0)
+    try:
+        config.max_position_embeddings = 100  # the first prompt and about one turn
+        out = sample_picture_episodes(
+            model, processor, envs, sampling, EpisodeBudget(8, 48), torch.Generator().manual_seed(0), [0, 1]
+        )
+    finally:
+        config.max_position_embeddings = positions
+    image = image_token_id(model, processor)
+    for i, ep in enumerate(out.episodes):
+        assert ep.terminated or ep.infos[-1]["cut"] == "context"
+        assert int(out.attention_mask[i].sum()) <= 100
+        # every placeholder kept has its picture: the dropped observation took its picture with it
+        assert int((out.input_ids[i] == image).sum()) == out.pictures_per_row[i] * int(
+            (out.input_ids[0, : out.prompt_len] == image).sum()
+        )
+    assert any(ep.infos[-1].get("cut") == "context" for ep in out.episodes)
+    assert out.pixel_values.shape[0] == sum(out.pictures_per_row)

@@ -1,11 +1,12 @@
 """Multi-turn rollouts with postrl's sampler (issue #35 item 2): ragged episodes in one batch, observation
 tokens without loss or gradient, sampling log-probs equal to teacher-forced ones over the trajectory."""
 
+import pytest
 import torch
 
 from postrl.core import ppo_clip_loss, turn_group_advantages, turns_to_tokens
-from postrl.lm.agents import EpisodeBudget, TextEnv, make_env
-from postrl.lm.agents.rollout import observation_ids, sample_episodes
+from postrl.lm.agents import AgentError, EpisodeBudget, TextEnv, make_env
+from postrl.lm.agents.rollout import observation_ids, prompt_ids, sample_episodes
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.rollout import SamplingConfig
 
@@ -95,3 +96,27 @@ def test_budget_cuts_episodes_in_the_batch(tiny_lm, tiny_tokenizer):
     for i, ep in enumerate(out.episodes):
         assert ep.tokens == int(out.action_mask[i].sum()) <= 10
         assert len(ep.actions) <= 4 and (ep.terminated or ep.truncated)
+
+
+def test_episodes_are_cut_where_the_conversation_fills_the_models_context(tiny_lm, tiny_tokenizer):
+    budget = EpisodeBudget(max_turns=50, max_tokens=10**4)
+    sampling = SamplingConfig(max_new_tokens=4)
+    prompt = len(prompt_ids(tiny_tokenizer, Countdown(1), [{"role": "user", "content": "count down"}]))
+    tiny_lm.config.max_position_embeddings = prompt + 40
+    out = sample_episodes(tiny_lm, tiny_tokenizer, [Countdown(50), Countdown(2)], sampling, budget,
+                          torch.Generator().manual_seed(0))  # fmt: skip
+    long, short = out.episodes
+    assert long.truncated and not long.terminated and long.infos[-1]["cut"] == "context"
+    assert long.messages[-1] == {"role": "assistant", "content": long.actions[-1]}
+    assert 1 < len(long.actions) < 50
+    length = int(out.attention_mask[0].sum())
+    dropped = observation_ids(
+        tiny_tokenizer, [{"role": "user", "content": f"{50 - len(long.actions)} to go"}]
+    )
+    assert length <= prompt + 40 < length + len(dropped)  # the last observation did not fit: dropped
+    assert out.action_mask[0, length - out.prompt_len - 1] == 1  # the conversation ends with the last reply
+    assert int(out.action_mask[0].sum()) == long.tokens
+    assert short.terminated and "cut" not in short.infos[-1]  # the short one plays to its end
+    tiny_lm.config.max_position_embeddings = prompt
+    with pytest.raises(AgentError, match=f"first prompt of Countdown is {prompt} tokens.*takes {prompt}"):
+        sample_episodes(tiny_lm, tiny_tokenizer, [Countdown(2)], sampling, budget)

@@ -33,7 +33,16 @@ from torch import Tensor
 
 from postrl.lm.agents.env import AgentError, Episode, EpisodeBudget, Message, TextEnv, reset_env
 from postrl.lm.agents.gym_text import GymTextEnv
-from postrl.lm.agents.rollout import KV_CACHES, EpisodeTokens, TurnRollout, assemble_episodes, take_turn
+from postrl.lm.agents.rollout import (
+    KV_CACHES,
+    EpisodeTokens,
+    TurnRollout,
+    assemble_episodes,
+    cut_at_context,
+    room,
+    take_turn,
+)
+from postrl.lm.models import context_length
 from postrl.lm.rollout import SamplingConfig, left_pad
 from postrl.lm.rollout.engine import Draw
 from postrl.lm.rollout.turns import TurnSampler
@@ -190,7 +199,9 @@ def sample_picture_episodes(
     """Play one episode in each of ``envs`` with the vision-language ``model`` (`sample_episodes`' contract,
     the image placeholder never drawn). ``kv_cache``: ``reuse`` (``auto``) keeps each episode's KV cache
     across turns, a turn's new pictures encoded with its new tokens; ``prefill`` prefills every conversation
-    with all its pictures at every turn (`postrl.lm.vlm.vlm_generate`); both give the same episodes."""
+    with all its pictures at every turn (`postrl.lm.vlm.vlm_generate`); both give the same episodes. An
+    episode is cut where it fills the model's positions, as `sample_episodes` cuts it (the dropped
+    observation's pictures with it)."""
     if kv_cache not in KV_CACHES:
         raise ValueError(f"kv_cache must be one of {KV_CACHES}, got {kv_cache!r}")
     tokenizer, encoder = processor.tokenizer, _Encoder(processor)
@@ -212,8 +223,16 @@ def sample_picture_episodes(
             sampling.temperature, sampling.top_k, sampling.top_p, sampling.greedy, generator, tuple(banned)
         )
         turns = TurnSampler(decoder, draw, eos, pad, device, share_prompts=False)
-    while active := [i for i, r in enumerate(runs) if not r.done]:
-        limits = [budget.max_tokens - runs[i].episode.tokens for i in active]
+    context = context_length(model)
+
+    def cut(i: int) -> bool:  # the observation dropped at the context's end takes its pictures with it
+        if not cut_at_context(runs[i], context):
+            return False
+        pixels[i] = pixels[i][: len(pixels[i]) - len(fresh[i])]
+        return True
+
+    while active := [i for i, r in enumerate(runs) if not (r.done or cut(i))]:
+        limits = room(runs, active, budget, context)
         max_new = min(sampling.max_new_tokens, max(limits))
         if turns is None:
             ids, mask = left_pad([runs[i].prompt + runs[i].after for i in active], pad)

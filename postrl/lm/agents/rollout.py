@@ -35,6 +35,7 @@ from torch import Tensor
 from postrl.core import turn_index
 from postrl.lm.agents.env import AgentError, Episode, EpisodeBudget, Message, TextEnv, play_turn, reset_env
 from postrl.lm.data import encode_prompts
+from postrl.lm.models import context_length
 from postrl.lm.rollout import RolloutEngine, SamplingConfig, left_pad
 from postrl.lm.rollout.decoders import make_decoder
 from postrl.lm.rollout.engine import Draw
@@ -170,6 +171,11 @@ class EpisodeTokens:
     def done(self) -> bool:
         return self.episode.terminated or self.episode.truncated
 
+    @property
+    def length(self) -> int:
+        """the positions the conversation takes so far"""
+        return len(self.prompt) + len(self.after)
+
 
 def _start(tokenizer: Any, env: TextEnv, seed: int | None, options: dict[str, Any] | None) -> EpisodeTokens:
     messages, _ = reset_env(env, seed, options)
@@ -222,11 +228,17 @@ def sample_episodes(
     the decoded replies. ``kv_cache``: ``reuse`` keeps each episode's KV cache across turns (only the new
     tokens are prefilled), ``prefill`` prefills every episode's whole conversation at each turn, ``auto``
     reuses where the decoder can. An exception in a `step` is an `AgentError` naming the environment.
+
+    An episode never runs past the model's positions (its config's context length): a reply gets at most the
+    positions left, and an episode whose conversation leaves none is truncated after its last reply (the
+    observation that filled them dropped; its last info says ``"cut": "context"``), as the budget would cut
+    it; a first prompt that fills them is an `AgentError`.
     """
     runs = [
         _start(tokenizer, env, seeds[i] if seeds else None, options[i] if options else None)
         for i, env in enumerate(envs)
     ]
+    context = context_length(model)
     mismatch = template_mismatch(tokenizer, envs[0].tools if envs else None)
     if mismatch is not None:
         log.warning(
@@ -238,8 +250,8 @@ def sample_episodes(
     def encode(observation: list[Message]) -> list[int]:
         return observation_ids(tokenizer, observation)
 
-    while active := [i for i, r in enumerate(runs) if not r.done]:
-        limits = [budget.max_tokens - runs[i].episode.tokens for i in active]
+    while active := [i for i, r in enumerate(runs) if not (r.done or cut_at_context(r, context))]:
+        limits = room(runs, active, budget, context)
         max_new = min(sampling.max_new_tokens, max(limits))
         if turns is None:
             engine = RolloutEngine(model, tokenizer, dataclasses.replace(sampling, max_new_tokens=max_new))
@@ -254,6 +266,40 @@ def sample_episodes(
             text = tokenizer.decode([t for t in action if t != eos], skip_special_tokens=True)
             take_turn(runs[i], action, log_probs[j, :length].tolist(), text, budget, encode)
     return assemble_episodes(runs, tokenizer.pad_token_id)
+
+
+def cut_at_context(run: EpisodeTokens, context: int | None) -> bool:
+    """Truncate ``run`` when its conversation leaves no position of the model's ``context`` for a reply (None:
+    unknown, never); whether it was cut. The observation that filled it is dropped from the tokens (context
+    only, no loss; kept, it would run past the positions, and cut inside a picture's placeholders it would no
+    longer match the picture); an `AgentError` when the first prompt fills it."""
+    if context is None or run.length < context:
+        return False
+    episode = run.episode
+    if not episode.actions:
+        raise AgentError(
+            f"the first prompt of {type(run.env).__name__} is {run.length} tokens: the model takes {context}"
+            " positions and has none left for a reply"
+        )
+    keep = len(run.after) - len(run.fresh)  # the tokens up to the last reply (replies fit: held to the room)
+    run.after, run.action, run.log_probs = run.after[:keep], run.action[:keep], run.log_probs[:keep]
+    last_reply = max(k for k, m in enumerate(episode.messages) if m["role"] == "assistant")
+    del episode.messages[last_reply + 1 :]  # the messages as the tokens: they end with the last reply
+    episode.truncated = True
+    episode.rewards[-1] += float(run.env.truncation_reward())
+    episode.infos[-1]["cut"] = "context"
+    return True
+
+
+def room(
+    runs: list[EpisodeTokens], active: list[int], budget: EpisodeBudget, context: int | None
+) -> list[int]:
+    """The most tokens each of the ``active`` episodes may write this turn: its budget's, and the positions
+    left in the model's ``context`` (None: unknown)."""
+    limits = [budget.max_tokens - runs[i].episode.tokens for i in active]
+    if context is None:
+        return limits
+    return [min(n, context - runs[i].length) for n, i in zip(limits, active, strict=True)]
 
 
 def _turn_sampler(
