@@ -13,7 +13,9 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from postrl.lm.data import DataError
+from postrl.lm.sft import SFTConfig
 from postrl.lm.tasks import get_task
+from postrl.lm.trainer import TrainConfig
 from postrl.lm.vlm import (
     TinyVLMConfig,
     build_tiny_vlm,
@@ -30,6 +32,7 @@ from postrl.lm.vlm import (
     vlm_score,
 )
 from postrl.lm.vlm.rollout import shared_rows
+from postrl.lm.vlm.train import sft_data
 
 TINY = TinyVLMConfig(vision_hidden_size=32, hidden_size=64, intermediate_size=128, vocab_size=300)
 
@@ -190,6 +193,36 @@ def test_sft_batch_keeps_placeholders_out_of_the_completion(vlm, task) -> None:
     bad = {**task.sft_rows("train")[0], "completion": "<image>"}
     with pytest.raises(DataError, match="image token"):
         encode_rows(processor, [bad], "sft", 256)
+
+
+def test_rows_longer_than_the_limit_are_dropped_or_refused_never_truncated(vlm, task) -> None:
+    _, processor = vlm
+    rows = task.sft_rows("train")[:6]
+    lengths = [len(e.prompt_ids) + len(e.completion_ids) for e in encode_rows(processor, rows, "sft", 10**4)]
+    limit = sorted(lengths)[2]  # the three shortest rows fit (ties keep more)
+    kept = encode_rows(processor, rows, "sft", limit, overlong="drop")
+    assert len(kept) == sum(n <= limit for n in lengths) >= 3
+    assert [len(e.prompt_ids) + len(e.completion_ids) for e in kept] == [n for n in lengths if n <= limit]
+    with pytest.raises(DataError, match=f"exceed the length limit {limit}"):
+        encode_rows(processor, rows, "sft", limit)
+    with pytest.raises(DataError, match="overlong=truncate .* would cut a picture's placeholders"):
+        encode_rows(processor, rows, "sft", limit, overlong="truncate")
+    with pytest.raises(DataError, match="all 6 rows exceed the length limit 3"):
+        encode_rows(processor, rows, "sft", 3, overlong="drop")
+
+
+def test_sft_rows_are_held_to_the_models_positions(vlm, task) -> None:
+    _, processor = vlm
+    cfg = SFTConfig(model="vlm", data="task:shapes", task={"n_train": 200, "n_test": 40},
+                    train=TrainConfig(max_length=10**4))  # fmt: skip
+    every, _, _ = sft_data(cfg, processor, {"max_position_embeddings": 10**4})
+    lengths = [len(e.prompt_ids) + len(e.completion_ids) for e in every]
+    positions = sorted(lengths)[len(lengths) // 2]  # about half the rows fit
+    train, _, _ = sft_data(cfg, processor, {"max_position_embeddings": positions})
+    assert [len(e.prompt_ids) + len(e.completion_ids) for e in train] == [
+        n for n in lengths if n <= positions
+    ]
+    assert len(train) < len(every)
 
 
 def test_trl_jsonl_with_image_paths(vlm, task, tmp_path) -> None:

@@ -14,6 +14,7 @@ the prompt only: a completion that holds one is refused, and sampling never draw
 from __future__ import annotations
 
 import io
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ from postrl.lm.data import DataError, read_records
 from postrl.lm.rollout import left_pad
 from postrl.lm.tasks import get_task
 from postrl.lm.vlm.inputs import collate_inputs, picture_inputs, same_count_per_row
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -154,12 +157,19 @@ def render_prompt(processor: Any, prompt: Any, n_images: int, where: str) -> str
 
 
 def encode_rows(
-    processor: Any, rows: Sequence[dict[str, Any]], kind: str, max_length: int
+    processor: Any, rows: Sequence[dict[str, Any]], kind: str, max_length: int, overlong: str = "error"
 ) -> list[VLMExample]:
-    """Rows → `VLMExample`s (pictures processed once); a row longer than ``max_length`` is a `DataError`."""
+    """Rows → `VLMExample`s (pictures processed once); a row longer than ``max_length`` is a `DataError`, or
+    with ``overlong="drop"`` left out (counted in one logged line). Truncation is refused: it would cut a
+    picture's placeholders."""
+    if overlong not in ("drop", "error"):
+        raise DataError(
+            f"train.overlong={overlong} is not taken for rows with pictures (truncating would cut a picture's"
+            " placeholders): use drop or error"
+        )
     tokenizer = processor.tokenizer
     image_id = tokenizer.convert_tokens_to_ids(processor.image_token)
-    out = []
+    out, dropped = [], 0
     for row in rows:
         where = row.get("where", "row")
         prompt, completion, images = split_row(row, kind)
@@ -173,6 +183,9 @@ def encode_rows(
             completion_ids = [*completion_ids, tokenizer.eos_token_id]
             if image_id in completion_ids:
                 raise DataError(f"{where}: field 'completion' holds the image token {processor.image_token}")
+        if len(ids) + len(completion_ids) > max_length and overlong == "drop":
+            dropped += 1
+            continue
         if len(ids) + len(completion_ids) > max_length:
             raise DataError(
                 f"{where}: {len(ids) + len(completion_ids)} tokens (image placeholders included) "
@@ -182,6 +195,14 @@ def encode_rows(
             k: v for k, v in row.items() if k not in ("images", "image", "prompt", "completion", "messages")
         }
         out.append(VLMExample(ids, picture_inputs(encoded), completion_ids, {**keep, "prompt": prompt}))
+    if dropped:
+        if not out:
+            raise DataError(
+                f"all {dropped} rows exceed the length limit {max_length} (image placeholders included)"
+            )
+        log.warning(
+            "%d of %d rows longer than %d tokens dropped (overlong=drop)", dropped, len(rows), max_length
+        )
     return out
 
 

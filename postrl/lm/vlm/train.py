@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from postrl.lm.models import fit_context
 from postrl.lm.recipe import Setup, run_recipe
 from postrl.lm.spine import LoopState, Parts, RunConfig, accumulate
 from postrl.lm.tasks import get_task
@@ -250,9 +251,13 @@ class VLMSupervisedRecipe:
 
 
 # ---- postrl sft on a VLM ---------------------------------------------------------------------------------
-def sft_data(cfg: Any, processor: Any) -> tuple[list[VLMExample], list[VLMExample], Reward | None]:
+def sft_data(
+    cfg: Any, processor: Any, model: Any
+) -> tuple[list[VLMExample], list[VLMExample], Reward | None]:
     """(train, held-out, the verifier or None) of an `SFTConfig` whose model is a VLM: one source (a file in
-    TRL's vision format, or task:shapes); held-out: eval_data, a task's test split, else the last 5%."""
+    TRL's vision format, or task:shapes); held-out: eval_data, a task's test split, else the last 5%. Rows
+    longer than ``train.max_length``, clipped to ``model``'s positions as a text model's SFT clips it (a longer
+    row would train past them), meet ``train.overlong`` (drop or error)."""
     if "," in cfg.data:
         raise UserError(f"data: a vision-language model takes one source, got {cfg.data!r}")
     task = get_task(cfg.data[len("task:") :], **cfg.task) if cfg.data.startswith("task:") else None
@@ -264,8 +269,9 @@ def sft_data(cfg: Any, processor: Any) -> tuple[list[VLMExample], list[VLMExampl
     else:
         cut = max(1, len(rows) // 20)
         rows, heldout = rows[:-cut], rows[-cut:]
-    size = cfg.train.max_length
-    train, evals = encode_rows(processor, rows, "sft", size), encode_rows(processor, heldout, "sft", size)
+    max_length, overlong = fit_context(model, cfg.train.max_length, "train.max_length"), cfg.train.overlong
+    train = encode_rows(processor, rows, "sft", max_length, overlong)
+    evals = encode_rows(processor, heldout, "sft", max_length, overlong)
     verifier = task.reward_fn if task is not None and "answer" in heldout[0] else None
     return train, evals, verifier
 
@@ -277,7 +283,7 @@ class VLMSFTRecipe(VLMSupervisedRecipe):
         cfg, info = setup.cfg, setup.info
         check_parallel(cfg.run, info.world_size, trains_vision=True)
         model, processor = load_vlm(cfg.model, cfg.run.dtype, info.device, cfg.trust_remote_code)
-        train, evals, verifier = sft_data(cfg, processor)
+        train, evals, verifier = sft_data(cfg, processor, model)
         evaluate = None
         if verifier is not None and cfg.eval_size > 0:
 
