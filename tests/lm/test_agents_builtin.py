@@ -164,3 +164,39 @@ def test_unknown_and_unsuitable_environments_are_one_clear_error():
         make_env("gym:Pendulum-v1")
     with pytest.raises(AgentError, match="environment 'guess_number'.*unexpected keyword"):
         make_env("guess_number", colour="red")
+
+
+def test_local_view_shows_the_cells_around_the_agent():
+    env = make_env("cliffwalking", view="local")
+    messages, _ = env.reset(seed=0)
+    assert messages[0]["content"] == (
+        "You act in CliffWalking-v1, 4 rows by 12 columns, # off the map.\nrow 3 col 0\n#oo\n#oC\n###\n"
+        "Actions: up, right, down, left. Reply with one action."
+    )
+    steps = [env.step(a) for a in ("up", "right", "down")]
+    assert [s[0][0]["content"] for s in steps] == [
+        "row 2 col 0\n#oo\n#oo\n#oC",
+        "row 2 col 1\nooo\nooo\noCC",
+        "row 3 col 0\n#oo\n#oC\n###",  # into the cliff: back to the start
+    ]
+    assert [s[1] for s in steps] == [-1.0, -1.0, -100.0]
+    for action in ["up"] + ["right"] * 11:  # along the cliff's edge to the column of the goal
+        observation, *_ = env.step(action)
+    assert observation[0]["content"] == "row 2 col 11\noo#\noo#\nCT#"
+    assert env.step("down")[1:3] == (-1.0, True)
+    lake = make_env("frozenlake", view="local")
+    assert "row 0 col 0\n###\n#SF\n#FH\n" in lake.reset(seed=0)[0][0]["content"]
+    assert lake.step("right")[0][0]["content"] == "row 0 col 1\n###\nSFF\nFHF"
+
+
+def test_local_view_needs_a_grid_world_and_worlds_that_charge_a_step_charge_no_action_as_much():
+    with pytest.raises(AgentError, match="view 'local' needs a grid world.*Taxi-v4 has no map"):
+        make_env("taxi", view="local")
+    with pytest.raises(AgentError, match="view must be one of grid, local, got 'map'"):
+        make_env("frozenlake", view="map")
+    for env_id in ("cliffwalking", "taxi"):
+        env = make_env(env_id)
+        env.reset(seed=0)
+        assert env.step("hmm")[1] == -1.0  # as a step costs: writing no action never pays
+    assert make_env("frozenlake").invalid_penalty == 0.0  # no step costs anything there
+    assert make_env("cliffwalking", invalid_penalty=0.0).invalid_penalty == 0.0

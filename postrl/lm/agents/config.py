@@ -22,7 +22,9 @@ class EnvConfig:
     discrete actions>; observed through pictures (for a vision-language model, GRPO only):
     frozenlake_pictures or pictures:<Gymnasium id>; None: prompts from data."""
     options: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of the environment (e.g. {digits: 3} for calculator, {high: 20} for guess_number)."""
+    """Keyword arguments of the environment (e.g. {digits: 3} for calculator, {high: 20} for guess_number,
+    {view: local} for frozenlake or cliffwalking: the agent's row, column and the 3×3 cells around it instead
+    of the whole grid)."""
     n_train: int = 1000
     """Training episodes: seeds 0 … n_train − 1 (the prompt stream's prompts)."""
     n_eval: int = 32

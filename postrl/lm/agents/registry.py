@@ -29,12 +29,13 @@ ENVS: dict[str, Callable[..., TextEnv]] = {
     "calculator": CalculatorEnv,
     "guess_number": GuessNumberEnv,
     "frozenlake": lambda **kw: GymTextEnv("FrozenLake-v1", **{"is_slippery": False, **kw}),
-    "cliffwalking": lambda **kw: GymTextEnv("CliffWalking-v1", **kw),
-    "taxi": lambda **kw: GymTextEnv("Taxi-v4", **kw),
+    "cliffwalking": lambda **kw: GymTextEnv("CliffWalking-v1", **{"invalid_penalty": -1.0, **kw}),
+    "taxi": lambda **kw: GymTextEnv("Taxi-v4", **{"invalid_penalty": -1.0, **kw}),
     "frozenlake_pictures": lambda **kw: _pictures("FrozenLake-v1", **{"is_slippery": False, **kw}),
 }
 """the built-in environments by id (``frozenlake`` is the deterministic 4×4 lake; ``frozenlake_pictures`` the
-same lake observed through pictures)"""
+same lake observed through pictures; in ``cliffwalking`` and ``taxi`` a reply without an action costs −1, as a
+step does: at 0 a policy would learn to write no action, which costs the turn but never a step)"""
 PICTURE_ENVS = ("frozenlake_pictures",)
 """the built-in ids whose observations are pictures"""
 
