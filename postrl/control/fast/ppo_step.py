@@ -76,8 +76,7 @@ class FusedStep:
     ):
         self.flat = FlatParameters([actor, critic])  # one tensor for Adam, clipping and the gradient
         self.optimizer = FlatAdam(self.flat.param, lr=lr, eps=adam_eps)
-        # writes into the flat gradient's views
-        self.gradient = HandGradient(actor, critic)
+        self.gradient = HandGradient(actor, critic)  # writes into the flat gradient's views
         self.max_grad_norm, self.vf_coef, self.ent_coef, self.vf_clip = (
             max_grad_norm,
             vf_coef,
