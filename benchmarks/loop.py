@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -28,6 +29,8 @@ from _record import record  # noqa: E402
 
 import postrl  # noqa: E402
 from postrl.lm import base_model  # noqa: E402
+from postrl.lm.dpo.frontier import frontier_points, value_at_kl  # noqa: E402
+from postrl.lm.tasks import get_task  # noqa: E402
 
 RUN = {"device": "cpu", "threads": 1, "keep_last": 1, "save_every": 0}
 
@@ -46,16 +49,53 @@ def sft_model(work: Path, steps: int) -> str:
 
 
 def arm(sft: str, out: Path, rounds: int, labels: int, seed: int, a: argparse.Namespace) -> dict:
-    """One `postrl loop` run; the last row of its report."""
+    """One `postrl loop` run: the last row of its report and its path, the (KL, gold reward) of every
+    ``--path-every``-th DPO step of every round, each measured on the same ``--path-size`` held-out prompts with
+    the same sampling seed."""
     per_round = labels // rounds
     dpo_steps = max(1, round(a.dpo_steps_per_label * per_round))
+    run = {**RUN, "steps": dpo_steps, "eval_every": dpo_steps, "save_every": a.path_every, "keep_last": 0}
     summary = postrl.loop(
         out=out, overwrite=True, model=sft, rounds=rounds, labels_per_round=per_round, seed=seed,
-        eval_size=a.eval_size,
-        rm={"run": {**RUN, "steps": a.rm_steps, "eval_every": a.rm_steps}},
-        policy={"run": {**RUN, "steps": dpo_steps, "eval_every": dpo_steps}, "eval_samples": 64},
+        eval_size=a.eval_size, rm={"run": {**RUN, "steps": a.rm_steps, "eval_every": a.rm_steps}},
+        policy={"run": run, "eval_samples": 64},
     )  # fmt: skip
-    return {"seed": seed, "rounds": rounds, "dpo_steps_per_round": dpo_steps, **summary["final"]}
+    updates = {f"round {k}": out / f"round_{k:02d}" / "policy" for k in range(1, rounds + 1)}
+    points = frontier_points(updates, sft, None, get_task("reviews"), n=a.path_size, seed=a.path_seed)
+    path = [{"round": p["method"], "step": p["step"], "kl": p["kl"], "gold": p["gold"]} for p in points]
+    return {
+        "seed": seed,
+        "rounds": rounds,
+        "dpo_steps_per_round": dpo_steps,
+        **summary["final"],
+        "path": path,
+    }
+
+
+def matched_kl(runs: dict[str, list[dict]], points: int) -> list[dict]:
+    """Each run's gold reward at ``points`` KLs evenly spaced up to the largest KL every run's path reaches
+    (`value_at_kl`), per seed and the mean, and the rounds arm's gain over the offline one at each."""
+    reach = min(max(p["kl"] for p in r["path"]) for arm in runs.values() for r in arm)
+    kls = [math.floor(100 * reach * j / points) / 100 for j in range(1, points + 1)]
+    gold = {
+        name: [value_at_kl([(p["kl"], p["gold"]) for p in r["path"]], kls) for r in arm]
+        for name, arm in runs.items()
+    }  # name → per seed → per KL
+    table = []
+    for j, kl in enumerate(kls):
+        row = {name: [g[j] for g in per_seed] for name, per_seed in gold.items()}
+        gains = [r - o for o, r in zip(row["offline"], row["rounds"], strict=True)]
+        table.append(
+            {
+                "kl": kl,
+                **row,
+                "gain": gains,
+                **{f"{name}_mean": statistics.mean(v) for name, v in row.items()},
+                "gain_mean": statistics.mean(gains),
+                "gain_se": statistics.stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else None,
+            }
+        )
+    return table
 
 
 def main() -> None:
@@ -72,13 +112,20 @@ def main() -> None:
     parser.add_argument("--rm-steps", type=int, default=150, help="reward-model steps per round")
     parser.add_argument("--dpo-steps-per-label", type=float, default=0.25, help="DPO steps per new label")
     parser.add_argument("--eval-size", type=int, default=256, help="held-out samples of each report")
+    parser.add_argument(
+        "--path-every", type=int, default=5, help="DPO steps between the points of a run's (KL, gold) path"
+    )
+    parser.add_argument("--path-size", type=int, default=1024, help="held-out samples of each path point")
+    parser.add_argument("--path-seed", type=int, default=0, help="sampling seed of every path point")
+    parser.add_argument("--kl-points", type=int, default=4, help="KLs of the matched-KL comparison")
     a = parser.parse_args()
     sft = a.sft or sft_model(Path(a.work), a.sft_steps)
     runs: dict[str, list[dict]] = {"offline": [], "rounds": []}
     for seed in a.seeds:
         for name, k in (("offline", 1), ("rounds", a.rounds)):
             runs[name].append(arm(sft, Path(a.out) / f"{name}-s{seed}", k, a.labels, seed, a))
-            print(name, json.dumps(runs[name][-1]), flush=True)
+            shown = {key: v for key, v in runs[name][-1].items() if key != "path"}
+            print(name, json.dumps(shown), flush=True)
 
     def mean(name: str, key: str) -> float | None:
         values = [r[key] for r in runs[name] if r.get(key) is not None]
@@ -94,6 +141,7 @@ def main() -> None:
         "gold_gain_of_rounds": [
             r["gold_reward"] - o["gold_reward"] for o, r in zip(*runs.values(), strict=True)
         ],
+        "matched_kl": matched_kl(runs, a.kl_points),
     }
     record("loop", result)
     print(json.dumps(result))

@@ -343,7 +343,14 @@ def test_dpo_learns_the_preferences(tiny_lm_dir: Path, tmp_path: Path) -> None:
 
 def test_frontier_helpers(tiny_lm_dir: Path, tmp_path: Path) -> None:
     """Best-of-n's analytic KL, a run's checkpoints read back as policies, and the chart."""
-    from postrl.lm.dpo.frontier import best_of_n_kl, checkpoints, load_policy, plot_frontier
+    from postrl.lm.dpo.frontier import (
+        best_of_n_kl,
+        checkpoints,
+        frontier_points,
+        load_policy,
+        plot_frontier,
+    )
+    from postrl.lm.tasks import get_task
 
     assert best_of_n_kl(1) == 0.0 and best_of_n_kl(2) == pytest.approx(math.log(2) - 0.5)
     assert best_of_n_kl(64) == pytest.approx(math.log(64) - 63 / 64)
@@ -358,9 +365,31 @@ def test_frontier_helpers(tiny_lm_dir: Path, tmp_path: Path) -> None:
     policy, exported = load_policy(tiny_lm_dir, found[-1][1]), load_causal_lm(tmp_path / "run" / "model")
     for (name, p), q in zip(policy.state_dict().items(), exported.state_dict().values(), strict=True):
         assert torch.equal(p, q), name
+    # without a reward model: every checkpoint's gold reward and KL, no proxy; the SFT policy first, at KL 0
+    measured = frontier_points(
+        {"DPO": tmp_path / "run"}, tiny_lm_dir, None, get_task("reviews"), n=4, max_new_tokens=4
+    )
+    assert [(p["method"], p["step"]) for p in measured] == [("sft", 0), ("DPO", 1), ("DPO", 2)]
+    assert measured[0]["kl"] == pytest.approx(0.0, abs=1e-5)
+    assert measured[2]["kl"] != pytest.approx(0.0, abs=1e-5)  # k1 on 4 samples: either sign
+    assert all(p["proxy"] is None and isinstance(p["gold"], float) for p in measured)
     points = [{"method": "sft", "step": 0, "kl": 0.0, "gold": 0.1, "proxy": 1.0}]
     points += [
         {"method": "best-of-n", "n": n, "kl": best_of_n_kl(n), "gold": 0.1 * n, "proxy": n} for n in (1, 2, 4)
     ]
     points += [{"method": "DPO", "step": s, "kl": 0.5 * s, "gold": 0.2 * s, "proxy": s} for s in (1, 2)]
     assert plot_frontier(points, tmp_path / "f.png").stat().st_size > 1000
+
+
+def test_value_at_kl_reads_the_first_crossing_of_a_path() -> None:
+    """Gold at matched KL: linear between the two points of the first segment that reaches each KL (hand
+    values); a later dip of the KL and a KL the run never reaches."""
+    from postrl.lm.dpo.frontier import value_at_kl
+
+    path = [(0.0, 0.0), (1.0, 1.0), (3.0, 2.0), (2.0, 5.0), (4.0, 6.0)]
+    # 0.5: (0,0)-(1,1) → 0.5; 2: (1,1)-(3,2) → 1.5, not the later (2,5); 3.5: the dip 3 → 2 skipped,
+    # (2,5)-(4,6) → 5 + 1.5/2 = 5.75; 4: the last point; 5: never reached
+    got = value_at_kl(path, [0.0, 0.5, 2.0, 3.5, 4.0, 5.0])
+    assert got[:5] == pytest.approx([0.0, 0.5, 1.5, 5.75, 6.0]) and got[5] is None
+    with pytest.raises(ValueError, match="no points"):
+        value_at_kl([], [1.0])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,26 @@ POLICY_FILES = ("model.safetensors", "actor.safetensors", "policy.safetensors")
 def best_of_n_kl(n: int) -> float:
     """KL(π_best-of-n ‖ π) = log n − (n − 1)/n (Stiennon et al. 2020, appendix G.3)."""
     return math.log(n) - (n - 1) / n
+
+
+def value_at_kl(path: Sequence[tuple[float, float]], kls: Sequence[float]) -> list[float | None]:
+    """A run's value (e.g. gold reward) at each KL of ``kls``, read off its ``path`` of (KL, value) points in
+    training order (the SFT policy first, at KL 0): linear between the two points of the first segment whose KL
+    reaches it (the policy as the run first got that far from the SFT policy; a later dip of the noisy KL
+    estimate does not count again); None where the run never reaches it. Two runs compared at the same KLs is
+    the matched-KL comparison of a reward/KL frontier (Gao et al. 2022; Rafailov et al. 2023, fig. 2)."""
+    if not path:
+        raise ValueError("value_at_kl: the path has no points")
+    return [_first_crossing(path, x) for x in kls]
+
+
+def _first_crossing(path: Sequence[tuple[float, float]], x: float) -> float | None:
+    if path[0][0] >= x:
+        return path[0][1]
+    for (kl_a, a), (kl_b, b) in pairwise(path):
+        if kl_a < x <= kl_b:
+            return a + (b - a) * (x - kl_a) / (kl_b - kl_a)
+    return None
 
 
 def load_policy(sft_model: str | Path, weights: str | Path) -> torch.nn.Module:
@@ -87,7 +108,7 @@ def _evaluate(
 def frontier_points(
     runs: dict[str, str | Path],
     sft_model: str | Path,
-    reward_model: str | Path,
+    reward_model: str | Path | None,
     task: Any,
     *,
     n: int = 256,
@@ -95,14 +116,19 @@ def frontier_points(
     seed: int = 0,
 ) -> list[dict[str, Any]]:
     """One point per checkpoint of each run (``{method label: run folder}``), plus the SFT policy itself
-    (method ``sft``, KL 0): ``{"method", "step", "kl", "gold", "proxy"}``."""
+    (method ``sft``, KL 0): ``{"method", "step", "kl", "gold", "proxy"}`` (proxy None without a
+    ``reward_model``)."""
     from postrl.lm.models import ScalarHeadModel, load_causal_lm
     from postrl.lm.rewards.scorer import RewardModelScorer
     from postrl.lm.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(sft_model)
     reference = load_causal_lm(sft_model).eval()
-    scorer = RewardModelScorer(ScalarHeadModel.from_pretrained(reward_model), load_tokenizer(reward_model))
+    scorer = None
+    if reward_model is not None:
+        scorer = RewardModelScorer(
+            ScalarHeadModel.from_pretrained(reward_model), load_tokenizer(reward_model)
+        )
     kw = {"n": n, "max_new_tokens": max_new_tokens, "seed": seed}
     points = [{"method": "sft", "step": 0, **_evaluate(reference, reference, tokenizer, task, scorer, **kw)}]
     for label, run_dir in runs.items():
