@@ -51,8 +51,9 @@ Measured 2026-12-06 00:00-00:21 UTC on the shared 2-core machine (load average 2
   greedy 0 on every seed): after 40 GRPO steps greedy 0 / 1 / 1, sampled 0.016 / 0.297 / 0.141; after 80
   steps greedy 1 / 1 / 1, sampled 0.344 / 0.984 / 0.859 (mean 0.729): GRPO alone finds the way (a GRPO run of
   80 steps took 53-55 s).
-CliffWalking is not measured: the built-in model has 512 positions, and a 13-move episode of the text
-CliffWalking (first prompt 175 tokens, each observation 115) is about 1,700 tokens.
+CliffWalking, whose 13-move episode in the full text grid (first prompt 173 tokens, each observation 115) is
+about 1,700 tokens, past the built-in model's 512 positions, is benchmarks/agents_cliffwalking.py: the same
+code (``main(world)``) with the world's local view.
 """
 
 from __future__ import annotations
@@ -64,18 +65,20 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from _record import record
-from agents import LAKE, q_learning_lake_return, random_lake_return
+from agents import LAKE, q_learning_lake_return
 from agents_credit import finished, sft_from_base
 from agents_credit import train as grpo
-from agents_pictures import MOVES, shortest_path_actions
+from agents_pictures import shortest_path_actions
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from postrl.lm.agents import EpisodeBudget, GymTextEnv, make_env
+from postrl.lm.agents import EpisodeBudget, GymTextEnv, make_env, run_episode
 from postrl.lm.agents.config import HELDOUT_SEED
 from postrl.lm.agents.rollout import observation_text, sample_episodes
 from postrl.lm.base_model import BASE_LM
@@ -85,6 +88,36 @@ MAX_NEW_TOKENS = 6
 """as agents_credit.train samples"""
 SUFFIXED = ("seeds", "script", "epsilon", "demos", "sft_steps", "steps", "lr")
 """the settings that name the results file when not at their defaults"""
+STEPS = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
+"""the grid worlds' moves by name, as (row, column) steps"""
+
+
+@dataclass(frozen=True)
+class World:
+    """A grid world this benchmark plays: its results file, its episodes (agents_credit.train's env: id,
+    options, max_turns, max_tokens), the scripted player's best action in each state, and the two references."""
+
+    name: str
+    env: dict[str, Any]
+    best_actions: Callable[[GymTextEnv], dict[int, int]]
+    random_return: Callable[[], float]
+    optimum: Callable[[], float]
+    """tabular Q-learning's greedy return"""
+
+
+def random_return(env_spec: dict[str, Any], episodes: int = 400) -> float:
+    """Mean return of uniformly random actions within the episodes' turns (Monte Carlo)."""
+    env, rng = make_env(env_spec["id"], **env_spec["options"]), random.Random(0)
+    budget = EpisodeBudget(env_spec["max_turns"], 10**6)
+    total = 0.0
+    for i in range(episodes):
+        total += run_episode(env, lambda m, n: rng.choice(env.names), budget, seed=i).total_reward
+    return total / episodes
+
+
+LAKE_WORLD = World(
+    "agents_frozenlake", LAKE, shortest_path_actions, lambda: random_return(LAKE), q_learning_lake_return
+)
 
 
 def _load() -> float:
@@ -92,28 +125,30 @@ def _load() -> float:
 
 
 def safe_actions(env: GymTextEnv, state: int) -> list[int]:
-    """The actions that do not step into a hole from ``state`` (bumping into the edge stays: it is safe)."""
-    desc = env.env.unwrapped.desc.astype(str)
-    rows, cols = desc.shape
+    """The actions that do not step into a hole or off the cliff from ``state`` (bumping into the edge stays:
+    it is safe)."""
+    cells = env.cells()
+    rows, cols = len(cells), len(cells[0])
     safe = []
-    for a, (dr, dc) in MOVES.items():
+    for a, name in enumerate(env.names):
+        dr, dc = STEPS[name]
         r = min(max(state // cols + dr, 0), rows - 1)
         c = min(max(state % cols + dc, 0), cols - 1)
-        if desc[r, c] != "H":
+        if cells[r][c] not in "HC":
             safe.append(a)
     return safe
 
 
-def scripted_rows(n: int, script: str, epsilon: float, seed: int) -> list[dict[str, str]]:
-    """SFT rows of ``n`` scripted episodes (seeds 0 … n − 1) in the text lake (module docstring, step 1)."""
+def scripted_rows(world: World, n: int, script: str, epsilon: float, seed: int) -> list[dict[str, str]]:
+    """SFT rows of ``n`` scripted episodes (seeds 0 … n − 1) in the text world (module docstring, step 1)."""
     tokenizer = AutoTokenizer.from_pretrained(BASE_LM.path())
-    env, rng = make_env(LAKE["id"]), random.Random(seed)
-    best = shortest_path_actions(env)
+    env, rng = make_env(world.env["id"], **world.env["options"]), random.Random(seed)
+    best = world.best_actions(env)
     rows = []
     for episode in range(n):
         messages, _ = env.reset(seed=episode)
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        for _ in range(LAKE["max_turns"]):
+        for _ in range(world.env["max_turns"]):
             state = int(env.env.unwrapped.s)
             if script == "safe":
                 keep, action = True, rng.choice(safe_actions(env, state))
@@ -130,27 +165,29 @@ def scripted_rows(n: int, script: str, epsilon: float, seed: int) -> list[dict[s
     return rows
 
 
-def warm_start(args: argparse.Namespace, seed: int, work: Path) -> dict[str, Any]:
+def warm_start(world: World, args: argparse.Namespace, seed: int, work: Path) -> dict[str, Any]:
     """SFT of the base model on this seed's scripted episodes (agents_credit's recipe), once per workdir (seconds
     None: found there)."""
     out = work / "warm"
     if (out / "model" / "config.json").exists():
         return {"model": out / "model", "seconds": None}
-    rows = scripted_rows(args.demos, args.script, args.epsilon, seed)
+    rows = scripted_rows(world, args.demos, args.script, args.epsilon, seed)
     data = work / "scripted.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    seconds = sft_from_base(data, out, args.sft_steps, seed, max_length=512)  # the longest row: 397 tokens
+    seconds = sft_from_base(data, out, args.sft_steps, seed, max_length=512)  # the model's positions
     return {"model": out / "model", "seconds": round(seconds, 1), "rows": len(rows)}
 
 
-def evaluate(model_path: Path, episodes: int) -> dict[str, float]:
-    """Greedy return, sampled success rate and the share of replies read as an action (held-out seeds)."""
+def evaluate(world: World, model_path: Path, episodes: int) -> dict[str, float]:
+    """Greedy return, sampled return (the lake's: the success rate), the share of replies read as an action
+    and of sampled episodes the world ended (held-out seeds), and the longest conversation in positions."""
     model = AutoModelForCausalLM.from_pretrained(model_path).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    budget = EpisodeBudget(LAKE["max_turns"], LAKE["max_tokens"])
+    spec = world.env
+    budget = EpisodeBudget(spec["max_turns"], spec["max_tokens"])
     result = {}
     for name, greedy, n in (("greedy", True, 1), ("sampled", False, episodes)):
-        envs = [make_env(LAKE["id"]) for _ in range(n)]
+        envs = [make_env(spec["id"], **spec["options"]) for _ in range(n)]
         seeds = [HELDOUT_SEED + i for i in range(n)]
         sampling = SamplingConfig(max_new_tokens=MAX_NEW_TOKENS, greedy=greedy)
         out = sample_episodes(
@@ -160,31 +197,34 @@ def evaluate(model_path: Path, episodes: int) -> dict[str, float]:
         if not greedy:
             infos = [info for ep in out.episodes for info in ep.infos]
             result["sampled_action_rate"] = sum(not i.get("invalid") for i in infos) / max(len(infos), 1)
+            result["sampled_terminated"] = statistics.mean(ep.terminated for ep in out.episodes)
+            result["sampled_cut_at_context"] = sum(i.get("cut") == "context" for i in infos)
+            result["longest_positions"] = int(out.attention_mask.sum(-1).max())
     return result
 
 
-def one_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+def one_seed(world: World, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     work = args.workdir / f"seed{seed}"
     work.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"seed": seed, "load_start": _load()}
-    warm = warm_start(args, seed, work)
+    warm = warm_start(world, args, seed, work)
     result["warm_start"] = {k: v for k, v in warm.items() if k != "model"}
-    result["warm_start"].update(evaluate(warm["model"], args.eval_episodes))
+    result["warm_start"].update(evaluate(world, warm["model"], args.eval_episodes))
     print(json.dumps({"seed": seed, "warm_start": result["warm_start"]}), file=sys.stderr, flush=True)
     run_dir = work / "grpo"
     kept = finished(run_dir, args.steps)
-    seconds = grpo("trajectory", warm["model"], LAKE, seed, args.steps, run_dir, lr=args.lr)
+    seconds = grpo("trajectory", warm["model"], world.env, seed, args.steps, run_dir, lr=args.lr)
     result["grpo"] = {
         "seconds": None if kept else round(seconds, 1),
-        **evaluate(run_dir / "model", args.eval_episodes),
+        **evaluate(world, run_dir / "model", args.eval_episodes),
     }
     result["load_end"] = _load()
     print(json.dumps(result), file=sys.stderr, flush=True)
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(world: World = LAKE_WORLD, doc: str = __doc__) -> None:
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument(
         "--script", choices=["safe", "epsilon"], default="epsilon", help="the scripted player"
@@ -195,24 +235,24 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="GRPO steps of 16 episodes")
     parser.add_argument("--lr", type=float, default=5e-5, help="GRPO's learning rate (AdamW, constant)")
     parser.add_argument("--eval-episodes", type=int, default=64)
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/postrl-agents-frozenlake"))
+    parser.add_argument("--workdir", type=Path, default=Path(f"/tmp/postrl-{world.name.replace('_', '-')}"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     tic = time.perf_counter()
-    base = evaluate(BASE_LM.path(), args.eval_episodes)
-    runs = [one_seed(args, seed) for seed in args.seeds]
+    base = evaluate(world, BASE_LM.path(), args.eval_episodes)
+    runs = [one_seed(world, args, seed) for seed in args.seeds]
 
     def mean(stage: str, key: str) -> float:
         return statistics.mean(r[stage][key] for r in runs)
 
     result = {
-        "benchmark": "agents_frozenlake",
-        "env": LAKE,
+        "benchmark": world.name,
+        "env": world.env,
         "seeds": args.seeds,
         "settings": {k: v for k, v in vars(args).items() if k not in ("seeds", "workdir")},
         "base": base,
-        "random_return": random_lake_return(),
-        "q_learning_return": q_learning_lake_return(),
+        "random_return": world.random_return(),
+        "q_learning_return": world.optimum(),
         **{
             f"{s}_{k}": mean(s, k)
             for s in ("warm_start", "grpo")
@@ -226,7 +266,7 @@ def main() -> None:
         for k, v in vars(args).items()
         if k in SUFFIXED and v != parser.get_default(k)
     ]
-    record("-".join(["agents_frozenlake", *changed]), result)  # other warm starts: a file of their own
+    record("-".join([world.name, *changed]), result)  # other warm starts: a file of their own
     print(json.dumps(result))
 
 
