@@ -46,6 +46,37 @@ def test_distinct_prompts_by_hand():
 MODELS = {"gpt2": lambda: tiny_gpt2(), "llama": lambda: tiny_llama(vocab=48)}
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_shared_prefix_passes_add_their_gradients_to_grad_separately(name):
+    """The prompt pass and the response pass reach ``.grad`` one after the other (two accumulations per weight
+    they share), not summed first, which held the response pass's share of every weight until the prompt
+    pass's backward reached it (a second set of gradients on top of an existing ``.grad``); the accumulated
+    gradient is the same as a full forward's, onto an existing one too."""
+    model = MODELS[name]()
+    input_ids, attention_mask, P = grouped_batch()
+    forward = response_forward(model, use_fast=False)  # a trainer's: gradients=True
+    assert isinstance(forward, SharedPrefixForward) and forward.split_backward
+    assert not response_forward(model, use_fast=False, gradients=False).split_backward
+    weights = torch.randn(input_ids.shape[0], input_ids.shape[1] - P, model.config.vocab_size)
+    weights *= attention_mask[:, P:, None]
+    calls: dict[str, int] = {}
+    hooks = [
+        p.register_post_accumulate_grad_hook(lambda _, n=n: calls.__setitem__(n, calls.get(n, 0) + 1))
+        for n, p in model.named_parameters()
+    ]
+    (forward.logits(input_ids, attention_mask, P) * weights).sum().backward()
+    for hook in hooks:
+        hook.remove()
+    shared = [n for n in calls if "layers.0.self_attn.q_proj" in n or "h.0.attn.c_attn" in n]
+    assert shared and all(calls[n] == 2 for n in shared), calls
+    first = [p.grad.clone() for p in model.parameters()]
+    (forward.logits(input_ids, attention_mask, P) * weights).sum().backward()  # onto the existing .grad
+    for g, g1 in zip((p.grad for p in model.parameters()), first, strict=True):
+        assert (g - 2 * g1).abs().max() <= 1e-5 * max(1.0, g1.abs().max())
+    with torch.no_grad():  # no graph: nothing to cut
+        assert forward.logits(input_ids, attention_mask, P).grad_fn is None
+
+
 @pytest.mark.parametrize("use_fast", [None, False])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_response_logits_and_their_gradients_equal_the_full_forward(name, use_fast):

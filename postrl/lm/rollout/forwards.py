@@ -95,9 +95,13 @@ class FullForward:
 @dataclass
 class SharedPrefixForward:
     """Each distinct prompt through the Hugging Face forward once, its KV cache gathered to the rows that share
-    it, then the response tokens on top (a batch whose prompts are all distinct takes one full forward)."""
+    it, then the response tokens on top (a batch whose prompts are all distinct takes one full forward).
+    ``split_backward``: the two passes' gradients reach ``.grad`` by two backwards (`split_backward_at_prefix`:
+    a trainer's forward, whose loss calls ``.backward()``; ``torch.autograd.grad`` would miss the prompt
+    pass's share)."""
 
     model: torch.nn.Module
+    split_backward: bool = False
 
     def __post_init__(self) -> None:
         self.full = FullForward(self.model)
@@ -112,10 +116,13 @@ class SharedPrefixForward:
         head = self.model(
             input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True, **keep
         )  # fmt: skip
-        first = last_output(head)[inverse, -1:]  # (B, 1, V): position P − 1 predicts response token 0
+        last = last_output(head)[:, -1:]  # (U, 1, V): position P − 1 predicts response token 0
+        cache = getattr(head, "cache", None) or head.past_key_values
+        if T > 1 and self.split_backward and torch.is_grad_enabled():
+            last = split_backward_at_prefix(last, cache)
+        first = last[inverse]  # (B, 1, V)
         if T == 1:
             return first
-        cache = getattr(head, "cache", None) or head.past_key_values
         cache.batch_select_indices(inverse)  # every row gets its prompt's keys and values (differentiable)
         positions = position_ids_from_mask(attention_mask)
         tail = self.model(
@@ -123,6 +130,53 @@ class SharedPrefixForward:
             use_cache=True, **{self.cache_kw: cache},
         )  # fmt: skip
         return torch.cat((first, last_output(tail)), dim=1)  # (B, T, V)
+
+
+class _PrefixBoundary(torch.autograd.Function):
+    """Identity on the prompt pass's outputs whose backward runs the prompt pass's own backward (see
+    `split_backward_at_prefix`). The outputs are detached from the prompt pass's graph: the only input that
+    requires grad is a scalar ``anchor``, and the prompt pass's outputs travel as a plain list."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: Tensor, outputs: list[Tensor]) -> tuple[Tensor, ...]:
+        ctx.outputs = outputs
+        ctx.set_materialize_grads(False)  # an unused output (a row's last key, say) passes None, not zeros
+        return tuple(t.detach() for t in outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor | None) -> tuple[None, None]:
+        pairs = [(t, g) for t, g in zip(ctx.outputs, grads, strict=True) if g is not None]
+        if pairs:
+            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+        ctx.outputs = None
+        return None, None
+
+
+def split_backward_at_prefix(last: Tensor, cache: Any) -> Tensor:
+    """Cut the graph between a shared-prefix forward's prompt pass and the pass on top of it: ``last`` (the
+    prompt pass's last position) and every layer's keys and values in ``cache`` are replaced by detached
+    copies whose gradient, once the response pass's backward has produced all of it, is sent into the prompt
+    pass by a second backward. Returns the new ``last``; the cache is changed in place.
+
+    The gradients are the same; the memory is not. A weight used by both passes otherwise receives both
+    passes' gradients summed by autograd before they reach ``.grad``: the response pass's share of every weight
+    is held until the prompt pass's backward reaches that weight — a second full set of gradients when
+    ``.grad`` already holds one (gradient accumulation, DPO's length groups: +2 GB on a 0.5B model). Cut,
+    each pass adds its share to ``.grad`` as it goes. A cache whose layers are not plain keys and values
+    (linear attention, say) is left whole."""
+    layers = getattr(cache, "layers", None)
+    if not layers or not all(
+        isinstance(getattr(layer, "keys", None), Tensor)
+        and isinstance(getattr(layer, "values", None), Tensor)
+        for layer in layers
+    ):
+        return last
+    outputs = [last] + [t for layer in layers for t in (layer.keys, layer.values)]
+    anchor = torch.zeros((), device=last.device, requires_grad=True)
+    cut = _PrefixBoundary.apply(anchor, outputs)
+    for i, layer in enumerate(layers):
+        layer.keys, layer.values = cut[1 + 2 * i], cut[2 + 2 * i]
+    return cut[0]
 
 
 @dataclass
@@ -270,13 +324,13 @@ def chunked_refusal(model: torch.nn.Module) -> str | None:
     return None
 
 
-def _chunked_forward(model: torch.nn.Module, chunk_tokens: int) -> ChunkedForward:
+def _chunked_forward(model: torch.nn.Module, chunk_tokens: int, gradients: bool) -> ChunkedForward:
     """`ChunkedForward` of a model `chunked_refusal` accepts."""
     reference = isinstance(model, AdapterFreeReference)
     base = model.policy if reference else model
     decoder = base.get_decoder()
     single = _checkpointing(base) or cache_argument(decoder) is None
-    inner = FullForward(decoder) if single else SharedPrefixForward(decoder)
+    inner = FullForward(decoder) if single else SharedPrefixForward(decoder, split_backward=gradients)
     context = (lambda: adapters_disabled(base)) if reference else contextlib.nullcontext
     return ChunkedForward(inner, base.get_output_embeddings(), chunk_tokens, context)
 
@@ -350,7 +404,7 @@ def response_forward(
     ``auto`` for a large vocabulary, or ``chunked``) picks `ChunkedForward`, where `chunked_refusal` allows.
     """
     if _wants_chunks(model):
-        return _chunked_forward(model, memory_settings(model).chunk_tokens)
+        return _chunked_forward(model, memory_settings(model).chunk_tokens, gradients)
     sharded = dist.is_sharded(model)
     checkpointing = _checkpointing(model)
     decoder = None if use_fast is False else fast_decoder_class(model)
@@ -360,4 +414,4 @@ def response_forward(
     ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
     if ddp or sharded or checkpointing or cache_argument(model) is None:
         return FullForward(model)
-    return SharedPrefixForward(model)
+    return SharedPrefixForward(model, split_backward=gradients)
