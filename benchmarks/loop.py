@@ -9,6 +9,17 @@ reward model's accuracy on pairs of the final policy's own samples (in the gold 
 model is exploited. The policy update has the same number of DPO steps per label in both arms, so the offline arm
 trains as long in total.
 
+Gold reward at matched KL. The final policies end at different KLs to the SFT policy, and gold reward moves
+with KL (it rises, peaks and falls as the policy over-optimises its reward: Gao et al. 2022), so the arms are
+also compared on the reward/KL frontier: each run keeps a checkpoint every ``--path-every`` DPO steps of every
+round, and its path, the (KL to the SFT policy, gold reward) of the SFT policy and of each checkpoint in
+training order, is measured on the same ``--path-size`` held-out prompts with the same sampling seed. A run's
+gold at a KL is read linearly off the first segment of its path to reach it (`value_at_kl`: the policy as the
+run first got that far; the KL of iterative DPO falls back at the start of some rounds, and the estimate is
+noisy), at ``--kl-points`` KLs evenly spaced up to the largest KL every run reaches (``matched_kl``: per seed,
+the mean, and the rounds arm's gain with its standard error over the seeds). ``peak`` is each run's best
+checkpoint by gold (an oracle stop) and its KL.
+
 The SFT policy is ``--sft`` or the one `benchmarks/judges.py` builds (the built-in base, 150 SFT steps on the
 reviews demonstrations) in ``--work``.
 
@@ -98,6 +109,17 @@ def matched_kl(runs: dict[str, list[dict]], points: int) -> list[dict]:
     return table
 
 
+def peaks(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Each run's best point of its path (the checkpoint with the highest gold reward, and its KL): the top of
+    its frontier, which only an oracle that reads the gold reward would stop at."""
+    out = {}
+    for name, arm in runs.items():
+        best = [max(r["path"], key=lambda p: p["gold"]) for r in arm]
+        gold = [p["gold"] for p in best]
+        out[name] = {"gold": gold, "kl": [p["kl"] for p in best], "gold_mean": statistics.mean(gold)}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -142,6 +164,7 @@ def main() -> None:
             r["gold_reward"] - o["gold_reward"] for o, r in zip(*runs.values(), strict=True)
         ],
         "matched_kl": matched_kl(runs, a.kl_points),
+        "peak": peaks(runs),
     }
     record("loop", result)
     print(json.dumps(result))
