@@ -91,6 +91,18 @@ load 1.7-4, other sessions' jobs), fp32 full fine-tuning unless said:
       cores), so 2-thread times here are not comparable (that file was not kept). With --threads 1 (in the
       name), load 3: postrl 1.0 s, 3,084 MB; TRL 2.1 s, 3,313 MB (time 0.47x, memory 0.93x).
 
+Measured 2026-12-06 02:45-02:50 (AMD EPYC, load 2.0-2.5: two helper jobs), after the shared-prefix forward's
+two backwards (``postrl.lm.rollout.forwards.split_backward_at_prefix``: the response pass's share of each
+weight goes to .grad at once instead of waiting, summed, for the prompt pass's backward; that wait held a
+second set of gradients during the length groups' second backward, the +2.3 GB above):
+
+    --stage dpo --model qwen0.5b --steps 3 --threads 1:
+      postrl  training peak 10,049 MB, step 11.0 s (25.9, 12.9, 9.1); TRL 9,599 MB, 9.6 s (25.7, 8.1, 11.1):
+      memory 1.05x (1.15x before), time 1.15x at this load. The same command --only postrl a few minutes
+      earlier (load 2.3-3.3): training peak 9,824 MB, 10.7 s.
+    --stage dpo --model smollm135m --steps 3 --threads 1 (load 1.9-3.7): postrl 2,933 MB, 8.4 s (15.8, 10.0,
+      6.9); TRL 2,863 MB, 4.7 s; the code before the change (--only postrl, right after): 3,163 MB, 5.1 s.
+
 The goal of 0.6x TRL's peak is below the float32 AdamW floor (7.9 GB of TRL's 9.8 GB = 0.81x) for full
 fine-tuning on either side; time ratios at these loads are within the noise of the machine.
 """
