@@ -12,17 +12,40 @@ Per seed, all through postrl's entry points (`run_sft` and `run_grpo` hand a VLM
    shortest path and every target is optimal. SFT for ``--sft-steps`` steps, kept short so that the start is
    imperfect;
 2. GRPO from that checkpoint for ``--grpo-steps`` steps: ``--prompts-per-step`` groups of G = ``--group-size``
-   episodes (≤ 8 turns of ≤ 4 tokens), the environment's return (1 at the goal) the only reward, trajectory
+   episodes (≤ 6 turns of ≤ 4 tokens), the environment's return (1 at the goal) the only reward, trajectory
    credit, β 0;
 3. greedy return (the lake is deterministic: one greedy episode is every greedy episode) and the success rate of
    ``--eval-episodes`` sampled episodes (temperature 1) of the SFT start and the GRPO end; the uniformly random
-   policy's success rate by Monte Carlo (the same ≤ 8 turns).
+   policy's success rate by Monte Carlo (the same ≤ 6 turns).
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/agents_pictures.py --seeds 0 1 2 \
         --workdir /tmp/agents-pictures
 
-Not yet measured at these defaults (a 1-seed smoke run with 30 SFT / 20 GRPO steps, load 6-12: SFT start sampled
-success 0.03, greedy 0; after GRPO the same). SFT rows with different numbers of pictures need commit 77f03ba.
+    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/agents_pictures.py --seeds 0 1 2 \
+        --sft-steps 120 --workdir /tmp/agents-pictures-sft120
+
+Each model also plays the same held-out episodes with every picture black (``blank_``): the text never says
+where the agent is, but its own replies so far do (the lake is deterministic), so success alone would not show
+that the policy looks. Episodes are at most 6 turns: the optimum's 6 moves take 225 of the tiny LLaVA's 256
+positions (the first prompt 59, a turn 33; a reply that is no action is answered by a 59-token observation);
+the rollout cuts an episode that fills them (``sampled_cut_at_context``) and SFT drops rows longer.
+
+Measured 2026-12-06 on the shared 2-core machine, seeds 0 1 2 (the files hold each run's load):
+- ``--sft-steps 120`` (02:59-03:06 UTC, load average 1.6-2.6; SFT 75-99 s, GRPO 23-24 s; a first run at
+  02:50-02:57, load 2.0-3.2, gave the same numbers to the last digit): the SFT start greedy 1 / 1 / 1 (the
+  optimum), sampled success 0.531 / 0.641 / 0.391; after 30 GRPO steps (480 episodes) greedy 1 / 1 / 1,
+  sampled 0.812 / 0.766 / 0.891 (mean 0.823); uniformly random actions 0.00025. With black pictures every one
+  of these six models scores 0, greedy and sampled: they act on what they see.
+- defaults, 30 SFT steps (03:06-03:09 UTC, load 1.6-2.3; SFT 31-33 s, GRPO 22-24 s; the same numbers as a run
+  at 02:46-02:49 without the black pictures): the SFT start has not learned to look: greedy 0 on every seed
+  (seed 0 answers "down" three times, into the hole), sampled 0 / 0 / 0, a third of its sampled episodes cut
+  at the context by replies that are no action; GRPO from it: greedy 0, sampled 0 / 0.016 / 0: on each seed
+  one episode of 480 reached the goal, so 29 of 30 steps had no reward to learn from.
+- before two fixes (02:18-02:22 UTC, load 1.0-2.1, 8 turns): SFT trained the 256-position model on rows of
+  up to 512 tokens and the rollout ran episodes to 504 positions (both now held to the model's positions):
+  SFT start greedy 0 / 1 / 1, sampled 0.047 / 0.016 / 0.031; GRPO greedy 1 / 1 / 0, sampled 0.094 / 0.094 /
+  0.000. The 8-turn budget with the fixes (02:42-02:46 UTC): sampled 0 everywhere, episodes cut after about 4
+  turns; hence 6.
 """
 
 from __future__ import annotations
@@ -40,6 +63,7 @@ from typing import Any
 
 import torch
 from _record import record
+from PIL import Image
 
 from postrl.lm.agents import EpisodeBudget, make_env
 from postrl.lm.agents.config import HELDOUT_SEED, EnvConfig
@@ -52,8 +76,14 @@ from postrl.lm.trainer import OptimConfig, TrainConfig
 from postrl.lm.vlm import base_model, load_vlm
 
 ENV_ID = "frozenlake_pictures"
-MAX_TURNS = 8
+SUFFIXED = ("sft_steps", "grpo_steps")
+"""the settings that name the results file when not at their defaults"""
+MAX_TURNS = 6
+"""the optimum's 6 moves take 225 of the tiny LLaVA's 256 positions (59 the first prompt, 33 a turn): a 7th turn
+does not fit"""
 MAX_NEW_TOKENS = 4
+POSITIONS = 256
+"""the built-in tiny LLaVA's context (max_position_embeddings)"""
 MOVES = {0: (0, -1), 1: (1, 0), 2: (0, 1), 3: (-1, 0)}
 """FrozenLake's actions (left, down, right, up) as (row, column) steps"""
 
@@ -121,14 +151,15 @@ def demo_rows(n: int, epsilon: float, seed: int, folder: Path) -> list[dict[str,
 def sft(args: argparse.Namespace, seed: int, data: Path, out: Path) -> dict[str, Any]:
     cfg = SFTConfig(
         model=str(base_model.path()), data=str(data), eval_data=str(data), eval_size=0,
-        train=TrainConfig(batch_size=args.sft_batch, max_length=512),
+        train=TrainConfig(batch_size=args.sft_batch, max_length=POSITIONS),  # longer rows dropped
         optim=OptimConfig(lr=args.sft_lr, warmup_steps=0, min_lr_ratio=1.0, betas=(0.9, 0.95)),
         run=RunConfig(steps=args.sft_steps, seed=seed, eval_every=10**6, save_every=args.sft_steps,
                       log_every=5, device="cpu", threads=1),
     )  # fmt: skip
     tic = time.perf_counter()
-    run_sft(cfg, out, overwrite=True)
-    return {"seconds": round(time.perf_counter() - tic, 1), "steps": args.sft_steps}
+    summary = run_sft(cfg, out, overwrite=True)
+    seconds = round(time.perf_counter() - tic, 1)
+    return {"seconds": seconds, "steps": args.sft_steps, "examples": summary["train_examples"]}
 
 
 def grpo(args: argparse.Namespace, seed: int, start: Path, out: Path) -> dict[str, Any]:
@@ -153,14 +184,27 @@ def grpo(args: argparse.Namespace, seed: int, start: Path, out: Path) -> dict[st
     }
 
 
+class BlankPictures(PictureGymEnv):
+    """The lake with every picture black: what the policy does without seeing (the text and its own replies
+    are all it has; in the deterministic lake the replies so far do tell where it is)."""
+
+    def picture(self) -> Image.Image:
+        return Image.new("RGB", super().picture().size)
+
+
 def evaluate(model_dir: Path, episodes: int, seed: int) -> dict[str, float]:
-    """Greedy return and the success rate of ``episodes`` sampled episodes (temperature 1), held-out seeds."""
+    """Greedy return and the success rate of ``episodes`` sampled episodes (temperature 1), held-out seeds;
+    ``blank_``: the same with black pictures."""
     model, processor = load_vlm(str(model_dir))
     model.eval()
     budget = EpisodeBudget(MAX_TURNS, MAX_TURNS * MAX_NEW_TOKENS)
     result = {}
-    for name, greedy, n in (("greedy", True, 1), ("sampled", False, episodes)):
-        envs = [make_env(ENV_ID) for _ in range(n)]
+    passes = (("greedy", True, 1), ("sampled", False, episodes))
+    for name, greedy, n in [*passes, *((f"blank_{name}", greedy, n) for name, greedy, n in passes)]:
+        blank = name.startswith("blank")
+        envs = [
+            BlankPictures("FrozenLake-v1", is_slippery=False) if blank else make_env(ENV_ID) for _ in range(n)
+        ]
         seeds = [HELDOUT_SEED + i for i in range(n)]
         sampling = SamplingConfig(max_new_tokens=MAX_NEW_TOKENS, greedy=greedy)
         out = sample_picture_episodes(
@@ -168,8 +212,11 @@ def evaluate(model_dir: Path, episodes: int, seed: int) -> dict[str, float]:
         )
         returns = [ep.total_reward for ep in out.episodes]
         result[f"{name}_return"] = statistics.mean(returns)
-        if not greedy:
+        if name == "sampled":
             result["sampled_turns"] = statistics.mean(len(ep.actions) for ep in out.episodes)
+            infos = [ep.infos[-1] for ep in out.episodes]
+            result["sampled_cut_at_context"] = sum(i.get("cut") == "context" for i in infos)
+            result["longest_positions"] = int(out.attention_mask.sum(-1).max())
     return result
 
 
@@ -237,7 +284,12 @@ def main() -> None:
         "runs": runs,
         "wall_seconds": round(time.perf_counter() - tic, 1),
     }
-    record("agents_pictures", result)
+    changed = [
+        f"{k.replace('_', '-')}{getattr(args, k)}"
+        for k in SUFFIXED
+        if getattr(args, k) != parser.get_default(k)
+    ]
+    record("-".join(["agents_pictures", *changed]), result)  # other settings: a file of their own
     print(json.dumps(result))
 
 
