@@ -103,6 +103,19 @@ second set of gradients during the length groups' second backward, the +2.3 GB a
     --stage dpo --model smollm135m --steps 3 --threads 1 (load 1.9-3.7): postrl 2,933 MB, 8.4 s (15.8, 10.0,
       6.9); TRL 2,863 MB, 4.7 s; the code before the change (--only postrl, right after): 3,163 MB, 5.1 s.
 
+Then (03:00-03:11, load 1.4-2.7) with ``postrl`` starting torch with THP_MEM_ALLOC_ENABLE=1 (postrl/cli.py: PyTorch
+advises allocations of 2 MB and more to transparent huge pages). The profile of a step (torch.profiler, 2 steps)
+had shown the [151,936, 896] buffers a backward allocates afresh bound by page faults: the embedding gradient's
+zero fill 596 ms each (4 per step: 2 length groups x the prompt and the response pass), the output layer's
+weight gradient 450-1,060 ms per product whose arithmetic is ~55 ms. Alternating postrl-only runs, --steps 4:
+THP off 8.86 s/step, 9,347 MB; on 8.13 s, 9,270 MB (on the SmolLM shape 15-25% per step, in 4 alternating
+runs). Both contenders, ``--stage dpo --model qwen0.5b --steps 4 --threads 1``: postrl 8.74 s/step (20.6, 8.7,
+8.4, 9.3), training peak 9,246 MB; TRL 10.19 s (22.1, 8.7, 10.2, 12.4), 9,687 MB: **memory 0.95x, time 0.86x**.
+On the SmolLM-135M shape (--steps 3, load 2.3-2.7): postrl 2.23 s, 2,842 MB; TRL 2.82 s, 2,901 MB (0.98x,
+0.79x). What is left of the page faults: postrl still allocates four such buffers per step where TRL's one
+forward allocates one; accumulating them in place into .grad (the embedding's rows and the output layer's
+product written into the existing gradient) would remove three.
+
 The goal of 0.6x TRL's peak is below the float32 AdamW floor (7.9 GB of TRL's 9.8 GB = 0.81x) for full
 fine-tuning on either side; time ratios at these loads are within the noise of the machine.
 """
