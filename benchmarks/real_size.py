@@ -112,9 +112,12 @@ THP off 8.86 s/step, 9,347 MB; on 8.13 s, 9,270 MB (on the SmolLM shape 15-25% p
 runs). Both contenders, ``--stage dpo --model qwen0.5b --steps 4 --threads 1``: postrl 8.74 s/step (20.6, 8.7,
 8.4, 9.3), training peak 9,246 MB; TRL 10.19 s (22.1, 8.7, 10.2, 12.4), 9,687 MB: **memory 0.95x, time 0.86x**.
 On the SmolLM-135M shape (--steps 3, load 2.3-2.7): postrl 2.23 s, 2,842 MB; TRL 2.82 s, 2,901 MB (0.98x,
-0.79x). What is left of the page faults: postrl still allocates four such buffers per step where TRL's one
-forward allocates one; accumulating them in place into .grad (the embedding's rows and the output layer's
-product written into the existing gradient) would remove three.
+0.79x). Then (03:15-03:18, load 1.0-1.9, the machine otherwise idle) with the chunked output layer adding its
+weight gradient into an existing .grad in place (postrl/lm/rollout/chunked.py `_existing_grad`: no fresh
+[V, d] product for the second and later backwards of a step), the same command: postrl 7.93 s/step (19.3,
+8.2, 7.9, 7.6), training peak 8,754 MB; TRL 8.88 s (22.2, 8.9, 8.6, 10.5), 9,461 MB: **memory 0.93x, time
+0.89x**. Left: the model's own embedding backward still zero-fills a fresh [V, d] gradient in each of the
+four passes of a step (2 length groups x the prompt and the response pass) where TRL's one forward fills one.
 
 The goal of 0.6x TRL's peak is below the float32 AdamW floor (7.9 GB of TRL's 9.8 GB = 0.81x) for full
 fine-tuning on either side; time ratios at these loads are within the noise of the machine.

@@ -72,6 +72,46 @@ def test_frozen_weight_gets_no_gradient_and_entropy_optional():
     torch.testing.assert_close(lp.detach(), ref, rtol=0, atol=1e-6)
 
 
+def test_a_backward_onto_an_existing_gradient_adds_into_it_in_place():
+    """With ``W.grad`` already there, ∂L/∂W is added into it inside the backward (no new [V, d] tensor is made:
+    every product of that shape writes into W.grad) and the total is the sum of the two backwards;
+    ``autograd.grad`` still gets W's gradient returned and leaves W.grad alone."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NewWeightShaped(TorchDispatchMode):  # the ops that return a new [V, d] tensor
+        def __init__(self):
+            super().__init__()
+            self.made = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            new = isinstance(out, torch.Tensor) and out.shape == (40, 6) and not func._schema.is_mutable
+            if new and func.__name__ not in ("t.default", "detach.default", "alias.default"):
+                self.made.append(func.__name__)
+            return out
+
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(9, 6, generator=g, requires_grad=True)
+    w = torch.randn(40, 6, generator=g, requires_grad=True)
+    y = torch.randint(40, (9,), generator=g)
+    ref_lp, _ = _reference(h, w, None, y, 0.8)
+    (want,) = torch.autograd.grad(ref_lp.sum(), [w])
+    first_pass, second_pass = NewWeightShaped(), NewWeightShaped()
+    loss = chunked_log_probs(h, w, None, y, 0.8, chunk_tokens=4)[0].sum()
+    with first_pass:
+        loss.backward()
+    assert first_pass.made  # the first backward makes the gradient autograd stores as .grad
+    first = w.grad
+    loss = chunked_log_probs(h, w, None, y, 0.8, chunk_tokens=4)[0].sum()
+    with second_pass:
+        loss.backward()
+    assert second_pass.made == [] and w.grad is first  # the second adds into it
+    torch.testing.assert_close(w.grad, 2 * want, rtol=1e-5, atol=1e-6)
+    (returned,) = torch.autograd.grad(chunked_log_probs(h, w, None, y, 0.8, chunk_tokens=4)[0].sum(), [w])
+    torch.testing.assert_close(returned, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w.grad, 2 * want, rtol=1e-5, atol=1e-6)  # untouched by autograd.grad
+
+
 def test_bad_chunk_size():
     with pytest.raises(ValueError, match="chunk_tokens"):
         chunked_log_probs(torch.zeros(1, 2), torch.zeros(3, 2), None, torch.tensor([0]), chunk_tokens=0)

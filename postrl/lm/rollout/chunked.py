@@ -13,7 +13,8 @@ selected log-prob, ∂ log π(y)/∂z = onehot(y) − softmax(z):
 
     ∂L/∂h = (g ⊙ (onehot − p) / τ) W,   ∂L/∂W = (g ⊙ (onehot − p) / τ)^T h,   ∂L/∂b = Σ_rows g ⊙ (onehot − p) / τ
 
-so peak memory holds one chunk's [chunk_tokens, V] logits instead of the batch's. The entropy is returned
+so peak memory holds one chunk's [chunk_tokens, V] logits instead of the batch's. ∂L/∂W goes straight into
+``W.grad`` where one exists (`_existing_grad`: accumulation adds no [V, d] temporary). The entropy is returned
 detached (a metric). tests/lm/test_chunked_log_probs.py pins both to the reference in float64.
 """
 
@@ -65,7 +66,8 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
         # The first chunk's product is the sum (no zeroed [V, d] buffer to fill), later ones are added in place
         # by addmm_ (no [V, d] temporary): at V = 151,936 each of those was 544 MB and seconds of page faults.
         acc = torch.promote_types(weight.dtype, torch.float32)
-        grad_w: Tensor | None = None
+        grad_w = _existing_grad(weight, acc) if need_w else None  # added to in place, None returned for W
+        into_grad = grad_w is not None
         grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
         for s in range(0, hidden.shape[0], n):
             h, g = hidden[s : s + n], grad_log_probs[s : s + n]
@@ -80,9 +82,26 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
                 grad_w = part @ rows if grad_w is None else grad_w.addmm_(part, rows)  # (V, d)
             if need_b:
                 grad_b += grad_z.to(acc).sum(0)
-        grad_w = None if grad_w is None else grad_w.to(weight.dtype)
+        grad_w = None if grad_w is None or into_grad else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
         return grad_h, grad_w, grad_b, None, None, None, None
+
+
+def _existing_grad(weight: Tensor, acc: torch.dtype) -> Tensor | None:
+    """``weight.grad`` when the backward may add ∂L/∂W into it in place instead of returning it: a second
+    backward onto an existing gradient (gradient accumulation, DPO's length groups, a shared prompt's second
+    pass) would otherwise allocate a fresh [V, d] product, 545 MB at V = 151,936 and mostly page faults, for
+    autograd to add and drop. Only for a float32 leaf whose gradient is a plain tensor of its shape, in a
+    ``.backward()`` over the whole graph (``torch.autograd.grad`` and ``backward(inputs=...)`` return
+    gradients instead: `torch.autograd._is_checkpoint_valid` tells them apart, as reentrant checkpointing
+    does) and without hooks on the weight (they would not see this part)."""
+    grad = weight.grad if weight.is_leaf and weight.requires_grad else None
+    if grad is None or grad.dtype != acc or weight.dtype != acc or grad.shape != weight.shape:
+        return None
+    if grad.is_sparse or not grad.is_contiguous() or weight._backward_hooks:
+        return None
+    post_hooks = getattr(weight, "_post_accumulate_grad_hooks", None)
+    return grad if not post_hooks and torch.autograd._is_checkpoint_valid() else None
 
 
 def chunked_log_probs(
