@@ -26,6 +26,21 @@ fraction of seeds meeting the goal, all seeds' curves) use ``postrl control benc
 venv ``make peers``) the same way; ``--breakdown`` adds one ppo-cartpole run timed by parts (`time_breakdown`);
 ``--env-backend gymnasium`` runs CartPole without the batched numpy env (``env.backend``).
 
+Measured 2026-12-06 03:12–03:15 UTC (issue 38 item 1) on an idle AMD EPYC (AVX-512; load 0.75 at the start, 1.4
+at the end; ceiling 129,745 steps/s), after the fused step's tanh went back to 2σ(2u) − 1 (postrl/control/fast/
+ppo_grad.py: torch's tanh kernel costs 2.55 ns per element on this CPU, its sigmoid 0.55; a minibatch step 601 →
+455 us) and the batched hidden-layer pair was removed (no faster), ``--tasks ppo-cartpole --seeds 0 1 2
+--no-variance --with-sb3 --with-sbx --breakdown``: postrl 18,845 / 19,194 / 18,723 env steps/s, SB3 4,331 /
+4,378 / 4,253, SBX 4,851 / 4,977 / 4,918: **vs SB3 4.35× / 4.38× / 4.40× wall (4.04× / 5.04× / 4.82× CPU time),
+vs SBX 3.88× / 3.86× / 3.81×**; evaluation 500 in all nine runs, steps to 475 39,392 / 26,288 / 79,704 (the same
+as every run with this forward). The same code at 02:25 beside the code before it (tanh in place, the pair; 2
+alternating runs each, seed 0, load 1.8): 19,573 / 18,937 vs 14,869 / 15,966 env steps/s (+24%). This CPU runs
+postrl's GEMM-bound update slower than the one of 2026-12-05 (22,726 env steps/s before the change there, 15,400
+here) and SB3's overhead-bound loop about as fast (4,800 there, 4,330 here). Where the 5.27 s of training go:
+update 4.09 s (78%: 7,820 minibatch steps of ~523 us; its GEMMs, 13.6 MFLOP a step, would take ~136 us at the
+100 GFLOP/s one core reaches on a 416 × 128 × 512 product, the rest is ~60 small ops at 1-9 us each), vector env
+0.39, actor 0.30, the rest of the rollout 0.20, GAE 0.13, the rest 0.18. ≥ 5× SB3 is not met on this machine.
+
 Measured 2026-12-05 06:11–06:18 UTC (issue 38 item 1), the same command at a lower load (5.98 at the start,
 5.3 at the end; ceiling 73,608 steps/s): postrl 12,036 / 8,902 / 14,929 env steps/s, SB3 2,053 / 1,927 / 3,191,
 SBX 2,246 / 1,749 / 3,231: **vs SB3 5.86× / 4.62× / 4.68× wall, 4.81× / 5.11× / 5.15× CPU time; vs SBX 5.36× /
