@@ -27,7 +27,14 @@ TRL runs in its own virtual environment (this file in ``--trl-worker`` mode), as
 
     make peers    # benchmarks/peers/.venv-trl, from benchmarks/peers/requirements-trl.txt (TRL 1.16, pinned)
 
-Latest (benchmarks/results/dpo.json: ``--steps 60 --repeats 3 --breakdown``, 2026-12-05, load average 23.3 at
+Latest (benchmarks/results/dpo.json: ``--steps 60 --repeats 3 --breakdown``, 2026-12-06 03:19-03:21 UTC, the
+machine otherwise idle, load average 0.75 at the start, 0.98 at the end): postrl 18.95 steps/s (0.0528 s/step),
+TRL 5.35 (**3.54x**), TRL with precompute 6.80 (2.79x); identical batch |difference| 6.0e-8, the same token
+ids; peak RSS 474 vs 642 MB (634). Breakdown (median ms): padded data 1.7, forward 29.6, backward 53.4, optimiser
+2.4 = 87.1; padding-free 1.5, 18.7, 31.8, 2.4 = 54.4 (1.60x). The same command at 02:17 (load 0.9-2.0, a helper
+starting): 17.92 vs 5.12 steps/s (3.50x), precompute 6.84 (2.62x).
+
+The run before (2026-12-05, load average 23.3 at
 the start, 22.8-31 during, 35.9 at the end, from other jobs), with the padding-free forward (``dpo.padding_free``
 auto: `postrl.lm.fast.packed`): postrl 3.98 steps/s (0.251 s/step), TRL 1.17 (3.39x), TRL with precompute 1.35
 (2.95x); identical batch |difference| 6.0e-8, the same token ids; peak RSS 469 vs 635 MB (636). Where postrl's
