@@ -116,8 +116,15 @@ On the SmolLM-135M shape (--steps 3, load 2.3-2.7): postrl 2.23 s, 2,842 MB; TRL
 weight gradient into an existing .grad in place (postrl/lm/rollout/chunked.py `_existing_grad`: no fresh
 [V, d] product for the second and later backwards of a step), the same command: postrl 7.93 s/step (19.3,
 8.2, 7.9, 7.6), training peak 8,754 MB; TRL 8.88 s (22.2, 8.9, 8.6, 10.5), 9,461 MB: **memory 0.93x, time
-0.89x**. Left: the model's own embedding backward still zero-fills a fresh [V, d] gradient in each of the
-four passes of a step (2 length groups x the prompt and the response pass) where TRL's one forward fills one.
+0.89x**. Then (03:39-03:42, load 0.3-1.2) with the embedding rows added into an existing .grad in place too
+(postrl/lm/rollout/forwards.py `_Embedding`: a trainer's shared-prefix forward of a `PLAIN_HEADS` model with a
+plain nn.Embedding passes ``inputs_embeds``; before, each of the four passes of a step zero-filled a fresh
+[V, d] gradient): postrl 6.85 s/step (18.5, 7.5, 6.6, 6.9), 8,748 MB; TRL 8.20 s (20.7, 6.7, 8.2, 8.2), 9,410
+MB: **time 0.84x, memory 0.93x**. What is left is the first backward of each step, which allocates the
+gradients as TRL's does.
+    --stage grpo --model qwen0.5b --steps 2 --group 4 --prompts 1 --per-forward 4 --threads 1 (03:33-03:39, load
+      0.9-1.3, before the embedding change): postrl 62.7 s/step (68.3, 62.7), 9,929 MB; TRL 65.3 s (75.3, 65.3),
+      9,858 MB (time 0.96x, memory 1.00x): generation through the Hugging Face forward is most of the step.
 
 The goal of 0.6x TRL's peak is below the float32 AdamW floor (7.9 GB of TRL's 9.8 GB = 0.81x) for full
 fine-tuning on either side; time ratios at these loads are within the noise of the machine.

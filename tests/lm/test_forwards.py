@@ -77,6 +77,47 @@ def test_shared_prefix_passes_add_their_gradients_to_grad_separately(name):
         assert forward.logits(input_ids, attention_mask, P).grad_fn is None
 
 
+def test_a_second_backward_adds_the_embedding_rows_into_grad_in_place():
+    """A trainer's shared-prefix forward of a plain-embedding model feeds ``inputs_embeds`` whose backward adds
+    the rows into an existing ``.grad`` (no new [V, d] tensor in the second backward of a step); the gradients
+    equal the full forward's, the padding row's too."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model = tiny_llama(vocab=48)
+    V, d = model.get_input_embeddings().weight.shape
+
+    class NewTables(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.made = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            skip = func._schema.is_mutable or func.__name__ in ("t.default", "detach.default", "alias.default")
+            if isinstance(out, torch.Tensor) and out.shape == (V, d) and not skip:
+                self.made.append(func.__name__)
+            return out
+
+    input_ids, attention_mask, P = grouped_batch()
+    input_ids[2, P + 1] = model.get_input_embeddings().padding_idx  # a padding id among the inputs
+    weights = torch.randn(input_ids.shape[0], input_ids.shape[1] - P, V) * attention_mask[:, P:, None]
+    positions = position_ids_from_mask(attention_mask)
+    full = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+    want = torch.autograd.grad((full.logits[:, P - 1 : -1] * weights).sum(), list(model.parameters()))
+    forward = response_forward(model, use_fast=False)
+    (forward.logits(input_ids, attention_mask, P) * weights).sum().backward()
+    second = NewTables()
+    loss = (forward.logits(input_ids, attention_mask, P) * weights).sum()
+    with second:
+        loss.backward()
+    embedding = model.get_input_embeddings().weight
+    # only the tied output layer's product may be new (plain logits here, not the chunked layer)
+    assert "embedding_dense_backward.default" not in second.made, second.made
+    assert embedding.grad is not None
+    for p, w in zip(model.parameters(), want, strict=True):  # the padding id's row as F.embedding leaves it
+        assert (p.grad - 2 * w).abs().max() <= 1e-4 * max(1.0, w.abs().max())
+
+
 @pytest.mark.parametrize("use_fast", [None, False])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_response_logits_and_their_gradients_equal_the_full_forward(name, use_fast):

@@ -14,7 +14,7 @@ selected log-prob, ∂ log π(y)/∂z = onehot(y) − softmax(z):
     ∂L/∂h = (g ⊙ (onehot − p) / τ) W,   ∂L/∂W = (g ⊙ (onehot − p) / τ)^T h,   ∂L/∂b = Σ_rows g ⊙ (onehot − p) / τ
 
 so peak memory holds one chunk's [chunk_tokens, V] logits instead of the batch's. ∂L/∂W goes straight into
-``W.grad`` where one exists (`_existing_grad`: accumulation adds no [V, d] temporary). The entropy is returned
+``W.grad`` where one exists (`existing_grad`: accumulation adds no [V, d] temporary). The entropy is returned
 detached (a metric). tests/lm/test_chunked_log_probs.py pins both to the reference in float64.
 """
 
@@ -66,7 +66,7 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
         # The first chunk's product is the sum (no zeroed [V, d] buffer to fill), later ones are added in place
         # by addmm_ (no [V, d] temporary): at V = 151,936 each of those was 544 MB and seconds of page faults.
         acc = torch.promote_types(weight.dtype, torch.float32)
-        grad_w = _existing_grad(weight, acc) if need_w else None  # added to in place, None returned for W
+        grad_w = existing_grad(weight, acc) if need_w else None  # added to in place, None returned for W
         into_grad = grad_w is not None
         grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
         for s in range(0, hidden.shape[0], n):
@@ -87,7 +87,7 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
         return grad_h, grad_w, grad_b, None, None, None, None
 
 
-def _existing_grad(weight: Tensor, acc: torch.dtype) -> Tensor | None:
+def existing_grad(weight: Tensor, acc: torch.dtype) -> Tensor | None:
     """``weight.grad`` when the backward may add ∂L/∂W into it in place instead of returning it: a second
     backward onto an existing gradient (gradient accumulation, DPO's length groups, a shared prompt's second
     pass) would otherwise allocate a fresh [V, d] product, 545 MB at V = 151,936 and mostly page faults, for

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from postrl.core import entropy_from_logits
@@ -41,7 +42,7 @@ from postrl.lm.fast.packed import PackedLlama
 from postrl.lm.memory import LARGE_VOCAB, memory_settings
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.models.lora import AdapterFreeReference, adapters_disabled
-from postrl.lm.rollout.chunked import chunked_log_probs
+from postrl.lm.rollout.chunked import chunked_log_probs, existing_grad
 from postrl.lm.rollout.decoders import cache_argument, fast_decoder_class
 from postrl.lm.rollout.sampling import token_log_probs
 from postrl.runtime import distributed as dist
@@ -113,12 +114,14 @@ class SharedPrefixForward:
         if ids.shape[0] == input_ids.shape[0]:
             return self.full.logits(input_ids, attention_mask, P)
         keep = {self.full.keep: 1} if self.full.keep else {}
+        split = self.split_backward and torch.is_grad_enabled()
         head = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=True, **keep
+            **_token_inputs(self.model, ids, split), attention_mask=mask, position_ids=position_ids_from_mask(mask),
+            use_cache=True, **keep,
         )  # fmt: skip
         last = last_output(head)[:, -1:]  # (U, 1, V): position P − 1 predicts response token 0
         cache = getattr(head, "cache", None) or head.past_key_values
-        if T > 1 and self.split_backward and torch.is_grad_enabled():
+        if T > 1 and split:
             last = split_backward_at_prefix(last, cache)
         first = last[inverse]  # (B, 1, V)
         if T == 1:
@@ -126,10 +129,57 @@ class SharedPrefixForward:
         cache.batch_select_indices(inverse)  # every row gets its prompt's keys and values (differentiable)
         positions = position_ids_from_mask(attention_mask)
         tail = self.model(
-            input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1], position_ids=positions[:, P:-1],
-            use_cache=True, **{self.cache_kw: cache},
+            **_token_inputs(self.model, input_ids[:, P:-1], split), attention_mask=attention_mask[:, :-1],
+            position_ids=positions[:, P:-1], use_cache=True, **{self.cache_kw: cache},
         )  # fmt: skip
         return torch.cat((first, last_output(tail)), dim=1)  # (B, T, V)
+
+
+class _Embedding(torch.autograd.Function):
+    """``F.embedding`` whose backward adds the rows' gradients into an existing ``weight.grad`` in place
+    (`postrl.lm.rollout.chunked.existing_grad` says when) instead of a fresh dense [V, d] gradient: each
+    backward of a step after the first otherwise zero-fills one (545 MB at V = 151,936, page faults mostly) for
+    autograd to add and drop."""
+
+    @staticmethod
+    def forward(ctx: Any, ids: Tensor, weight: Tensor, padding_idx: int | None) -> Tensor:
+        ctx.save_for_backward(ids, weight)
+        ctx.padding_idx = padding_idx
+        return F.embedding(ids, weight, padding_idx)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor | None, None]:
+        ids, weight = ctx.saved_tensors
+        if not ctx.needs_input_grad[1]:
+            return None, None, None
+        pad = -1 if ctx.padding_idx is None else ctx.padding_idx
+        into = existing_grad(weight, torch.float32)
+        if into is None:
+            return None, torch.ops.aten.embedding_dense_backward(grad, ids, weight.shape[0], pad, False), None
+        rows, flat = grad.reshape(-1, grad.shape[-1]), ids.reshape(-1)
+        if pad >= 0:  # the padding row gets no gradient, as F.embedding's backward
+            real = flat != pad
+            rows, flat = rows[real], flat[real]
+        into.index_add_(0, flat, rows.to(into.dtype))
+        return None, None, None
+
+
+def _token_inputs(model: torch.nn.Module, ids: Tensor, split: bool) -> dict[str, Tensor]:
+    """The keyword that gives ``model`` its tokens: ``inputs_embeds`` through `_Embedding` when ``split`` (a
+    trainer's forward under grad) and the model is one of `PLAIN_HEADS` with a plain ``nn.Embedding`` (no
+    max_norm, frequency scaling or sparse gradient), else ``input_ids``."""
+    embedding = model.get_input_embeddings() if split and hasattr(model, "get_input_embeddings") else None
+    plain = (
+        type(embedding) is torch.nn.Embedding
+        and getattr(model.config, "model_type", None) in PLAIN_HEADS
+        and embedding.max_norm is None
+        and not embedding.scale_grad_by_freq
+        and not embedding.sparse
+        and embedding.weight.requires_grad
+    )
+    if not plain:
+        return {"input_ids": ids}
+    return {"inputs_embeds": _Embedding.apply(ids, embedding.weight, embedding.padding_idx)}
 
 
 class _PrefixBoundary(torch.autograd.Function):
