@@ -125,6 +125,9 @@ gradients as TRL's does.
     --stage grpo --model qwen0.5b --steps 2 --group 4 --prompts 1 --per-forward 4 --threads 1 (03:33-03:39, load
       0.9-1.3, before the embedding change): postrl 62.7 s/step (68.3, 62.7), 9,929 MB; TRL 65.3 s (75.3, 65.3),
       9,858 MB (time 0.96x, memory 1.00x): generation through the Hugging Face forward is most of the step.
+    --stage sft --model qwen0.5b --steps 4 --threads 1 (03:43-03:44, load 0.7-1.1; one backward a step, so
+      the in-place gradients do not apply): postrl 5.25 s (16.1, 5.2, 6.1, 4.0), 8,663 MB; TRL 5.28 s, 8,766
+      MB (time 0.99x, memory 0.99x).
 
 The goal of 0.6x TRL's peak is below the float32 AdamW floor (7.9 GB of TRL's 9.8 GB = 0.81x) for full
 fine-tuning on either side; time ratios at these loads are within the noise of the machine.
