@@ -101,7 +101,8 @@ def existing_grad(weight: Tensor, acc: torch.dtype) -> Tensor | None:
     if grad.is_sparse or not grad.is_contiguous() or weight._backward_hooks:
         return None
     post_hooks = getattr(weight, "_post_accumulate_grad_hooks", None)
-    return grad if not post_hooks and torch.autograd._is_checkpoint_valid() else None
+    whole_graph = getattr(torch.autograd, "_is_checkpoint_valid", lambda: False)  # private: absent, never
+    return grad if not post_hooks and whole_graph() else None
 
 
 def chunked_log_probs(
