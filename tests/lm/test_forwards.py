@@ -93,7 +93,11 @@ def test_a_second_backward_adds_the_embedding_rows_into_grad_in_place():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            skip = func._schema.is_mutable or func.__name__ in ("t.default", "detach.default", "alias.default")
+            skip = func._schema.is_mutable or func.__name__ in (
+                "t.default",
+                "detach.default",
+                "alias.default",
+            )
             if isinstance(out, torch.Tensor) and out.shape == (V, d) and not skip:
                 self.made.append(func.__name__)
             return out
@@ -113,6 +117,16 @@ def test_a_second_backward_adds_the_embedding_rows_into_grad_in_place():
     embedding = model.get_input_embeddings().weight
     # only the tied output layer's product may be new (plain logits here, not the chunked layer)
     assert "embedding_dense_backward.default" not in second.made, second.made
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, i, o: o)  # e.g. NEFTune's noise
+    hooked = NewTables()
+    loss = (forward.logits(input_ids, attention_mask, P) * weights).sum()
+    with hooked:
+        loss.backward()
+    hook.remove()
+    assert "embedding_dense_backward.default" in hooked.made  # the module's own forward ran, its hook with it
+    model.zero_grad(set_to_none=True)  # a new step: the first backward makes .grad, the second adds into it
+    (forward.logits(input_ids, attention_mask, P) * weights).sum().backward()
+    (forward.logits(input_ids, attention_mask, P) * weights).sum().backward()
     assert embedding.grad is not None
     for p, w in zip(model.parameters(), want, strict=True):  # the padding id's row as F.embedding leaves it
         assert (p.grad - 2 * w).abs().max() <= 1e-4 * max(1.0, w.abs().max())

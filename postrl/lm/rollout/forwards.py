@@ -167,7 +167,8 @@ class _Embedding(torch.autograd.Function):
 def _token_inputs(model: torch.nn.Module, ids: Tensor, split: bool) -> dict[str, Tensor]:
     """The keyword that gives ``model`` its tokens: ``inputs_embeds`` through `_Embedding` when ``split`` (a
     trainer's forward under grad) and the model is one of `PLAIN_HEADS` with a plain ``nn.Embedding`` (no
-    max_norm, frequency scaling or sparse gradient), else ``input_ids``."""
+    max_norm, frequency scaling or sparse gradient, no hooks on its forward, such as NEFTune's noise, that
+    ``inputs_embeds`` would skip), else ``input_ids``."""
     embedding = model.get_input_embeddings() if split and hasattr(model, "get_input_embeddings") else None
     plain = (
         type(embedding) is torch.nn.Embedding
@@ -176,6 +177,7 @@ def _token_inputs(model: torch.nn.Module, ids: Tensor, split: bool) -> dict[str,
         and not embedding.scale_grad_by_freq
         and not embedding.sparse
         and embedding.weight.requires_grad
+        and not (embedding._forward_hooks or embedding._forward_pre_hooks)
     )
     if not plain:
         return {"input_ids": ids}
