@@ -239,7 +239,9 @@ class PPOLearner(Learner):
                 break
         out = dict(zip(self.step.names, torch.cat(history).mean(0).tolist(), strict=True))
         out["epochs"] = epochs
-        if "entropy" not in out:
+        if "entropy" not in out and self.fused:
+            out["entropy"] = self.step.gradient.mean_entropy(batch.obs)
+        elif "entropy" not in out:
             with torch.no_grad():
                 out["entropy"] = float(self.actor.evaluate(batch.obs, batch.actions)[1].mean())
         return out

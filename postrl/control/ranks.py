@@ -69,8 +69,10 @@ def local_batch_size(batch_size: int) -> int:
 
 def whiten(advantages: torch.Tensor) -> torch.Tensor:
     """``advantages`` whitened with the mean and (Bessel-corrected) std over every rank's rows."""
-    if not dist.is_distributed():
-        return masked_whiten(advantages, torch.ones_like(advantages))
+    if not dist.is_distributed():  # the arithmetic below without the all-reduces (a third of masked_whiten's ops)
+        centered = advantages - advantages.sum() / len(advantages)
+        var = (centered**2).sum() / max(len(advantages) - 1, 1)
+        return centered * torch.rsqrt(var + 1e-8)
     moments = dist.all_reduce_sum(torch.stack([advantages.sum(), torch.tensor(float(len(advantages)))]))
     mean, count = moments[0] / moments[1], moments[1]
     centered = advantages - mean

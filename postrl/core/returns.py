@@ -112,8 +112,9 @@ def gae(
         carry = gamma * lam * (1.0 - ended.to(deltas.dtype))
         adv_next = torch.zeros_like(deltas[..., 0])
         out = []
+        deltas_t, carry_t = deltas.unbind(-1), carry.unbind(-1)  # the views once, not two selects per step
         for t in reversed(range(deltas.shape[-1])):
-            adv_next = deltas[..., t] + carry[..., t] * adv_next
+            adv_next = torch.addcmul(deltas_t[t], carry_t[t], adv_next)
             out.append(adv_next)
         advantages = torch.stack(out[::-1], dim=-1)
         returns = advantages + values

@@ -69,6 +69,20 @@ def test_hand_gradient_equals_autograd(discrete, activation, ent_coef, vf_clip):
         assert torch.allclose(stats[key], ref_stats[key], atol=1e-6), key
 
 
+@pytest.mark.parametrize("tanh_via_sigmoid", [True, False])
+def test_both_ways_of_computing_tanh_give_autograds_gradient(tanh_via_sigmoid):
+    """The forward's tanh as 2σ(2u) − 1 (AMD CPUs) or torch's tanh (elsewhere): the same gradient either way."""
+    actor, critic, batch = setup(True, "tanh")
+    cfg = dataclasses.replace(PPOHyperparams(), ent_coef=0.05, vf_coef=0.7)
+    ppo_actor_critic_loss(actor, critic, batch, cfg, clip_eps=0.2)[0].backward()
+    ref = gradients(actor, critic)
+    gradient = ppo_grad.HandGradient(actor, critic, tanh_via_sigmoid=tanh_via_sigmoid)
+    assert gradient.actor_net.via_sigmoid is tanh_via_sigmoid
+    gradient(gradient.prepare(batch), 0.2, cfg.vf_coef, cfg.ent_coef, None)
+    for got, want in zip(gradients(actor, critic), ref, strict=True):
+        assert torch.allclose(got, want, atol=1e-6, rtol=1e-5), (got - want).abs().max()
+
+
 def test_hand_gradient_replaces_the_old_gradient():
     actor, critic, batch = setup(True, "tanh")
     ppo_grad.minibatch_gradient(actor, critic, batch, 0.2, 0.5, 0.0, None)

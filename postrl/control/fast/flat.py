@@ -58,6 +58,13 @@ class FlatParameters:
             self._attach_grads()
         self.param.grad.zero_()
 
+    def clip_divisor(self, max_norm: float) -> torch.Tensor:
+        """The clip of ``nn.utils.clip_grad_norm_`` as a divisor, for :meth:`FlatAdam.update`'s ``grad_scale``:
+        max(1, (‖g‖₂ + 1e-6) / max_norm), so that g / divisor = g · min(1, max_norm / (‖g‖₂ + 1e-6)) to float32
+        rounding. Two small ops, and the division rides in Adam's kernel instead of a pass over the gradient."""
+        norm = torch.linalg.vector_norm(self.param.grad)
+        return torch.add(1e-6 / max_norm, norm, alpha=1.0 / max_norm).clamp_min_(1.0)
+
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """``nn.utils.clip_grad_norm_`` on the flat gradient: scale it by min(1, max_norm / (‖g‖₂ + 1e-6));
         returns ‖g‖₂ before clipping."""
@@ -94,9 +101,10 @@ class FlatAdam(torch.optim.Adam):
         self.update()
 
     @torch.no_grad()
-    def update(self) -> None:
+    def update(self, grad_scale: torch.Tensor | None = None) -> None:
         """``step`` without ``torch.optim.Optimizer``'s per-call hook wrapper (optimizer hooks and a
-        profiler range), for the training loops in this package."""
+        profiler range), for the training loops in this package. ``grad_scale`` (a 0-d tensor): the kernel
+        steps with grad / grad_scale and leaves that in ``.grad`` (:meth:`FlatParameters.clip_divisor`)."""
         group = self.param_groups[0]
         (param,) = group["params"]
         state = self.state[param]
@@ -120,6 +128,7 @@ class FlatAdam(torch.optim.Adam):
             eps=group["eps"],
             amsgrad=False,
             maximize=False,
+            grad_scale=grad_scale,
         )
 
 

@@ -26,10 +26,12 @@ The derivation (N rows; ρ = exp(log π − log π_old); A the whitened advantag
   ∂L/∂b_k = Σ_rows δ_k, δ_{k−1} = (δ_k W_k) ⊙ act'(h_{k−1}), with act' read off the output y:
   tanh 1 − y², relu 1[y > 0], elu (α = 1) 1 where y > 0 else y + 1.
 
-tanh is computed as 2σ(2u) − 1 (the same function, to 2e-7): torch's float32 sigmoid kernel is cheaper than its
-tanh on the CPUs measured (on the AMD EPYC with AVX-512 of 2026-12-06, 0.55 against 2.55 ns per element: the
-sigmoid and the add of 2σ − 1 take 23 us on a [2, 256, 64] tensor, tanh 83), and the ×2 rides in the GEMM
-(addmm's α, β).
+On AMD CPUs tanh is computed as 2σ(2u) − 1 (the same function, to 2e-7; the ×2 rides in the GEMM, addmm's α,
+β): there torch's float32 tanh kernel is far slower than its sigmoid (an AMD EPYC with AVX-512, 2026-12-06: 2.55
+against 0.55 ns per element; the sigmoid and the add of 2σ − 1 take 23 us on a [2, 256, 64] tensor, tanh 83).
+Elsewhere tanh is applied in place (an Intel Xeon with AVX-512, 2026-12-06: tanh 4.9 us on a [256, 64] tensor,
+sigmoid 6.3 plus 3.4 for the add). The choice is the CPU's vendor, not a timing, so a resumed run on the same
+machine takes the same path and repeats the same rounding (`TANH_VIA_SIGMOID`).
 
 Everything is kept ``[N, 1]``-shaped (a column per row of the minibatch) so that nothing is reshaped, and the
 statistics are columns concatenated and averaged in two ops (`STATS`). Gradients are written into each
@@ -62,6 +64,22 @@ _ACT_BACKWARD = {
     "elu": lambda grad, y: torch.ops.aten.elu_backward(grad, 1.0, 1.0, 1.0, True, y),
 }
 _MINUS_ONE = torch.tensor(-1.0)
+
+
+def _cpu_vendor() -> str:
+    """The CPU's vendor string as Linux reports it ("GenuineIntel", "AuthenticAMD"; "" where unknown)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
+
+
+TANH_VIA_SIGMOID = _cpu_vendor() == "AuthenticAMD"
+"""Whether the forward computes tanh as 2σ(2u) − 1 (AMD CPUs) rather than torch's tanh (the module docstring)."""
 _ZERO = torch.tensor(0.0)
 
 
@@ -99,6 +117,7 @@ class Minibatch:
     returns: Tensor  # [N, 1]
     old_values: Tensor  # [N, 1]
     mean_weights: Tensor  # [1, N] all 1/N: a mean over the rows as a GEMM (a third of `mean`'s cost)
+    columns: Tensor  # [N, len(STATS)] the per-row terms of the statistics, written in place by each call
 
     @classmethod
     def of(cls, batch: Batch, n_actions: int | None) -> Minibatch:
@@ -116,6 +135,7 @@ class Minibatch:
             batch.returns[:, None],
             batch.values[:, None],
             torch.full((1, batch.obs.shape[0]), 1.0 / batch.obs.shape[0]),
+            torch.empty(batch.obs.shape[0], len(STATS)),
         )
 
 
@@ -135,9 +155,10 @@ class _Layer:
 class _Net:
     """An MLP's layers and activation, with its forward that keeps every layer's input and its backward."""
 
-    def __init__(self, net: MLP):
+    def __init__(self, net: MLP, tanh_via_sigmoid: bool):
         self.layers = [_Layer(layer) for layer in net.layers]
         self.tanh = net.activation_name == "tanh"
+        self.via_sigmoid = self.tanh and tanh_via_sigmoid
         self.activation, self.act_backward = net.activation, _ACT_BACKWARD[net.activation_name]
 
     def forward(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
@@ -145,9 +166,11 @@ class _Net:
         inputs = [x]
         *hidden, last = self.layers
         for layer in hidden:
-            if self.tanh:  # tanh(u) = 2σ(2u) − 1
+            if self.via_sigmoid:  # tanh(u) = 2σ(2u) − 1
                 u2 = torch.addmm(layer.bias, inputs[-1], layer.weight_t, beta=2.0, alpha=2.0)
                 h = torch.add(_MINUS_ONE, u2.sigmoid_(), alpha=2.0, out=u2)
+            elif self.tanh:
+                h = torch.addmm(layer.bias, inputs[-1], layer.weight_t).tanh_()
             else:
                 h = self.activation(torch.addmm(layer.bias, inputs[-1], layer.weight_t))
             inputs.append(h)
@@ -173,9 +196,12 @@ class HandGradient:
     `postrl.control.fast.flat.FlatParameters` has re-homed them; call it per minibatch.
     """
 
-    def __init__(self, actor: CategoricalActor | GaussianActor, critic: Critic):
+    def __init__(
+        self, actor: CategoricalActor | GaussianActor, critic: Critic, tanh_via_sigmoid: bool = TANH_VIA_SIGMOID
+    ):
         self.actor, self.discrete = actor, isinstance(actor, CategoricalActor)
-        self.actor_net, self.critic_net = _Net(actor.net), _Net(critic.net)
+        self.actor_net = _Net(actor.net, tanh_via_sigmoid)
+        self.critic_net = _Net(critic.net, tanh_via_sigmoid)
         if not self.discrete:
             if actor.log_std.grad is None:
                 actor.log_std.grad = torch.zeros_like(actor.log_std)
@@ -184,6 +210,14 @@ class HandGradient:
     def prepare(self, batch: Batch) -> Minibatch:
         """``batch`` in the shapes a call reads (once per minibatch, or once per update for the whole rollout)."""
         return Minibatch.of(batch, self.actor.net.layers[-1].out_features if self.discrete else None)
+
+    @torch.no_grad()
+    def mean_entropy(self, obs: Tensor) -> float:
+        """The actor's entropy averaged over ``obs`` (what ``actor.evaluate`` gives, in the forward written here)."""
+        if not self.discrete:  # state-independent
+            return float(diag_gaussian_entropy(self.actor.log_std))
+        log_p = torch.log_softmax(self.actor_net.forward(obs)[1], dim=-1)
+        return -float(torch.mul(log_p.exp(), log_p).sum()) / obs.shape[0]
 
     @torch.no_grad()
     def __call__(
@@ -202,25 +236,27 @@ class HandGradient:
             z = (mb.actions - head) / std  # (N, A): the standardised action
             log_probs = diag_gaussian_log_prob(mb.actions, head, self.actor.log_std)[:, None]
 
+        # the statistics' per-row terms go straight into their columns (in `STATS`' order)
+        surrogate_col, value_col, clipped_col, kl_col, ratio_col, entropy_col = mb.columns.split(1, dim=1)
         log_ratio = log_probs - mb.old_log_probs
-        ratio = log_ratio.exp()
+        ratio = torch.exp(log_ratio, out=ratio_col)
         neg_unclipped = ratio * mb.neg_advantages  # −ρA
         clipped_ratio = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
-        neg_surrogate = torch.maximum(neg_unclipped, clipped_ratio * mb.neg_advantages)  # −min(ρA, clip(ρ)A)
-        clipped = (
-            torch.mul(ratio - clipped_ratio, mb.neg_advantages) < 0
-        )  # (ρ − clip ρ)·A > 0: the clip binds
-        d_log_probs = torch.mul(neg_unclipped, 1.0 / n).masked_fill_(clipped, 0.0)  # ∂L/∂log π, (N, 1)
-        kl = torch.add(_MINUS_ONE, ratio).sub_(log_ratio)  # (ρ − 1) − log ρ, as ppo_clip_loss's approx_kl
-        d_values, value_terms = self._value_gradient(values, mb, vf_coef / n, vf_clip)
-        columns = [neg_surrogate, value_terms, clipped.to(ratio.dtype), kl, ratio]
+        torch.maximum(neg_unclipped, clipped_ratio * mb.neg_advantages, out=surrogate_col)  # −min(ρA, clip(ρ)A)
+        # 1.0 where (ρ − clip ρ)·A > 0: the clip binds
+        clipped = torch.lt(torch.mul(ratio - clipped_ratio, mb.neg_advantages), 0.0, out=clipped_col)
+        d_log_probs = torch.mul(neg_unclipped, 1.0 / n)
+        d_log_probs = torch.addcmul(d_log_probs, d_log_probs, clipped, value=-1.0)  # ∂L/∂log π, 0 where clipped
+        torch.add(_MINUS_ONE, ratio, out=kl_col).sub_(log_ratio)  # (ρ − 1) − log ρ, as ppo_clip_loss's approx_kl
+        d_values = self._value_gradient(values, mb, vf_coef / n, vf_clip, value_col)
+        n_columns = len(STATS) - 1
 
         if self.discrete:
             probs = log_p.exp()
             d_head = torch.sub(mb.onehot, probs).mul_(d_log_probs)  # (onehot − p) · ∂L/∂log π
             if ent_coef:
-                entropy = torch.mul(probs, log_p).sum(-1, keepdim=True).neg_()  # (N, 1)
-                columns.append(entropy)
+                entropy = torch.sum(torch.mul(probs, log_p), -1, keepdim=True, out=entropy_col).neg_()  # (N, 1)
+                n_columns += 1
                 d_head += probs * (log_p + entropy) * (ent_coef / n)  # −c_H/N · ∂H/∂z
         else:
             d_head = (z / std) * d_log_probs  # ∂log π/∂μ = (a − μ)/σ²
@@ -230,24 +266,24 @@ class HandGradient:
             self.log_std_grad.copy_(d_log_std)
         self.actor_net.backward(actor_in, d_head)
         self.critic_net.backward(critic_in, d_values)
-        stats = torch.mm(mb.mean_weights, torch.cat(columns, dim=1))  # (1, k): the columns' means
+        stats = torch.mm(mb.mean_weights, mb.columns[:, :n_columns])  # (1, k): the columns' means
         if ent_coef and not self.discrete:  # the Gaussian's entropy does not depend on the state
             stats = torch.cat([stats, diag_gaussian_entropy(self.actor.log_std).reshape(1, 1)], dim=1)
         return stats
 
     @staticmethod
-    def _value_gradient(
-        values: Tensor, mb: Minibatch, scale: float, vf_clip: float | None
-    ) -> tuple[Tensor, Tensor]:
-        """(∂(c_v L_v)/∂V, the per-row terms whose mean is L_v), both (N, 1); ``scale`` = c_v / N."""
+    def _value_gradient(values: Tensor, mb: Minibatch, scale: float, vf_clip: float | None, terms: Tensor) -> Tensor:
+        """∂(c_v L_v)/∂V (N, 1), ``scale`` = c_v / N; writes the per-row terms whose mean is L_v into ``terms``."""
         error = values - mb.returns
         d_values = error * scale
         if vf_clip is None:
-            return d_values, torch.addcmul(_ZERO, error, error, value=0.5)  # ½ (V − R̂)²
+            torch.addcmul(_ZERO, error, error, value=0.5, out=terms)  # ½ (V − R̂)²
+            return d_values
         clipped_error = mb.old_values + torch.clamp(values - mb.old_values, -vf_clip, vf_clip) - mb.returns
         squared, clipped_squared = error * error, clipped_error * clipped_error
         d_values.masked_fill_(squared < clipped_squared, 0.0)
-        return d_values, torch.maximum(squared, clipped_squared).mul_(0.5)
+        torch.maximum(squared, clipped_squared, out=terms).mul_(0.5)
+        return d_values
 
 
 def minibatch_gradient(

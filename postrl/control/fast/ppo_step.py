@@ -92,6 +92,5 @@ class FusedStep:
             self._batch, self._prepared = mb, self.gradient.prepare(mb)
         stats = self.gradient(self._prepared, clip_eps, self.vf_coef, self.ent_coef, self.vf_clip)
         ranks.sync_grads([self.flat.param])  # the mean over ranks (nothing in one process)
-        self.flat.clip_grad_norm_(self.max_grad_norm)
-        self.optimizer.update()
+        self.optimizer.update(grad_scale=self.flat.clip_divisor(self.max_grad_norm))  # the clip, then Adam
         return stats
