@@ -83,6 +83,24 @@ def test_both_ways_of_computing_tanh_give_autograds_gradient(tanh_via_sigmoid):
         assert torch.allclose(got, want, atol=1e-6, rtol=1e-5), (got - want).abs().max()
 
 
+@pytest.mark.parametrize("discrete", [True, False])
+def test_the_fused_step_builds_no_graph_in_grad_mode(discrete):
+    """It reads detached views of the parameters (no torch.no_grad() per call): in grad mode nothing it returns
+    or writes carries a graph, and the step is the one taken under no_grad."""
+    steps = []
+    for grad_mode in (True, False):
+        actor, critic, batch = setup(discrete, "tanh")
+        step = ppo_step.FusedStep(
+            actor, critic, lr=1e-2, adam_eps=1e-5, max_grad_norm=0.5, vf_coef=0.5, ent_coef=0.01, vf_clip=None
+        )
+        with torch.set_grad_enabled(grad_mode):
+            stats = step(batch, 0.2)
+        assert stats.grad_fn is None and not stats.requires_grad
+        assert step.flat.param.grad.grad_fn is None and step.flat.param.requires_grad
+        steps.append((stats, step.flat.param.detach().clone()))
+    assert torch.equal(steps[0][0], steps[1][0]) and torch.equal(steps[0][1], steps[1][1])
+
+
 def test_hand_gradient_replaces_the_old_gradient():
     actor, critic, batch = setup(True, "tanh")
     ppo_grad.minibatch_gradient(actor, critic, batch, 0.2, 0.5, 0.0, None)

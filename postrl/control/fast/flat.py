@@ -89,6 +89,7 @@ class FlatAdam(torch.optim.Adam):
 
     def __init__(self, param: nn.Parameter, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
         super().__init__([param], lr=lr, betas=betas, eps=eps, fused=True)
+        self._detached = param.detach()  # what the kernel updates in place: no torch.no_grad() per call needed
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """``torch.optim.Adam.load_state_dict``, also of a state with one entry per parameter (a checkpoint of
@@ -100,7 +101,6 @@ class FlatAdam(torch.optim.Adam):
             raise ValueError("FlatAdam.step takes no closure")
         self.update()
 
-    @torch.no_grad()
     def update(self, grad_scale: torch.Tensor | None = None) -> None:
         """``step`` without ``torch.optim.Optimizer``'s per-call hook wrapper (optimizer hooks and a
         profiler range), for the training loops in this package. ``grad_scale`` (a 0-d tensor): the kernel
@@ -115,7 +115,7 @@ class FlatAdam(torch.optim.Adam):
         beta1, beta2 = group["betas"]
         state["step"] += 1  # torch.optim.Adam(fused=True) counts the step before the kernel, as here
         torch._fused_adam_(
-            [param],
+            [self._detached],
             [param.grad],
             [state["exp_avg"]],
             [state["exp_avg_sq"]],
