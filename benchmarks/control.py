@@ -26,6 +26,26 @@ fraction of seeds meeting the goal, all seeds' curves) use ``postrl control benc
 venv ``make peers``) the same way; ``--breakdown`` adds one ppo-cartpole run timed by parts (`time_breakdown`);
 ``--env-backend gymnasium`` runs CartPole without the batched numpy env (``env.backend``).
 
+Measured 2026-12-06 05:16–05:19 UTC (issue 38 item 1) on an idle Intel Xeon (AVX-512, another machine than the
+AMD EPYC below; load 0.47 at the start, 1.33 at the end; ceiling 148,071 steps/s), ``--tasks ppo-cartpole --seeds
+0 1 2 --no-variance --with-sb3 --with-sbx --breakdown``: postrl 26,788 / 24,749 / 25,466 env steps/s, SB3 4,900 /
+4,786 / 4,913, SBX 4,797 / 4,729 / 4,763: **vs SB3 5.47× / 5.17× / 5.18× wall (4.85× / 5.80× / 5.52× CPU
+time), vs SBX 5.58× / 5.23× / 5.35×**; evaluation 500 in all nine runs, steps to 475 37,392 / 24,544 / 32,600.
+At the start of this session the code before (commit 06bc1b2) gave 20,725 / 20,829 / 22,108 against SB3's 4,515
+/ 4,570 / 4,686 (4.59× / 4.56× / 4.72×) on the same machine. What changed (commits 2f43609 and the next): on a
+non-AMD CPU the fused step's tanh is torch's, in place (here 4.9 us on a [256, 64] tensor against 6.3 + 3.4 for
+2σ(2u) − 1; AMD keeps the sigmoid form, chosen by the CPU's vendor so that a resume repeats the rounding); the
+global-norm clip rides in fused Adam's ``grad_scale``; the per-call ``torch.no_grad()`` decorators (~5.5 us each,
+two per minibatch step) gave way to detached views; the statistics go into one preallocated [N, k] buffer whose
+column views are made once (``Tensor.split`` cost ~18 us a step); whitening in one process takes five ops
+instead of ``masked_whiten``'s fifteen; the post-update entropy runs the hand-written forward; ``core.gae`` is
+one ``addcmul`` per step. A minibatch step on the real rollout: 398 → 345 us (20 steps of one update, median of
+15, ``/tmp`` script); an iteration (rollout, GAE, update) 11.2 → 9.5 ms. Where the 4.11 s of training go:
+update 3.10 s (75%), vector env 0.37, actor 0.27, the rest of the rollout 0.16, GAE 0.09, the rest 0.13. Of a
+minibatch step's ~345 us, the GEMMs take ~130 us (16 of them; a 256 × 64 × 64 product runs at ~145 GFLOP/s
+here), tanh and its derivative ~33, the bias sums ~10, Adam ~5; the rest is ~68 ops' dispatch and the Python
+around them.
+
 Measured 2026-12-06 03:12–03:15 UTC (issue 38 item 1) on an idle AMD EPYC (AVX-512; load 0.75 at the start, 1.4
 at the end; ceiling 129,745 steps/s), after the fused step's tanh went back to 2σ(2u) − 1 (postrl/control/fast/
 ppo_grad.py: torch's tanh kernel costs 2.55 ns per element on this CPU, its sigmoid 0.55; a minibatch step 601 →

@@ -201,7 +201,10 @@ class HandGradient:
     """
 
     def __init__(
-        self, actor: CategoricalActor | GaussianActor, critic: Critic, tanh_via_sigmoid: bool = TANH_VIA_SIGMOID
+        self,
+        actor: CategoricalActor | GaussianActor,
+        critic: Critic,
+        tanh_via_sigmoid: bool = TANH_VIA_SIGMOID,
     ):
         self.actor, self.discrete = actor, isinstance(actor, CategoricalActor)
         self.actor_net = _Net(actor.net, tanh_via_sigmoid)
@@ -246,12 +249,18 @@ class HandGradient:
         ratio = torch.exp(log_ratio, out=ratio_col)
         neg_unclipped = ratio * mb.neg_advantages  # −ρA
         clipped_ratio = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
-        torch.maximum(neg_unclipped, clipped_ratio * mb.neg_advantages, out=surrogate_col)  # −min(ρA, clip(ρ)A)
+        torch.maximum(
+            neg_unclipped, clipped_ratio * mb.neg_advantages, out=surrogate_col
+        )  # −min(ρA, clip(ρ)A)
         # 1.0 where (ρ − clip ρ)·A > 0: the clip binds
         clipped = torch.lt(torch.mul(ratio - clipped_ratio, mb.neg_advantages), 0.0, out=clipped_col)
         d_log_probs = torch.mul(neg_unclipped, 1.0 / n)
-        d_log_probs = torch.addcmul(d_log_probs, d_log_probs, clipped, value=-1.0)  # ∂L/∂log π, 0 where clipped
-        torch.add(_MINUS_ONE, ratio, out=kl_col).sub_(log_ratio)  # (ρ − 1) − log ρ, as ppo_clip_loss's approx_kl
+        d_log_probs = torch.addcmul(
+            d_log_probs, d_log_probs, clipped, value=-1.0
+        )  # ∂L/∂log π, 0 where clipped
+        torch.add(_MINUS_ONE, ratio, out=kl_col).sub_(
+            log_ratio
+        )  # (ρ − 1) − log ρ, as ppo_clip_loss's approx_kl
         d_values = self._value_gradient(values, mb, vf_coef / n, vf_clip, value_col)
         n_columns = len(STATS) - 1
 
@@ -259,7 +268,9 @@ class HandGradient:
             probs = log_p.exp()
             d_head = torch.sub(mb.onehot, probs).mul_(d_log_probs)  # (onehot − p) · ∂L/∂log π
             if ent_coef:
-                entropy = torch.sum(torch.mul(probs, log_p), -1, keepdim=True, out=entropy_col).neg_()  # (N, 1)
+                entropy = torch.sum(
+                    torch.mul(probs, log_p), -1, keepdim=True, out=entropy_col
+                ).neg_()  # (N, 1)
                 n_columns += 1
                 d_head += probs * (log_p + entropy) * (ent_coef / n)  # −c_H/N · ∂H/∂z
         else:
@@ -276,7 +287,9 @@ class HandGradient:
         return stats
 
     @staticmethod
-    def _value_gradient(values: Tensor, mb: Minibatch, scale: float, vf_clip: float | None, terms: Tensor) -> Tensor:
+    def _value_gradient(
+        values: Tensor, mb: Minibatch, scale: float, vf_clip: float | None, terms: Tensor
+    ) -> Tensor:
         """∂(c_v L_v)/∂V (N, 1), ``scale`` = c_v / N; writes the per-row terms whose mean is L_v into ``terms``."""
         error = values - mb.returns
         d_values = error * scale
