@@ -126,7 +126,8 @@ class Minibatch:
         actions, onehot = batch.actions, None
         if n_actions is not None:
             actions = actions.long()[:, None]
-            onehot = torch.zeros(actions.shape[0], n_actions).scatter_(1, actions, 1.0)
+            # out-major [N, K] as the actor's head (_Net.forward), so that onehot − p keeps that layout
+            onehot = torch.zeros(n_actions, actions.shape[0]).scatter_(0, actions.t(), 1.0).t()
         return cls(
             batch.obs,
             actions,
@@ -148,10 +149,12 @@ class _Layer:
         # detached views: no autograd graph is built whatever the grad mode (no torch.no_grad() per call)
         weight = layer.weight.detach()
         self.weight, self.weight_t, self.bias = weight, weight.t(), layer.bias.detach()
+        self.bias_col = self.bias[:, None]  # [out, 1], for the output layer's out-major GEMM
         for p in (layer.weight, layer.bias):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         self.grad_weight, self.grad_bias = layer.weight.grad, layer.bias.grad
+        self.grad_weight_t = self.grad_weight.t()
         # ∂L/∂W = δᵀh [out, in]; for a narrow input (the observation layer) (hᵀδ)ᵀ is ~2.5× cheaper in MKL
         self.transposed_dw = layer.in_features < layer.out_features
 
@@ -166,7 +169,9 @@ class _Net:
         self.activation, self.act_backward = net.activation, _ACT_BACKWARD[net.activation_name]
 
     def forward(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
-        """Every layer's input [x, h_1, …, h_{L−1}] and the output (no activation on the last layer)."""
+        """Every layer's input [x, h_1, …, h_{L−1}] and the output [N, out] (no activation on the last layer),
+        stored out-major (a transposed view): for a narrow output layer W h_{L−1}ᵀ is ~2.5× cheaper in MKL than
+        h_{L−1} Wᵀ, and a softmax over a row of outputs then runs along contiguous memory (~5× cheaper)."""
         inputs = [x]
         *hidden, last = self.layers
         for layer in hidden:
@@ -178,14 +183,14 @@ class _Net:
             else:
                 h = self.activation(torch.addmm(layer.bias, inputs[-1], layer.weight_t))
             inputs.append(h)
-        return inputs, torch.addmm(last.bias, inputs[-1], last.weight_t)
+        return inputs, torch.addmm(last.bias_col, last.weight, inputs[-1].t()).t()
 
     def backward(self, inputs: list[Tensor], delta: Tensor) -> None:
         """Write ∂L/∂W, ∂L/∂b of every layer from delta = ∂L/∂output [N, out]."""
         for k in range(len(self.layers) - 1, -1, -1):
             layer, h = self.layers[k], inputs[k]
             if layer.transposed_dw:
-                layer.grad_weight.copy_(torch.mm(h.t(), delta).t())
+                layer.grad_weight_t.copy_(torch.mm(h.t(), delta))
             else:
                 torch.mm(delta.t(), h, out=layer.grad_weight)
             torch.sum(delta, 0, out=layer.grad_bias)
@@ -223,7 +228,7 @@ class HandGradient:
         """The actor's entropy averaged over ``obs`` (what ``actor.evaluate`` gives, in the forward written here)."""
         if not self.discrete:  # state-independent
             return float(diag_gaussian_entropy(self.log_std))
-        log_p = torch.log_softmax(self.actor_net.forward(obs)[1], dim=-1)
+        log_p = torch.log_softmax(self.actor_net.forward(obs)[1].t(), dim=0).t()
         return -float(torch.mul(log_p.exp(), log_p).sum()) / obs.shape[0]
 
     def __call__(
@@ -236,7 +241,7 @@ class HandGradient:
         actor_in, head = self.actor_net.forward(mb.obs)
         critic_in, values = self.critic_net.forward(mb.obs)  # [N, 1]
         if self.discrete:
-            log_p = torch.log_softmax(head, dim=-1)  # (N, K)
+            log_p = torch.log_softmax(head.t(), dim=0).t()  # (N, K), out-major as the head (see _Net.forward)
             log_probs = log_p.gather(1, mb.actions)  # (N, 1)
         else:
             std = self.log_std.exp()
