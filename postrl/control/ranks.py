@@ -68,9 +68,8 @@ def local_batch_size(batch_size: int) -> int:
 
 def whiten(advantages: torch.Tensor) -> torch.Tensor:
     """``advantages`` whitened with the mean and (Bessel-corrected) std over every rank's rows."""
-    if (
-        not dist.is_distributed()
-    ):  # the arithmetic below without the all-reduces (a third of masked_whiten's ops)
+    if not dist.is_distributed():
+        # the arithmetic below without the all-reduces (a third of masked_whiten's ops)
         centered = advantages - advantages.sum() / len(advantages)
         var = (centered**2).sum() / max(len(advantages) - 1, 1)
         return centered * torch.rsqrt(var + 1e-8)

@@ -44,9 +44,8 @@ def test_whiten_in_a_group_is_the_plain_whitening(group):
 def test_whiten_without_a_group_is_the_plain_whitening():
     x = torch.randn(37, dtype=torch.float64)
     torch.testing.assert_close(ranks.whiten(x), masked_whiten(x, torch.ones_like(x)))
-    torch.testing.assert_close(
-        ranks.whiten(x[:1]), torch.zeros(1, dtype=torch.float64)
-    )  # one row: 0, as masked_whiten
+    one_row = torch.zeros(1, dtype=torch.float64)  # a single row whitens to 0, as in masked_whiten
+    torch.testing.assert_close(ranks.whiten(x[:1]), one_row)
 
 
 def test_training_in_a_group_of_one_equals_no_group(tmp_path):

@@ -89,9 +89,8 @@ class FlatAdam(torch.optim.Adam):
 
     def __init__(self, param: nn.Parameter, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
         super().__init__([param], lr=lr, betas=betas, eps=eps, fused=True)
-        self._detached = (
-            param.detach()
-        )  # what the kernel updates in place: no torch.no_grad() per call needed
+        # what the kernel updates in place: a detached view, so no torch.no_grad() is needed per call
+        self._detached = param.detach()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """``torch.optim.Adam.load_state_dict``, also of a state with one entry per parameter (a checkpoint of

@@ -33,8 +33,11 @@ Elsewhere tanh is applied in place (an Intel Xeon with AVX-512, 2026-12-06: tanh
 sigmoid 6.3 plus 3.4 for the add). The choice is the CPU's vendor, not a timing, so a resumed run on the same
 machine takes the same path and repeats the same rounding (`TANH_VIA_SIGMOID`).
 
-Everything is kept ``[N, 1]``-shaped (a column per row of the minibatch) so that nothing is reshaped, and the
-statistics are columns concatenated and averaged in two ops (`STATS`). Gradients are written into each
+Everything is kept ``[N, 1]``-shaped (a column per row of the minibatch) so that nothing is reshaped; the
+statistics' per-row terms are written into the columns of one preallocated ``[N, len(STATS)]`` buffer and averaged
+by one GEMM (`STATS`). The output layers are computed out-major (`_Net.forward`) and the policy's one-hot is
+stored the same way, so the head's softmax and weight gradient read contiguous memory. Nothing runs under
+``torch.no_grad()``: every parameter is read through a detached view, so no autograd graph is built. Gradients are written into each
 parameter's ``.grad`` as it was when the `HandGradient` was built (views of
 `postrl.control.fast.flat.FlatParameters`' flat gradient), replacing what was there: no zeroing is needed.
 """
@@ -64,6 +67,7 @@ _ACT_BACKWARD = {
     "elu": lambda grad, y: torch.ops.aten.elu_backward(grad, 1.0, 1.0, 1.0, True, y),
 }
 _MINUS_ONE = torch.tensor(-1.0)
+_ZERO = torch.tensor(0.0)
 
 
 def _cpu_vendor() -> str:
@@ -80,7 +84,6 @@ def _cpu_vendor() -> str:
 
 TANH_VIA_SIGMOID = _cpu_vendor() == "AuthenticAMD"
 """Whether the forward computes tanh as 2σ(2u) − 1 (AMD CPUs) rather than torch's tanh (the module docstring)."""
-_ZERO = torch.tensor(0.0)
 
 
 def stat_names(ent_coef: float) -> tuple[str, ...]:
@@ -254,18 +257,15 @@ class HandGradient:
         ratio = torch.exp(log_ratio, out=ratio_col)
         neg_unclipped = ratio * mb.neg_advantages  # −ρA
         clipped_ratio = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
-        torch.maximum(
-            neg_unclipped, clipped_ratio * mb.neg_advantages, out=surrogate_col
-        )  # −min(ρA, clip(ρ)A)
+        # −min(ρA, clip(ρ)A)
+        torch.maximum(neg_unclipped, clipped_ratio * mb.neg_advantages, out=surrogate_col)
         # 1.0 where (ρ − clip ρ)·A > 0: the clip binds
         clipped = torch.lt(torch.mul(ratio - clipped_ratio, mb.neg_advantages), 0.0, out=clipped_col)
+        # ∂L/∂log π (N, 1): −ρA/N, and 0 where clipped (x − x·1 is exactly 0, x − x·0 exactly x)
         d_log_probs = torch.mul(neg_unclipped, 1.0 / n)
-        d_log_probs = torch.addcmul(
-            d_log_probs, d_log_probs, clipped, value=-1.0
-        )  # ∂L/∂log π, 0 where clipped
-        torch.add(_MINUS_ONE, ratio, out=kl_col).sub_(
-            log_ratio
-        )  # (ρ − 1) − log ρ, as ppo_clip_loss's approx_kl
+        d_log_probs = torch.addcmul(d_log_probs, d_log_probs, clipped, value=-1.0)
+        # (ρ − 1) − log ρ, as ppo_clip_loss's approx_kl
+        torch.add(_MINUS_ONE, ratio, out=kl_col).sub_(log_ratio)
         d_values = self._value_gradient(values, mb, vf_coef / n, vf_clip, value_col)
         n_columns = len(STATS) - 1
 
@@ -273,9 +273,7 @@ class HandGradient:
             probs = log_p.exp()
             d_head = torch.sub(mb.onehot, probs).mul_(d_log_probs)  # (onehot − p) · ∂L/∂log π
             if ent_coef:
-                entropy = torch.sum(
-                    torch.mul(probs, log_p), -1, keepdim=True, out=entropy_col
-                ).neg_()  # (N, 1)
+                entropy = torch.sum(torch.mul(probs, log_p), -1, keepdim=True, out=entropy_col).neg_()
                 n_columns += 1
                 d_head += probs * (log_p + entropy) * (ent_coef / n)  # −c_H/N · ∂H/∂z
         else:
