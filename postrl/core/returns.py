@@ -114,7 +114,7 @@ def gae(
         out = []
         deltas_t, carry_t = deltas.unbind(-1), carry.unbind(-1)  # the views once, not two selects per step
         for t in reversed(range(deltas.shape[-1])):
-            adv_next = torch.addcmul(deltas_t[t], carry_t[t], adv_next)
+            adv_next = deltas_t[t] + carry_t[t] * adv_next  # not addcmul: its fused rounding shifts every result
             out.append(adv_next)
         advantages = torch.stack(out[::-1], dim=-1)
         returns = advantages + values
