@@ -26,25 +26,25 @@ fraction of seeds meeting the goal, all seeds' curves) use ``postrl control benc
 venv ``make peers``) the same way; ``--breakdown`` adds one ppo-cartpole run timed by parts (`time_breakdown`);
 ``--env-backend gymnasium`` runs CartPole without the batched numpy env (``env.backend``).
 
-Measured 2026-12-06 05:39–05:42 UTC (issue 38 item 1, commit 9825c54) on an idle Intel Xeon (AVX-512, another
-machine than the AMD EPYC below; load 1.22 at the start, 1.42 at the end; ceiling 141,019 steps/s), ``--tasks
-ppo-cartpole --seeds 0 1 2 --no-variance --with-sb3 --with-sbx --breakdown``: postrl 24,632 / 25,476 / 25,476 env
-steps/s, SB3 4,829 / 4,800 / 4,684, SBX 4,743 / 4,634 / 4,730: **vs SB3 5.10× / 5.31× / 5.44× wall (4.47× / 5.95×
-/ 5.79× CPU time), vs SBX 5.19× / 5.50× / 5.39×**; evaluation 500 in all nine runs, steps to 475 postrl 44,384 /
-25,568 / 36,512, SB3 30,344 / 30,560 / 34,808, SBX 28,072 / 27,440 / 44,888. Two runs of the same code just before
-(05:33–05:39, load 0.5–1.5): 5.52× / 5.32× / 5.16× and 5.25× / 5.24× / 5.20× SB3. At the start of this session
-the code before (commit 06bc1b2) gave 20,725 / 20,829 / 22,108 env steps/s against SB3's 4,515 / 4,570 / 4,686
-(4.59× / 4.56× / 4.72×) on the same machine. What changed (2f43609, a6a5906, 9825c54): on a non-AMD CPU the
-fused step's tanh is torch's, in place (here 4.9 us on a [256, 64] tensor against 6.3 + 3.4 for 2σ(2u) − 1; AMD
+Measured 2026-12-06 06:23–06:26 UTC (issue 38 item 1, commit 23bf1f5) on an idle Intel Xeon (AVX-512, another
+machine than the AMD EPYC below; load 1.69 at the start, 1.08 at the end; ceiling 150,142 steps/s), ``--tasks
+ppo-cartpole --seeds 0 1 2 --no-variance --with-sb3 --with-sbx --breakdown``: postrl 26,641 / 25,707 / 26,342 env
+steps/s, SB3 5,104 / 5,043 / 5,037, SBX 4,930 / 5,004 / 4,886: **vs SB3 5.22× / 5.10× / 5.23× wall (4.57× / 5.70×
+/ 5.65× CPU time), vs SBX 5.40× / 5.14× / 5.39×**; evaluation 500 in all nine runs, steps to 475 postrl 45,688 /
+48,792 / 37,296. Earlier runs of the code before 23bf1f5 (which only put ``core.gae``'s per-step arithmetic back
+from an ``addcmul``), load 0.5–1.5: 5.52× / 5.32× / 5.16×, 5.25× / 5.24× / 5.20× and 5.10× / 5.31× / 5.44× SB3.
+At the start of this session the code before (commit 06bc1b2) gave 20,725 / 20,829 / 22,108 env steps/s against
+SB3's 4,515 / 4,570 / 4,686 (4.59× / 4.56× / 4.72×) on the same machine. What changed (2f43609, a6a5906, 9825c54): on a non-AMD
+CPU the fused step's tanh is torch's, in place (here 4.9 us on a [256, 64] tensor against 6.3 + 3.4 for 2σ(2u) − 1; AMD
 keeps the sigmoid form, chosen by the CPU's vendor so that a resume repeats the rounding); the global-norm clip
 rides in fused Adam's ``grad_scale``; the per-call ``torch.no_grad()`` decorators (~5.5 us each, two per minibatch
 step) gave way to detached views; the statistics go into one preallocated [N, k] buffer whose column views are
 made once (``Tensor.split`` cost ~18 us a step); the output layer is computed out-major (W hᵀ: the [256, 64] ×
 [64, 2] product 7.0 → 2.9 us) and its log-softmax runs along contiguous memory (6.1 → 1.3 us); whitening in one
 process takes five ops instead of ``masked_whiten``'s fifteen; the post-update entropy runs the hand-written
-forward; ``core.gae`` is one ``addcmul`` per step. A minibatch step on a real rollout: 398 → ~320 us (20 steps of
-one update, `/tmp` script); an iteration (rollout, GAE, update) 11.2 → ~9.2 ms. Where the 4.04 s of training go:
-update 3.01 s (74%), vector env 0.37, actor 0.27, the rest of the rollout 0.17, GAE 0.09, the rest 0.14. Of a
+forward; ``core.gae`` takes each step's views once. A minibatch step on a real rollout: 398 → ~320 us (20 steps of
+one update, `/tmp` script); an iteration (rollout, GAE, update) 11.2 → ~9.2 ms. Where the 3.80 s of training go:
+update 2.83 s (74%), vector env 0.35, actor 0.26, the rest of the rollout 0.14, GAE 0.09, the rest 0.12. Of a
 minibatch step, the GEMMs take ~125 us (16 of them; a 256 × 64 × 64 product runs at ~145 GFLOP/s here), tanh and
 its derivative ~33, the bias sums ~10, Adam ~5; the rest is ~65 ops' dispatch and the Python around them.
 
