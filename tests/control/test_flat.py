@@ -41,6 +41,30 @@ def test_flat_step_equals_per_tensor_adam_and_clipping():
         assert torch.allclose(p, q, atol=1e-6)
 
 
+def test_the_clip_as_adams_grad_scale_equals_clipping_then_stepping():
+    """FusedStep's step: Adam's kernel dividing by `clip_divisor` is clip_grad_norm_ then Adam, to float32 rounding,
+    both when the clip binds (max_norm 0.05) and when it does not (max_norm 1e3: the divisor is exactly 1)."""
+    for max_norm in (0.05, 1e3):
+        runs = []
+        for folded in (True, False):
+            actor, critic = _nets()
+            flat = FlatParameters([actor, critic])
+            opt = FlatAdam(flat.param, lr=1e-2, eps=1e-5)
+            x = torch.randn(32, 4, generator=torch.Generator().manual_seed(1))
+            for _ in range(5):
+                flat.zero_grad()
+                _loss(actor, critic, x).backward()
+                if folded:
+                    divisor = flat.clip_divisor(max_norm)
+                    assert float(divisor) >= 1.0
+                    opt.update(grad_scale=divisor)
+                else:
+                    flat.clip_grad_norm_(max_norm)
+                    opt.update()
+            runs.append(flat.param.detach().clone())
+        assert torch.allclose(runs[0], runs[1], atol=1e-6), (runs[0] - runs[1]).abs().max()
+
+
 def test_flat_adam_matches_torch_adam_exactly_without_clipping():
     p = nn.Parameter(torch.randn(100))
     start = p.detach().clone()
