@@ -99,7 +99,7 @@ from postrl.lm.grpo.objective import (
     update_grpo as update_grpo,
 )
 from postrl.lm.grpo.rollouts import PromptStream, Run, collect, evaluate_grpo_heldout
-from postrl.lm.recipe import Setup, run_recipe
+from postrl.lm.recipe import Setup
 from postrl.lm.spine import LoopState, Parts
 from postrl.lm.trainer import export_on_main, make_optimizer
 from postrl.runtime import distributed as dist
@@ -249,16 +249,3 @@ class GRPORecipe:
         if setup.info.is_main:
             _plot_run(setup.run_dir)
         return _summarize(algo, state)
-
-
-def run_grpo(
-    cfg: GRPOConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False
-) -> dict[str, Any]:
-    """Train with GRPO, export ``RUN_DIR/model`` (HF format), write the run folder, return the summary.
-    Models, prompts and reward functions are loaded and checked before the run folder is touched
-    (`postrl.lm.recipe`); a vision-language model runs `postrl.lm.vlm.run_vlm_grpo`."""
-    from postrl.lm.vlm import is_vlm, run_vlm_grpo  # deferred: postrl.lm.vlm imports grpo's build and config
-
-    if is_vlm(cfg.model):  # a vision-language model: pictures in the prompts
-        return run_vlm_grpo(cfg, run_dir, resume=resume, overwrite=overwrite)
-    return run_recipe(GRPORecipe(), cfg, run_dir, resume=resume, overwrite=overwrite)
