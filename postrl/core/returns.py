@@ -114,7 +114,8 @@ def gae(
         out = []
         deltas_t, carry_t = deltas.unbind(-1), carry.unbind(-1)  # the views once, not two selects per step
         for t in reversed(range(deltas.shape[-1])):
-            adv_next = deltas_t[t] + carry_t[t] * adv_next  # not addcmul: its fused rounding shifts every result
+            # not addcmul: its fused rounding shifts every result
+            adv_next = deltas_t[t] + carry_t[t] * adv_next
             out.append(adv_next)
         advantages = torch.stack(out[::-1], dim=-1)
         returns = advantages + values
