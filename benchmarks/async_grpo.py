@@ -41,7 +41,7 @@ Measured 2026-12-06 on an Intel Xeon (2 vCPUs, load 0.7-1.5, the checkpoint star
 the rule), 5 seeds x 60 steps, ``--eval-every 5``, async k = 1, auto (none), training and generation lanes one
 thread each. The synchronous baseline at each thread count:
 
-    sync run.threads=1   0.157 s/step; async 1.51x steps/s, 2.24x time to target
+    sync run.threads=1   0.159 s/step; async 1.51x steps/s, 2.24x time to target
     sync run.threads=2   0.103 s/step; async 0.94x steps/s, 1.46x time to target  (the recorded run)
 
 On this machine a synchronous step at 2 threads is 1.5x its 1-thread speed, as much as taking generation off the
