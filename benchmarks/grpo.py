@@ -190,10 +190,12 @@ def _write_jsonl(rows: list[dict], path: Path) -> Path:
 
 
 def _postrl(*args: str, log: Path) -> dict:
-    """Run ``postrl ARGS`` in a fresh process (its own peak memory); return its summary."""
-    with log.open("w") as f:
-        subprocess.run([sys.executable, "-m", "postrl.cli", *args], check=True, stdout=f, stderr=f, cwd=ROOT)
-    return json.loads(log.read_text().strip().splitlines()[-1])
+    """Run ``postrl ARGS`` in a fresh process (its own peak memory); return its summary, with
+    ``tree_rss_mb``: the resident set of it and its children (a generation lane) summed, sampled every 0.2 s."""
+    from real_size import _measured  # this folder is on sys.path when a benchmark runs
+
+    _, _, tree, _ = _measured([sys.executable, "-m", "postrl.cli", *args], log, ROOT)
+    return {**json.loads(log.read_text().strip().splitlines()[-1]), "tree_rss_mb": round(tree, 1)}
 
 
 def _curve(run_dir: Path, key: str) -> list[tuple[int, float, float]]:
@@ -332,6 +334,7 @@ def _postrl_on_trl_task(
         "train_seconds": sum(times),
         "completion_tokens_per_s": summary["tokens_per_second"],
         "peak_rss_mb": summary["peak_rss_mb"],
+        "tree_rss_mb": summary["tree_rss_mb"],  # with a generation lane: both processes
         "accuracy_curve": _curve(out, "heldout_accuracy"),
         "summary": summary,
     }
@@ -352,18 +355,30 @@ def _trl_run(model: Path, train: Path, heldout: Path, out: Path, args: argparse.
     return json.loads(out.read_text())
 
 
+# the contenders ``--order`` may name beyond postrl and trl: both machine cores used by each trainer
+LANES = ("lanes.enabled=true", "lanes.max_staleness=1", "lanes.threads=1")  # asynchronous GRPO, 1 + 1 threads
+CONTENDERS = {"postrl": (), "postrl_lanes": LANES, "trl": None, "trl_threads2": None}
+
+
 def _pair(model: Path, train: Path, heldout: Path, work: Path, args: argparse.Namespace) -> dict:
     """Both contenders from ``model``, in ``args.order`` (e.g. postrl trl postrl trl: alternating, so machine
     noise hits both), each run in a fresh process; a contender's j-th run uses seed ``args.seed + j`` (one
     seed's curve says little: 10 seeds x 40 steps gave accuracies 0.20-0.54 for each contender). Repeated runs
-    are summarised by the median of each timing (peak memory: the max) and the mean accuracy curve."""
+    are summarised by the median of each timing (peak memory: the max) and the mean accuracy curve.
+    ``postrl_lanes``: postrl's asynchronous GRPO (`LANES`: generation in a second process, one step stale) at
+    ``--threads`` for its training lane; ``trl_threads2``: TRL with 2 torch threads (`CONTENDERS`)."""
     work.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict]] = {}
     for k, name in enumerate(args.order):
+        if name not in CONTENDERS:
+            raise SystemExit(f"--order: unknown contender {name!r} (known: {', '.join(CONTENDERS)})")
         before = os.getloadavg()[0]
         seeded = argparse.Namespace(**{**vars(args), "seed": args.seed + len(runs.get(name, []))})
-        if name == "postrl":
-            result = _postrl_on_trl_task(model, train, heldout, work / f"postrl_grpo_{k}", seeded)
+        if name == "trl_threads2":
+            seeded.threads = 2
+        if name.startswith("postrl"):
+            out = work / f"{name}_grpo_{k}"
+            result = _postrl_on_trl_task(model, train, heldout, out, seeded, CONTENDERS[name])
             result.pop("summary")
         else:
             result = _trl_run(model, train, heldout, work / f"trl_{k}.json", seeded)
@@ -408,6 +423,19 @@ def _table(title: str, p: dict, t: dict) -> None:
     print(f"load average (1 min) before/after: postrl {p['loadavg']}, TRL {t['loadavg']}")
 
 
+def _speedups(title: str, runs: dict) -> None:
+    """Every contender's median s/step and memory, and each postrl one's speed-up over each TRL one."""
+    print(f"\n{title}")
+    for name, r in runs.items():
+        memory = r.get("tree_rss_mb", r["peak_rss_mb"])
+        ups = "  ".join(
+            f"{r2['step_time_median_s'] / r['step_time_median_s']:.2f}x vs {n2}"
+            for n2, r2 in runs.items()
+            if name.startswith("postrl") and n2.startswith("trl")
+        )
+        print(f"  {name:14} {1000 * r['step_time_median_s']:7.1f} ms/step  {memory:7.0f} MB  {ups}")
+
+
 def bench_trl(args: argparse.Namespace) -> dict:
     """postrl vs TRL GRPOTrainer on TRL's task: learning from the same SFT warm start (accuracy curves,
     throughput, memory), and throughput from TRL's random init (long completions: generation-bound)."""
@@ -422,6 +450,8 @@ def bench_trl(args: argparse.Namespace) -> dict:
     print(f"held-out greedy accuracy, mean over seeds {seeds} (step, postrl, TRL):")
     for (step, _, acc_p), (_, _, acc_t) in zip(p["accuracy_curve"], t["accuracy_curve"], strict=False):
         print(f"  {step:>5} {acc_p:>7.3f} {acc_t:>7.3f}")
+    if len(learn) > 2:
+        _speedups("every contender from the warm start (memory: postrl's process tree, TRL's peak)", learn)
     scratch_args = argparse.Namespace(
         **{**vars(args), "steps": args.scratch_steps, "eval_every": args.scratch_steps, "lr": args.scratch_lr}
     )
@@ -431,6 +461,8 @@ def bench_trl(args: argparse.Namespace) -> dict:
         scratch["postrl"],
         scratch["trl"],
     )
+    if len(scratch) > 2:
+        _speedups("every contender from TRL's random init", scratch)
     return {"warm_start": learn, "from_init": scratch}
 
 

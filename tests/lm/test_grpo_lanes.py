@@ -5,13 +5,15 @@ run is the straight run; a lane that dies or hangs stops the run with one error;
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 
 import pytest
+import torch
 
 from postrl.lm.grpo import run_grpo
 from postrl.lm.grpo.config import LanesConfig
-from postrl.lm.grpo.lanes import LaneError
+from postrl.lm.grpo.lanes import LaneError, WeightSlots, pack, unpack
 from postrl.runtime.errors import UserError
 from tests.lm.resume_check import assert_same_weights, interrupt_after, rows_without_times
 from tests.lm.test_grpo import _config
@@ -37,6 +39,36 @@ def test_one_step_stale_samples_are_measured_corrected_and_resume_exactly(tiny_l
     run_grpo(cfg, tmp_path / "b", resume=True)
     assert rows_without_times(tmp_path / "a") == rows_without_times(tmp_path / "b")
     assert_same_weights(tmp_path / "a", tmp_path / "b")
+
+
+def test_sampled_batches_travel_as_bytes_and_come_back_equal():
+    tensors = {
+        "ids": torch.tensor([[5, 0, 7], [1, 2, 3]]),
+        "mask": torch.tensor([[True, False, True], [True, True, True]]),
+        "half": torch.tensor([[0.5, -1.25], [3.0, 1e-3]], dtype=torch.bfloat16),
+        "strided": torch.arange(12.0).reshape(3, 4)[:, 1:3],  # not contiguous
+        "empty": torch.empty(0, 4),
+        "scalar": torch.tensor(2.5),
+    }
+    packed = pack(tensors)
+    assert all(isinstance(raw, bytes) for _, _, raw in packed.values())  # no shared-memory handles
+    back = unpack(pickle.loads(pickle.dumps(packed)))
+    for name, t in tensors.items():
+        assert (back[name].dtype, back[name].shape) == (t.dtype, t.shape), name
+        assert torch.equal(back[name], t), name
+
+
+def test_weight_slots_keep_the_last_k_versions_while_the_next_is_written():
+    """k = 2: three slots; after writing version v, versions v − 1 and v − 2 (which the lane may still be
+    loading) are intact in their slots."""
+    k, shape = 2, (3, 2)
+    slots = WeightSlots({"w": torch.zeros(shape)}, k + 1)
+    assert all(slot["w"].is_shared() for slot in slots.slots)
+    for v in range(1, 8):
+        slot = slots.write(v, {"w": torch.full(shape, float(v))})
+        assert slot == v % (k + 1)
+        for back in range(min(v, k + 1)):
+            assert torch.equal(slots.slots[(v - back) % (k + 1)]["w"], torch.full(shape, float(v - back)))
 
 
 def _kill_lane_after_first_step(signum, monkeypatch):

@@ -168,7 +168,8 @@ class LanesConfig:
     ahead). 0: by the current policy, nothing overlaps, and the run is the synchronous one. With k > 0 and
     postrl's engine, grpo.is_correction auto (none) takes the sampler's log-probs as π_old: PPO's clipped ratio
     against the stale policy, as accurate as the synchronous run within noise (benchmarks/async_grpo.py);
-    tis or mis at one update per batch clip against the current policy, so never (per-token tis was lower)."""
+    tis or mis at one update per batch clip against the current policy, so never (per-token tis was lower).
+    Weights reach the lane through k + 1 shared-memory copies of the policy's state dict (made at the start)."""
     threads: int = 1
     """torch intra-op threads of the generation lane (run.threads are the training lane's)."""
     timeout: float = 600.0

@@ -14,6 +14,12 @@ whichever lane is faster, k = 0 is the synchronous algorithm (same responses, sa
 is the straight run. A checkpoint after step s holds the responses of steps s + 1 … s + k (sampled by weights
 the checkpoint no longer has); the lane regenerates the rest.
 
+Weights travel through k + 1 shared-memory copies of the state dict made once at the start (`WeightSlots`):
+publishing version v copies the weights into slot v mod (k + 1) and sends only its number. The slot's previous
+version, v − k − 1, has been loaded by then: the step just trained, v − 1, took responses the lane sampled after
+loading it. Sampled batches come back as bytes. Each message is then a few hundred bytes of pipe, not one
+file-descriptor hand-over per tensor (`torch.multiprocessing`'s sharing: ~10 ms a step for a 28-tensor model).
+
 Samples up to k steps old come from a behaviour policy μ ≠ π: ``grpo.is_correction`` (tis or mis) corrects
 for it (`postrl.core.importance`, decoupled PPO). A lane that dies, raises or sends nothing for
 ``lanes.timeout`` seconds stops the run with one error; a lane whose trainer was killed exits by itself.
@@ -30,6 +36,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.multiprocessing as mp
 
@@ -58,6 +65,48 @@ class LaneError(UserError):
     """The generation lane died, raised, or sent nothing within ``lanes.timeout``."""
 
 
+def pack(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    """Tensors → (dtype, shape, bytes) that pickle as plain bytes (any dtype, bfloat16 included)."""
+    out = {}
+    for name, t in tensors.items():
+        flat = t.detach().cpu().contiguous().reshape(-1)
+        raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+        out[name] = (str(t.dtype).removeprefix("torch."), tuple(t.shape), raw.numpy().tobytes())
+    return out
+
+
+def unpack(packed: dict[str, tuple[str, tuple[int, ...], bytes]]) -> dict[str, torch.Tensor]:
+    """The inverse of `pack`: tensors that own their memory."""
+    out = {}
+    for name, (dtype, shape, raw) in packed.items():
+        kind = getattr(torch, dtype)
+        if not raw:
+            out[name] = torch.empty(shape, dtype=kind)
+            continue
+        data = torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy())
+        out[name] = data.view(kind).reshape(shape)
+    return out
+
+
+class WeightSlots:
+    """k + 1 copies of a state dict in shared memory, made once; version v of the weights goes to slot
+    v mod (k + 1) (see the module docstring for why the lane is done with the slot's previous version)."""
+
+    def __init__(self, state: dict[str, torch.Tensor], count: int) -> None:
+        self.slots = [
+            {name: t.detach().to("cpu", copy=True).share_memory_() for name, t in state.items()}
+            for _ in range(count)
+        ]
+
+    def write(self, version: int, state: dict[str, torch.Tensor]) -> int:
+        """Copy ``state`` into version ``version``'s slot; its number."""
+        slot = version % len(self.slots)
+        with torch.no_grad():
+            for name, t in self.slots[slot].items():
+                t.copy_(state[name])
+        return slot
+
+
 def step_prompts(stream: Any, prompts_per_step: int, repeat_prompts: bool) -> list[int]:
     """This rank's share of one step's prompts, drawn from ``stream`` (every rank draws the same global ones)."""
     chosen = stream.take(prompts_per_step, None if repeat_prompts else set())
@@ -79,9 +128,11 @@ def lane_main(
     parent: int,
     vllm: dict[str, Any] | None = None,
     ref: torch.nn.Module | None = None,
+    weights: WeightSlots | None = None,
 ) -> None:
-    """Serve ("weights", version, state_dict), ("sample", step, indices) and ("stop",) in order; answer each
-    sample with ("sampled", step, tensors, prompt_len, texts), a failure with ("error", traceback). With
+    """Serve ("weights", version, slot), ("sample", step, indices) and ("stop",) in order (the version's
+    weights are in ``weights``'s slot); answer each sample with ("sampled", step, `pack`ed tensors,
+    prompt_len, texts), a failure with ("error", traceback). With
     ``vllm`` (`postrl.lm.grpo.engine.vllm_options`), a vLLM engine of this lane samples, ``model``'s weights
     pushed to it before the first sampling after each load. With the frozen reference ``ref`` (β > 0), the
     lane also scores its responses under it (``tensors["ref_log_probs"]``): the training lane then does not."""
@@ -105,7 +156,7 @@ def lane_main(
             if message[0] == "stop":
                 return
             if message[0] == "weights":
-                model.load_state_dict(message[2])
+                model.load_state_dict(weights.slots[message[2]])
                 stale = True
                 continue
             step, indices = message[1], message[2]
@@ -128,7 +179,7 @@ def lane_main(
                         ref_forward, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
                         temperature=sampling.temperature,
                     )  # fmt: skip
-            results.put(("sampled", step, tensors, rollout.prompt_len, texts))
+            results.put(("sampled", step, pack(tensors), rollout.prompt_len, texts))
     except BaseException:  # noqa: BLE001 - every failure goes back to the training lane as one message
         results.put(("error", traceback.format_exc()))
     finally:
@@ -155,6 +206,7 @@ class GenerationLane:
         self.ready: dict[int, _Pending] = {}  # received (or loaded from a checkpoint), not yet trained on
         self.asked: dict[int, list[int]] = {}  # asked for, not yet received
         self.process: Any = None
+        self.weights: WeightSlots | None = None  # k + 1 shared copies, made at start
         self.up = False  # the lane said it is ready: lanes.timeout applies from then on
         self.ahead: Any = None  # the prompt stream at the next step to ask for
         self.next_step = 0  # the next step to ask for
@@ -167,12 +219,13 @@ class GenerationLane:
         ctx = mp.get_context("spawn")
         self.requests, self.results = ctx.Queue(), ctx.Queue()
         model = copy.deepcopy(dist.unwrap(self.engine.policy_module)).eval().requires_grad_(False)
+        self.weights = WeightSlots(dist.unwrap(self.engine.policy_module).state_dict(), self.k + 1)
         g = self.cfg.grpo
         args = (
             model, self.engine.tokenizer, self.cfg.sampling, self.engine.prompts["train"].ids, g.group_size,
             self.cfg.run.seed, dist.rank(), self.cfg.lanes.threads, self.requests, self.results, os.getpid(),
             vllm_options(self.cfg, next(model.parameters()).dtype) if sampling_engine(self.cfg) == "vllm" else None,
-            None if self.engine.ref is None else copy.deepcopy(dist.unwrap(self.engine.ref)).eval(),
+            None if self.engine.ref is None else copy.deepcopy(dist.unwrap(self.engine.ref)).eval(), self.weights,
         )  # fmt: skip
         self.process = ctx.Process(target=lane_main, args=args, daemon=True, name="postrl-generation-lane")
         self.process.start()
@@ -192,7 +245,7 @@ class GenerationLane:
             if self.process.is_alive():
                 self.process.kill()  # SIGKILL: a stopped (SIGSTOP) or hung process ignores SIGTERM until resumed
                 self.process.join(timeout=5)
-            self.process = None
+            self.process, self.weights = None, None
 
     # -- the steps
     def _ask(self, t: int, current: int) -> None:
@@ -220,10 +273,8 @@ class GenerationLane:
         that needs them (steps_done + k)."""
         if self.process is None:
             return
-        state = {
-            k: v.detach().clone() for k, v in dist.unwrap(self.engine.policy_module).state_dict().items()
-        }
-        self.requests.put(("weights", steps_done, state))
+        slot = self.weights.write(steps_done, dist.unwrap(self.engine.policy_module).state_dict())
+        self.requests.put(("weights", steps_done, slot))
         self.version = steps_done
         while self.next_step <= steps_done + self.k:
             self._ask(self.next_step, current=steps_done)
@@ -265,8 +316,8 @@ class GenerationLane:
             self.stop()
             last = message[1].strip().splitlines()[-1]
             raise LaneError(f"the generation lane failed sampling step {step}: {last}")
-        _, t, tensors, prompt_len, texts = message
-        tensors = {k: v.clone() for k, v in tensors.items()}
+        _, t, packed, prompt_len, texts = message
+        tensors = unpack(packed)
         ref = tensors.pop("ref_log_probs", None)
         rollout = Rollout(prompt_len=prompt_len, texts=texts, **tensors)
         self.ready[t] = _Pending(self.asked.pop(t), rollout, texts, ref)
