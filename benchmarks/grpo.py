@@ -192,9 +192,9 @@ def _write_jsonl(rows: list[dict], path: Path) -> Path:
 def _postrl(*args: str, log: Path) -> dict:
     """Run ``postrl ARGS`` in a fresh process (its own peak memory); return its summary, with
     ``tree_rss_mb``: the resident set of it and its children (a generation lane) summed, sampled every 0.2 s."""
-    from real_size import _measured  # this folder is on sys.path when a benchmark runs
+    from real_size import measured  # this folder is on sys.path when a benchmark runs
 
-    _, _, tree, _ = _measured([sys.executable, "-m", "postrl.cli", *args], log, ROOT)
+    _, _, tree, _ = measured([sys.executable, "-m", "postrl.cli", *args], log, ROOT)
     return {**json.loads(log.read_text().strip().splitlines()[-1]), "tree_rss_mb": round(tree, 1)}
 
 

@@ -220,7 +220,7 @@ def _children(pid: int) -> list[int]:
     return kids + [g for k in kids for g in _children(k)]
 
 
-def _measured(cmd: list[str], log: Path, cwd: Path, trained=None) -> tuple[float, float, float, float]:
+def measured(cmd: list[str], log: Path, cwd: Path, trained=None) -> tuple[float, float, float, float]:
     """Run ``cmd`` → (wall seconds, peak RSS in MB: ru_maxrss of that child alone, the RSS of it and its
     children sampled every 0.2 s until ``trained()`` says the training steps are over: their peak, before a
     final checkpoint and export, which TRL's runs here do not write; and the largest one process's sample in
@@ -335,7 +335,7 @@ def postrl_run(args: argparse.Namespace, model: Path, data: Path, out: Path) -> 
             "postrl.cli",
         ]
     log = out.parent / f"{out.name}.log"
-    wall, rss, sampled, largest = _measured([*launch, *stage], log, ROOT, _last_step_logged(out, args.steps))
+    wall, rss, sampled, largest = measured([*launch, *stage], log, ROOT, _last_step_logged(out, args.steps))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     times = [r["time_step"] for r in rows if "time_step" in r]
     if not times:  # SFT logs the time since the run started: one step's is the difference
@@ -375,7 +375,7 @@ def trl_run(args: argparse.Namespace, model: Path, data: Path, out: Path) -> dic
         str(args.batch), "--max-length", str(args.max_length), "--threads", str(args.threads), "--dtype", args.dtype, "--new-tokens", str(args.new_tokens),
         "--group", str(args.group), "--prompts", str(args.prompts), "--per-forward", str(args.per_forward),
     ] + (["--lora"] if args.lora else [])  # fmt: skip
-    wall, rss, sampled, _ = _measured(cmd, out / "worker.log", out)
+    wall, rss, sampled, _ = measured(cmd, out / "worker.log", out)
     result = json.loads((out / "result.json").read_text())
     return {"step_s": statistics.median(result["times"][1:] or result["times"]), "step_times": result["times"],
             "peak_rss_mb": rss, "training_rss_mb": sampled, "wall_s": wall, "versions": result["versions"]}  # fmt: skip
