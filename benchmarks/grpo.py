@@ -395,6 +395,8 @@ def _pair(model: Path, train: Path, heldout: Path, work: Path, args: argparse.Na
         ]
         summary = {key: statistics.median(r[key] for r in results) for key in timing}
         summary["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
+        if all("tree_rss_mb" in r for r in results):  # postrl: its process tree (with a lane: both processes)
+            summary["tree_rss_mb"] = max(r["tree_rss_mb"] for r in results)
         curves = [r["accuracy_curve"] for r in results]
         summary["accuracy_curve"] = [
             (step, seconds, statistics.mean(c[i][2] for c in curves))

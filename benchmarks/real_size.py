@@ -213,10 +213,12 @@ def _rss_each(pid: int) -> list[float]:
 
 
 def _children(pid: int) -> list[int]:
-    try:
-        kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
+    kids = []  # children of every thread: a process started from a worker thread is listed under that thread
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            continue
     return kids + [g for k in kids for g in _children(k)]
 
 
