@@ -39,20 +39,31 @@ speed-up was not re-measured: the machine was loaded).
 
 Measured 2026-12-06 on an Intel Xeon (2 vCPUs, load 0.7-1.5, the checkpoint starting at 0.72; target 0.791 by
 the rule), 5 seeds x 60 steps, ``--eval-every 5``, async k = 1, auto (none), training and generation lanes one
-thread each. The synchronous baseline at each thread count:
+thread each, BEFORE the lane's weights went through shared slots (commit 8c838c3: until then each step's weights
+crossed to the lane as one file descriptor per tensor, ~10 ms). The synchronous baseline at each thread count:
 
     sync run.threads=1   0.159 s/step; async 1.51x steps/s, 2.24x time to target
-    sync run.threads=2   0.103 s/step; async 0.94x steps/s, 1.46x time to target  (the recorded run)
+    sync run.threads=2   0.103 s/step; async 0.94x steps/s, 1.46x time to target
 
-On this machine a synchronous step at 2 threads is 1.5x its 1-thread speed, as much as taking generation off the
-training lane gives (a step is ~1/3 sampling and reference scoring, ~2/3 training): the lanes buy no throughput
-over the best synchronous run. A 2-thread training lane beside the 1-thread generation lane is slower (0.13
-s/step: 3 threads on 2 cores), with OMP_WAIT_POLICY=PASSIVE too. The time-to-target gain is learning per step:
-with k = 1 the final accuracy is higher on 4 of 5 seeds (median 0.855 against 0.815) and the target comes in fewer
-steps; with k = 0 (lanes on) the accuracies are the synchronous ones exactly (checked, seeds 0 and 1). PPO's ratio
-against a one-step-old sampler weights up positive-advantage tokens the last step raised (to 1 + ε) and clips
-negative-advantage ones it lowered, a bias that helps on this task; on the AMD EPYC's checkpoint (start 0.445)
-the same setting was equal to synchronous within noise.
+After it, same machine and command at 2 threads: 1.05x steps/s, 1.40x time to target, final accuracy 0.855
+async / 0.815 sync (median). Then on an AMD EPYC (2 vCPUs, load 1.2-1.7, the checkpoint `_grpo_sft.py` built
+there starting at 0.36; target 0.461 by the rule; 5 of 5 seeds reach it in both):
+
+    sync run.threads=1   0.231 s/step; async 0.138 s/step: 1.68x steps/s, 2.75x time to target
+    sync run.threads=2   0.191 s/step; async 0.138 s/step: 1.38x steps/s, 2.41x time to target  (the recorded run)
+
+How much the lanes buy in steps/s depends on how well the machine runs one step on 2 threads: the Intel Xeon's
+synchronous step at 2 threads is 1.5x its 1-thread speed, as much as taking generation off the training lane
+gives (a step is ~1/3 sampling and reference scoring, ~2/3 training), the AMD EPYC's only 1.2x. A 2-thread
+training lane beside the 1-thread generation lane is slower (0.13 s/step on the Intel Xeon: 3 threads on 2
+cores), with OMP_WAIT_POLICY=PASSIVE too. The rest of the time-to-target gain is learning per step: with k = 1
+the final accuracy is higher on 4 of 5 seeds on the Intel Xeon and on 5 of 5 on the AMD EPYC (median 0.520
+against 0.495; the same five seeds in both runs, their accuracies unchanged by the thread count), and the target
+comes in fewer steps (on the AMD EPYC at about step 23 against 37, medians). With k = 0 (lanes on) the accuracies are the
+synchronous ones exactly (checked, seeds 0 and 1). PPO's ratio against a one-step-old sampler weights up
+positive-advantage tokens the last step raised (to 1 + ε) and clips negative-advantage ones it lowered, a bias
+that helped on both checkpoints here; on an earlier AMD EPYC checkpoint (start 0.445) it was equal to synchronous
+within noise.
 """
 
 from __future__ import annotations
