@@ -8,7 +8,8 @@ counted once, no memory), and the peak is summed from the parts a training step 
                      its log-probs: eval_samples 0)
     gradients        trained parameters × their bytes (LoRA adapters: float32)
     optimizer        AdamW: 2 moments float32 per trained parameter, plus a float32 master weight for
-                     bfloat16 ones (`postrl.lm.master_adamw`)
+                     bfloat16 ones (`postrl.lm.master_adamw`); ``optim.master_weights=false``: 2 moments in
+                     the weights' dtype, no master
     activations      one forward's rows × tokens × layers × the per-token, per-layer tensors a block saves
                      for its backward (Korthikanti et al. 2022, "Reducing Activation Recomputation", §4.1:
                      ≈ 8h + 3·kv + 4·ffn elements, plus 2·heads·tokens for eager attention's probabilities); rows
@@ -108,10 +109,22 @@ def _batch(stage: str, cfg: Any) -> tuple[int, int, int]:
     return rows, train.max_length, train.max_length
 
 
-def _trained_bytes(shape: Shape, wbytes: int, lora: bool) -> float:
-    """Gradients and AdamW state of ``shape``'s trained parameters: moments float32, a float32 master for
-    low-precision weights (`postrl.lm.master_adamw`), LoRA adapters float32."""
-    return shape.trained * ((4 if lora else wbytes) + 8 + (4 if wbytes < 4 and not lora else 0))
+def _optimizer_bytes(wbytes: int, lora: bool, master: bool) -> int:
+    """AdamW state per trained parameter: moments float32 and a float32 master for low-precision weights
+    (`postrl.lm.master_adamw`); with ``optim.master_weights=false`` moments in the weights' dtype, no master;
+    LoRA adapters are float32."""
+    if lora or wbytes >= 4:
+        return 8
+    return 12 if master else 2 * wbytes
+
+
+def _master(cfg: Any) -> bool:
+    return getattr(getattr(cfg, "optim", None), "master_weights", True)
+
+
+def _trained_bytes(shape: Shape, wbytes: int, lora: bool, master: bool) -> float:
+    """Gradients and AdamW state of ``shape``'s trained parameters (`_optimizer_bytes`)."""
+    return shape.trained * ((4 if lora else wbytes) + _optimizer_bytes(wbytes, lora, master))
 
 
 def _ppo_roles(cfg: Any, policy: Shape, reward: Shape, wbytes: int, activations: float) -> dict[str, float]:
@@ -124,7 +137,8 @@ def _ppo_roles(cfg: Any, policy: Shape, reward: Shape, wbytes: int, activations:
     parts = {"reward model": float(reward.params * wbytes if scored else 0), "critic": 0.0}
     if cfg.critic != "shared":
         trunk = reward if cfg.critic == "reward_model" else policy
-        parts["critic"] = trunk.params * wbytes + _trained_bytes(trunk, wbytes, lora) + activations
+        master = cfg.critic_optim.master_weights
+        parts["critic"] = trunk.params * wbytes + _trained_bytes(trunk, wbytes, lora, master) + activations
     return parts
 
 
@@ -151,7 +165,7 @@ def estimate(stage: str, cfg: Any, shape: Shape, reward_shape: Shape | None = No
     parts = {
         "weights": s.params * wbytes * (2 if reference else 1),
         "gradients": s.trained * (4 if lora else wbytes),
-        "optimizer": s.trained * (8 + (4 if wbytes < 4 and not lora else 0)),
+        "optimizer": s.trained * _optimizer_bytes(wbytes, lora, _master(cfg)),
         "activations": activations,
         "logits": 3 * logit_rows * s.vocab * 4,
         "kv cache": rows * L * s.layers * 2 * s.kv * wbytes if stage in ("grpo", "ppo") else 0,
@@ -159,6 +173,23 @@ def estimate(stage: str, cfg: Any, shape: Shape, reward_shape: Shape | None = No
     if stage == "ppo":
         parts |= _ppo_roles(cfg, s, reward_shape or s, wbytes, activations)
     return Estimate({k: float(v) for k, v in parts.items()}, rows, L)
+
+
+def _levers(cfg: Any, shape: Shape) -> list[str]:
+    """The memory switches ``cfg`` has not set yet, as key=value overrides."""
+    run, memory = cfg.run, cfg.run.memory
+    chunked = memory.log_probs == "chunked" or (memory.log_probs == "auto" and shape.vocab >= LARGE_VOCAB)
+    levers = {
+        "run.memory.log_probs=chunked": not chunked,
+        "run.memory.gradient_checkpointing=true": not memory.gradient_checkpointing,
+        "run.lora.enabled=true": not run.lora.enabled,
+        "run.dtype=bfloat16": run.dtype == "float32",
+        "optim.master_weights=false": hasattr(cfg, "optim")
+        and run.dtype != "float32"
+        and not run.lora.enabled
+        and _master(cfg),
+    }
+    return [lever for lever, open_ in levers.items() if open_] or ["a smaller model"]
 
 
 def available_memory(device: str) -> tuple[float, str]:
@@ -200,8 +231,7 @@ def check_fits(stage: str, cfg: Any, *, dry_run: bool = False) -> str | None:
     one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
     if est.total > free and (dry_run or (cfg.run.memory.check and one_process)):
         raise UserError(
-            f"this config would not fit: {line}. Lower the batch or lengths, or set run.memory.log_probs=chunked, "
-            "run.memory.gradient_checkpointing=true, run.lora.enabled=true, run.dtype=bfloat16 "
+            f"this config would not fit: {line}. Lower the batch or lengths, or set {', '.join(_levers(cfg, shape))} "
             "(run.memory.check=false runs it anyway)"
         )
     return line

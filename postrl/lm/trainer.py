@@ -12,6 +12,7 @@ state, so a resumed run continues bit-for-bit; the final model is written with `
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -33,6 +34,8 @@ from postrl.runtime.checkpoint import latest_checkpoint, write_dir_atomically
 from postrl.runtime.logging import RunLogger
 from postrl.runtime.plots import write_curves
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class OptimConfig:
@@ -48,6 +51,12 @@ class OptimConfig:
     """AdamW betas."""
     max_grad_norm: float | None = 1.0
     """Global gradient-norm clip; null turns it off."""
+    master_weights: bool = True
+    """Trained bfloat16/float16 weights (``run.dtype=bfloat16``, full fine-tuning) are stepped through float32
+    master copies with float32 AdamW moments (`MasterAdamW`: 16 bytes per parameter with the weight and its
+    gradient). false: torch's AdamW on the low-precision weights themselves, moments in their dtype (8 bytes per
+    parameter, what transformers' Trainer does with a model loaded in bfloat16): half the memory, but a step
+    smaller than about 1/256 of a weight rounds away (at lr 1e-6, most of a 0.02-sized weight's steps)."""
 
     CHECKS = {  # valid ranges (postrl.runtime.config.validate)
         "lr": "> 0",
@@ -85,7 +94,8 @@ def adamw_kernel(params: Sequence[torch.Tensor]) -> dict[str, bool]:
 
 def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
     """AdamW with decay on ≥2-D weights only, and the warmup-cosine LambdaLR. Trained bfloat16 weights
-    (``run.dtype=bfloat16``, full fine-tuning) take `MasterAdamW`: float32 master weights and moments."""
+    (``run.dtype=bfloat16``, full fine-tuning) take `MasterAdamW`: float32 master weights and moments, unless
+    ``cfg.master_weights`` is false."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [
@@ -93,7 +103,13 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
         {"params": no_decay, "weight_decay": 0.0},
     ]
     trained = decay + no_decay
-    adamw = MasterAdamW if any(needs_master(p) for p in trained) else torch.optim.AdamW
+    low_precision = any(needs_master(p) for p in trained)
+    if low_precision and not cfg.master_weights:
+        log.info(
+            "optim.master_weights=false: AdamW steps the bfloat16 weights and keeps bfloat16 moments (8 bytes per "
+            "parameter); a step below about 1/256 of a weight rounds away"
+        )
+    adamw = MasterAdamW if low_precision and cfg.master_weights else torch.optim.AdamW
     opt = adamw(groups, lr=cfg.lr, betas=cfg.betas, **adamw_kernel(trained))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, cosine_schedule(cfg.warmup_steps, total_steps, cfg.min_lr_ratio)

@@ -132,3 +132,38 @@ def test_ppo_dry_run_refuses_what_would_not_fit(tmp_path, capsys):
     lora = ["run.lora.enabled=true", "batch_size=1", "sampling.max_new_tokens=8", "max_prompt_length=8"]
     assert main([*argv, *lora, "--dry-run"]) == 0
     assert "it fits" in capsys.readouterr().out
+
+
+def test_bfloat16_optimizer_state_with_and_without_float32_masters(tmp_path):
+    """bfloat16 full fine-tuning: 2 B weight + 2 B gradient + 12 B AdamW state (float32 master and moments)
+    per trained parameter by default; ``optim.master_weights=false`` keeps bfloat16 moments and no master
+    (4 B, what transformers' Trainer holds for a model loaded in bfloat16); float32 and LoRA do not change."""
+    P = 494_032_768
+    shape = model_shape(str(qwen05b_folder(tmp_path)), LoraConfig())
+    cfg = GRPOConfig()
+    bf16 = replace(cfg, run=replace(cfg.run, dtype="bfloat16"))
+    plain = replace(bf16, optim=replace(bf16.optim, master_weights=False))
+    assert estimate("grpo", bf16, shape).parts["optimizer"] == P * 12
+    assert estimate("grpo", plain, shape).parts["optimizer"] == P * 4
+    assert estimate("grpo", plain, shape).parts["gradients"] == P * 2
+    fp32_plain = replace(cfg, optim=replace(cfg.optim, master_weights=False))
+    assert estimate("grpo", fp32_plain, shape).parts["optimizer"] == P * 8
+
+
+def test_a_refusal_names_only_the_switches_not_yet_set(tmp_path):
+    from postrl.lm.estimate import _levers
+
+    shape = model_shape(str(qwen05b_folder(tmp_path)), LoraConfig())
+    cfg = GRPOConfig()
+    assert _levers(cfg, shape) == [
+        "run.memory.gradient_checkpointing=true",
+        "run.lora.enabled=true",
+        "run.dtype=bfloat16",
+    ]  # fmt: skip  (chunked log-probs are auto's choice at this vocabulary)
+    bf16 = replace(cfg, run=replace(cfg.run, dtype="bfloat16", memory=MemoryConfig(log_probs="full")))
+    assert _levers(bf16, shape) == [
+        "run.memory.log_probs=chunked", "run.memory.gradient_checkpointing=true", "run.lora.enabled=true",
+        "optim.master_weights=false",
+    ]  # fmt: skip
+    plain = replace(bf16, optim=replace(bf16.optim, master_weights=False))
+    assert "optim.master_weights=false" not in _levers(plain, shape)

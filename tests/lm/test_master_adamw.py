@@ -168,6 +168,33 @@ def test_make_optimizer_takes_master_adamw_for_bfloat16_weights_only(tiny_lm_dir
     assert type(make_optimizer(fp32.to(torch.bfloat16), cfg, 10)[0]) is MasterAdamW
 
 
+def test_master_weights_false_steps_the_bfloat16_weights_as_torch_adamw(tiny_lm_dir: Path, caplog) -> None:
+    """``optim.master_weights=false``: torch's AdamW on the bfloat16 weights, moments bfloat16 (no master), the
+    same update as a plain torch.optim.AdamW of the same groups; one info line says what it gives up."""
+    cfg = OptimConfig(master_weights=False, warmup_steps=0, min_lr_ratio=1.0)
+    model, twin = (load_causal_lm(tiny_lm_dir).to(torch.bfloat16) for _ in range(2))
+    with caplog.at_level("INFO", logger="postrl.lm.trainer"):
+        opt, _ = make_optimizer(model, cfg, 10)
+    assert type(opt) is torch.optim.AdamW and "master_weights=false" in caplog.text
+    ref = torch.optim.AdamW(
+        [
+            {"params": [p for p in twin.parameters() if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+            {"params": [p for p in twin.parameters() if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=cfg.lr, betas=cfg.betas, fused=True,
+    )  # fmt: skip
+    for _ in range(3):
+        for m in (model, twin):
+            for i, p in enumerate(m.parameters()):
+                p.grad = torch.full_like(p, 0.01 * (i % 5 - 2))
+        opt.step()
+        ref.step()
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(p, q) and p.dtype is torch.bfloat16
+    state = opt.state[next(model.parameters())]
+    assert state["exp_avg"].dtype is torch.bfloat16 and "master" not in state
+
+
 def _sft(
     tiny_lm_dir: Path, steps: int, lr: float = 1e-3, save_every: int = 2, parallel: str = "ddp"
 ) -> SFTConfig:
