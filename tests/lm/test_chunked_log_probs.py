@@ -3,6 +3,7 @@ gradients in float64, and every LM forward that picks it (run.memory.log_probs) 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
@@ -110,6 +111,61 @@ def test_a_backward_onto_an_existing_gradient_adds_into_it_in_place():
     (returned,) = torch.autograd.grad(chunked_log_probs(h, w, None, y, 0.8, chunk_tokens=4)[0].sum(), [w])
     torch.testing.assert_close(returned, want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(w.grad, 2 * want, rtol=1e-5, atol=1e-6)  # untouched by autograd.grad
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 16, 64])
+@pytest.mark.parametrize("slice_rows", [7, 16384])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bfloat16_weights_sliced_by_vocabulary_match_the_plain_path(
+    chunk, slice_rows, with_bias, monkeypatch
+):
+    """A trained bfloat16 output layer takes its backward a vocabulary slice at a time: ∂L/∂W, ∂L/∂b and ∂L/∂h
+    equal the plain path's (the whole bfloat16 logits, then autograd) within bfloat16 rounding, and over more
+    than one slice no float32 tensor of W's shape is made (the chunk loop summed ∂L/∂W in one: 544 MB at
+    Qwen2.5's vocabulary)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import postrl.lm.rollout.chunked as chunked
+
+    class Float32WeightShaped(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.made = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out.shape == (V, d) and out.dtype == torch.float32:
+                self.made.append(func.__name__)
+            return out
+
+    g = torch.Generator().manual_seed(2)
+    N, d, V, tau = 24, 8, 40, 0.9
+    h0 = torch.randn(N, d, generator=g).to(torch.bfloat16)
+    w0 = (torch.randn(V, d, generator=g) * 0.5).to(torch.bfloat16)
+    b0 = (torch.randn(V, generator=g) * 0.1).to(torch.bfloat16) if with_bias else None
+    y = torch.randint(V, (N,), generator=g)
+    y[0], y[1] = 0, V - 1  # the first and the last slice each hold a target
+    weights = torch.randn(N, generator=g)
+
+    def grads(log_probs, watch=None):
+        h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+        b = None if b0 is None else b0.clone().requires_grad_()
+        lp = log_probs(h, w, b)
+        with watch or contextlib.nullcontext():
+            (lp * weights).sum().backward()
+        return [h.grad, w.grad] + ([b.grad] if b is not None else []), lp.detach()
+
+    watch = Float32WeightShaped()
+    monkeypatch.setattr(chunked, "SLICE_ROWS", slice_rows)
+    sliced, lp = grads(lambda h, w, b: chunked_log_probs(h, w, b, y, tau, chunk_tokens=chunk)[0], watch)
+    plain, lp_plain = grads(lambda h, w, b: _reference(h, w, b, y, tau)[0])
+    if min(chunk * V // N, slice_rows) < V:  # more than one slice: none of W's shape in float32
+        assert watch.made == []
+    torch.testing.assert_close(lp, lp_plain, rtol=0, atol=1e-6)
+    for ours, want in zip(sliced, plain, strict=True):
+        assert ours.dtype == torch.bfloat16
+        tolerance = want.float().abs() * 2.0**-6 + want.float().abs().max() * 2.0**-8
+        assert ((ours.float() - want.float()).abs() <= tolerance).all()
 
 
 def test_bad_chunk_size():

@@ -66,6 +66,8 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
         # The first chunk's product is the sum (no zeroed [V, d] buffer to fill), later ones are added in place
         # by addmm_ (no [V, d] temporary): at V = 151,936 each of those was 544 MB and seconds of page faults.
         acc = torch.promote_types(weight.dtype, torch.float32)
+        if need_w and acc != weight.dtype:
+            return _sliced_backward(ctx, grad_log_probs, need_h, need_b)
         grad_w = existing_grad(weight, acc) if need_w else None  # added to in place, None returned for W
         into_grad = grad_w is not None
         grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
@@ -85,6 +87,42 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
         grad_w = None if grad_w is None or into_grad else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
         return grad_h, grad_w, grad_b, None, None, None, None
+
+
+SLICE_ROWS = 16384
+"""Most vocabulary rows of one slice of `_sliced_backward` (its float32 ∂L/∂W rows: 59 MB at d = 896)."""
+
+
+def _sliced_backward(
+    ctx: Any, grad_log_probs: Tensor, need_h: bool, need_b: bool
+) -> tuple[Tensor | None, ...]:
+    """The backward of a trained low-precision output layer, a slice of the vocabulary at a time instead of a
+    chunk of positions: each slice's ∂L/∂W rows are one float32 product over all positions, rounded once into
+    the weight's dtype, so no float32 [V, d] gradient is held (at V = 151,936, d = 896: 544 MB, and 272 MB more
+    while it is rounded). The values of the chunk loop (one rounding of a float32 sum over positions); the
+    logits alive at once are at most a chunk's (``chunk_tokens`` · V), a slice at most `SLICE_ROWS` rows."""
+    hidden, weight, bias, tokens, lse = ctx.saved_tensors
+    tau, N, V = ctx.temperature, hidden.shape[0], weight.shape[0]
+    step = max(1, min(ctx.chunk_tokens * V // max(N, 1), SLICE_ROWS))  # vocabulary rows per slice
+    h32, g = hidden.float(), grad_log_probs.float()
+    grad_w = torch.empty_like(weight)
+    grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_h else None
+    grad_b = torch.empty_like(bias) if need_b else None
+    rows = torch.arange(N, device=hidden.device)
+    for v in range(0, V, step):
+        w = weight[v : v + step]
+        b = None if bias is None else bias[v : v + step]
+        grad_z = torch.exp(_chunk_logits(hidden, w, b, tau) - lse[:, None]).mul_(-g[:, None])  # (N, Vs)
+        inside = (tokens >= v) & (tokens < v + w.shape[0])  # the onehot's column falls in this slice
+        grad_z.index_put_((rows[inside], tokens[inside] - v), g[inside], accumulate=True)
+        grad_z = grad_z.div_(tau)
+        grad_w[v : v + step] = (grad_z.T @ h32).to(weight.dtype)  # (Vs, d), one rounding
+        if need_h:
+            grad_h.addmm_(grad_z.to(weight.dtype).float(), w.float())
+        if need_b:
+            grad_b[v : v + step] = grad_z.sum(0).to(bias.dtype)
+    grad_h = None if grad_h is None else grad_h.to(hidden.dtype)
+    return grad_h, grad_w, grad_b, None, None, None, None
 
 
 def existing_grad(weight: Tensor, acc: torch.dtype) -> Tensor | None:
