@@ -71,5 +71,9 @@ def configure_memory(
                 "run.memory.gradient_checkpointing: %s has no checkpointing; ignored", type(model).__name__
             )
             return model
+        # transformers checkpoints a layer only in training mode, and from_pretrained returns eval mode: a
+        # trainer that never calls train() (GRPO, PPO) kept every activation. Dropout stays as loaded (off
+        # unless the run keeps it), so the mode changes nothing else.
+        model.train()
         log.info("activation checkpointing on for %s", type(model).__name__)
     return model

@@ -232,6 +232,32 @@ def test_chunked_forward_pinned_to_the_full_forward(name, checkpointing, caplog)
         torch.testing.assert_close(grad, ref_grads[key], rtol=1e-4, atol=1e-6, msg=key)
 
 
+def test_checkpointing_acts_on_a_model_loaded_in_eval_mode():
+    """from_pretrained returns eval mode, where transformers skips checkpointing: `configure_memory` puts the
+    trained model in training mode, so the forward saves only the layers' inputs for the backward (GRPO and
+    PPO, which never call train(), kept every activation before); the gradients are the same."""
+
+    def saved_and_grads(model):
+        saved = []
+        ids = torch.randint(2, 48, (2, 6), generator=torch.Generator().manual_seed(0))
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(1) or t, lambda t: t):
+            loss = model(input_ids=ids, use_cache=False).logits.float().logsumexp(-1).sum()
+        loss.backward()
+        return len(saved), [p.grad for p in model.parameters()]
+
+    plain_saved, plain_grads = saved_and_grads(tiny_qwen2())
+    model = tiny_qwen2()  # eval mode, as loaded
+    configure_memory(model, MemoryConfig(gradient_checkpointing=True))
+    assert model.training
+    saved, grads = saved_and_grads(model)
+    assert saved < plain_saved / 3
+    for grad, want in zip(grads, plain_grads, strict=True):
+        torch.testing.assert_close(grad, want, rtol=1e-5, atol=1e-6)
+    frozen = tiny_qwen2()
+    configure_memory(frozen, MemoryConfig(gradient_checkpointing=True), trained=False)
+    assert not frozen.training
+
+
 def test_auto_chunks_a_large_vocabulary_only_and_refuses_what_it_cannot_run(caplog):
     from tests.lm.test_fast_gpt2 import tiny_gpt2
 
