@@ -14,6 +14,7 @@ import torch
 from postrl.lm.grpo import run_grpo
 from postrl.lm.grpo.config import LanesConfig
 from postrl.lm.grpo.lanes import LaneError, WeightSlots, pack, unpack
+from postrl.lm.memory import MemoryConfig
 from postrl.runtime.errors import UserError
 from tests.lm.resume_check import assert_same_weights, interrupt_after, rows_without_times
 from tests.lm.test_grpo import _config
@@ -22,6 +23,17 @@ from tests.lm.test_grpo import _config
 def test_staleness_zero_is_the_synchronous_run_bit_for_bit(tiny_lm_dir, tmp_path):
     run_grpo(_config(tiny_lm_dir, run={"steps": 3}), tmp_path / "sync")
     run_grpo(_config(tiny_lm_dir, run={"steps": 3}, lanes=LanesConfig(True, 0)), tmp_path / "lane")
+    assert rows_without_times(tmp_path / "sync") == rows_without_times(tmp_path / "lane")
+    assert_same_weights(tmp_path / "sync", tmp_path / "lane")
+
+
+def test_the_lane_samples_for_a_policy_trained_with_activation_checkpointing(tiny_lm_dir, tmp_path):
+    """The lane gets a copy without checkpointing or transformers' input-gradient hook (a local function that
+    could not be sent to the spawned process: the run died with a pickling traceback); k = 0 stays the
+    synchronous run with checkpointing on."""
+    memory = {"memory": MemoryConfig(gradient_checkpointing=True)}
+    run_grpo(_config(tiny_lm_dir, run={"steps": 2, **memory}), tmp_path / "sync")
+    run_grpo(_config(tiny_lm_dir, run={"steps": 2, **memory}, lanes=LanesConfig(True, 0)), tmp_path / "lane")
     assert rows_without_times(tmp_path / "sync") == rows_without_times(tmp_path / "lane")
     assert_same_weights(tmp_path / "sync", tmp_path / "lane")
 

@@ -107,6 +107,22 @@ class WeightSlots:
         return slot
 
 
+def sampler_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A frozen eval-mode copy of the policy for the lane, without activation checkpointing and without the
+    input-gradient hook transformers adds with it (a local function: a spawned process cannot unpickle it, and
+    a sampler needs neither)."""
+    model = copy.deepcopy(module).eval().requires_grad_(False)
+    on = getattr(model, "is_activation_checkpointing", None)  # transformers 5; 4 calls it is_gradient_...
+    if on if on is not None else getattr(model, "is_gradient_checkpointing", False):
+        disable = (
+            getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
+        )
+        disable()
+    if hasattr(model, "disable_input_require_grads"):
+        model.disable_input_require_grads()
+    return model
+
+
 def step_prompts(stream: Any, prompts_per_step: int, repeat_prompts: bool) -> list[int]:
     """This rank's share of one step's prompts, drawn from ``stream`` (every rank draws the same global ones)."""
     chosen = stream.take(prompts_per_step, None if repeat_prompts else set())
@@ -218,7 +234,7 @@ class GenerationLane:
         steps up to ``step`` + k that no checkpoint holds (all sampled by the current weights)."""
         ctx = mp.get_context("spawn")
         self.requests, self.results = ctx.Queue(), ctx.Queue()
-        model = copy.deepcopy(dist.unwrap(self.engine.policy_module)).eval().requires_grad_(False)
+        model = sampler_copy(dist.unwrap(self.engine.policy_module))
         self.weights = WeightSlots(dist.unwrap(self.engine.policy_module).state_dict(), self.k + 1)
         g = self.cfg.grpo
         args = (
