@@ -119,6 +119,7 @@ def _optimizer_bytes(wbytes: int, lora: bool, master: bool) -> int:
 
 
 def _master(cfg: Any) -> bool:
+    """``optim.master_weights`` of ``cfg`` (True, the default, where it has no ``optim``)."""
     return getattr(getattr(cfg, "optim", None), "master_weights", True)
 
 
@@ -184,10 +185,10 @@ def _levers(cfg: Any, shape: Shape) -> list[str]:
         "run.memory.gradient_checkpointing=true": not memory.gradient_checkpointing,
         "run.lora.enabled=true": not run.lora.enabled,
         "run.dtype=bfloat16": run.dtype == "float32",
-        "optim.master_weights=false": hasattr(cfg, "optim")
-        and run.dtype != "float32"
+        "optim.master_weights=false": run.dtype != "float32"
         and not run.lora.enabled
-        and _master(cfg),
+        and _master(cfg)
+        and hasattr(cfg, "optim"),
     }
     return [lever for lever, open_ in levers.items() if open_] or ["a smaller model"]
 

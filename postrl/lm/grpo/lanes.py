@@ -112,8 +112,10 @@ def sampler_copy(module: torch.nn.Module) -> torch.nn.Module:
     input-gradient hook transformers adds with it (a local function: a spawned process cannot unpickle it, and
     a sampler needs neither)."""
     model = copy.deepcopy(module).eval().requires_grad_(False)
-    on = getattr(model, "is_activation_checkpointing", None)  # transformers 5; 4 calls it is_gradient_...
-    if on if on is not None else getattr(model, "is_gradient_checkpointing", False):
+    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers 5
+    if checkpointing is None:
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)  # transformers 4
+    if checkpointing:
         disable = (
             getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
         )
