@@ -9,6 +9,7 @@ import logging
 import pytest
 import torch
 from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from postrl.core import entropy_from_logits
 from postrl.lm.memory import MemoryConfig, configure_memory
@@ -50,6 +51,20 @@ def test_chunked_equals_whole_logits_float64(chunk, with_bias):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+class OpWatch(TorchDispatchMode):
+    """Names the ops run under it whose tensor output ``picked(func, out)`` selects (``made``)."""
+
+    def __init__(self, picked):
+        super().__init__()
+        self.picked, self.made = picked, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and self.picked(func, out):
+            self.made.append(func.__name__)
+        return out
+
+
 def test_gradient_matches_hand_computed_onehot_minus_softmax():
     """One token, V = 3, W = I: ∂ log softmax(h)_y / ∂h = onehot(y) − softmax(h), by hand."""
     h = torch.tensor([[1.0, 2.0, 0.5]], dtype=torch.float64, requires_grad=True)
@@ -77,19 +92,10 @@ def test_a_backward_onto_an_existing_gradient_adds_into_it_in_place():
     """With ``W.grad`` already there, ∂L/∂W is added into it inside the backward (no new [V, d] tensor is made:
     every product of that shape writes into W.grad) and the total is the sum of the two backwards;
     ``autograd.grad`` still gets W's gradient returned and leaves W.grad alone."""
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    class NewWeightShaped(TorchDispatchMode):  # the ops that return a new [V, d] tensor
-        def __init__(self):
-            super().__init__()
-            self.made = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            new = isinstance(out, torch.Tensor) and out.shape == (40, 6) and not func._schema.is_mutable
-            if new and func.__name__ not in ("t.default", "detach.default", "alias.default"):
-                self.made.append(func.__name__)
-            return out
+    def new_weight_shaped(func, out):  # the ops that return a new [V, d] tensor
+        new = out.shape == (40, 6) and not func._schema.is_mutable
+        return new and func.__name__ not in ("t.default", "detach.default", "alias.default")
 
     g = torch.Generator().manual_seed(1)
     h = torch.randn(9, 6, generator=g, requires_grad=True)
@@ -97,7 +103,7 @@ def test_a_backward_onto_an_existing_gradient_adds_into_it_in_place():
     y = torch.randint(40, (9,), generator=g)
     ref_lp, _ = _reference(h, w, None, y, 0.8)
     (want,) = torch.autograd.grad(ref_lp.sum(), [w])
-    first_pass, second_pass = NewWeightShaped(), NewWeightShaped()
+    first_pass, second_pass = OpWatch(new_weight_shaped), OpWatch(new_weight_shaped)
     loss = chunked_log_probs(h, w, None, y, 0.8, chunk_tokens=4)[0].sum()
     with first_pass:
         loss.backward()
@@ -123,20 +129,7 @@ def test_bfloat16_weights_sliced_by_vocabulary_match_the_plain_path(
     equal the plain path's (the whole bfloat16 logits, then autograd) within bfloat16 rounding, and over more
     than one slice no float32 tensor of W's shape is made (the chunk loop summed ∂L/∂W in one: 544 MB at
     Qwen2.5's vocabulary)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     import postrl.lm.rollout.chunked as chunked
-
-    class Float32WeightShaped(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.made = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if isinstance(out, torch.Tensor) and out.shape == (V, d) and out.dtype == torch.float32:
-                self.made.append(func.__name__)
-            return out
 
     g = torch.Generator().manual_seed(2)
     N, d, V, tau = 24, 8, 40, 0.9
@@ -155,7 +148,7 @@ def test_bfloat16_weights_sliced_by_vocabulary_match_the_plain_path(
             (lp * weights).sum().backward()
         return [h.grad, w.grad] + ([b.grad] if b is not None else []), lp.detach()
 
-    watch = Float32WeightShaped()
+    watch = OpWatch(lambda func, out: out.shape == (V, d) and out.dtype == torch.float32)
     monkeypatch.setattr(chunked, "SLICE_ROWS", slice_rows)
     sliced, lp = grads(lambda h, w, b: chunked_log_probs(h, w, b, y, tau, chunk_tokens=chunk)[0], watch)
     plain, lp_plain = grads(lambda h, w, b: _reference(h, w, b, y, tau)[0])
