@@ -28,8 +28,10 @@ from torch import Tensor
 
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
-    """z = (h W^T + b)/τ in float32 (the reference: the model's logits in its dtype, then ``.float()``)."""
-    return F.linear(hidden, weight, bias).float() / temperature  # (n, V)
+    """z = (h W^T + b)/τ in float32 (the reference: the model's logits in its dtype, then ``.float()``), a new
+    tensor the caller may change in place."""
+    z = F.linear(hidden, weight, bias).float()  # (n, V)
+    return z.div_(temperature) if temperature != 1.0 else z
 
 
 class _SelectiveLogSoftmax(torch.autograd.Function):
@@ -68,12 +70,12 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
         acc = torch.promote_types(weight.dtype, torch.float32)
         if need_w and acc != weight.dtype:
             return _sliced_backward(ctx, grad_log_probs, need_h, need_b)
-        grad_w = existing_grad(weight, acc) if need_w else None  # added to in place, None returned for W
+        grad_w = existing_grad(weight) if need_w else None  # added to in place, None returned for W
         into_grad = grad_w is not None
         grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
         for s in range(0, hidden.shape[0], n):
             h, g = hidden[s : s + n], grad_log_probs[s : s + n]
-            p = torch.exp(_chunk_logits(h, weight, bias, tau) - lse[s : s + n, None])  # (n, V): softmax(z)
+            p = _chunk_logits(h, weight, bias, tau).sub_(lse[s : s + n, None]).exp_()  # (n, V): softmax(z)
             grad_z = p.mul_(-g[:, None])  # g ⊙ (onehot − p), the onehot added next
             grad_z.scatter_add_(-1, tokens[s : s + n, None], g[:, None])
             grad_z = grad_z.div_(tau)
@@ -84,6 +86,8 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
                 grad_w = part @ rows if grad_w is None else grad_w.addmm_(part, rows)  # (V, d)
             if need_b:
                 grad_b += grad_z.to(acc).sum(0)
+        if grad_w is not None and not into_grad and adopt_grad(weight, grad_w):
+            into_grad = True  # W.grad is this product: a tied input embedding's rows are added into it next
         grad_w = None if grad_w is None or into_grad else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
         return grad_h, grad_w, grad_b, None, None, None, None
@@ -97,50 +101,81 @@ def _sliced_backward(
     ctx: Any, grad_log_probs: Tensor, need_h: bool, need_b: bool
 ) -> tuple[Tensor | None, ...]:
     """The backward of a trained low-precision output layer, a slice of the vocabulary at a time instead of a
-    chunk of positions: each slice's ∂L/∂W rows are one float32 product over all positions, rounded once into
-    the weight's dtype, so no float32 [V, d] gradient is held (at V = 151,936, d = 896: 544 MB, and 272 MB more
-    while it is rounded). The values of the chunk loop (one rounding of a float32 sum over positions); the
-    logits alive at once are at most a chunk's (``chunk_tokens`` · V), a slice at most `SLICE_ROWS` rows."""
+    chunk of positions, as the plain path computes it: the slice's ∂L/∂z rounded to the weight's dtype (the
+    plain path's logits are in that dtype), then low-precision products that accumulate in float32 inside and
+    round once: ∂L/∂W rows over all positions, ∂L/∂h summed over slices in float32. No float32 [V, d] gradient
+    is held (at V = 151,936, d = 896: 544 MB, and 272 MB more while it is rounded), and ∂L/∂W goes into
+    ``W.grad`` itself where `existing_grad` or `adopt_grad` allow (a second [V, d] of 272 MB otherwise, while
+    autograd adds it). The logits alive at once are at most a chunk's (``chunk_tokens`` · V), a slice at most
+    `SLICE_ROWS` rows. float32 products instead of low-precision ones took 2.4x the time at 0.5B."""
     hidden, weight, bias, tokens, lse = ctx.saved_tensors
     tau, N, V = ctx.temperature, hidden.shape[0], weight.shape[0]
     step = max(1, min(ctx.chunk_tokens * V // max(N, 1), SLICE_ROWS))  # vocabulary rows per slice
-    h32, g = hidden.float(), grad_log_probs.float()
-    grad_w = torch.empty_like(weight)
+    g, h_low = grad_log_probs.float(), hidden.to(weight.dtype)
+    into = existing_grad(weight)  # added to in place, None returned for W
+    grad_w = torch.empty_like(weight) if into is None else None
     grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_h else None
     grad_b = torch.empty_like(bias) if need_b else None
     rows = torch.arange(N, device=hidden.device)
     for v in range(0, V, step):
         w = weight[v : v + step]
         b = None if bias is None else bias[v : v + step]
-        grad_z = torch.exp(_chunk_logits(hidden, w, b, tau) - lse[:, None]).mul_(-g[:, None])  # (N, Vs)
+        grad_z = _chunk_logits(hidden, w, b, tau).sub_(lse[:, None]).exp_().mul_(-g[:, None])  # (N, Vs)
         inside = (tokens >= v) & (tokens < v + w.shape[0])  # the onehot's column falls in this slice
         grad_z.index_put_((rows[inside], tokens[inside] - v), g[inside], accumulate=True)
         grad_z = grad_z.div_(tau)
-        grad_w[v : v + step] = (grad_z.T @ h32).to(weight.dtype)  # (Vs, d), one rounding
-        if need_h:
-            grad_h.addmm_(grad_z.to(weight.dtype).float(), w.float())
         if need_b:
             grad_b[v : v + step] = grad_z.sum(0).to(bias.dtype)
+        grad_z = grad_z.to(weight.dtype)  # (N, Vs)
+        if into is None:
+            torch.mm(grad_z.T, h_low, out=grad_w[v : v + step])  # (Vs, d)
+        else:
+            into[v : v + step].addmm_(grad_z.T, h_low)
+        if need_h:
+            grad_h += (grad_z @ w).float()
+    if grad_w is not None and adopt_grad(weight, grad_w):
+        grad_w = None  # W.grad is this product: a tied input embedding's rows are added into it next
     grad_h = None if grad_h is None else grad_h.to(hidden.dtype)
     return grad_h, grad_w, grad_b, None, None, None, None
 
 
-def existing_grad(weight: Tensor, acc: torch.dtype) -> Tensor | None:
+def existing_grad(weight: Tensor) -> Tensor | None:
     """``weight.grad`` when the backward may add ∂L/∂W into it in place instead of returning it: a second
     backward onto an existing gradient (gradient accumulation, DPO's length groups, a shared prompt's second
     pass) would otherwise allocate a fresh [V, d] product, 545 MB at V = 151,936 and mostly page faults, for
-    autograd to add and drop. Only for a float32 leaf whose gradient is a plain tensor of its shape, in a
+    autograd to add and drop. Only for a leaf whose gradient is a plain tensor of its shape and dtype, in a
     ``.backward()`` over the whole graph (``torch.autograd.grad`` and ``backward(inputs=...)`` return
     gradients instead: `torch.autograd._is_checkpoint_valid` tells them apart, as reentrant checkpointing
     does) and without hooks on the weight (they would not see this part)."""
-    grad = weight.grad if weight.is_leaf and weight.requires_grad else None
-    if grad is None or grad.dtype != acc or weight.dtype != acc or grad.shape != weight.shape:
+    grad = weight.grad if _writable(weight) else None
+    if grad is None or grad.dtype != weight.dtype or grad.shape != weight.shape:
         return None
-    if grad.is_sparse or not grad.is_contiguous() or weight._backward_hooks:
-        return None
-    post_hooks = getattr(weight, "_post_accumulate_grad_hooks", None)
+    return grad if not grad.is_sparse and grad.is_contiguous() else None
+
+
+def adopt_grad(weight: Tensor, grad: Tensor) -> bool:
+    """Set ``grad`` (∂L/∂W of this backward, W's shape and dtype) as ``weight.grad`` when W has none yet and
+    `existing_grad` would take one; True when set, and the backward then returns None for W. A weight shared
+    by another use in the same backward (a tied input embedding, `postrl.lm.rollout.forwards`) then adds its
+    part into it in place, where autograd would hold both [V, d] parts to sum them (272 MB more at V = 151,936,
+    d = 896 in bfloat16)."""
+    if weight.grad is not None or not _writable(weight) or grad.shape != weight.shape:
+        return False
+    if grad.dtype != weight.dtype or not grad.is_contiguous():
+        return False
+    weight.grad = grad
+    return True
+
+
+def _writable(weight: Tensor) -> bool:
+    """A backward may write ``weight.grad`` itself: a leaf that requires grad, no hooks that would miss the
+    write, a ``.backward()`` over the whole graph."""
+    if not (weight.is_leaf and weight.requires_grad) or weight._backward_hooks:
+        return False
+    if getattr(weight, "_post_accumulate_grad_hooks", None):
+        return False
     whole_graph = getattr(torch.autograd, "_is_checkpoint_valid", lambda: False)  # private: absent, never
-    return grad if not post_hooks and whole_graph() else None
+    return bool(whole_graph())
 
 
 def chunked_log_probs(

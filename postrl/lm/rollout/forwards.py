@@ -138,8 +138,10 @@ class SharedPrefixForward:
 class _Embedding(torch.autograd.Function):
     """``F.embedding`` whose backward adds the rows' gradients into an existing ``weight.grad`` in place
     (`postrl.lm.rollout.chunked.existing_grad` says when) instead of a fresh dense [V, d] gradient: each
-    backward of a step after the first otherwise zero-fills one (545 MB at V = 151,936, page faults mostly) for
-    autograd to add and drop."""
+    backward of a step after the first otherwise zero-fills one (545 MB at V = 151,936 in float32, page faults
+    mostly) for autograd to add and drop. A tied weight has one from the first backward on: the output layer's
+    part is set as ``weight.grad`` before this runs (`postrl.lm.rollout.chunked.adopt_grad`). A low-precision
+    gradient gets each distinct row's sum once, rounded once (float32 sums of its positions)."""
 
     @staticmethod
     def forward(ctx: Any, ids: Tensor, weight: Tensor, padding_idx: int | None) -> Tensor:
@@ -153,13 +155,17 @@ class _Embedding(torch.autograd.Function):
         if not ctx.needs_input_grad[1]:
             return None, None, None
         pad = -1 if ctx.padding_idx is None else ctx.padding_idx
-        into = existing_grad(weight, torch.float32)
+        into = existing_grad(weight)
         if into is None:
             return None, torch.ops.aten.embedding_dense_backward(grad, ids, weight.shape[0], pad, False), None
         rows, flat = grad.reshape(-1, grad.shape[-1]), ids.reshape(-1)
         if pad >= 0:  # the padding row gets no gradient, as F.embedding's backward
             real = flat != pad
             rows, flat = rows[real], flat[real]
+        if into.dtype.itemsize < 4:  # bfloat16 / float16: one rounding per distinct row
+            flat, where = flat.unique(return_inverse=True)
+            summed = rows.new_zeros(flat.shape[0], rows.shape[1], dtype=torch.float32)
+            rows = summed.index_add_(0, where, rows.float())
         into.index_add_(0, flat, rows.to(into.dtype))
         return None, None, None
 
