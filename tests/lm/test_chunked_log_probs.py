@@ -161,13 +161,15 @@ def test_bfloat16_weights_sliced_by_vocabulary_match_the_plain_path(
         assert ((ours.float() - want.float()).abs() <= tolerance).all()
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_tied_output_layer_and_embedding_write_one_gradient_in_place(dtype, monkeypatch):
+def test_a_tied_output_layer_and_embedding_write_one_gradient_in_place(dtype, checkpointing, monkeypatch):
     """The chunked output layer sets its ∂L/∂W as the tied weight's .grad and the input embedding adds its rows
     into it: over two backwards (gradient accumulation) the only [V, d] tensor made is that first gradient (the
     plain path makes the embedding's dense gradient at every backward too: 272 MB at Qwen2.5's vocabulary in
     bfloat16), and every gradient equals the whole-logits path's, within bfloat16 rounding in bfloat16 (the
-    vocabulary in slices of 7 rows there)."""
+    vocabulary in slices of 7 rows there). With checkpointing the prompt is not shared (one full forward), and
+    the same holds."""
     import postrl.lm.rollout.chunked as chunked
     from tests.lm.test_forwards import grouped_batch
 
@@ -178,7 +180,10 @@ def test_a_tied_output_layer_and_embedding_write_one_gradient_in_place(dtype, mo
 
     def two_backwards(mode, watch=None):
         model = tiny_qwen2().to(dtype)
-        configure_memory(model, MemoryConfig(log_probs=mode, chunk_tokens=5))
+        if checkpointing:
+            model.train()  # HF checkpoints only in training mode (no dropout in these configs)
+        memory = MemoryConfig(log_probs=mode, chunk_tokens=5, gradient_checkpointing=checkpointing)
+        configure_memory(model, memory)
         forward = response_forward(model)
         for _ in range(2):
             log_probs, _ = forward_log_probs(forward, ids, mask, P, 0.8)

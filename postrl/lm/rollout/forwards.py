@@ -76,7 +76,9 @@ def _keep_kwarg(model: torch.nn.Module) -> str | None:
 
 @dataclass
 class FullForward:
-    """One forward of the model over all P + T columns; logits kept for the last T + 1 positions only."""
+    """One forward of the model over all P + T columns; logits kept for the last T + 1 positions only. Under
+    gradients in one process the tokens go in through `_Embedding` where `_token_inputs` allows (its rows
+    added into an existing gradient)."""
 
     model: torch.nn.Module
 
@@ -87,10 +89,14 @@ class FullForward:
         T = input_ids.shape[1] - prompt_len
         keep = {self.keep: T + 1} if self.keep else {}
         out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask,
+            **_token_inputs(self.model, input_ids, self.own_embedding()), attention_mask=attention_mask,
             position_ids=position_ids_from_mask(attention_mask), use_cache=False, **keep,
         )  # fmt: skip
         return last_output(out)[:, -(T + 1) : -1]
+
+    def own_embedding(self) -> bool:
+        """Under gradients in one process (FSDP's weights are whole only inside the module's own forward)."""
+        return torch.is_grad_enabled() and not dist.is_distributed()
 
 
 @dataclass
@@ -174,7 +180,8 @@ def _token_inputs(model: torch.nn.Module, ids: Tensor, split: bool) -> dict[str,
     """The keyword that gives ``model`` its tokens: ``inputs_embeds`` through `_Embedding` when ``split`` (a
     trainer's forward under grad) and the model is one of `PLAIN_HEADS` with a plain ``nn.Embedding`` (no
     max_norm, frequency scaling or sparse gradient, no hooks on its forward, such as NEFTune's noise, that
-    ``inputs_embeds`` would skip), else ``input_ids``."""
+    ``inputs_embeds`` would skip, but transformers' own under checkpointing, which only marks the output as
+    requiring grad, as `_Embedding`'s already is), else ``input_ids``."""
     embedding = model.get_input_embeddings() if split and hasattr(model, "get_input_embeddings") else None
     plain = (
         type(embedding) is torch.nn.Embedding
@@ -183,11 +190,18 @@ def _token_inputs(model: torch.nn.Module, ids: Tensor, split: bool) -> dict[str,
         and not embedding.scale_grad_by_freq
         and not embedding.sparse
         and embedding.weight.requires_grad
-        and not (embedding._forward_hooks or embedding._forward_pre_hooks)
+        and not embedding._forward_pre_hooks
+        and all(_requires_grad_hook(hook) for hook in embedding._forward_hooks.values())
     )
     if not plain:
         return {"input_ids": ids}
     return {"inputs_embeds": _Embedding.apply(ids, embedding.weight, embedding.padding_idx)}
+
+
+def _requires_grad_hook(hook: Callable[..., Any]) -> bool:
+    """Whether ``hook`` is the forward hook ``enable_input_require_grads`` of transformers puts on the input
+    embedding (``gradient_checkpointing_enable`` does): it sets ``requires_grad`` on the output, nothing else."""
+    return getattr(hook, "__qualname__", "").startswith("PreTrainedModel.enable_input_require_grads.")
 
 
 class _PrefixBoundary(torch.autograd.Function):
