@@ -168,7 +168,7 @@ def estimate(stage: str, cfg: Any, shape: Shape, reward_shape: Shape | None = No
         "gradients": s.trained * (4 if lora else wbytes),
         "optimizer": s.trained * _optimizer_bytes(wbytes, lora, _master(cfg)),
         "activations": activations,
-        "logits": 3 * logit_rows * s.vocab * 4,
+        "logits": (2 if chunked else 3) * logit_rows * s.vocab * 4,  # chunked: logits, exp (chunked.py)
         "kv cache": rows * L * s.layers * 2 * s.kv * wbytes if stage in ("grpo", "ppo") else 0,
     }
     if stage == "ppo":

@@ -34,6 +34,24 @@ def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperatu
     return z.div_(temperature) if temperature != 1.0 else z
 
 
+def _logsumexp_entropy(z: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """(logsumexp(z), entropy of softmax(z) or None) over the last dim of ``z`` [n, V] float32, which this
+    overwrites (z − max): one more [n, V] buffer at most, where ``torch.logsumexp`` and ``softmax(z) * z`` made
+    three. With S = Σ e^(z − m): logsumexp = m + log S, H = log S − Σ e^(z − m) (z − m) / S."""
+    m = z.amax(-1, keepdim=True)
+    m = m.masked_fill_(~m.isfinite(), 0.0)  # a row of −inf stays −inf, as torch.logsumexp's
+    shifted = z.sub_(m)
+    if not with_entropy:
+        return shifted.exp_().sum(-1).log_() + m[:, 0], None
+    e = shifted.exp()
+    total = e.sum(-1)
+    weighted = (
+        e.mul_(shifted).nan_to_num_(nan=0.0).sum(-1)
+    )  # 0 · (−inf) is nan: a zero-probability token adds 0
+    log_total = total.log()
+    return log_total + m[:, 0], log_total - weighted / total
+
+
 class _SelectiveLogSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -45,14 +63,13 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
         lse = hidden.new_empty(N, dtype=torch.float32)
         entropy = hidden.new_zeros(N if with_entropy else 0, dtype=torch.float32)
         for s in range(0, N, chunk_tokens):
-            z = _chunk_logits(hidden[s : s + chunk_tokens], weight, bias, temperature)  # (n, V)
-            lse_c = torch.logsumexp(z, dim=-1)  # (n,)
-            lse[s : s + chunk_tokens] = lse_c
-            log_probs[s : s + chunk_tokens] = (
-                z.gather(-1, tokens[s : s + chunk_tokens, None]).squeeze(-1) - lse_c
-            )
+            rows = slice(s, s + chunk_tokens)
+            z = _chunk_logits(hidden[rows], weight, bias, temperature)  # (n, V)
+            picked = z.gather(-1, tokens[rows, None]).squeeze(-1)
+            lse[rows], entropies = _logsumexp_entropy(z, with_entropy)
+            log_probs[rows] = picked - lse[rows]
             if with_entropy:
-                entropy[s : s + chunk_tokens] = lse_c - (torch.softmax(z, dim=-1) * z).sum(-1)
+                entropy[rows] = entropies
         ctx.save_for_backward(hidden, weight, bias, tokens, lse)
         ctx.temperature, ctx.chunk_tokens = temperature, chunk_tokens
         ctx.mark_non_differentiable(entropy)
@@ -187,15 +204,15 @@ def chunked_log_probs(
     bias: Tensor | None,
     tokens: Tensor,
     temperature: float = 1.0,
-    chunk_tokens: int = 512,
+    chunk_tokens: int = 64,
     entropy: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """(log softmax(z)_y, entropy of softmax(z)) at every position, z = (h W^T + b)/τ, one chunk at a time.
 
     hidden: [..., d] final hidden states; weight: [V, d] (the output layer's, tied or not); bias: [V] or None;
     tokens: [...] long. Returns log_probs [...] float32 (differentiable in hidden, weight, bias) and entropy
-    [...] float32 (detached; None unless ``entropy``). ``chunk_tokens``: positions whose logits exist at once (peak memory
-    ≈ chunk_tokens · V · 4 bytes, times about three)."""
+    [...] float32 (detached; None unless ``entropy``). ``chunk_tokens``: positions whose logits exist at once
+    (peak memory ≈ chunk_tokens · V · 4 bytes, twice with the entropy: the logits and their exp)."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     shape = tokens.shape
