@@ -25,7 +25,7 @@ import torch
 
 from postrl.core import masked_sum
 from postrl.lm.data import pack_examples, pad
-from postrl.lm.master_adamw import MasterAdamW, needs_master
+from postrl.lm.master_adamw import MasterAdamW, allocate_adamw_state, needs_master
 from postrl.lm.packed_sft import packed_next_token_log_probs, sft_padding_free
 from postrl.lm.rollout.forwards import next_token_log_probs
 from postrl.lm.spine import LoopState, Parts, RunConfig, accumulate, train_loop
@@ -95,7 +95,7 @@ def adamw_kernel(params: Sequence[torch.Tensor]) -> dict[str, bool]:
 def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
     """AdamW with decay on ≥2-D weights only, and the warmup-cosine LambdaLR. Trained bfloat16 weights
     (``run.dtype=bfloat16``, full fine-tuning) take `MasterAdamW`: float32 master weights and moments, unless
-    ``cfg.master_weights`` is false."""
+    ``cfg.master_weights`` is false. torch's AdamW gets its state now (`allocate_adamw_state`)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [
@@ -111,6 +111,8 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
         )
     adamw = MasterAdamW if low_precision and cfg.master_weights else torch.optim.AdamW
     opt = adamw(groups, lr=cfg.lr, betas=cfg.betas, **adamw_kernel(trained))
+    if adamw is torch.optim.AdamW:  # (MasterAdamW's masters are copies of the weights at the first step)
+        allocate_adamw_state(opt)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, cosine_schedule(cfg.warmup_steps, total_steps, cfg.min_lr_ratio)
     )

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from postrl.lm.master_adamw import MasterAdamW
+from postrl.lm.master_adamw import MasterAdamW, allocate_adamw_state
 from postrl.lm.models import load_causal_lm
 from postrl.lm.sft import SFTConfig, run_sft
 from postrl.lm.spine import RunConfig
@@ -270,3 +270,49 @@ def test_bfloat16_sft_under_fsdp_resumes_exactly(tiny_lm_dir: Path, tmp_path: Pa
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_allocated_adamw_state_steps_as_the_lazy_one(kernel, dtype):
+    """`allocate_adamw_state` gives every parameter the state torch's first step would: three steps (one
+    parameter without a gradient at the first, so its state waits there) leave weights and state bit for bit
+    those of a lazily initialised AdamW."""
+
+    def run(eager):
+        g = torch.Generator().manual_seed(0)
+        params = [
+            torch.randn(5, 3, generator=g).to(dtype).requires_grad_(),
+            torch.randn(4, generator=g).to(dtype),
+        ]
+        params[1].requires_grad_()
+        opt = torch.optim.AdamW(params, lr=0.1, weight_decay=0.01, **kernel)
+        if eager:
+            allocate_adamw_state(opt)
+            assert all(opt.state[p]["step"] == 0 and not opt.state[p]["exp_avg"].any() for p in params)
+        for step in range(3):
+            for k, p in enumerate(params):
+                p.grad = None if (step == 0 and k == 1) else torch.randn(p.shape, generator=g).to(dtype)
+            opt.step()
+        return params, opt.state
+
+    (lazy_params, lazy), (eager_params, eager) = run(False), run(True)
+    for a, b in zip(lazy_params, eager_params, strict=True):
+        assert torch.equal(a, b)
+        assert lazy[a].keys() == eager[b].keys()
+        for key in lazy[a]:
+            assert torch.equal(lazy[a][key], eager[b][key]) and lazy[a][key].dtype == eager[b][key].dtype, key
+            assert lazy[a][key].device == eager[b][key].device, key
+
+
+def test_make_optimizer_allocates_torch_adamw_state_only():
+    """torch's AdamW (float32, or bfloat16 with optim.master_weights=false) gets its state at construction;
+    MasterAdamW does not (its masters copy the weights at the first step, after a resumed run loads them)."""
+    for dtype, master, allocated in [
+        (torch.float32, True, True),
+        (torch.bfloat16, False, True),
+        (torch.bfloat16, True, False),
+    ]:
+        model = torch.nn.Linear(3, 2).to(dtype)
+        opt, _ = make_optimizer(model, OptimConfig(master_weights=master), 10)
+        assert (len(opt.state) == 2) is allocated, (dtype, master)
