@@ -212,6 +212,21 @@ def test_a_tied_output_layer_and_embedding_write_one_gradient_in_place(dtype, ch
             assert error <= want[key].float().abs().max() * 2.0**-5, key
 
 
+def test_a_token_of_probability_zero_keeps_log_probs_and_entropy_finite():
+    """A −inf logit (a bias that bans a token) has probability 0: it adds nothing to the logsumexp or the entropy
+    (0 · log 0 = 0), where softmax(z) · z gave nan."""
+    g = torch.Generator().manual_seed(3)
+    h, w = torch.randn(6, 4, generator=g), torch.randn(10, 4, generator=g)
+    bias = torch.zeros(10)
+    bias[[2, 7]] = float("-inf")
+    tokens = torch.tensor([0, 1, 3, 4, 5, 9])
+    lp, ent = chunked_log_probs(h, w, bias, tokens, 1.0, chunk_tokens=4)
+    keep = torch.tensor([k not in (2, 7) for k in range(10)])
+    ref_lp, ref_ent = _reference(h, w[keep], None, torch.tensor([0, 1, 2, 3, 4, 7]), 1.0)
+    torch.testing.assert_close(lp, ref_lp, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-5)
+
+
 def test_bad_chunk_size():
     with pytest.raises(ValueError, match="chunk_tokens"):
         chunked_log_probs(torch.zeros(1, 2), torch.zeros(3, 2), None, torch.tensor([0]), chunk_tokens=0)

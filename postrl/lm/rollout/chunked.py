@@ -45,9 +45,8 @@ def _logsumexp_entropy(z: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor | 
         return shifted.exp_().sum(-1).log_() + m[:, 0], None
     e = shifted.exp()
     total = e.sum(-1)
-    weighted = (
-        e.mul_(shifted).nan_to_num_(nan=0.0).sum(-1)
-    )  # 0 · (−inf) is nan: a zero-probability token adds 0
+    # 0 · (−inf) is nan: a token of probability 0 adds 0
+    weighted = e.mul_(shifted).nan_to_num_(nan=0.0).sum(-1)
     log_total = total.log()
     return log_total + m[:, 0], log_total - weighted / total
 
