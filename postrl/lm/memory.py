@@ -56,6 +56,12 @@ def memory_settings(model: torch.nn.Module) -> MemoryConfig:
     return MemoryConfig()
 
 
+def checkpointing_on(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s activation checkpointing is on (transformers 5's flag, else the older name)."""
+    flag = getattr(model, "is_activation_checkpointing", None)
+    return bool(getattr(model, "is_gradient_checkpointing", False) if flag is None else flag)
+
+
 def configure_memory(
     model: torch.nn.Module, memory: MemoryConfig, *, trained: bool = True
 ) -> torch.nn.Module:

@@ -51,6 +51,7 @@ from postrl.lm.grpo.engine import (
     vllm_sample,
 )
 from postrl.lm.grpo.rollouts import PromptStream
+from postrl.lm.memory import checkpointing_on
 from postrl.lm.rollout import Rollout, SamplingConfig, response_forward, response_log_probs
 from postrl.runtime import distributed as dist
 from postrl.runtime.errors import UserError
@@ -112,10 +113,7 @@ def sampler_copy(module: torch.nn.Module) -> torch.nn.Module:
     input-gradient hook transformers adds with it (a local function: a spawned process cannot unpickle it, and
     a sampler needs neither)."""
     model = copy.deepcopy(module).eval().requires_grad_(False)
-    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers 5
-    if checkpointing is None:
-        checkpointing = getattr(model, "is_gradient_checkpointing", False)  # transformers 4
-    if checkpointing:
+    if checkpointing_on(model):
         disable = (
             getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
         )

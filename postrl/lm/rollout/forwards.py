@@ -39,7 +39,7 @@ from torch import Tensor
 from postrl.core import entropy_from_logits
 from postrl.lm.fast.llama import llama_unsupported_reason
 from postrl.lm.fast.packed import PackedLlama
-from postrl.lm.memory import LARGE_VOCAB, memory_settings
+from postrl.lm.memory import LARGE_VOCAB, checkpointing_on, memory_settings
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.models.lora import AdapterFreeReference, adapters_disabled
 from postrl.lm.rollout.chunked import chunked_log_probs, existing_grad
@@ -320,7 +320,7 @@ def packed_refusal(model: torch.nn.Module, gradients: bool = True) -> str | None
     that `postrl.lm.fast.llama.FastLlama` supports, without activation checkpointing when it trains."""
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) or dist.is_sharded(model):
         return "DDP and FSDP synchronise through the model's own forward"
-    if gradients and _checkpointing(model):
+    if gradients and checkpointing_on(model):
         return "activation checkpointing runs the model's own blocks"
     return llama_unsupported_reason(model)
 
@@ -401,7 +401,7 @@ def _chunked_forward(model: torch.nn.Module, chunk_tokens: int, gradients: bool)
     reference = isinstance(model, AdapterFreeReference)
     base = model.policy if reference else model
     decoder = base.get_decoder()
-    single = _checkpointing(base) or cache_argument(decoder) is None
+    single = checkpointing_on(base) or cache_argument(decoder) is None
     inner = FullForward(decoder) if single else SharedPrefixForward(decoder, split_backward=gradients)
     context = (lambda: adapters_disabled(base)) if reference else contextlib.nullcontext
     return ChunkedForward(inner, base.get_output_embeddings(), chunk_tokens, context)
@@ -455,11 +455,6 @@ def next_token_log_probs(
     return chunked_log_probs(hidden[:, :-1], head.weight, head.bias, targets, 1.0, chunk, entropy=False)[0]
 
 
-def _checkpointing(model: torch.nn.Module) -> bool:
-    flag = getattr(model, "is_activation_checkpointing", None)
-    return bool(getattr(model, "is_gradient_checkpointing", False) if flag is None else flag)
-
-
 def response_forward(
     model: torch.nn.Module, use_fast: bool | None = None, *, gradients: bool = True, gathered: bool = False
 ) -> ResponseForward:
@@ -478,7 +473,7 @@ def response_forward(
     if _wants_chunks(model):
         return _chunked_forward(model, memory_settings(model).chunk_tokens, gradients)
     sharded = dist.is_sharded(model)
-    checkpointing = _checkpointing(model)
+    checkpointing = checkpointing_on(model)
     decoder = None if use_fast is False else fast_decoder_class(model)
     whole = not sharded or (gathered and not gradients)
     if decoder is not None and whole and not (gradients and checkpointing):

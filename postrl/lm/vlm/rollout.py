@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from postrl.lm.memory import checkpointing_on
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.rollout import Rollout, mask_after_eos, sample_tokens
 from postrl.lm.rollout.decoders import cache_argument, forget_mask, grown_mask
@@ -188,8 +189,7 @@ def _can_share(model: torch.nn.Module) -> bool:
         return False
     if not model.training:
         return True
-    flag = getattr(model, "is_activation_checkpointing", None)  # transformers 5; the older name warns there
-    return not (getattr(model, "is_gradient_checkpointing", False) if flag is None else flag)
+    return not checkpointing_on(model)
 
 
 def vlm_response_logits(
