@@ -31,7 +31,9 @@ Stages (``--stage``), each contender in its own process, peak memory its residen
     .venv/bin/python benchmarks/real_size.py --stage dpo --model qwen0.5b --steps 3
     .venv/bin/python benchmarks/real_size.py --stage grpo --model qwen0.5b --steps 2 [--dtype bfloat16] [--lora]
 
-TRL runs in benchmarks/peers/.venv-trl (``make peers``; ``--trl-python``), this file in ``--trl-worker`` mode. The postrl process gets
+TRL runs in benchmarks/peers/.venv-trl (``make peers``; ``--trl-python``), this file in ``--trl-worker`` mode. With
+``--trl-checkpointing`` TRL recomputes activations too (its ``gradient_checkpointing=True``): the fair partner of
+a postrl run given ``--set run.memory.gradient_checkpointing=true``. The postrl process gets
 ``run.memory.log_probs=auto`` (chunked at this vocabulary) unless ``--full-logits``.
 
 Measured 2026-12-05 on the shared 2-core machine, load average 10-45 (a dozen other jobs: each contender got
@@ -376,7 +378,7 @@ def trl_run(args: argparse.Namespace, model: Path, data: Path, out: Path) -> dic
         "--data", str(data), "--json", str(out / "result.json"), "--steps", str(args.steps), "--batch",
         str(args.batch), "--max-length", str(args.max_length), "--threads", str(args.threads), "--dtype", args.dtype, "--new-tokens", str(args.new_tokens),
         "--group", str(args.group), "--prompts", str(args.prompts), "--per-forward", str(args.per_forward),
-    ] + (["--lora"] if args.lora else [])  # fmt: skip
+    ] + (["--lora"] if args.lora else []) + (["--trl-checkpointing"] if args.trl_checkpointing else [])  # fmt: skip
     wall, rss, sampled, _ = measured(cmd, out / "worker.log", out)
     result = json.loads((out / "result.json").read_text())
     return {"step_s": statistics.median(result["times"][1:] or result["times"]), "step_times": result["times"],
@@ -411,7 +413,7 @@ def trl_worker(args: argparse.Namespace) -> None:
     common = dict(
         output_dir=str(Path(args.json).parent / "trl_out"), max_steps=args.steps, learning_rate=LR,
         lr_scheduler_type="constant", warmup_steps=0, logging_steps=1, save_strategy="no", report_to="none",
-        use_cpu=True, bf16=args.dtype == "bfloat16", gradient_checkpointing=False, seed=0, disable_tqdm=True,
+        use_cpu=True, bf16=args.dtype == "bfloat16", gradient_checkpointing=args.trl_checkpointing, seed=0, disable_tqdm=True,
         dataloader_num_workers=0, max_grad_norm=1.0, weight_decay=0.0,
     )  # fmt: skip
     peft = None
@@ -469,6 +471,11 @@ def main() -> None:
         "--fsdp", action="store_true", help="sft: 2 ranks (torchrun, gloo, FSDP2) beside 1 process"
     )
     p.add_argument(
+        "--trl-checkpointing",
+        action="store_true",
+        help="TRL with its own gradient_checkpointing (beside postrl's run.memory.gradient_checkpointing=true)",
+    )
+    p.add_argument(
         "--trl-python", default=str(ROOT / "benchmarks" / "peers" / ".venv-trl" / "bin" / "python")
     )
     p.add_argument("--data", help=argparse.SUPPRESS)
@@ -490,6 +497,7 @@ def main() -> None:
     tag += "".join(
         f"-{kv.split('.')[-1].replace('=', '')}" for kv in args.set or []
     )  # dpo.length_groups=1: -length_groups1
+    tag += "-trl_checkpointing" if args.trl_checkpointing else ""
     result: dict = {"config": tag, "steps": args.steps, "load_avg": os.getloadavg()}
     args.ranks, args.parallel = 1, "ddp"
     if args.fsdp:
