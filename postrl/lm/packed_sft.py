@@ -3,8 +3,8 @@
 An SFT batch is right-padded to its longest example ([B, L]); on the built-in ``arithmetic`` rows most of a
 batch's positions are padding or prompt. This path cuts each row before its first target token, lays the rows
 out as a rollout (prompts left-padded to P, the rest right-padded to T) and runs them through
-`postrl.lm.rollout.forwards.PackedForward`'s model, `postrl.lm.fast.packed.PackedLlama`: every matrix product
-on the real tokens only, each distinct prompt once, and the output layer and its log-softmax only where a
+`postrl.lm.rollout.forwards.PackedForward`'s model, `postrl.lm.fast.packed.PackedLlama` (or `PackedGPT2`): every
+matrix product on the real tokens only, each distinct prompt once, and the output layer and its log-softmax only where a
 token is predicted after the cut. The log-probs it returns are those of the padded forward at every target
 position (tests/lm/test_packed_sft.py: the loss and every gradient equal to 1e-12 in float64), so the loss
 (Σ NLL over the step's target tokens / their count) and its normalisation over micro-batches are unchanged.
@@ -18,8 +18,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from postrl.lm.fast.packed import PackedLlama
-from postrl.lm.rollout.forwards import chunks_output_layer, distinct_prompts, packed_refusal
+from postrl.lm.rollout.forwards import chunks_output_layer, distinct_prompts, packed_decoder, packed_refusal
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +28,7 @@ IGNORE_INDEX = -100
 
 def sft_padding_free(model: torch.nn.Module, mode: Literal["auto", "off"], *, gradients: bool = True) -> bool:
     """Whether SFT's loss forward runs padding-free for ``model``: ``mode`` is auto and `packed_refusal` allows
-    it (a whole Llama-family model in float32, no activation checkpointing when it trains) and
+    it (a whole Llama-family or GPT-2 model in float32, no activation checkpointing when it trains) and
     ``run.memory.log_probs`` did not choose the chunked output layer. The choice, or why it was refused, is
     logged when ``gradients`` (the training forward)."""
     if mode == "off":
@@ -75,7 +74,7 @@ def packed_next_token_log_probs(
 ) -> Tensor:
     """log π(token t + 1) at every position t of a right-padded SFT batch [B, L] → [B, L − 1], the padded
     forward's log-probs wherever ``labels[:, t + 1]`` is a target (elsewhere 0 or a log-prob the loss masks),
-    through `PackedLlama` (the model must pass `packed_refusal`). The log-softmax runs in float32, or in the
+    through `packed_decoder` (the model must pass `packed_refusal`). The log-softmax runs in float32, or in the
     model's dtype when wider (float64 in the tests). Runs under the caller's grad mode."""
     B, L = input_ids.shape
     ids, mask, P, position = sft_rollout_layout(input_ids, attention_mask, labels)
@@ -83,7 +82,7 @@ def packed_next_token_log_probs(
     if ids.shape[1] == P:  # no row has a token to predict
         return torch.zeros(B, L - 1, dtype=out_dtype, device=input_ids.device)
     prompt_ids, prompt_mask, inverse = distinct_prompts(ids[:, :P], mask[:, :P])
-    decoder = PackedLlama(model, checked=True)
+    decoder = packed_decoder(model)
     logits, layout = decoder.response_logits(prompt_ids, prompt_mask, inverse, ids[:, P:], mask[:, P:])
     tokens = ids[:, P:].flatten()[layout.targets]  # (Nt,) the predicted tokens
     log_pi = torch.log_softmax(logits.to(out_dtype), dim=-1).gather(1, tokens[:, None]).squeeze(1)  # (Nt,)

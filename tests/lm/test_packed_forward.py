@@ -14,6 +14,7 @@ import torch
 
 from postrl.lm.dpo import DPOConfig, DPOLossConfig, run_dpo
 from postrl.lm.dpo.build import collate_dpo_batch, dpo_batch_loss
+from postrl.lm.fast.gpt2 import FastGPT2
 from postrl.lm.fast.llama import FastLlama
 from postrl.lm.fast.packed import packed_layout
 from postrl.lm.models import position_ids_from_mask
@@ -59,16 +60,27 @@ def _logits_and_grads(model, forward, input_ids, attention_mask, P, weights):
     return logits.detach(), [p.grad.clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("n_kv_heads", [None, 2])
-def test_logits_and_gradients_equal_the_padded_forward_in_float64(n_kv_heads):
-    """Shared prompts, rows that end early, GQA: the real positions' logits and every gradient equal
-    `FusedForward`'s (the same fused weights, padded) to float64 rounding."""
-    model = tiny_llama(vocab=48, n_kv_heads=n_kv_heads).double()
+def _packed_models() -> dict[str, tuple[torch.nn.Module, type]]:
+    return {
+        "llama": (tiny_llama(vocab=48), FastLlama),
+        "llama-gqa": (tiny_llama(vocab=48, n_kv_heads=2), FastLlama),
+        "gpt2": (tiny_gpt2(), FastGPT2),
+        "gpt2-scaled-by-layer": (tiny_gpt2(scale_attn_by_inverse_layer_idx=True), FastGPT2),
+    }
+
+
+@pytest.mark.parametrize("name", ["llama", "llama-gqa", "gpt2", "gpt2-scaled-by-layer"])
+def test_logits_and_gradients_equal_the_padded_forward_in_float64(name):
+    """Shared prompts, rows that end early, GQA, GPT-2's learned positions and per-layer score scale: the real
+    positions' logits and every gradient equal `FusedForward`'s (the same fused weights, padded) to float64
+    rounding."""
+    model, fast = _packed_models()[name]
+    model = model.double()
     input_ids, attention_mask, P = grouped_batch()
     weights = torch.randn(input_ids.shape[0], input_ids.shape[1] - P, 48, dtype=torch.float64)
     weights *= attention_mask[:, P:, None]
     ref, ref_grads = _logits_and_grads(
-        model, FusedForward(model, FastLlama), input_ids, attention_mask, P, weights
+        model, FusedForward(model, fast), input_ids, attention_mask, P, weights
     )
     got, grads = _logits_and_grads(model, PackedForward(model), input_ids, attention_mask, P, weights)
     real = attention_mask[:, P:, None].bool()
@@ -78,18 +90,20 @@ def test_logits_and_gradients_equal_the_padded_forward_in_float64(n_kv_heads):
         assert (g - r).abs().max() < 1e-12 * max(1.0, r.abs().max())
 
 
-def test_one_token_responses():
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_one_token_responses(name):
     """T = 1: every response is its first token alone, predicted by its prompt's last token."""
-    model = tiny_llama(vocab=48)
+    model, fast = _packed_models()[name]
     input_ids, attention_mask, P = grouped_batch(T=1, seed=2)
     with torch.no_grad():
-        ref = FusedForward(model, FastLlama).logits(input_ids, attention_mask, P)
+        ref = FusedForward(model, fast).logits(input_ids, attention_mask, P)
         got = PackedForward(model).logits(input_ids, attention_mask, P)
     assert got.shape == ref.shape and (got - ref).abs().max() < 1e-5
 
 
-def test_logits_equal_the_hugging_face_forward():
-    model = tiny_llama(vocab=48)
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_logits_equal_the_hugging_face_forward(name):
+    model, _ = _packed_models()[name]
     input_ids, attention_mask, P = grouped_batch(group=2, T=5, seed=3)
     positions = position_ids_from_mask(attention_mask)
     with torch.no_grad():
@@ -139,7 +153,9 @@ def test_dpo_loss_and_gradients_equal_with_and_without_padding():
 
 
 def test_refusals_name_their_reason():
-    assert "not a LlamaForCausalLM" in packed_refusal(tiny_gpt2())
+    assert packed_refusal(tiny_gpt2()) is None
+    assert "dropout" in packed_refusal(tiny_gpt2(resid_pdrop=0.1).train())
+    assert "not a LlamaForCausalLM" in packed_refusal(torch.nn.Linear(2, 2))
     llama = tiny_llama(vocab=48)
     assert packed_refusal(llama) is None
     llama.activation_checkpointing_enable()

@@ -90,12 +90,13 @@ def _rms_norm_in_its_dtype(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
 
-@pytest.mark.parametrize("n_kv_heads", [None, 2])
-def test_loss_and_gradients_equal_unpadded_sequences_in_float64(n_kv_heads, monkeypatch):
+@pytest.mark.parametrize("name", ["llama", "llama-gqa", "gpt2"])
+def test_loss_and_gradients_equal_unpadded_sequences_in_float64(name, monkeypatch):
     """The loss of a micro-batch (shared prompts, other lengths, a packed block, a pretraining row) and every
     gradient equal those of the Hugging Face forward run on each sequence alone, without padding."""
     monkeypatch.setattr(LlamaRMSNorm, "forward", _rms_norm_in_its_dtype)
-    model = tiny_llama(vocab=48, n_kv_heads=n_kv_heads).double()
+    models = {"llama": lambda: tiny_llama(vocab=48), "llama-gqa": lambda: tiny_llama(vocab=48, n_kv_heads=2)}
+    model = models.get(name, tiny_gpt2)().double()
     rows = _rows()
     batch = _batch(rows)
     n_tokens = int((batch["labels"][:, 1:] != IGNORE).sum())
@@ -107,10 +108,11 @@ def test_loss_and_gradients_equal_unpadded_sequences_in_float64(n_kv_heads, monk
         assert (g - r).abs().max() < 1e-12 * max(1.0, float(r.abs().max()))
 
 
-def test_loss_and_gradients_equal_the_padded_forward_in_float32():
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_loss_and_gradients_equal_the_padded_forward_in_float32(name):
     """The same micro-batch through the padded forward (``padding_free: off``, the path before) and the
     padding-free one: loss and gradients equal to float32 rounding."""
-    model = tiny_llama(vocab=48, n_kv_heads=2)
+    model = tiny_llama(vocab=48, n_kv_heads=2) if name == "llama" else tiny_gpt2()
     batch = _batch(_rows())
     n_tokens = 40  # a share of a larger step: both divide by the step's count
     ref, ref_grads = _loss_and_grads(model, lambda: sft_step_loss(model, batch, n_tokens))
@@ -125,11 +127,14 @@ def test_the_choice_and_the_refusals_are_logged(caplog):
     with caplog.at_level(logging.INFO, logger="postrl.lm.packed_sft"):
         assert sft_padding_free(llama, "auto")
         assert not sft_padding_free(llama, "off")
-        assert not sft_padding_free(tiny_gpt2(), "auto")
+        assert sft_padding_free(tiny_gpt2(), "auto")
         assert not sft_padding_free(llama.double(), "auto")
+        assert not sft_padding_free(tiny_gpt2(resid_pdrop=0.1).train(), "auto")
+        assert not sft_padding_free(torch.nn.Linear(2, 2), "auto")
     assert "sft: padding-free forward (padding_free=auto)" in caplog.text
-    assert "refused: GPT2LMHeadModel is not a LlamaForCausalLM" in caplog.text
+    assert "refused: Linear is not a LlamaForCausalLM" in caplog.text
     assert "refused: dtype torch.float64 is not float32" in caplog.text
+    assert "refused: dropout is active" in caplog.text
 
 
 def _cfg(model: Path, **kw) -> SFTConfig:

@@ -32,7 +32,7 @@ class DPOLossConfig:
     padding_free: Literal["auto", "off"] = "auto"
     """auto: the loss's forward runs its products on the real tokens only and each pair's prompt once
     (`postrl.lm.rollout.forwards.PackedForward`, as TRL's padding_free plus a shared prompt) where it can: a
-    whole Llama-family model in float32 without activation checkpointing, and sampling.use_fast not false; the
+    whole Llama-family or GPT-2 model in float32 without activation checkpointing, and sampling.use_fast not false; the
     choice, or why it was refused, is logged. off: the padded forward (the same loss and gradients to float32
     rounding)."""
     length_groups: int = 2

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from postrl.lm.fast.gpt2 import FastGPT2
 from postrl.lm.fast.llama import FastLlama, extend_mask, prefill_masks
 
 
@@ -87,6 +88,40 @@ def _scatter(rows: Tensor, index: Tensor, n: int) -> Tensor:
     return rows.new_zeros(n, rows.shape[1]).index_copy(0, index, rows)
 
 
+def _heads(grid: Tensor, rows: int, heads: tuple[int, int, int]) -> tuple[Tensor, Tensor, Tensor]:
+    """A grid [rows·L, (nh + 2·nkv)·hs] → q [rows, nh, L, hs], k and v [rows, nkv, L, hs]."""
+    nh, nkv, hs = heads
+    g = grid.view(rows, -1, nh + 2 * nkv, hs).transpose(1, 2)  # (rows, heads, L, hs)
+    return g[:, :nh], g[:, nh : nh + nkv], g[:, nh + nkv :]
+
+
+def packed_attention(
+    y: Tensor, heads: tuple[int, int, int], lay: PackedLayout, dims: tuple[int, int, int, int],
+    prompt_att: Tensor, response_att: Tensor, scale: float | None = None,
+) -> Tensor:  # fmt: skip
+    """Attention of one layer from its packed [q | k | v] rows y [N, (nh + 2·nkv)·hs] (``heads`` = (nh, nkv,
+    hs); ``dims`` = (U, P, B, S)): the prompts on their [U, P] grid, the responses on [B, S] after their
+    prompt's keys and values, with the additive masks ``prompt_att`` [U, 1, P, P] and ``response_att``
+    [B, 1, S, P + S]; ``scale``: the scores' factor (None: 1/√hs). Returns [N, nh·hs]."""
+    nh, nkv, hs = heads
+    U, P, B, S = dims
+    Np = lay.prompt_index.shape[0]
+    q, k, v = _heads(_scatter(y[:Np], lay.prompt_index, U * P), U, heads)  # (U, heads, P, hs)
+    gqa = nh != nkv
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=prompt_att, scale=scale, enable_gqa=gqa)
+    outs = [out.transpose(1, 2).reshape(U * P, nh * hs).index_select(0, lay.prompt_index)]  # (Np, nh·hs)
+    if S > 0:
+        q, k_r, v_r = _heads(_scatter(y[Np:], lay.response_index, B * S), B, heads)  # (B, heads, S, hs)
+        # (B, nkv, P + S, hs): the row's prompt, then itself
+        k = torch.cat((k.index_select(0, lay.inverse), k_r), dim=2)
+        v = torch.cat((v.index_select(0, lay.inverse), v_r), dim=2)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=response_att, scale=scale, enable_gqa=gqa
+        )  # (B, nh, S, hs)
+        outs.append(out.transpose(1, 2).reshape(B * S, nh * hs).index_select(0, lay.response_index))
+    return torch.cat(outs)  # (N, nh·hs)
+
+
 class PackedLlama(FastLlama):
     """`FastLlama`'s fused weights run padding-free over a batch in the rollout layout (module docstring)."""
 
@@ -120,34 +155,14 @@ class PackedLlama(FastLlama):
         self, y: Tensor, cos: Tensor, sin: Tensor, lay: PackedLayout, dims: tuple[int, int, int, int],
         prompt_att: Tensor, response_att: Tensor,
     ) -> Tensor:  # fmt: skip
-        """RoPE and attention of one layer from its packed projections y [N, (nh + 2·nkv)·hs]: the prompts on
-        their [U, P] grid, the responses on [B, S] after their prompt's keys and values. Returns [N, nh·hs]."""
+        """RoPE and attention of one layer from its packed projections y [N, (nh + 2·nkv)·hs]
+        (`packed_attention`). Returns [N, nh·hs]."""
         nh, nkv, hs = self.n_heads, self.n_kv, self.head_dim
-        U, P, B, S = dims
         qk_dim = (nh + nkv) * hs
         qk = y[:, :qk_dim]
         swapped = qk.unflatten(-1, (nh + nkv, 2, hs // 2)).flip(-2).flatten(-3)  # halves of each head swapped
         y = torch.cat((torch.addcmul(qk * cos, swapped, sin), y[:, qk_dim:]), dim=1)  # RoPE on q and k
-        Np = lay.prompt_index.shape[0]
-        q, k, v = self._heads(_scatter(y[:Np], lay.prompt_index, U * P), U)  # (U, heads, P, hs)
-        gqa = nh != nkv
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=prompt_att, enable_gqa=gqa)  # (U, nh, P, hs)
-        outs = [out.transpose(1, 2).reshape(U * P, nh * hs)[lay.prompt_index]]  # (Np, nh·hs)
-        if S > 0:
-            q, k_r, v_r = self._heads(_scatter(y[Np:], lay.response_index, B * S), B)  # (B, heads, S, hs)
-            k = torch.cat((k[lay.inverse], k_r), dim=2)  # (B, nkv, P + S, hs): the row's prompt, then itself
-            v = torch.cat((v[lay.inverse], v_r), dim=2)
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=response_att, enable_gqa=gqa
-            )  # (B, nh, S, hs)
-            outs.append(out.transpose(1, 2).reshape(B * S, nh * hs)[lay.response_index])  # (Nr, nh·hs)
-        return torch.cat(outs)  # (N, nh·hs)
-
-    def _heads(self, grid: Tensor, rows: int) -> tuple[Tensor, Tensor, Tensor]:
-        """A grid [rows·L, (nh + 2·nkv)·hs] → q [rows, nh, L, hs], k and v [rows, nkv, L, hs]."""
-        nh, nkv, hs = self.n_heads, self.n_kv, self.head_dim
-        g = grid.view(rows, -1, nh + 2 * nkv, hs).transpose(1, 2)  # (rows, heads, L, hs)
-        return g[:, :nh], g[:, nh : nh + nkv], g[:, nh + nkv :]
+        return packed_attention(y, (nh, nkv, hs), lay, dims, prompt_att, response_att)
 
     def _feed_forward(self, layer: Any, x: Tensor, att: Tensor) -> Tensor:
         """Output projection and residual, then the SwiGLU block and its residual: x [N, d] → [N, d]."""
@@ -158,3 +173,35 @@ class PackedLlama(FastLlama):
         gate, up = gate_up.chunk(2, dim=-1)
         x = torch.addmm(x, F.silu(gate) * up, layer.w_down)
         return x if layer.b_down is None else x + layer.b_down
+
+
+class PackedGPT2(FastGPT2):
+    """`FastGPT2`'s weights run padding-free over a batch in the rollout layout: what `PackedLlama` does for
+    Llama (module docstring), with GPT-2's learned positions, LayerNorm and GELU block."""
+
+    def response_logits(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        inverse: Tensor,
+        response_ids: Tensor,
+        response_mask: Tensor,
+    ) -> tuple[Tensor, PackedLayout]:
+        """As `PackedLlama.response_logits`: (logits [Nt, V] of every real response token, the layout)."""
+        U, P = prompt_ids.shape
+        B, T = response_ids.shape
+        lay = packed_layout(prompt_ids, prompt_mask, inverse, response_ids, response_mask)
+        last = int(lay.positions.max()) if lay.positions.numel() else 0
+        if last >= self.wpe.shape[0]:
+            raise ValueError(f"position {last} is beyond the model's n_positions={self.wpe.shape[0]}")
+        key_bias, prompt_att = prefill_masks(prompt_mask, P + T - 1, self.wte)
+        response_att = extend_mask(key_bias.index_select(0, inverse), P, T - 1)  # (B, 1, T − 1, P + T − 1)
+        heads, dims = (self.n_heads, self.n_heads, self.head_dim), (U, P, B, T - 1)
+        x = F.embedding(lay.tokens, self.wte) + F.embedding(lay.positions, self.wpe)  # (N, d)
+        for i, blk in enumerate(self.blocks):
+            qkv = torch.addmm(blk.b_qkv, self._norm(x, blk.ln_1), blk.w_qkv)  # (N, 3d): [q | k | v]
+            att = packed_attention(qkv, heads, lay, dims, prompt_att, response_att, self.scales[i])
+            x = torch.addmm(x, att, blk.w_o).add_(blk.b_o)  # residual
+            h = self._act(blk, torch.addmm(blk.b_fc, self._norm(x, blk.ln_2), blk.w_fc))  # (N, I)
+            x = torch.addmm(x, h, blk.w_proj).add_(blk.b_proj)
+        return self._logits(x.index_select(0, lay.sources)), lay  # (Nt, V)

@@ -138,11 +138,16 @@ class TextEngine:
         self.prompts = {"train": train, "heldout": heldout}
         self.device = device
         use_fast = cfg.sampling.use_fast
-        self.forward = response_forward(policy, use_fast)
-        self.old_forward = response_forward(dist.unwrap(policy), use_fast, gradients=False, gathered=True)
+        # sampled responses are right-padded: the padding-free forward where it runs
+        self.forward = response_forward(policy, use_fast, padding_free=True)
+        self.old_forward = response_forward(
+            dist.unwrap(policy), use_fast, gradients=False, gathered=True, padding_free=True
+        )
         self.ref_forward = None
         if ref is not None:
-            self.ref_forward = response_forward(ref, use_fast, gradients=False, gathered=True)
+            self.ref_forward = response_forward(
+                ref, use_fast, gradients=False, gathered=True, padding_free=True
+            )
 
     @property
     def heldout(self) -> Prompts:

@@ -155,7 +155,9 @@ def lane_main(
     torch.set_num_threads(threads)
     device = next(model.parameters()).device
     ref_forward = (
-        None if ref is None else response_forward(ref, sampling.use_fast, gradients=False, gathered=True)
+        None
+        if ref is None
+        else response_forward(ref, sampling.use_fast, gradients=False, gathered=True, padding_free=True)
     )
     sampler = None
     stale = True

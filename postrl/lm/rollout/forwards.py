@@ -13,9 +13,10 @@ caller's grad mode. Four implementations give the same logits and gradients to f
 - `FusedForward`: the same two passes through a fast decoder (`postrl.lm.rollout.decoders.FAST_DECODERS`:
   GPT-2 and Llama in float32), which skips the Hugging Face forward's per-call overhead (mask building, cache
   objects, module wrappers); a GRPO step spends a third less time in its forward and backward;
-- `PackedForward`: the fused Llama weights run padding-free (`postrl.lm.fast.packed`): every product on the
+- `PackedForward`: the fused Llama or GPT-2 weights run padding-free (`postrl.lm.fast.packed`): every product on the
   batch's real tokens only, each distinct prompt once; responses must be right-padded, and positions whose
-  attention mask is 0 hold 0. DPO takes it (``dpo.padding_free``) where `packed_refusal` allows.
+  attention mask is 0 hold 0. DPO (``dpo.padding_free``), SFT (``padding_free``) and GRPO's sampled responses
+  (`response_forward`'s ``padding_free``) take it where `packed_refusal` allows.
 
 `response_forward` picks the fastest that is exact for a model and a use (with or without gradients) — the
 trainer calls it when it builds, and its loss code then reads ``forward.logits(...)`` like the reference.
@@ -35,10 +36,12 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from transformers import GPT2LMHeadModel
 
 from postrl.core import entropy_from_logits
+from postrl.lm.fast.gpt2 import gpt2_unsupported_reason
 from postrl.lm.fast.llama import llama_unsupported_reason
-from postrl.lm.fast.packed import PackedLlama
+from postrl.lm.fast.packed import PackedGPT2, PackedLlama
 from postrl.lm.memory import LARGE_VOCAB, checkpointing_on, memory_settings
 from postrl.lm.models import position_ids_from_mask
 from postrl.lm.models.lora import AdapterFreeReference, adapters_disabled
@@ -278,7 +281,7 @@ class FusedForward:
 
 @dataclass
 class PackedForward:
-    """The padding-free forward (`postrl.lm.fast.packed.PackedLlama`): every product on the batch's real
+    """The padding-free forward (`postrl.lm.fast.packed.PackedLlama`, `PackedGPT2`): every product on the batch's real
     tokens only, each distinct prompt once. Responses must be right-padded (the rollout layout); positions
     whose attention mask is 0 get logits and log-probs 0 (callers mask them). A decoder folds the current
     weights, so one is made per call."""
@@ -289,7 +292,7 @@ class PackedForward:
         """(logits [Nt, V] of the real response tokens, their flat index into [B, T])."""
         P = prompt_len
         ids, mask, inverse = distinct_prompts(input_ids[:, :P], attention_mask[:, :P])
-        decoder = PackedLlama(self.model, checked=True)
+        decoder = packed_decoder(self.model)
         logits, layout = decoder.response_logits(ids, mask, inverse, input_ids[:, P:], attention_mask[:, P:])
         return logits, layout.targets
 
@@ -316,13 +319,23 @@ class PackedForward:
 
 
 def packed_refusal(model: torch.nn.Module, gradients: bool = True) -> str | None:
-    """Why `PackedForward` cannot run ``model`` (None: it can): a whole, plain Llama-family model in float32
-    that `postrl.lm.fast.llama.FastLlama` supports, without activation checkpointing when it trains."""
+    """Why `PackedForward` cannot run ``model`` (None: it can): a whole, plain Llama-family or GPT-2 model in
+    float32 that `postrl.lm.fast.llama.FastLlama` or `postrl.lm.fast.gpt2.FastGPT2` supports, without
+    activation checkpointing when it trains."""
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) or dist.is_sharded(model):
         return "DDP and FSDP synchronise through the model's own forward"
     if gradients and checkpointing_on(model):
         return "activation checkpointing runs the model's own blocks"
-    return llama_unsupported_reason(model)
+    llama, gpt2 = llama_unsupported_reason(model), gpt2_unsupported_reason(model)
+    if llama is None or gpt2 is None:
+        return None
+    return gpt2 if "not a GPT2LMHeadModel" not in gpt2 else llama
+
+
+def packed_decoder(model: torch.nn.Module) -> PackedLlama | PackedGPT2:
+    """The padding-free decoder of a model that `packed_refusal` allows (its weights read now)."""
+    packed = PackedGPT2 if isinstance(model, GPT2LMHeadModel) else PackedLlama
+    return packed(model, checked=True)
 
 
 @dataclass
@@ -456,12 +469,19 @@ def next_token_log_probs(
 
 
 def response_forward(
-    model: torch.nn.Module, use_fast: bool | None = None, *, gradients: bool = True, gathered: bool = False
+    model: torch.nn.Module,
+    use_fast: bool | None = None,
+    *,
+    gradients: bool = True,
+    gathered: bool = False,
+    padding_free: bool = False,
 ) -> ResponseForward:
     """The forward a trainer uses for ``model``. ``gradients``: whether a loss backpropagates through it (False:
     reference and old log-probs under ``torch.no_grad``). ``use_fast``: `postrl.lm.rollout.SamplingConfig.
     use_fast` (None: a fast decoder where one runs the model; False: never). ``gathered``: the caller runs it
-    inside `postrl.runtime.distributed.gathered`, where an FSDP model's weights are whole.
+    inside `postrl.runtime.distributed.gathered`, where an FSDP model's weights are whole. ``padding_free``:
+    the caller's responses are always right-padded (a sampled rollout): `PackedForward` where a fast decoder
+    would run and `packed_refusal` allows (the same log-probs to float rounding, on the real tokens only).
 
     A fast decoder reads whole weights and does not checkpoint: it is taken without gradients on any model it
     supports whose weights are whole when it runs, and with gradients only on a plain module without
@@ -477,6 +497,8 @@ def response_forward(
     decoder = None if use_fast is False else fast_decoder_class(model)
     whole = not sharded or (gathered and not gradients)
     if decoder is not None and whole and not (gradients and checkpointing):
+        if padding_free and packed_refusal(model, gradients) is None:
+            return PackedForward(model)
         return FusedForward(model, decoder)
     ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
     if ddp or sharded or checkpointing or cache_argument(model) is None:
