@@ -84,10 +84,11 @@ def machine() -> dict:
 
 def record(name: str, result: dict, argv: list[str] | None = None) -> Path:
     """Write ``result`` to ``benchmarks/results/<name>.json`` (temp file + rename: a killed run leaves the
-    previous file whole) with the command, commit (``dirty`` when tracked files differ from it), UTC date,
+    previous file whole) with the command, commit (``dirty`` when tracked files other than results differ from it), UTC date,
     machine and 1/5/15-minute load averages at the end of the run; returns the path."""
     commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    # result files are outputs, not code: a previous run's file left uncommitted does not make this one dirty
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results")
     record_ = {
         "benchmark": name,
         "command": command(argv),
