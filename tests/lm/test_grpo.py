@@ -322,3 +322,29 @@ def test_a_short_run_raises_the_reward(tiny_lm_dir, tmp_path):
     run_grpo(cfg, tmp_path / "run")
     rewards = [r["reward_mean"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "reward_mean" in r]
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.2
+
+
+def test_a_run_has_the_same_metrics_padding_free_or_not(tiny_lm_dir, tmp_path, monkeypatch):
+    """Four steps with GRPO's loss and reference scoring padding-free (`PackedForward`, the default for the
+    float32 tiny Llama) and padded (`FusedForward`, as before it): every logged reward, loss, KL, ratio and
+    gradient norm equal to float32 rounding (the same responses are sampled: the weights agree that closely)."""
+    import postrl.lm.grpo.engine as engine
+    import postrl.lm.rollout.forwards as forwards
+    from tests.lm.test_packed_forward import assert_same_metrics
+
+    chosen = []
+    original = engine.response_forward
+
+    def spy(*args, **kwargs):
+        forward = original(*args, **kwargs)
+        chosen.append(type(forward).__name__)
+        return forward
+
+    monkeypatch.setattr(engine, "response_forward", spy)
+    cfg = _config(tiny_lm_dir, run={"eval_every": 0, "save_every": 0})
+    run_grpo(cfg, tmp_path / "packed")
+    assert chosen[:3] == ["PackedForward"] * 3  # the loss's, the old and the reference forward
+    monkeypatch.setattr(forwards, "packed_refusal", lambda *a, **k: "off in this test")
+    run_grpo(cfg, tmp_path / "padded")
+    assert chosen[3:6] == ["FusedForward"] * 3
+    assert_same_metrics(tmp_path / "packed", tmp_path / "padded")
