@@ -324,7 +324,7 @@ def test_a_short_run_raises_the_reward(tiny_lm_dir, tmp_path):
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.2
 
 
-def test_a_run_has_the_same_metrics_padding_free_or_not(tiny_lm_dir, tmp_path, monkeypatch):
+def test_a_run_has_the_same_metrics_padding_free_or_not(tiny_lm_dir, tmp_path, monkeypatch, caplog):
     """Four steps with GRPO's loss and reference scoring padding-free (`PackedForward`, the default for the
     float32 tiny Llama) and padded (`FusedForward`, as before it): every logged reward, loss, KL, ratio and
     gradient norm equal to float32 rounding (the same responses are sampled: the weights agree that closely)."""
@@ -342,8 +342,10 @@ def test_a_run_has_the_same_metrics_padding_free_or_not(tiny_lm_dir, tmp_path, m
 
     monkeypatch.setattr(engine, "response_forward", spy)
     cfg = _config(tiny_lm_dir, run={"eval_every": 0, "save_every": 0})
-    run_grpo(cfg, tmp_path / "packed")
+    with caplog.at_level(logging.INFO, logger="postrl.lm.grpo.engine"):
+        run_grpo(cfg, tmp_path / "packed")
     assert chosen[:3] == ["PackedForward"] * 3  # the loss's, the old and the reference forward
+    assert "grpo: the loss runs PackedForward (padding-free" in caplog.text
     monkeypatch.setattr(forwards, "packed_refusal", lambda *a, **k: "off in this test")
     run_grpo(cfg, tmp_path / "padded")
     assert chosen[3:6] == ["FusedForward"] * 3

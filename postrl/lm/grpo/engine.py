@@ -9,6 +9,7 @@ advantages, the update, evaluation, checkpoints) is the trainer's, the same for 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +28,13 @@ from postrl.lm.rollout import (
     response_log_probs,
 )
 from postrl.lm.rollout.decoders import fast_decoder_class
+from postrl.lm.rollout.forwards import PackedForward
 from postrl.lm.rollout.vllm_engine import VLLMSampler
 from postrl.lm.rollout.vllm_server import VLLMServerSampler
 from postrl.lm.tasks.base import stable_hash
 from postrl.runtime import distributed as dist
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -148,6 +152,11 @@ class TextEngine:
             self.ref_forward = response_forward(
                 ref, use_fast, gradients=False, gathered=True, padding_free=True
             )
+        packed = isinstance(self.forward, PackedForward)
+        log.info(  # as SFT and DPO say which forward they took (postrl --verbose)
+            "grpo: the loss runs %s%s", type(self.forward).__name__,
+            " (padding-free: the sampled tokens only, each prompt once)" if packed else "",
+        )  # fmt: skip
 
     @property
     def heldout(self) -> Prompts:
