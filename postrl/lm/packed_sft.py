@@ -3,9 +3,9 @@
 An SFT batch is right-padded to its longest example ([B, L]); on the built-in ``arithmetic`` rows most of a
 batch's positions are padding or prompt. This path cuts each row before its first target token, lays the rows
 out as a rollout (prompts left-padded to P, the rest right-padded to T) and runs them through
-`postrl.lm.rollout.forwards.PackedForward`'s model, `postrl.lm.fast.packed.PackedLlama` (or `PackedGPT2`): every
-matrix product on the real tokens only, each distinct prompt once, and the output layer and its log-softmax only where a
-token is predicted after the cut. The log-probs it returns are those of the padded forward at every target
+`postrl.lm.rollout.packed_forward.PackedForward`'s decoder (`postrl.lm.fast.packed.PackedLlama` or
+`PackedGPT2`): every matrix product on the real tokens only, each distinct prompt once, and the output layer and
+its log-softmax only where a token is predicted after the cut. The log-probs it returns are those of the padded forward at every target
 position (tests/lm/test_packed_sft.py: the loss and every gradient equal to 1e-12 in float64), so the loss
 (Σ NLL over the step's target tokens / their count) and its normalisation over micro-batches are unchanged.
 """
@@ -18,7 +18,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from postrl.lm.rollout.forwards import chunks_output_layer, distinct_prompts, packed_decoder, packed_refusal
+from postrl.lm.fast.packed import distinct_prompts
+from postrl.lm.rollout.forwards import chunks_output_layer
+from postrl.lm.rollout.packed_forward import packed_decoder, packed_refusal
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,8 @@ from postrl.lm.dpo.config import DPOConfig
 from postrl.lm.recipe import Setup, run_recipe
 from postrl.lm.reference import ReferenceAlgorithm, ReferenceRecipe
 from postrl.lm.rollout import ResponseForward
-from postrl.lm.rollout.forwards import ChunkedForward, PackedForward, packed_refusal
+from postrl.lm.rollout.forwards import ChunkedForward
+from postrl.lm.rollout.packed_forward import PackedForward, packed_refusal
 from postrl.lm.spine import LoopState, accumulate
 from postrl.lm.trainer import (
     clip_grad_norm,

@@ -31,10 +31,10 @@ class DPOLossConfig:
     """Pairs per forward when the reference log-probs are computed (once, before training, without gradients)."""
     padding_free: Literal["auto", "off"] = "auto"
     """auto: the loss's forward runs its products on the real tokens only and each pair's prompt once
-    (`postrl.lm.rollout.forwards.PackedForward`, as TRL's padding_free plus a shared prompt) where it can: a
-    whole Llama-family or GPT-2 model in float32 without activation checkpointing, and sampling.use_fast not false; the
-    choice, or why it was refused, is logged. off: the padded forward (the same loss and gradients to float32
-    rounding)."""
+    (`postrl.lm.rollout.packed_forward.PackedForward`, as TRL's padding_free plus a shared prompt) where it
+    can: a whole Llama-family or GPT-2 model in float32 without activation checkpointing, and sampling.use_fast
+    not false; the choice, or why it was refused, is logged. off: the padded forward (the same loss and
+    gradients to float32 rounding)."""
     length_groups: int = 2
     """Forwards per micro-batch of the padded forward: its pairs sorted by length and cut into this many
     groups, each padded only to its own longest response (the same gradient, less padding to compute; 1: one

@@ -13,8 +13,9 @@ output is gathered back to the packed rows (attention is the smaller part of a s
 
 It computes what `FastLlama`'s prefill + extend compute, on fewer rows: the same logits at every real response
 position, to float rounding (tests/lm/test_packed_forward.py: logits and gradients equal to 1e-12 in float64
-against `postrl.lm.rollout.forwards.FusedForward`, the same fused weights on the padded batch). The weights are folded from the LIVE parameters under the
-caller's grad mode: build one per forward (`postrl.lm.rollout.forwards.PackedForward` does).
+against `postrl.lm.rollout.forwards.FusedForward`, the same fused weights on the padded batch). The weights are
+folded from the LIVE parameters under the caller's grad mode: build one per forward
+(`postrl.lm.rollout.packed_forward.PackedForward` does).
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ from torch import Tensor
 
 from postrl.lm.fast.gpt2 import FastGPT2
 from postrl.lm.fast.llama import FastLlama, extend_mask, prefill_masks
+
+
+def distinct_prompts(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Left-padded prompts ids, mask [B, P] → (distinct ids [U, P], their mask [U, P], row → distinct [B])."""
+    P = ids.shape[1]
+    unique, inverse = torch.unique(torch.cat((ids, mask.to(ids.dtype)), dim=1), dim=0, return_inverse=True)
+    return unique[:, :P], unique[:, P:].to(mask.dtype), inverse
 
 
 @dataclass
