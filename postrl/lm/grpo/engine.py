@@ -28,7 +28,7 @@ from postrl.lm.rollout import (
     response_log_probs,
 )
 from postrl.lm.rollout.decoders import fast_decoder_class
-from postrl.lm.rollout.forwards import PackedForward
+from postrl.lm.rollout.packed_forward import PackedForward
 from postrl.lm.rollout.vllm_engine import VLLMSampler
 from postrl.lm.rollout.vllm_server import VLLMServerSampler
 from postrl.lm.tasks.base import stable_hash
