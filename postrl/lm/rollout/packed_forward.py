@@ -68,10 +68,9 @@ def packed_refusal(model: torch.nn.Module, gradients: bool = True) -> str | None
         return "DDP and FSDP synchronise through the model's own forward"
     if gradients and checkpointing_on(model):
         return "activation checkpointing runs the model's own blocks"
-    llama, gpt2 = llama_unsupported_reason(model), gpt2_unsupported_reason(model)
-    if llama is None or gpt2 is None:
-        return None
-    return gpt2 if "not a GPT2LMHeadModel" not in gpt2 else llama
+    if isinstance(model, GPT2LMHeadModel):
+        return gpt2_unsupported_reason(model)
+    return llama_unsupported_reason(model)
 
 
 def packed_decoder(model: torch.nn.Module) -> PackedLlama | PackedGPT2:
