@@ -6,7 +6,9 @@ counted once, no memory), and the peak is summed from the parts a training step 
     weights          parameters × bytes of run.dtype (a second copy for a reference model, unless LoRA's
                      reference is the policy with adapters off, the stage has none, or DPO/KTO only store
                      its log-probs: eval_samples 0)
-    gradients        trained parameters × their bytes (LoRA adapters: float32)
+    gradients        trained parameters × their bytes (LoRA adapters: float32); with ``optim.step_in_backward``
+                     (`postrl.lm.step_in_backward`) the largest that waits for its last part, a tied
+                     output layer's [vocab, hidden]
     optimizer        AdamW: 2 moments float32 per trained parameter, plus a float32 master weight for
                      bfloat16 ones (`postrl.lm.master_adamw`); ``optim.master_weights=false``: 2 moments in
                      the weights' dtype, no master
@@ -118,6 +120,17 @@ def _optimizer_bytes(wbytes: int, lora: bool, master: bool) -> int:
     return 12 if master else 2 * wbytes
 
 
+def _steps_in_backward(cfg: Any) -> bool:
+    """``optim.step_in_backward`` of ``cfg`` (False where it has no ``optim``)."""
+    return getattr(getattr(cfg, "optim", None), "step_in_backward", False)
+
+
+def _gradient_elements(cfg: Any, shape: Shape) -> int:
+    """Gradient elements held at the peak: every trained parameter's, or with ``optim.step_in_backward`` the
+    largest tensor's (an output layer's [vocab, hidden] gradient waits for its tied embedding's part)."""
+    return min(shape.trained, shape.vocab * shape.hidden) if _steps_in_backward(cfg) else shape.trained
+
+
 def _master(cfg: Any) -> bool:
     """``optim.master_weights`` of ``cfg`` (True, the default, where it has no ``optim``)."""
     return getattr(getattr(cfg, "optim", None), "master_weights", True)
@@ -165,7 +178,7 @@ def estimate(stage: str, cfg: Any, shape: Shape, reward_shape: Shape | None = No
     logit_rows = min(memory.chunk_tokens, rows * T) if chunked else rows * T
     parts = {
         "weights": s.params * wbytes * (2 if reference else 1),
-        "gradients": s.trained * (4 if lora else wbytes),
+        "gradients": _gradient_elements(cfg, s) * (4 if lora else wbytes),
         "optimizer": s.trained * _optimizer_bytes(wbytes, lora, _master(cfg)),
         "activations": activations,
         "logits": (2 if chunked else 3) * logit_rows * s.vocab * 4,  # chunked: logits, exp (chunked.py)
@@ -176,7 +189,7 @@ def estimate(stage: str, cfg: Any, shape: Shape, reward_shape: Shape | None = No
     return Estimate({k: float(v) for k, v in parts.items()}, rows, L)
 
 
-def _levers(cfg: Any, shape: Shape) -> list[str]:
+def _levers(stage: str, cfg: Any, shape: Shape) -> list[str]:
     """The memory switches ``cfg`` has not set yet, as key=value overrides."""
     run, memory = cfg.run, cfg.run.memory
     chunked = memory.log_probs == "chunked" or (memory.log_probs == "auto" and shape.vocab >= LARGE_VOCAB)
@@ -189,6 +202,10 @@ def _levers(cfg: Any, shape: Shape) -> list[str]:
         and not run.lora.enabled
         and _master(cfg)
         and hasattr(cfg, "optim"),
+        "optim.step_in_backward=true optim.max_grad_norm=null": stage in ("sft", "dpo", "grpo")
+        and not run.lora.enabled
+        and hasattr(cfg, "optim")
+        and not _steps_in_backward(cfg),
     }
     return [lever for lever, open_ in levers.items() if open_] or ["a smaller model"]
 
@@ -232,7 +249,7 @@ def check_fits(stage: str, cfg: Any, *, dry_run: bool = False) -> str | None:
     one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
     if est.total > free and (dry_run or (cfg.run.memory.check and one_process)):
         raise UserError(
-            f"this config would not fit: {line}. Lower the batch or lengths, or set {', '.join(_levers(cfg, shape))} "
+            f"this config would not fit: {line}. Lower the batch or lengths, or set {', '.join(_levers(stage, cfg, shape))} "
             "(run.memory.check=false runs it anyway)"
         )
     return line

@@ -18,16 +18,17 @@ causal LM, with LoRA adapters when ``run.lora`` asks), its tokenizer, a frozen r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from postrl.lm.spine import Algorithm, LoopState, train_loop
-from postrl.lm.trainer import fit_train_length, set_threads
+from postrl.lm.trainer import OptimConfig, fit_train_length, set_threads
 from postrl.runtime import distributed as dist
 from postrl.runtime.config import validate
+from postrl.runtime.errors import UserError
 from postrl.runtime.rundir import open_run
 from postrl.runtime.seeding import seed_everything
 
@@ -117,6 +118,7 @@ def run_recipe(
     recipe.check(cfg)
     run = cfg.run
     info = dist.init_distributed(run.device)
+    check_step_in_backward(recipe, cfg, info.world_size)
     set_threads(run.threads)
     seed_everything(run.seed, info.rank)
     setup = Setup(cfg, Path(run_dir), info)
@@ -128,3 +130,25 @@ def run_recipe(
     eval_at_start = bool(getattr(setup.cfg, "eval_at_start", getattr(recipe, "eval_at_start", False)))
     state = train_loop(algo, setup.cfg.run, setup.run_dir, logger, ckpt, eval_at_start=eval_at_start)
     return logger.finish(recipe.finish(setup, algo, state))
+
+
+def check_step_in_backward(recipe: Any, cfg: Any, world: int) -> None:
+    """Refuse ``optim.step_in_backward`` (`postrl.lm.step_in_backward`) where it cannot run: a stage without a
+    ``one_backward(cfg)`` (its problems with one backward per optimiser step), a gradient clip, several ranks."""
+    keys = [f.name for f in fields(cfg) if isinstance(getattr(cfg, f.name), OptimConfig)]
+    asked = [k for k in keys if getattr(cfg, k).step_in_backward]
+    if not asked:
+        return
+    one_backward = getattr(recipe, "one_backward", None)
+    problems = [] if one_backward is not None else ["sft, dpo and grpo run it; this stage does not"]
+    problems += one_backward(cfg) if one_backward is not None else []
+    for key in asked:
+        if getattr(cfg, key).max_grad_norm is not None:
+            problems.append(
+                f"it needs {key}.max_grad_norm=null: each weight steps before the step's gradient norm is known "
+                "(the norm is still logged)"
+            )
+    if world > 1:
+        problems.append(f"it runs one process, not {world}: DDP and FSDP reduce gradients after the backward")
+    if problems:
+        raise UserError(f"{asked[0]}.step_in_backward=true: " + "; ".join(problems))

@@ -126,6 +126,12 @@ class SFTRecipe:
     def check(self, cfg: SFTConfig) -> None:
         """Nothing beyond the value ranges."""
 
+    def one_backward(self, cfg: SFTConfig) -> list[str]:
+        """What stops ``optim.step_in_backward``: several backwards per optimiser step."""
+        return (
+            [f"it needs train.grad_accum=1, not {cfg.train.grad_accum}"] if cfg.train.grad_accum != 1 else []
+        )
+
     def load(self, setup: Setup) -> None:
         setup.load_policy()
         cfg, tokenizer = setup.cfg, setup.tokenizer

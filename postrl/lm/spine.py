@@ -34,6 +34,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from postrl.lm.memory import MemoryConfig
+from postrl.lm.step_in_backward import check_one_backward
 from postrl.runtime import callbacks
 from postrl.runtime import distributed as dist
 from postrl.runtime.checkpoint import STATE_FILE, load_checkpoint, save_checkpoint
@@ -170,6 +171,7 @@ def accumulate(
     ``loss(mb)`` must already be the micro-batch's share of the step's loss: its sum over the micro-batch
     divided by the step's count over every micro-batch and rank (tokens, responses or pairs), so that the
     accumulated gradient is exactly that of the whole step's batch. Returns Σ of the losses."""
+    check_one_backward(models, len(micro_batches))
     total = torch.zeros((), dtype=torch.float64)
     for k, mb in enumerate(micro_batches):
         with contextlib.ExitStack() as stack:

@@ -29,6 +29,7 @@ from postrl.lm.master_adamw import MasterAdamW, allocate_adamw_state, needs_mast
 from postrl.lm.packed_sft import packed_next_token_log_probs, sft_padding_free
 from postrl.lm.rollout.forwards import next_token_log_probs
 from postrl.lm.spine import LoopState, Parts, RunConfig, accumulate, train_loop
+from postrl.lm.step_in_backward import StepInBackward, step_in_backward_of
 from postrl.runtime import distributed as dist
 from postrl.runtime.checkpoint import latest_checkpoint, write_dir_atomically
 from postrl.runtime.logging import RunLogger
@@ -57,6 +58,11 @@ class OptimConfig:
     gradient). false: torch's AdamW on the low-precision weights themselves, moments in their dtype (8 bytes per
     parameter, what transformers' Trainer does with a model loaded in bfloat16): half the memory, but a step
     smaller than about 1/256 of a weight rounds away (at lr 1e-6, most of a 0.02-sized weight's steps)."""
+    step_in_backward: bool = False
+    """Step each weight inside the backward as soon as its gradient is complete, and free the gradient there
+    (`postrl.lm.step_in_backward`; torchtune's optimizer_in_bwd): no moment holds every gradient (2 bytes per
+    bfloat16 parameter, 4 per float32). Needs max_grad_norm=null (the norm is still logged), one backward per
+    step (grad_accum=1) and one process; sft, dpo and grpo run it."""
 
     CHECKS = {  # valid ranges (postrl.runtime.config.validate)
         "lr": "> 0",
@@ -113,6 +119,8 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
     opt = adamw(groups, lr=cfg.lr, betas=cfg.betas, **adamw_kernel(trained))
     if adamw is torch.optim.AdamW:  # (MasterAdamW's masters are copies of the weights at the first step)
         allocate_adamw_state(opt)
+    if cfg.step_in_backward:
+        StepInBackward(opt)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, cosine_schedule(cfg.warmup_steps, total_steps, cfg.min_lr_ratio)
     )
@@ -276,7 +284,11 @@ def train_step(
 
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float | None) -> float:
-    """Global gradient norm (over all ranks' shards), clipped to ``max_norm`` when it is not None."""
+    """Global gradient norm (over all ranks' shards), clipped to ``max_norm`` when it is not None; with
+    ``optim.step_in_backward`` the norm of the gradients the backward stepped and freed (never clipped)."""
+    stepping = step_in_backward_of(model.parameters())
+    if stepping is not None:
+        return stepping.grad_norm(model.parameters())
     return dist.grad_norm(model.parameters(), max_norm)
 
 

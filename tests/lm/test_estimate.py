@@ -150,6 +150,10 @@ def test_bfloat16_optimizer_state_with_and_without_float32_masters(tmp_path):
     assert estimate("grpo", plain, shape).parts["gradients"] == P * 2
     fp32_plain = replace(cfg, optim=replace(cfg.optim, master_weights=False))
     assert estimate("grpo", fp32_plain, shape).parts["optimizer"] == P * 8
+    # stepping in the backward holds one gradient at a time: at most the tied [vocab, hidden] one, waiting for
+    # the input embedding's part
+    in_backward = replace(plain, optim=replace(plain.optim, step_in_backward=True, max_grad_norm=None))
+    assert estimate("grpo", in_backward, shape).parts["gradients"] == 151936 * 896 * 2
 
 
 def test_a_refusal_names_only_the_switches_not_yet_set(tmp_path):
@@ -157,15 +161,19 @@ def test_a_refusal_names_only_the_switches_not_yet_set(tmp_path):
 
     shape = model_shape(str(qwen05b_folder(tmp_path)), LoraConfig())
     cfg = GRPOConfig()
-    assert _levers(cfg, shape) == [
+    assert _levers("grpo", cfg, shape) == [
         "run.memory.gradient_checkpointing=true",
         "run.lora.enabled=true",
         "run.dtype=bfloat16",
+        "optim.step_in_backward=true optim.max_grad_norm=null",
     ]  # fmt: skip  (chunked log-probs are auto's choice at this vocabulary)
     bf16 = replace(cfg, run=replace(cfg.run, dtype="bfloat16", memory=MemoryConfig(log_probs="full")))
-    assert _levers(bf16, shape) == [
+    assert _levers("grpo", bf16, shape) == [
         "run.memory.log_probs=chunked", "run.memory.gradient_checkpointing=true", "run.lora.enabled=true",
-        "optim.master_weights=false",
+        "optim.master_weights=false", "optim.step_in_backward=true optim.max_grad_norm=null",
     ]  # fmt: skip
-    plain = replace(bf16, optim=replace(bf16.optim, master_weights=False))
-    assert "optim.master_weights=false" not in _levers(plain, shape)
+    plain = replace(bf16, optim=replace(bf16.optim, master_weights=False, step_in_backward=True))
+    assert _levers("grpo", plain, shape) == [
+        "run.memory.log_probs=chunked", "run.memory.gradient_checkpointing=true", "run.lora.enabled=true",
+    ]  # fmt: skip
+    assert "optim.step_in_backward=true optim.max_grad_norm=null" not in _levers("ppo", bf16, shape)

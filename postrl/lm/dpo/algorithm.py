@@ -183,6 +183,17 @@ class DPORecipe(ReferenceRecipe):
     section = "dpo"
     algorithm_class = DPO
 
+    def one_backward(self, cfg: DPOConfig) -> list[str]:
+        """What stops ``optim.step_in_backward``: several backwards per optimiser step."""
+        return [
+            f"it needs {key}=1, not {value}"
+            for key, value in (
+                ("train.grad_accum", cfg.train.grad_accum),
+                ("dpo.length_groups", cfg.dpo.length_groups),
+            )
+            if value != 1
+        ]
+
     def load_examples(self, cfg: DPOConfig, tokenizer: Any) -> tuple[list[dict], list[dict], Any]:
         return load_pairs(cfg, tokenizer)
 

@@ -222,6 +222,10 @@ class GRPORecipe:
     def check(self, cfg: GRPOConfig) -> None:
         """The world-size checks need the distributed set-up: `load` makes them."""
 
+    def one_backward(self, cfg: GRPOConfig) -> list[str]:
+        """What stops ``optim.step_in_backward``: several backwards per optimiser step."""
+        return [f"it needs grpo.grad_accum=1, not {cfg.grpo.grad_accum}"] if cfg.grpo.grad_accum != 1 else []
+
     def load(self, setup: Setup) -> None:
         check_grpo_config(setup.cfg, setup.info.world_size)
         run = build_grpo_run(setup.cfg, setup.info)

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from postrl.lm.step_in_backward import StepInBackward
+
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
     """z = (h W^T + b)/τ in float32 (the reference: the model's logits in its dtype, then ``.float()``), a new
@@ -185,16 +187,23 @@ def adopt_grad(weight: Tensor, grad: Tensor) -> bool:
 
 def _writable(weight: Tensor) -> bool:
     """A backward may write ``weight.grad`` itself: a leaf that requires grad, no hooks that would miss the
-    write, a ``.backward()`` over the whole graph, one process (DDP's reducer hooks the gradient accumulator,
+    write (`_steps_in_backward`'s are not such), a ``.backward()`` over the whole graph, one process (DDP's reducer hooks the gradient accumulator,
     which a write that returns None for W never runs: the weight's gradient would not be averaged)."""
     if not (weight.is_leaf and weight.requires_grad) or weight._backward_hooks:
         return False
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return False
-    if getattr(weight, "_post_accumulate_grad_hooks", None):
+    hooks = getattr(weight, "_post_accumulate_grad_hooks", None) or {}
+    if any(not _steps_in_backward(h) for h in hooks.values()):
         return False
     whole_graph = getattr(torch.autograd, "_is_checkpoint_valid", lambda: False)  # private: absent, never
     return bool(whole_graph())
+
+
+def _steps_in_backward(hook: object) -> bool:
+    """A `StepInBackward` hook: it runs when the tied embedding's part is added into the adopted gradient, and
+    a weight with no other use is stepped by the trainer's ``optimizer.step()`` after the backward."""
+    return isinstance(getattr(hook, "__self__", None), StepInBackward)
 
 
 def chunked_log_probs(

@@ -47,6 +47,7 @@ from postrl.lm.rollout.chunked import chunked_log_probs, existing_grad
 from postrl.lm.rollout.decoders import cache_argument, fast_decoder_class
 from postrl.lm.rollout.packed_forward import PackedForward, packed_refusal
 from postrl.lm.rollout.sampling import token_log_probs
+from postrl.lm.step_in_backward import steps_in_backward
 from postrl.runtime import distributed as dist
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,8 @@ class SharedPrefixForward:
     it, then the response tokens on top (a batch whose prompts are all distinct takes one full forward).
     ``split_backward``: the two passes' gradients reach ``.grad`` by two backwards (`split_backward_at_prefix`:
     a trainer's forward, whose loss calls ``.backward()``; ``torch.autograd.grad`` would miss the prompt
-    pass's share)."""
+    pass's share). Weights that step in the backward (`postrl.lm.step_in_backward`) must get their gradient in
+    one accumulation: with gradients, each row then takes the full forward."""
 
     model: torch.nn.Module
     split_backward: bool = False
@@ -112,10 +114,10 @@ class SharedPrefixForward:
     def logits(self, input_ids: Tensor, attention_mask: Tensor, prompt_len: int) -> Tensor:
         P, T = prompt_len, input_ids.shape[1] - prompt_len
         ids, mask, inverse = distinct_prompts(input_ids[:, :P], attention_mask[:, :P])
-        if ids.shape[0] == input_ids.shape[0]:
+        split = self.split_backward and torch.is_grad_enabled()
+        if ids.shape[0] == input_ids.shape[0] or (split and steps_in_backward(self.model)):
             return self.full.logits(input_ids, attention_mask, P)
         keep = {self.full.keep: 1} if self.full.keep else {}
-        split = self.split_backward and torch.is_grad_enabled()
         head = self.model(
             **_token_inputs(self.model, ids, split), attention_mask=mask, position_ids=position_ids_from_mask(mask),
             use_cache=True, **keep,

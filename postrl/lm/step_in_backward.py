@@ -1,0 +1,114 @@
+"""``optim.step_in_backward``: each weight's optimiser update inside the backward, its gradient freed at once.
+
+A training step ordinarily holds every trained weight's gradient from the backward until ``optimizer.step()``:
+2 bytes per bfloat16 parameter (0.99 GB for a 494M-parameter model), 4 per float32. Run the update of a weight
+as soon as its gradient is complete, in a hook that autograd calls after accumulating it
+(``Tensor.register_post_accumulate_grad_hook``), and free the gradient there: at any moment the backward then
+holds only the gradients still being completed (PyTorch's recipe "How to save memory by fusing the optimizer
+step into the backward pass"; torchtune's ``optimizer_in_bwd``).
+
+The update is the optimiser's own (``torch.optim.AdamW`` or `postrl.lm.master_adamw.MasterAdamW`, with its
+learning-rate schedule, state and checkpoints unchanged): the hook runs ``optimizer.step()`` with the
+parameter groups narrowed to the one weight, so a weight whose gradient is already there but not yet complete
+(an output layer's adopted gradient, `postrl.lm.rollout.chunked.adopt_grad`, waiting for its tied input
+embedding's part) is not stepped early. A weight whose gradient autograd never accumulates (an untied output
+layer whose backward wrote it directly) is stepped by the trainer's own ``optimizer.step()`` after the
+backward, as always.
+
+What it costs: the global gradient norm is known only after every weight has stepped, so it cannot be clipped
+(``optim.max_grad_norm`` must be null; the norm is still measured and logged), and the step must be one
+backward (no gradient accumulation) in one process (DDP and FSDP reduce gradients after the backward).
+`postrl.lm.recipe.run_recipe` refuses other configs up front; `check_one_backward` (in `postrl.lm.spine.accumulate`) is the net behind it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+
+import torch
+
+_BY_ID: weakref.WeakValueDictionary[int, StepInBackward] = weakref.WeakValueDictionary()
+"""id(parameter) → the `StepInBackward` that steps it (not an attribute: a deepcopy of the model must not
+copy the optimiser)."""
+
+
+class StepInBackward:
+    """Hooks that step ``optimizer`` on each of its parameters as autograd completes the parameter's gradient
+    and then free it; keeps the squared norm of the gradients it stepped for `grad_norm`."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.group_of = {p: g for g in optimizer.param_groups for p in g["params"]}
+        self.squares: list[torch.Tensor] = []
+        self.stepped: set[int] = set()  # ids of the weights stepped since the last `grad_norm`
+        self.handles = [p.register_post_accumulate_grad_hook(self._step) for p in self.group_of]
+        for p in self.group_of:
+            _BY_ID[id(p)] = self
+
+    def _step(self, param: torch.Tensor) -> None:
+        if id(param) in self.stepped:  # a second accumulation: the first step took part of the gradient
+            raise RuntimeError(
+                "optim.step_in_backward: a weight's gradient was accumulated twice in one optimiser step (a "
+                "second backward, or a forward whose backward runs in two passes)"
+            )
+        self.stepped.add(id(param))
+        self.squares.append(_square_norm(param.grad))
+        self.step_only(param)
+        param.grad = None
+
+    @torch.no_grad()
+    def step_only(self, param: torch.Tensor) -> None:
+        """``optimizer.step()`` on ``param`` alone (its group's hyperparameters and schedule)."""
+        groups = self.optimizer.param_groups
+        kept = [g["params"] for g in groups]
+        for g in groups:
+            g["params"] = [param] if g is self.group_of[param] else []
+        try:
+            self.optimizer.step()
+        finally:
+            for g, params in zip(groups, kept, strict=True):
+                g["params"] = params
+
+    def grad_norm(self, params: Iterable[torch.Tensor]) -> float:
+        """The step's global gradient norm: the weights stepped in the backward and those of ``params`` that
+        still hold a gradient (stepped by the trainer's ``optimizer.step()``); ends the step (every trainer
+        that runs `StepInBackward` measures the norm once per step, through `trainer.clip_grad_norm`)."""
+        squares = self.squares + [_square_norm(p.grad) for p in params if p.grad is not None]
+        self.squares, self.stepped = [], set()
+        return float(torch.stack(squares).sum().sqrt()) if squares else 0.0
+
+    def remove(self) -> None:
+        """Take the hooks off (the parameters train with ``optimizer.step()`` again)."""
+        for handle in self.handles:
+            handle.remove()
+        for p in self.group_of:
+            if _BY_ID.get(id(p)) is self:
+                del _BY_ID[id(p)]
+
+
+def _square_norm(grad: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(grad.detach(), dtype=torch.float32).square()
+
+
+def step_in_backward_of(params: Iterable[torch.Tensor]) -> StepInBackward | None:
+    """The `StepInBackward` that steps any of ``params``, or None."""
+    for p in params:
+        found = _BY_ID.get(id(p))
+        if found is not None and p in found.group_of:  # (an id may be reused once its tensor is gone)
+            return found
+    return None
+
+
+def steps_in_backward(model: torch.nn.Module) -> bool:
+    """Whether any of ``model``'s weights step in the backward."""
+    return step_in_backward_of(model.parameters()) is not None
+
+
+def check_one_backward(models: Iterable[torch.nn.Module], backwards: int) -> None:
+    """Raise when a step of ``backwards`` backwards would reach a model whose weights step in the backward
+    (each backward would step every weight: not the accumulated step). The config checks refuse such runs."""
+    if backwards > 1 and any(step_in_backward_of(m.parameters()) for m in models):
+        raise RuntimeError(
+            f"optim.step_in_backward: this step runs {backwards} backwards; it needs one (no gradient accumulation)"
+        )

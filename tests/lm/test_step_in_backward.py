@@ -1,0 +1,158 @@
+"""``optim.step_in_backward``: each weight steps inside the backward and its gradient is freed there
+(`postrl.lm.step_in_backward`). The weights, optimiser state and logged gradient norm equal those of the usual
+backward-then-step; configs it cannot run are refused before anything is loaded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from postrl.lm.memory import MemoryConfig, configure_memory
+from postrl.lm.rollout.forwards import ChunkedForward, forward_log_probs, response_forward
+from postrl.lm.spine import accumulate
+from postrl.lm.step_in_backward import step_in_backward_of
+from postrl.lm.trainer import OptimConfig, clip_grad_norm, make_optimizer
+from postrl.runtime.errors import UserError
+
+
+def _train(model, steps, batch, step_in_backward, dtype_master=True, **kw):
+    """``steps`` optimiser steps of ``batch(model, step)``'s loss; returns the logged gradient norms, the norms
+    of the gradients left after each step (None: freed), and the optimiser."""
+    optim = OptimConfig(
+        lr=1e-2,
+        warmup_steps=2,
+        max_grad_norm=None,
+        master_weights=dtype_master,
+        step_in_backward=step_in_backward,
+    )
+    optimizer, scheduler = make_optimizer(model, optim, steps)
+    norms, left = [], []
+    for step in range(steps):
+        batch(model, step).backward()
+        left.append([p.grad is None for p in model.parameters()])
+        norms.append(clip_grad_norm(model, None))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+    return norms, left, optimizer
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def _mlp_loss(model, step):
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(step), dtype=next(model.parameters()).dtype)
+    return model(x).float().pow(2).sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_same_weights_state_and_norms_as_stepping_after_the_backward(dtype):
+    """Five steps of AdamW (warm-up, then the schedule; in bfloat16 `MasterAdamW`'s float32 masters): every
+    weight, moment and step count equal, bit for bit, and the logged norm equal to the dtype's rounding; no
+    gradient is left once the backward returns."""
+    plain, fused = _mlp().to(dtype), _mlp().to(dtype)
+    want_norms, want_left, want_opt = _train(plain, 5, _mlp_loss, False)
+    norms, left, opt = _train(fused, 5, _mlp_loss, True)
+    assert all(not any(step) for step in want_left) and all(all(step) for step in left)
+    # torch sums a bfloat16 norm in bfloat16; ours is float32 (within bfloat16's rounding of it)
+    torch.testing.assert_close(norms, want_norms, rtol=1e-6 if dtype == torch.float32 else 2.0**-7, atol=0)
+    for p, q in zip(plain.parameters(), fused.parameters(), strict=True):
+        assert torch.equal(p, q)
+    want_state, state = want_opt.state_dict()["state"], opt.state_dict()["state"]
+    assert want_state.keys() == state.keys()
+    for key, tensors in want_state.items():
+        for name, value in tensors.items():
+            assert torch.equal(value, state[key][name]), (key, name)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_an_adopted_output_layer_gradient_steps_once_and_whole(tied, monkeypatch):
+    """The chunked output layer sets its ∂L/∂W as the weight's .grad (`adopt_grad`) while the backward goes on:
+    a tied weight steps when the input embedding's part has been added into it (not before, on the output
+    layer's part alone), an untied one at once (or at the trainer's ``optimizer.step()`` if autograd skipped its
+    hook).
+    Both equal the usual step, bit for bit; the adoption is checked to happen."""
+    import postrl.lm.rollout.chunked as chunked
+    from tests.lm.test_chunked_log_probs import tiny_qwen2
+    from tests.lm.test_forwards import grouped_batch
+
+    adopted = []
+    original = chunked.adopt_grad
+    monkeypatch.setattr(chunked, "adopt_grad", lambda w, g: adopted.append(original(w, g)) or adopted[-1])
+    ids, mask, P = grouped_batch()
+
+    def loss(model, step):
+        forward = response_forward(model)
+        assert isinstance(forward, ChunkedForward)
+        log_probs, _ = forward_log_probs(forward, ids, mask, P, 0.8)
+        upstream = torch.randn(log_probs.shape, generator=torch.Generator().manual_seed(step))
+        return (log_probs * upstream * mask[:, P:]).sum()
+
+    def model():
+        m = tiny_qwen2(tied=tied)
+        configure_memory(m, MemoryConfig(log_probs="chunked", chunk_tokens=5))
+        return m
+
+    import postrl.lm.rollout.forwards as forwards
+
+    plain, fused = model(), model()
+    with monkeypatch.context() as patch:  # the full forward of every row, as stepping in the backward takes
+        patch.setattr(forwards, "steps_in_backward", lambda model: True)
+        want_norms, _, _ = _train(plain, 3, loss, False)
+    adopted.clear()
+    norms, left, _ = _train(fused, 3, loss, True)
+    assert adopted == [True] * 3
+    # every gradient is freed in the backward (autograd calls an untied head's hook too, though its backward
+    # returned no gradient for it; were it not to, the trainer's optimizer.step() would step it)
+    assert all(all(step) for step in left)
+    torch.testing.assert_close(norms, want_norms, rtol=1e-6, atol=0)
+    for (name, p), q in zip(plain.named_parameters(), fused.parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+def test_a_step_of_two_backwards_is_refused_by_the_net():
+    """Gradient accumulation would step every weight once per micro-batch: `spine.accumulate` refuses it
+    (the config checks refuse such configs first)."""
+    model = _mlp()
+    make_optimizer(model, OptimConfig(max_grad_norm=None, step_in_backward=True), 4)
+    assert step_in_backward_of(model.parameters()) is not None
+    with pytest.raises(RuntimeError, match="runs 2 backwards; it needs one"):
+        accumulate([model], [0, 1], lambda step: _mlp_loss(model, step))
+    accumulate([model], [0], lambda step: _mlp_loss(model, step))
+
+
+def test_configs_it_cannot_run_are_refused_up_front(tiny_lm_dir, tmp_path):
+    """One `postrl: error:` line names every key at fault, before the run folder exists: the clip, the
+    accumulation, a stage that does not run it."""
+    from postrl.lm.kto.algorithm import KTORecipe
+    from postrl.lm.recipe import check_step_in_backward
+    from tests.lm.test_grpo import _config, run_grpo
+
+    cfg = _config(tiny_lm_dir, grpo={"grad_accum": 2}, optim=OptimConfig(step_in_backward=True))
+    with pytest.raises(UserError) as err:
+        run_grpo(cfg, tmp_path / "run")
+    assert str(err.value) == (
+        "optim.step_in_backward=true: it needs grpo.grad_accum=1, not 2; it needs optim.max_grad_norm=null: each "
+        "weight steps before the step's gradient norm is known (the norm is still logged)"
+    )
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(UserError, match="sft, dpo and grpo run it; this stage does not"):
+        check_step_in_backward(KTORecipe(), cfg, 1)
+    with pytest.raises(UserError, match="it runs one process, not 2"):
+        check_step_in_backward(KTORecipe(), cfg, 2)
+
+
+def test_a_grpo_run_logs_the_same_metrics(tiny_lm_dir, tmp_path):
+    """Four GRPO steps (the tiny Llama, its tied-or-not output layer as it comes): every logged reward, loss,
+    KL and gradient norm equal to the run that steps after the backward."""
+    from tests.lm.test_grpo import _config, run_grpo
+    from tests.lm.test_packed_forward import assert_same_metrics
+
+    base = dict(lr=2e-4, warmup_steps=0, min_lr_ratio=1.0, max_grad_norm=None)
+    run = {"eval_every": 0, "save_every": 0}
+    run_grpo(_config(tiny_lm_dir, run=run, optim=OptimConfig(**base)), tmp_path / "after")
+    run_grpo(_config(tiny_lm_dir, run=run, optim=OptimConfig(**base, step_in_backward=True)), tmp_path / "in")
+    rows = assert_same_metrics(tmp_path / "in", tmp_path / "after")
+    assert any(r.get("grad_norm", 0) > 0 for r in rows)
