@@ -156,3 +156,37 @@ def test_a_grpo_run_logs_the_same_metrics(tiny_lm_dir, tmp_path):
     run_grpo(_config(tiny_lm_dir, run=run, optim=OptimConfig(**base, step_in_backward=True)), tmp_path / "in")
     rows = assert_same_metrics(tmp_path / "in", tmp_path / "after")
     assert any(r.get("grad_norm", 0) > 0 for r in rows)
+
+
+def test_a_dpo_run_and_its_resume_export_the_same_weights(tiny_lm_dir, tmp_path):
+    """DPO (one forward of chosen and rejected per step, `dpo.length_groups=1`): the exported weights of a run
+    that steps in the backward equal, bit for bit, those of one that steps after it, and so do those of a run
+    killed after its step-2 checkpoint and resumed (the optimiser's state is the usual AdamW's)."""
+    import shutil
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from postrl.lm.dpo import run_dpo
+    from tests.lm.test_dpo import _cfg
+
+    def cfg(step_in_backward: bool):
+        base = _cfg(tiny_lm_dir)
+        optim = replace(base.optim, max_grad_norm=None, step_in_backward=step_in_backward)
+        return replace(base, optim=optim, dpo=replace(base.dpo, length_groups=1))
+
+    def weights(run):
+        return load_file(str(run / "model" / "model.safetensors"))
+
+    run_dpo(cfg(False), tmp_path / "after")
+    run_dpo(cfg(True), tmp_path / "in")
+    want = weights(tmp_path / "after")
+    assert want.keys() == weights(tmp_path / "in").keys()
+    assert all(torch.equal(v, weights(tmp_path / "in")[k]) for k, v in want.items())
+    # killed after step 2's checkpoint: its folder as a kill leaves it, then resumed
+    run = tmp_path / "in"
+    for leftover in (run / "checkpoints" / "step_00000004", run / "model"):
+        shutil.rmtree(leftover)
+    (run / "summary.json").unlink()
+    run_dpo(cfg(True), run, resume=True)
+    assert all(torch.equal(v, weights(run)[k]) for k, v in want.items())
