@@ -120,15 +120,22 @@ def _optimizer_bytes(wbytes: int, lora: bool, master: bool) -> int:
     return 12 if master else 2 * wbytes
 
 
+STEP_IN_BACKWARD_STAGES = ("sft", "dpo", "grpo")
+"""The stages that run ``optim.step_in_backward`` (their recipes' ``one_backward``)."""
+
+
 def _steps_in_backward(cfg: Any) -> bool:
     """``optim.step_in_backward`` of ``cfg`` (False where it has no ``optim``)."""
     return getattr(getattr(cfg, "optim", None), "step_in_backward", False)
 
 
-def _gradient_elements(cfg: Any, shape: Shape) -> int:
-    """Gradient elements held at the peak: every trained parameter's, or with ``optim.step_in_backward`` the
-    largest tensor's (an output layer's [vocab, hidden] gradient waits for its tied embedding's part)."""
-    return min(shape.trained, shape.vocab * shape.hidden) if _steps_in_backward(cfg) else shape.trained
+def _gradient_elements(stage: str, cfg: Any, shape: Shape) -> int:
+    """Gradient elements held at the peak: every trained parameter's, or with ``optim.step_in_backward`` (in
+    a stage that runs it) the largest tensor's (an output layer's [vocab, hidden] gradient waits for its tied
+    embedding's part)."""
+    if stage in STEP_IN_BACKWARD_STAGES and _steps_in_backward(cfg):
+        return min(shape.trained, shape.vocab * shape.hidden)
+    return shape.trained
 
 
 def _master(cfg: Any) -> bool:
@@ -178,7 +185,7 @@ def estimate(stage: str, cfg: Any, shape: Shape, reward_shape: Shape | None = No
     logit_rows = min(memory.chunk_tokens, rows * T) if chunked else rows * T
     parts = {
         "weights": s.params * wbytes * (2 if reference else 1),
-        "gradients": _gradient_elements(cfg, s) * (4 if lora else wbytes),
+        "gradients": _gradient_elements(stage, cfg, s) * (4 if lora else wbytes),
         "optimizer": s.trained * _optimizer_bytes(wbytes, lora, _master(cfg)),
         "activations": activations,
         "logits": (2 if chunked else 3) * logit_rows * s.vocab * 4,  # chunked: logits, exp (chunked.py)
@@ -202,7 +209,7 @@ def _levers(stage: str, cfg: Any, shape: Shape) -> list[str]:
         and not run.lora.enabled
         and _master(cfg)
         and hasattr(cfg, "optim"),
-        "optim.step_in_backward=true optim.max_grad_norm=null": stage in ("sft", "dpo", "grpo")
+        "optim.step_in_backward=true optim.max_grad_norm=null": stage in STEP_IN_BACKWARD_STAGES
         and not run.lora.enabled
         and hasattr(cfg, "optim")
         and not _steps_in_backward(cfg),

@@ -140,7 +140,7 @@ def check_step_in_backward(recipe: Any, cfg: Any, world: int) -> None:
     if not asked:
         return
     one_backward = getattr(recipe, "one_backward", None)
-    problems = [] if one_backward is not None else ["sft, dpo and grpo run it; this stage does not"]
+    problems = [] if one_backward is not None else ["this stage does not run it (sft, dpo and grpo do)"]
     problems += one_backward(cfg) if one_backward is not None else []
     for key in asked:
         if getattr(cfg, key).max_grad_norm is not None:
