@@ -255,8 +255,9 @@ def check_fits(stage: str, cfg: Any, *, dry_run: bool = False) -> str | None:
     )
     one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
     if est.total > free and (dry_run or (cfg.run.memory.check and one_process)):
+        levers = ", ".join(_levers(stage, cfg, shape))
         raise UserError(
-            f"this config would not fit: {line}. Lower the batch or lengths, or set {', '.join(_levers(stage, cfg, shape))} "
+            f"this config would not fit: {line}. Lower the batch or lengths, or set {levers} "
             "(run.memory.check=false runs it anyway)"
         )
     return line

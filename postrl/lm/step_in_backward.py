@@ -18,7 +18,8 @@ backward, as always.
 What it costs: the global gradient norm is known only after every weight has stepped, so it cannot be clipped
 (``optim.max_grad_norm`` must be null; the norm is still measured and logged), and the step must be one
 backward (no gradient accumulation) in one process (DDP and FSDP reduce gradients after the backward).
-`postrl.lm.recipe.run_recipe` refuses other configs up front; `check_one_backward` (in `postrl.lm.spine.accumulate`) is the net behind it.
+`postrl.lm.recipe.run_recipe` refuses other configs up front; `check_one_backward` (in `postrl.lm.spine.
+accumulate`) and a weight accumulated twice in one step (`StepInBackward._step`) are the nets behind it.
 """
 
 from __future__ import annotations

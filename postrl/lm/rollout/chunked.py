@@ -187,8 +187,9 @@ def adopt_grad(weight: Tensor, grad: Tensor) -> bool:
 
 def _writable(weight: Tensor) -> bool:
     """A backward may write ``weight.grad`` itself: a leaf that requires grad, no hooks that would miss the
-    write (`_steps_in_backward`'s are not such), a ``.backward()`` over the whole graph, one process (DDP's reducer hooks the gradient accumulator,
-    which a write that returns None for W never runs: the weight's gradient would not be averaged)."""
+    write (`_steps_in_backward`'s are not such), a ``.backward()`` over the whole graph, one process (DDP's
+    reducer hooks the gradient accumulator, which a write that returns None for W never runs: the weight's
+    gradient would not be averaged)."""
     if not (weight.is_leaf and weight.requires_grad) or weight._backward_hooks:
         return False
     if torch.distributed.is_available() and torch.distributed.is_initialized():
