@@ -190,3 +190,37 @@ def test_a_dpo_run_and_its_resume_export_the_same_weights(tiny_lm_dir, tmp_path)
     (run / "summary.json").unlink()
     run_dpo(cfg(True), run, resume=True)
     assert all(torch.equal(v, weights(run)[k]) for k, v in want.items())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_an_sft_run_exports_the_same_weights(tiny_lm_dir, tmp_path, dtype, monkeypatch):
+    """SFT (padding-free in float32, padded in bfloat16 with `MasterAdamW`): the exported weights equal, bit for
+    bit, those of the run that steps after the backward (whose weights are checked to have stepped in it)."""
+    from safetensors.torch import load_file
+
+    from postrl.lm.step_in_backward import StepInBackward
+
+    hooked = []
+    original = StepInBackward._step
+    monkeypatch.setattr(StepInBackward, "_step", lambda self, p: hooked.append(p.shape) or original(self, p))
+
+    from postrl.lm.sft import SFTConfig, run_sft
+    from postrl.lm.spine import RunConfig
+    from postrl.lm.trainer import TrainConfig
+
+    def run(step_in_backward: bool):
+        cfg = SFTConfig(
+            model=str(tiny_lm_dir), task={"n_train": 32, "n_test": 4}, train=TrainConfig(batch_size=4, max_length=48),
+            optim=OptimConfig(lr=1e-3, warmup_steps=1, max_grad_norm=None, step_in_backward=step_in_backward),
+            run=RunConfig(steps=3, eval_every=0, save_every=0, device="cpu", dtype=dtype), eval_size=0,
+        )  # fmt: skip
+        out = tmp_path / f"in{step_in_backward}"
+        run_sft(cfg, out)
+        return load_file(str(out / "model" / "model.safetensors"))
+
+    want = run(False)
+    assert not hooked
+    got = run(True)
+    assert len(hooked) == 3 * len(want)  # every weight, every step (the tiny Llama's head is tied)
+    assert want.keys() == got.keys()
+    assert all(torch.equal(v, got[k]) for k, v in want.items())
