@@ -44,8 +44,8 @@ class StepInBackward:
         self.group_ids = [id(g) for g in optimizer.param_groups]
         self.squares: list[torch.Tensor] = []
         self.stepped: set[int] = set()  # ids of the weights stepped since the last `grad_norm`
-        self.handles = [p.register_post_accumulate_grad_hook(self._step) for p in self.group_of]
         for p in self.group_of:
+            p.register_post_accumulate_grad_hook(self._step)
             _BY_ID[id(p)] = self
 
     def _step(self, param: torch.Tensor) -> None:
@@ -83,14 +83,6 @@ class StepInBackward:
         squares = self.squares + [_square_norm(p.grad) for p in params if p.grad is not None]
         self.squares, self.stepped = [], set()
         return float(torch.stack(squares).sum().sqrt()) if squares else 0.0
-
-    def remove(self) -> None:
-        """Take the hooks off (the parameters train with ``optimizer.step()`` again)."""
-        for handle in self.handles:
-            handle.remove()
-        for p in self.group_of:
-            if _BY_ID.get(id(p)) is self:
-                del _BY_ID[id(p)]
 
 
 NORM_CHUNK = 1 << 20

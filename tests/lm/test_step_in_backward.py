@@ -112,15 +112,21 @@ def test_an_adopted_output_layer_gradient_steps_once_and_whole(tied, monkeypatch
         assert torch.equal(p, q), name
 
 
-def test_a_step_of_two_backwards_is_refused_by_the_net():
-    """Gradient accumulation would step every weight once per micro-batch: `spine.accumulate` refuses it
-    (the config checks refuse such configs first)."""
+def test_a_step_of_two_backwards_is_refused_by_the_nets():
+    """Gradient accumulation would step every weight once per micro-batch: `spine.accumulate` refuses it, and
+    so does a weight's second accumulation before the step's norm is taken (the config checks refuse such
+    configs first)."""
     model = _mlp()
     make_optimizer(model, OptimConfig(max_grad_norm=None, step_in_backward=True), 4)
     assert step_in_backward_of(model.parameters()) is not None
     with pytest.raises(RuntimeError, match="runs 2 backwards; it needs one"):
         accumulate([model], [0, 1], lambda step: _mlp_loss(model, step))
     accumulate([model], [0], lambda step: _mlp_loss(model, step))
+    # a second backward before the step ends (a forward whose backward reached a weight twice would too)
+    with pytest.raises(RuntimeError, match="accumulated twice in one optimiser step"):
+        _mlp_loss(model, 1).backward()
+    clip_grad_norm(model, None)  # ends the step
+    _mlp_loss(model, 2).backward()
 
 
 def test_configs_it_cannot_run_are_refused_up_front(tiny_lm_dir, tmp_path):
