@@ -202,8 +202,9 @@ def _writable(weight: Tensor) -> bool:
 
 
 def _steps_in_backward(hook: object) -> bool:
-    """A `StepInBackward` hook: it runs when the tied embedding's part is added into the adopted gradient, and
-    a weight with no other use is stepped by the trainer's ``optimizer.step()`` after the backward."""
+    """A `StepInBackward` hook: autograd calls it once the backward is done with the weight (a tied embedding's
+    part added into the adopted gradient; for a weight with no other use too, though its backward returned no
+    gradient, and were it not called the trainer's ``optimizer.step()`` would step that weight)."""
     return isinstance(getattr(hook, "__self__", None), StepInBackward)
 
 
