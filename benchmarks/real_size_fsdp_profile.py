@@ -74,15 +74,22 @@ def main() -> None:
     optimizer, _ = make_optimizer(model, OptimConfig(lr=1e-5), args.steps)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
-    examples = [{"input_ids": torch.randint(0, vocab, (args.length,), generator=g).tolist()} for _ in range(args.batch)]
+    examples = [
+        {"input_ids": torch.randint(0, vocab, (args.length,), generator=g).tolist()}
+        for _ in range(args.batch)
+    ]
     for e in examples:
         e["labels"] = list(e["input_ids"])
 
     first: list[tuple[str, float]] = []
     base = model.model
-    base.embed_tokens.register_forward_hook(lambda *_: first.append(("embedding", resident_mb())) if not step else None)
+    base.embed_tokens.register_forward_hook(
+        lambda *_: first.append(("embedding", resident_mb())) if not step else None
+    )
     for i, layer in enumerate(base.layers):
-        layer.register_forward_hook(lambda *_, i=i: first.append((f"block {i}", resident_mb())) if not step else None)
+        layer.register_forward_hook(
+            lambda *_, i=i: first.append((f"block {i}", resident_mb())) if not step else None
+        )
     backward = torch.Tensor.backward
 
     def phased_backward(self, *a, **k):

@@ -120,7 +120,7 @@ def _optimizer_bytes(wbytes: int, lora: bool, master: bool) -> int:
     return 12 if master else 2 * wbytes
 
 
-STEP_IN_BACKWARD_STAGES = ("sft", "dpo", "grpo")
+STEP_IN_BACKWARD_STAGES = ("sft", "dpo", "kto", "rm", "grpo")
 """The stages that run ``optim.step_in_backward`` (their recipes' ``one_backward``)."""
 
 

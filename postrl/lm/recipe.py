@@ -140,7 +140,9 @@ def check_step_in_backward(recipe: Any, cfg: Any, world: int) -> None:
     if not asked:
         return
     one_backward = getattr(recipe, "one_backward", None)
-    problems = [] if one_backward is not None else ["this stage does not run it (sft, dpo and grpo do)"]
+    problems = (
+        [] if one_backward is not None else ["this stage does not run it (sft, dpo, kto, rm and grpo do)"]
+    )
     problems += one_backward(cfg) if one_backward is not None else []
     for key in asked:
         if getattr(cfg, key).max_grad_norm is not None:

@@ -62,7 +62,7 @@ class OptimConfig:
     """Step each weight inside the backward as soon as its gradient is complete, and free the gradient there
     (`postrl.lm.step_in_backward`; torchtune's optimizer_in_bwd): no moment holds every gradient (2 bytes per
     bfloat16 parameter, 4 per float32). Needs max_grad_norm=null (the norm is still logged), one backward per
-    step (grad_accum=1) and one process; sft, dpo and grpo run it."""
+    step (grad_accum=1) and one process; sft, dpo, kto, rm and grpo run it."""
 
     CHECKS = {  # valid ranges (postrl.runtime.config.validate)
         "lr": "> 0",

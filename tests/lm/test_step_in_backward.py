@@ -4,6 +4,8 @@ backward-then-step; configs it cannot run are refused before anything is loaded.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -132,7 +134,7 @@ def test_a_step_of_two_backwards_is_refused_by_the_nets():
 def test_configs_it_cannot_run_are_refused_up_front(tiny_lm_dir, tmp_path):
     """One `postrl: error:` line names every key at fault, before the run folder exists: the clip, the
     accumulation, a stage that does not run it."""
-    from postrl.lm.kto.algorithm import KTORecipe
+    from postrl.lm.ppo.algorithm import PPORecipe
     from postrl.lm.recipe import check_step_in_backward
     from tests.lm.test_grpo import _config, run_grpo
 
@@ -144,10 +146,10 @@ def test_configs_it_cannot_run_are_refused_up_front(tiny_lm_dir, tmp_path):
         "weight steps before the step's gradient norm is known (the norm is still logged)"
     )
     assert not (tmp_path / "run").exists()
-    with pytest.raises(UserError, match=r"this stage does not run it \(sft, dpo and grpo do\)"):
-        check_step_in_backward(KTORecipe(), cfg, 1)
+    with pytest.raises(UserError, match=r"this stage does not run it \(sft, dpo, kto, rm and grpo do\)"):
+        check_step_in_backward(PPORecipe(), cfg, 1)
     with pytest.raises(UserError, match="it runs one process, not 2"):
-        check_step_in_backward(KTORecipe(), cfg, 2)
+        check_step_in_backward(PPORecipe(), cfg, 2)
 
 
 def test_a_grpo_run_logs_the_same_metrics(tiny_lm_dir, tmp_path):
@@ -228,5 +230,41 @@ def test_an_sft_run_exports_the_same_weights(tiny_lm_dir, tmp_path, dtype, monke
     assert not hooked
     got = run(True)
     assert len(hooked) == 3 * len(want)  # every weight, every step (the tiny Llama's head is tied)
+    assert want.keys() == got.keys()
+    assert all(torch.equal(v, got[k]) for k, v in want.items())
+
+
+def _exported(run: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a run's exported model folder (its safetensors files)."""
+    from safetensors.torch import load_file
+
+    files = sorted((run / "model").glob("*.safetensors"))
+    assert files, run
+    return {f"{f.name}:{k}": v for f in files for k, v in load_file(str(f)).items()}
+
+
+@pytest.mark.parametrize("stage", ["kto", "rm"])
+def test_kto_and_reward_model_runs_export_the_same_weights(tiny_lm_dir, tmp_path, stage, monkeypatch):
+    """KTO and the reward model (a scalar head on the trunk, chosen and rejected in one forward): the exported
+    weights equal, bit for bit, those of the run that steps after the backward, every weight stepped in it."""
+    from dataclasses import replace
+
+    from postrl.lm.step_in_backward import StepInBackward
+
+    hooked = []
+    original = StepInBackward._step
+    monkeypatch.setattr(StepInBackward, "_step", lambda self, p: hooked.append(1) or original(self, p))
+    if stage == "kto":
+        from postrl.lm.kto.algorithm import run_kto as run
+        from tests.lm.test_kto import _cfg
+    else:
+        from postrl.lm.reward_model import run_rm as run
+        from tests.lm.test_reward_model import _cfg
+    base = _cfg(tiny_lm_dir)
+    for step_in_backward in (False, True):
+        optim = replace(base.optim, max_grad_norm=None, step_in_backward=step_in_backward)
+        run(replace(base, optim=optim), tmp_path / str(step_in_backward))
+        assert bool(hooked) == step_in_backward
+    want, got = _exported(tmp_path / "False"), _exported(tmp_path / "True")
     assert want.keys() == got.keys()
     assert all(torch.equal(v, got[k]) for k, v in want.items())

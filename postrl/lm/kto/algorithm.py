@@ -134,6 +134,12 @@ class KTORecipe(ReferenceRecipe):
     """KTO on `postrl.lm.reference.ReferenceRecipe`: its labelled rows, their reference pass (own and
     mismatched completions), `KTO`, its summary."""
 
+    def one_backward(self, cfg: KTOConfig) -> list[str]:
+        """What stops ``optim.step_in_backward``: several backwards per optimiser step."""
+        return (
+            [f"it needs train.grad_accum=1, not {cfg.train.grad_accum}"] if cfg.train.grad_accum != 1 else []
+        )
+
     section = "kto"
     algorithm_class = KTO
 

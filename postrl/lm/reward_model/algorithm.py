@@ -215,6 +215,13 @@ class RewardModelRecipe:
         if cfg.train.packing:
             raise UserError("train.packing does not apply to a reward model (pairs are scored whole)")
 
+    def one_backward(self, cfg: RMConfig) -> list[str]:
+        """What stops ``optim.step_in_backward``: several backwards per optimiser step (a step's chosen and
+        rejected rows are scored in one forward)."""
+        return (
+            [f"it needs train.grad_accum=1, not {cfg.train.grad_accum}"] if cfg.train.grad_accum != 1 else []
+        )
+
     def load(self, setup: Setup) -> None:
         from postrl.lm.models import ScalarHeadModel, apply_lora, check_vocab  # deferred: transformers
         from postrl.lm.tokenizer import load_tokenizer
