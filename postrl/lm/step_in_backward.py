@@ -103,7 +103,10 @@ def _square_norm(grad: torch.Tensor) -> torch.Tensor:
 
 
 def step_in_backward_of(params: Iterable[torch.Tensor]) -> StepInBackward | None:
-    """The `StepInBackward` that steps any of ``params``, or None."""
+    """The `StepInBackward` that steps any of ``params``, or None (at once when no run steps in the backward:
+    trainers ask at every step)."""
+    if not _BY_ID:
+        return None
     for p in params:
         found = _BY_ID.get(id(p))
         if found is not None and p in found.group_of:  # (an id may be reused once its tensor is gone)
