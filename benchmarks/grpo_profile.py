@@ -107,6 +107,10 @@ def main() -> None:
     parser.add_argument("--workdir", default="runs/bench-grpo", help="grpo.py --part trl's folder")
     parser.add_argument("--steps", type=int, default=220, help="GRPO steps")
     parser.add_argument("--skip", type=int, default=20, help="first steps left out (warm-up)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a `postrl grpo` override after the task's (repeatable), e.g. --set lanes.enabled=true",
+    )  # fmt: skip
     args = parser.parse_args()
     work = (ROOT / args.workdir).resolve()
     model, train, heldout = work / "sft" / "model", work / "train.jsonl", work / "eval.jsonl"
@@ -120,7 +124,7 @@ def main() -> None:
         timers.wrap(name, owner, attr)
     timers.wrap_step(args.skip)
     before = os.getloadavg()[0]
-    postrl_main(trl_task_args(model, train, heldout, work / "profile", task))
+    postrl_main(trl_task_args(model, train, heldout, work / "profile", task, tuple(args.set)))
     names = sorted(timers.steps[0], key=lambda n: -statistics.median(s[n] for s in timers.steps))
     ms = {n: round(1000 * statistics.median(s[n] for s in timers.steps), 3) for n in names}
     result = {

@@ -125,3 +125,62 @@ def test_combinations_the_lane_cannot_serve_are_refused_before_the_run_folder(
     with pytest.raises(UserError, match=message):
         run_grpo(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def pid_reward(completions, **kwargs):
+    """A reward of 0 that writes down which process called it (``POSTRL_TEST_PID_FILE``)."""
+    with open(os.environ["POSTRL_TEST_PID_FILE"], "a") as f:
+        f.write(f"{os.getpid()} {kwargs['trainer_state'].global_step}\n")
+    return [0.0] * len(completions)
+
+
+def failing_reward(completions, trainer_state, **kwargs):
+    """Fails from the second training step on."""
+    if trainer_state.global_step >= 1:
+        raise ValueError("the grader is down")
+    return [0.0] * len(completions)
+
+
+def _calls(path) -> list[tuple[int, int]]:
+    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()]
+
+
+def test_rewards_score_in_the_lane_and_the_run_is_the_same(tiny_lm_dir, tmp_path, monkeypatch):
+    """lanes.rewards=generation (auto here): the lane calls the reward functions on the responses it samples
+    (the held-out ones are scored here); the run's metrics and weights are those of scoring them here."""
+    rewards = ["tests.lm.test_grpo:digits_reward", "task:arithmetic", f"{__name__}:pid_reward"]
+    calls = {}
+    for where in ("generation", "training"):
+        monkeypatch.setenv("POSTRL_TEST_PID_FILE", str(tmp_path / f"{where}.pids"))
+        lanes = LanesConfig(True, 1, rewards=where)
+        run_grpo(_config(tiny_lm_dir, run={"steps": 3}, rewards=rewards, lanes=lanes), tmp_path / where)
+        calls[where] = _calls(tmp_path / f"{where}.pids")
+    assert rows_without_times(tmp_path / "generation") == rows_without_times(tmp_path / "training")
+    assert_same_weights(tmp_path / "generation", tmp_path / "training")
+    here = os.getpid()
+    assert {pid for pid, _ in calls["training"]} == {here}
+    lane = [(pid, step) for pid, step in calls["generation"] if pid != here]
+    # the 3 trained steps', and what the lane sampled ahead after the last (steps 3 and 4, for a resumed run)
+    assert [step for _, step in lane] == [0, 1, 2, 3, 4]
+    # here, only the held-out evaluations' calls (greedy and sampled, after steps 0, 2 and 3)
+    assert [step for pid, step in calls["generation"] if pid == here] == [0, 0, 2, 2, 3, 3]
+    assert len(calls["training"]) == 6 + 3
+
+
+def test_a_reward_that_fails_in_the_lane_says_what_it_says_here(tiny_lm_dir, tmp_path):
+    rewards = [f"{__name__}:failing_reward"]
+    with pytest.raises(UserError) as here:
+        run_grpo(_config(tiny_lm_dir, rewards=rewards), tmp_path / "sync")
+    with pytest.raises(UserError) as lane:
+        run_grpo(_config(tiny_lm_dir, rewards=rewards, lanes=LanesConfig(True, 0)), tmp_path / "lane")
+    assert not isinstance(lane.value, LaneError)
+    assert "the grader is down" in str(here.value) and f"{__name__}:failing_reward" in str(here.value)
+    assert str(lane.value) == str(here.value)
+
+
+def test_rewards_the_lane_cannot_load_are_refused_before_the_run_folder(tiny_lm_dir, tmp_path):
+    lanes = LanesConfig(True, 1, rewards="generation")
+    cfg = _config(tiny_lm_dir, rewards=["task:arithmetic", f"rm:{tmp_path / 'rm'}"], lanes=lanes)
+    with pytest.raises(UserError, match=r"cannot load rm:.*set lanes.rewards=training"):
+        run_grpo(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from postrl.lm.data import DataError, apply_length_limit, encode_prompts, load_train_heldout, render_rows
-from postrl.lm.grpo.config import GRPOConfig, sampling_engine
+from postrl.lm.grpo.config import LANE_UNSENDABLE, GRPOConfig, reward_specs, sampling_engine
 from postrl.lm.grpo.engine import Prompts, TextEngine, VLLMEngine, make_vllm_sampler, vllm_options
 from postrl.lm.grpo.episodes import EpisodeEngine, check_env_config, episode_prompts
 from postrl.lm.grpo.rollouts import Run
@@ -35,6 +35,7 @@ from postrl.runtime.errors import UserError
 def check_grpo_config(cfg: GRPOConfig, world: int) -> None:
     """What the value ranges cannot say: relations between keys, and the number of ranks."""
     g = cfg.grpo
+    unsendable = [s for s in reward_specs(cfg) if s.startswith(LANE_UNSENDABLE)]
     problems = {
         f"grpo.group_size must be >= 2 (a group of {g.group_size} has no baseline)": g.group_size < 2,
         f"grpo.prompts_per_step={g.prompts_per_step} must be a positive multiple of the {world} ranks": (
@@ -50,6 +51,10 @@ def check_grpo_config(cfg: GRPOConfig, world: int) -> None:
         ),
         "lanes.enabled does not sample dynamic_sampling's refill rounds: set grpo.dynamic_sampling=false": (
             cfg.lanes.enabled and g.dynamic_sampling
+        ),
+        "lanes.rewards=generation loads every reward in the generation lane, and it cannot load "
+        f"{', '.join(unsendable)}: set lanes.rewards=training (or auto)": (
+            cfg.lanes.enabled and cfg.lanes.rewards == "generation" and bool(unsendable)
         ),
         "lanes.enabled sends whole weights to the generation lane: use run.parallel=ddp or none, not fsdp": (
             cfg.lanes.enabled and cfg.run.parallel == "fsdp"

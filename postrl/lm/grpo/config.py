@@ -156,6 +156,23 @@ def is_correction(cfg: GRPOConfig) -> str:
     return "tis" if sampling_engine(cfg) == "vllm" else "none"
 
 
+LANE_UNSENDABLE = ("rm:", "callable:")
+"""Reward specs the generation lane does not load: a reward model (a second copy), a Python API function."""
+
+
+def reward_specs(cfg: GRPOConfig) -> list[str]:
+    """The run's reward specs: ``rewards``, or a built-in task's own (``data`` task:NAME)."""
+    return list(cfg.rewards) or ([cfg.data] if cfg.data.startswith("task:") else [])
+
+
+def lane_rewards(cfg: GRPOConfig) -> bool:
+    """Whether the generation lane scores the training responses (lanes.rewards with auto resolved)."""
+    if not cfg.lanes.enabled or cfg.lanes.rewards == "training":
+        return False
+    sendable = all(not s.startswith(LANE_UNSENDABLE) for s in reward_specs(cfg))
+    return cfg.lanes.rewards == "generation" or sendable
+
+
 @dataclass(frozen=True)
 class LanesConfig:
     """Asynchronous rollouts (`postrl.lm.grpo.lanes`): a generation lane, another process with its own torch
@@ -172,6 +189,13 @@ class LanesConfig:
     Weights reach the lane through k + 1 shared-memory copies of the policy's state dict (made at the start)."""
     threads: int = 1
     """torch intra-op threads of the generation lane (run.threads are the training lane's)."""
+    rewards: Literal["auto", "generation", "training"] = "auto"
+    """Where the reward functions score the training responses. generation: in the generation lane, as soon as
+    it has sampled them (their time overlaps training, as in AReaL's and veRL's rollout workers); the lane
+    loads them itself from their specs (a file's module runs again there). training: in this process, after it
+    takes them. auto: generation unless a reward is a reward model (rm:, a second copy would load) or a Python
+    function given to the Python API (it cannot be sent to another process). Held-out evaluation is scored
+    here either way."""
     timeout: float = 600.0
     """Seconds to wait for a step's responses once the lane is up (its start, importing torch and loading the
     model, may take up to 5 minutes): a lane that died, or sent nothing for this long, stops the run with one

@@ -56,6 +56,9 @@ class Sampled:
     """each response decoded (a chat model's: as the reward functions read it)"""
     inputs: Any = None
     """per-row model inputs besides the tokens (a VLM's pictures) that scoring and the loss need; None: none"""
+    terms: dict[str, torch.Tensor] | None = None
+    """each reward function's terms, when the sampler computed them (the generation lane: lanes.rewards); None:
+    the trainer calls the functions"""
 
 
 def sampling_seed(seed: int, key: tuple) -> int:

@@ -40,7 +40,8 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from postrl.lm.grpo.config import GRPOConfig, sampling_engine
+from postrl.lm.grpo.build import reward_fns
+from postrl.lm.grpo.config import GRPOConfig, lane_rewards, sampling_engine
 from postrl.lm.grpo.engine import (
     Sampled,
     TextEngine,
@@ -50,7 +51,7 @@ from postrl.lm.grpo.engine import (
     vllm_options,
     vllm_sample,
 )
-from postrl.lm.grpo.rollouts import PromptStream
+from postrl.lm.grpo.rollouts import PromptStream, sampled_terms
 from postrl.lm.memory import checkpointing_on
 from postrl.lm.rollout import Rollout, SamplingConfig, response_forward, response_log_probs
 from postrl.runtime import distributed as dist
@@ -130,6 +131,29 @@ def step_prompts(stream: Any, prompts_per_step: int, repeat_prompts: bool) -> li
 
 
 # ---- the generation lane (the child process) -----------------------------------------------------------------
+@dataclass
+class LaneRewards:
+    """What the generation lane needs to score its responses as the training lane would (lanes.rewards): the
+    run's config (reward specs, weights, task options), the training prompts' rows and the columns the reward
+    functions do not get."""
+
+    cfg: GRPOConfig
+    rows: list[dict[str, Any]]
+    hidden: Any
+
+    def load(self, device: torch.device) -> list[Any]:
+        """The run's reward functions, loaded from their specs in this process."""
+        return reward_fns(self.cfg, self.rows, device)
+
+    def terms(
+        self, fns: list[Any], rollout: Rollout, texts: list[str], indices: list[int], repeat: int, step: int
+    ) -> dict[str, torch.Tensor]:
+        """Each function's terms for step ``step``'s responses (``repeat`` per prompt of ``indices``)."""
+        rows = [self.rows[i] for i in indices for _ in range(repeat)]
+        sampled = Sampled(rollout, rows, texts)
+        return sampled_terms(fns, sampled, self.hidden, step, self.cfg.run.steps, "training")
+
+
 def lane_main(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -145,13 +169,16 @@ def lane_main(
     vllm: dict[str, Any] | None = None,
     ref: torch.nn.Module | None = None,
     weights: WeightSlots | None = None,
+    rewards: LaneRewards | None = None,
 ) -> None:
     """Serve ("weights", version, slot), ("sample", step, indices) and ("stop",) in order (the version's
     weights are in ``weights``'s slot); answer each sample with ("sampled", step, `pack`ed tensors,
     prompt_len, texts), a failure with ("error", traceback). With
     ``vllm`` (`postrl.lm.grpo.engine.vllm_options`), a vLLM engine of this lane samples, ``model``'s weights
     pushed to it before the first sampling after each load. With the frozen reference ``ref`` (β > 0), the
-    lane also scores its responses under it (``tensors["ref_log_probs"]``): the training lane then does not."""
+    lane also scores its responses under it (``tensors["ref_log_probs"]``): the training lane then does not.
+    With ``rewards`` (lanes.rewards), the lane loads the reward functions and sends each response's terms; a
+    reward's error (a `UserError`) goes back as ("user_error", its message)."""
     torch.set_num_threads(threads)
     device = next(model.parameters()).device
     ref_forward = (
@@ -163,6 +190,7 @@ def lane_main(
     stale = True
     try:
         sampler = None if vllm is None else make_vllm_sampler(tokenizer, vllm)
+        fns = None if rewards is None else rewards.load(device)
         results.put(("ready",))
         while True:
             try:
@@ -191,13 +219,17 @@ def lane_main(
                     sampler, model, tokenizer, sampling, prompt_ids, indices, repeat, key, device
                 )
             tensors = {k: getattr(rollout, k) for k in ROLLOUT_TENSORS}
+            terms = None if fns is None else rewards.terms(fns, rollout, texts, indices, repeat, step)
             if ref_forward is not None:  # as `TextEngine.log_probs("ref", ...)` scores them
                 with torch.no_grad():
                     tensors["ref_log_probs"] = response_log_probs(
                         ref_forward, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
                         temperature=sampling.temperature,
                     )  # fmt: skip
-            results.put(("sampled", step, pack(tensors), rollout.prompt_len, texts))
+            packed_terms = None if terms is None else pack(terms)
+            results.put(("sampled", step, pack(tensors), rollout.prompt_len, texts, packed_terms))
+    except UserError as err:  # a reward function's error, said as the training lane would say it
+        results.put(("user_error", str(err)))
     except BaseException:  # noqa: BLE001 - every failure goes back to the training lane as one message
         results.put(("error", traceback.format_exc()))
     finally:
@@ -212,6 +244,7 @@ class _Pending:
     rollout: Rollout
     texts: list[str]
     ref_log_probs: torch.Tensor | None = None
+    terms: dict[str, torch.Tensor] | None = None  # the reward terms the lane computed (lanes.rewards)
 
 
 class GenerationLane:
@@ -244,6 +277,8 @@ class GenerationLane:
             self.cfg.run.seed, dist.rank(), self.cfg.lanes.threads, self.requests, self.results, os.getpid(),
             vllm_options(self.cfg, next(model.parameters()).dtype) if sampling_engine(self.cfg) == "vllm" else None,
             None if self.engine.ref is None else copy.deepcopy(dist.unwrap(self.engine.ref)).eval(), self.weights,
+            LaneRewards(self.cfg, self.engine.prompts["train"].rows, self.engine.hidden_columns)
+            if lane_rewards(self.cfg) else None,
         )  # fmt: skip
         self.process = ctx.Process(target=lane_main, args=args, daemon=True, name="postrl-generation-lane")
         self.process.start()
@@ -334,11 +369,15 @@ class GenerationLane:
             self.stop()
             last = message[1].strip().splitlines()[-1]
             raise LaneError(f"the generation lane failed sampling step {step}: {last}")
-        _, t, packed, prompt_len, texts = message
+        if message[0] == "user_error":  # a reward function's: the error it would be in this process
+            self.stop()
+            raise UserError(message[1])
+        _, t, packed, prompt_len, texts, packed_terms = message
         tensors = unpack(packed)
         ref = tensors.pop("ref_log_probs", None)
         rollout = Rollout(prompt_len=prompt_len, texts=texts, **tensors)
-        self.ready[t] = _Pending(self.asked.pop(t), rollout, texts, ref)
+        terms = None if packed_terms is None else unpack(packed_terms)
+        self.ready[t] = _Pending(self.asked.pop(t), rollout, texts, ref, terms)
 
     # -- checkpoints
     def state(self) -> dict[str, Any]:
@@ -350,7 +389,8 @@ class GenerationLane:
                     self._receive(t)
         kept = {
             t: {"indices": p.indices, "prompt_len": p.rollout.prompt_len, "texts": p.texts,
-                "ref_log_probs": p.ref_log_probs, **{k: getattr(p.rollout, k) for k in ROLLOUT_TENSORS}}
+                "ref_log_probs": p.ref_log_probs, "terms": p.terms,
+                **{k: getattr(p.rollout, k) for k in ROLLOUT_TENSORS}}
             for t, p in self.ready.items()
         }  # fmt: skip
         return {"k": self.k, "ranks": dist.all_gather_object(kept)}
@@ -364,7 +404,7 @@ class GenerationLane:
             tensors = {k: p[k] for k in ROLLOUT_TENSORS}
             rollout = Rollout(prompt_len=int(p["prompt_len"]), texts=list(p["texts"]), **tensors)
             self.ready[int(t)] = _Pending(
-                list(p["indices"]), rollout, list(p["texts"]), p.get("ref_log_probs")
+                list(p["indices"]), rollout, list(p["texts"]), p.get("ref_log_probs"), p.get("terms")
             )
 
 
@@ -392,7 +432,8 @@ class AsyncEngine:
         rollout, texts = pending.rollout, pending.texts
         self.scored = None if pending.ref_log_probs is None else (rollout.input_ids, pending.ref_log_probs)
         prompts = self.inner.prompts["train"]
-        return Sampled(rollout, [prompts.rows[i] for i in indices for _ in range(repeat)], texts)
+        rows = [prompts.rows[i] for i in indices for _ in range(repeat)]
+        return Sampled(rollout, rows, texts, terms=pending.terms)
 
     def log_probs(self, which: str, rollout: Rollout, inputs: Any) -> torch.Tensor:
         """The lane's log π_ref of the responses it sampled; anything else is the text engine's."""

@@ -89,16 +89,27 @@ class Run:
 
 
 def _rewards(run: Run, sampled: Sampled, step: int, phase: Phase) -> dict[str, Tensor]:
-    """Checked reward terms of each function (name → [N]) for the sampled completions, called as TRL calls
-    them: prompts, completions, completion_ids, trainer_state, columns. ``step``: the optimizer steps taken
-    (TrainerState.global_step), in training and at evaluation alike, as TRL passes them."""
-    state = TrainerState(global_step=step, max_steps=run.cfg.run.steps)
+    """Checked reward terms of each function (name → [N]) for the sampled completions (`sampled_terms`); those
+    the generation lane computed when it sampled them (lanes.rewards), as they are."""
+    if sampled.terms is not None:
+        return sampled.terms
+    return sampled_terms(run.fns, sampled, run.engine.hidden_columns, step, run.cfg.run.steps, phase)
+
+
+def sampled_terms(
+    fns: list[RewardFunction], sampled: Sampled, hidden: Any, step: int, max_steps: int, phase: Phase
+) -> dict[str, Tensor]:
+    """Each reward function's checked terms (name → [N]) for ``sampled``, called as TRL calls them: prompts,
+    completions, completion_ids, trainer_state, columns (less ``hidden``). ``step``: the optimizer steps taken
+    (TrainerState.global_step), in training and at evaluation alike, as TRL passes them. The training lane and
+    the generation lane (`postrl.lm.grpo.lanes`) both call this."""
+    state = TrainerState(global_step=step, max_steps=max_steps)
     rollout, rows = sampled.rollout, sampled.rows
     ids = completion_ids_of(rollout.response_ids, rollout.response_mask)
     prompts = [r["prompt"] for r in rows]
     return reward_terms(
-        run.fns, prompts, sampled.texts, columns_of(rows, run.engine.hidden_columns), completion_ids=ids,
-        trainer_state=state, phase=phase,
+        fns, prompts, sampled.texts, columns_of(rows, hidden), completion_ids=ids, trainer_state=state,
+        phase=phase,
     )  # fmt: skip
 
 
