@@ -154,8 +154,11 @@ class GRPO:
             self.lane.start(step, self.stream)  # here, not at build: a resumed run starts at its own step
         metrics = grpo_step(self.run, self.optimizer, self.stream, step)
         self.steps_done = step + 1
-        if self.lane is not None:
+        if self.lane is not None:  # sending the new weights is part of the step, and of its time
+            start = time.perf_counter()
             self.lane.published(self.steps_done)
+            metrics["time_step"] += time.perf_counter() - start
+            metrics["tokens_per_second"] = metrics["generated_tokens"] / metrics["time_step"]
         metrics["lr"] = self.scheduler.get_last_lr()[0]  # the lr this step used
         self.scheduler.step()
         self.generated_tokens += metrics["generated_tokens"] * dist.world_size()
