@@ -50,7 +50,12 @@ async / 0.815 sync (median). Then on an AMD EPYC (2 vCPUs, load 1.2-1.7, the che
 there starting at 0.36; target 0.461 by the rule; 5 of 5 seeds reach it in both):
 
     sync run.threads=1   0.231 s/step; async 0.138 s/step: 1.68x steps/s, 2.75x time to target
-    sync run.threads=2   0.191 s/step; async 0.138 s/step: 1.38x steps/s, 2.41x time to target  (the recorded run)
+    sync run.threads=2   0.191 s/step; async 0.138 s/step: 1.38x steps/s, 2.41x time to target
+
+Again on 2026-12-07 (AMD EPYC, load 1.1-1.5, the checkpoint built again, starting at 0.36, target 0.461; the lane also calls the
+reward functions and a step counts the weights' publish), the recorded run: sync run.threads=2 0.161 s/step,
+async 0.130 s/step: 1.24x steps/s, 2.14x time to target, 5 of 5 seeds reach it in both, final accuracy 0.520
+async / 0.495 sync (median; higher on 5 of 5 seeds).
 
 How much the lanes buy in steps/s depends on how well the machine runs one step on 2 threads: the Intel Xeon's
 synchronous step at 2 threads is 1.5x its 1-thread speed, as much as taking generation off the training lane
