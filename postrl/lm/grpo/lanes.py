@@ -27,6 +27,7 @@ for it (`postrl.core.importance`, decoupled PPO). A lane that dies, raises or se
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
@@ -187,54 +188,83 @@ def lane_main(
         else response_forward(ref, sampling.use_fast, gradients=False, gathered=True, padding_free=True)
     )
     sampler = None
-    stale = True
+    stale = [True]  # the vLLM engine's weights are older than the model's
+
+    def sample(step: int, indices: list[int]) -> tuple[Any, ...]:
+        key = sampling_seed(seed, ("train", step, rank, 0))  # the key of `TextEngine.sample` for round 0
+        if sampler is None:
+            rollout, texts = sample_prompts(
+                model, tokenizer, sampling, prompt_ids, indices, repeat, key, device
+            )
+        else:
+            if stale[0]:
+                sampler.push(model)
+                stale[0] = False
+            rollout, texts = vllm_sample(
+                sampler, model, tokenizer, sampling, prompt_ids, indices, repeat, key, device
+            )
+        tensors = {k: getattr(rollout, k) for k in ROLLOUT_TENSORS}
+        terms = None if fns is None else rewards.terms(fns, rollout, texts, indices, repeat, step)
+        if ref_forward is not None:  # as `TextEngine.log_probs("ref", ...)` scores them
+            with torch.no_grad():
+                tensors["ref_log_probs"] = response_log_probs(
+                    ref_forward, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
+                    temperature=sampling.temperature,
+                )  # fmt: skip
+        return pack(tensors), rollout.prompt_len, texts, None if terms is None else pack(terms)
+
+    with reported(results):
+        try:
+            sampler = None if vllm is None else make_vllm_sampler(tokenizer, vllm)
+            fns = None if rewards is None else rewards.load(device)
+            serve(
+                model, weights, requests, results, parent, sample, loaded=lambda: stale.__setitem__(0, True)
+            )
+        finally:
+            if sampler is not None:  # a launched vLLM server stops with its lane
+                sampler.close()
+
+
+@contextlib.contextmanager
+def reported(results: Any) -> Any:
+    """A lane's failure goes back to the training lane as one message: a `UserError` (a reward function's) as
+    ("user_error", its message), said as the training lane would say it; anything else as ("error", traceback)."""
     try:
-        sampler = None if vllm is None else make_vllm_sampler(tokenizer, vllm)
-        fns = None if rewards is None else rewards.load(device)
-        results.put(("ready",))
-        while True:
-            try:
-                message = requests.get(timeout=1.0)
-            except queue.Empty:
-                if os.getppid() != parent:  # the training lane is gone (killed): nobody will ask again
-                    return
-                continue
-            if message[0] == "stop":
-                return
-            if message[0] == "weights":
-                model.load_state_dict(weights.slots[message[2]])
-                stale = True
-                continue
-            step, indices = message[1], message[2]
-            key = sampling_seed(seed, ("train", step, rank, 0))  # the key of `TextEngine.sample` for round 0
-            if sampler is None:
-                rollout, texts = sample_prompts(
-                    model, tokenizer, sampling, prompt_ids, indices, repeat, key, device
-                )
-            else:
-                if stale:
-                    sampler.push(model)
-                    stale = False
-                rollout, texts = vllm_sample(
-                    sampler, model, tokenizer, sampling, prompt_ids, indices, repeat, key, device
-                )
-            tensors = {k: getattr(rollout, k) for k in ROLLOUT_TENSORS}
-            terms = None if fns is None else rewards.terms(fns, rollout, texts, indices, repeat, step)
-            if ref_forward is not None:  # as `TextEngine.log_probs("ref", ...)` scores them
-                with torch.no_grad():
-                    tensors["ref_log_probs"] = response_log_probs(
-                        ref_forward, rollout.input_ids, rollout.attention_mask, rollout.prompt_len,
-                        temperature=sampling.temperature,
-                    )  # fmt: skip
-            packed_terms = None if terms is None else pack(terms)
-            results.put(("sampled", step, pack(tensors), rollout.prompt_len, texts, packed_terms))
-    except UserError as err:  # a reward function's error, said as the training lane would say it
+        yield
+    except UserError as err:
         results.put(("user_error", str(err)))
     except BaseException:  # noqa: BLE001 - every failure goes back to the training lane as one message
         results.put(("error", traceback.format_exc()))
-    finally:
-        if sampler is not None:  # a launched vLLM server stops with its lane
-            sampler.close()
+
+
+def serve(
+    model: torch.nn.Module,
+    weights: WeightSlots,
+    requests: Any,
+    results: Any,
+    parent: int,
+    sample: Any,
+    loaded: Any = lambda: None,
+) -> None:
+    """A generation lane's loop: say ready, then serve ("weights", version, slot) (load the slot into
+    ``model``, then call ``loaded``), ("sample", step, indices) (answer ("sampled", step, *``sample``(step,
+    indices))) and ("stop",) in order; leave when the training lane ``parent`` is gone."""
+    results.put(("ready",))
+    while True:
+        try:
+            message = requests.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:  # the training lane is gone (killed): nobody will ask again
+                return
+            continue
+        if message[0] == "stop":
+            return
+        if message[0] == "weights":
+            model.load_state_dict(weights.slots[message[2]])
+            loaded()
+            continue
+        step, indices = message[1], message[2]
+        results.put(("sampled", step, *sample(step, indices)))
 
 
 # ---- the training lane's side ---------------------------------------------------------------------------------
@@ -263,18 +293,13 @@ class GenerationLane:
         self.ahead: Any = None  # the prompt stream at the next step to ask for
         self.next_step = 0  # the next step to ask for
         self.version = 0  # the optimiser steps of the weights the lane has (or will have when it reads them)
+        self.ctx = mp.get_context("spawn")
 
     # -- life cycle
     def start(self, step: int, stream: Any) -> None:
         """Spawn the lane at ``step`` (the loop's first) with the prompt stream at that step, and ask for the
         steps up to ``step`` + k that no checkpoint holds (all sampled by the current weights)."""
-        ctx = mp.get_context("spawn")
-        self.requests, self.results = ctx.Queue(), ctx.Queue()
-        model = sampler_copy(dist.unwrap(self.engine.policy_module))
-        # the state dict's tensors share the live weights' memory (the optimiser steps them in place): kept, not
-        # rebuilt every step (walking the modules took a third of a publish on the built-in model)
-        self.live = dist.unwrap(self.engine.policy_module).state_dict()
-        self.weights = WeightSlots(self.live, self.k + 1)
+        model = self._open()
         g = self.cfg.grpo
         args = (
             model, self.engine.tokenizer, self.cfg.sampling, self.engine.prompts["train"].ids, g.group_size,
@@ -284,12 +309,30 @@ class GenerationLane:
             LaneRewards(self.cfg, self.engine.prompts["train"].rows, self.engine.hidden_columns)
             if lane_rewards(self.cfg) else None,
         )  # fmt: skip
-        self.process = ctx.Process(target=lane_main, args=args, daemon=True, name="postrl-generation-lane")
-        self.process.start()
         self.ahead = PromptStream(stream.n, stream.seed, stream.position)
+        self._launch(lane_main, args, step)
+
+    def _open(self) -> torch.nn.Module:
+        """The queues and the weights' shared slots; returns the lane's copy of the policy."""
+        self.requests, self.results = self.ctx.Queue(), self.ctx.Queue()
+        # the state dict's tensors share the live weights' memory (the optimiser steps them in place): kept, not
+        # rebuilt every step (walking the modules took a third of a publish on the built-in model)
+        self.live = dist.unwrap(self.engine.policy_module).state_dict()
+        self.weights = WeightSlots(self.live, self.k + 1)
+        return sampler_copy(dist.unwrap(self.engine.policy_module))
+
+    def _launch(self, target: Any, args: tuple, step: int) -> None:
+        """Spawn ``target``(*``args``) and ask for steps ``step`` … ``step`` + k."""
+        self.process = self.ctx.Process(target=target, args=args, daemon=True, name="postrl-generation-lane")
+        self.process.start()
         self.next_step, self.version = step, step
         for t in range(step, step + self.k + 1):
             self._ask(t, current=step)
+
+    def _draw(self) -> list[int]:
+        """This rank's prompts of the next step to ask for, from the look-ahead stream."""
+        g = self.cfg.grpo
+        return step_prompts(self.ahead, g.prompts_per_step, g.repeat_prompts)
 
     def stop(self, wait: float = 10.0) -> None:
         """Ask the lane to leave, give it ``wait`` seconds, and make sure it has."""
@@ -308,8 +351,7 @@ class GenerationLane:
     def _ask(self, t: int, current: int) -> None:
         """Ask for step ``t`` (its prompts drawn from the look-ahead stream); the weights it needs,
         max(0, t − k), must be ``current``'s unless a checkpoint gave its responses."""
-        g = self.cfg.grpo
-        indices = step_prompts(self.ahead, g.prompts_per_step, g.repeat_prompts)
+        indices = self._draw()
         self.next_step = t + 1
         if t in self.ready:  # loaded from a checkpoint
             if self.ready[t].indices != indices:
