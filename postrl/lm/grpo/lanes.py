@@ -164,17 +164,14 @@ def lane_main(
     seed: int,
     rank: int,
     threads: int,
-    requests: Any,
-    results: Any,
-    parent: int,
+    channel: Channel,
     vllm: dict[str, Any] | None = None,
     ref: torch.nn.Module | None = None,
-    weights: WeightSlots | None = None,
     rewards: LaneRewards | None = None,
 ) -> None:
-    """Serve ("weights", version, slot), ("sample", step, indices) and ("stop",) in order (the version's
-    weights are in ``weights``'s slot); answer each sample with ("sampled", step, `pack`ed tensors,
-    prompt_len, texts), a failure with ("error", traceback). With
+    """GRPO's generation lane (`serve` over ``channel``): answer each ("sample", step, indices) with
+    ("sampled", step, `pack`ed tensors, prompt_len, texts, packed reward terms or None), a failure with one
+    message (`reported`). With
     ``vllm`` (`postrl.lm.grpo.engine.vllm_options`), a vLLM engine of this lane samples, ``model``'s weights
     pushed to it before the first sampling after each load. With the frozen reference ``ref`` (β > 0), the
     lane also scores its responses under it (``tensors["ref_log_probs"]``): the training lane then does not.
@@ -213,13 +210,11 @@ def lane_main(
                 )  # fmt: skip
         return pack(tensors), rollout.prompt_len, texts, None if terms is None else pack(terms)
 
-    with reported(results):
+    with reported(channel.results):
         try:
             sampler = None if vllm is None else make_vllm_sampler(tokenizer, vllm)
             fns = None if rewards is None else rewards.load(device)
-            serve(
-                model, weights, requests, results, parent, sample, loaded=lambda: stale.__setitem__(0, True)
-            )
+            serve(model, channel, sample, loaded=lambda: stale.__setitem__(0, True))
         finally:
             if sampler is not None:  # a launched vLLM server stops with its lane
                 sampler.close()
@@ -237,34 +232,37 @@ def reported(results: Any) -> Any:
         results.put(("error", traceback.format_exc()))
 
 
-def serve(
-    model: torch.nn.Module,
-    weights: WeightSlots,
-    requests: Any,
-    results: Any,
-    parent: int,
-    sample: Any,
-    loaded: Any = lambda: None,
-) -> None:
+@dataclass
+class Channel:
+    """How a generation lane and its training lane talk: the request and result queues, the training lane's
+    pid (the generation lane leaves when it is gone) and the weights' shared slots."""
+
+    requests: Any
+    results: Any
+    parent: int
+    weights: WeightSlots
+
+
+def serve(model: torch.nn.Module, channel: Channel, sample: Any, loaded: Any = lambda: None) -> None:
     """A generation lane's loop: say ready, then serve ("weights", version, slot) (load the slot into
     ``model``, then call ``loaded``), ("sample", step, indices) (answer ("sampled", step, *``sample``(step,
-    indices))) and ("stop",) in order; leave when the training lane ``parent`` is gone."""
-    results.put(("ready",))
+    indices))) and ("stop",) in order; leave when the training lane is gone."""
+    channel.results.put(("ready",))
     while True:
         try:
-            message = requests.get(timeout=1.0)
+            message = channel.requests.get(timeout=1.0)
         except queue.Empty:
-            if os.getppid() != parent:  # the training lane is gone (killed): nobody will ask again
+            if os.getppid() != channel.parent:  # the training lane is gone (killed): nobody will ask again
                 return
             continue
         if message[0] == "stop":
             return
         if message[0] == "weights":
-            model.load_state_dict(weights.slots[message[2]])
+            model.load_state_dict(channel.weights.slots[message[2]])
             loaded()
             continue
         step, indices = message[1], message[2]
-        results.put(("sampled", step, *sample(step, indices)))
+        channel.results.put(("sampled", step, *sample(step, indices)))
 
 
 # ---- the training lane's side ---------------------------------------------------------------------------------
@@ -303,9 +301,9 @@ class GenerationLane:
         g = self.cfg.grpo
         args = (
             model, self.engine.tokenizer, self.cfg.sampling, self.engine.prompts["train"].ids, g.group_size,
-            self.cfg.run.seed, dist.rank(), self.cfg.lanes.threads, self.requests, self.results, os.getpid(),
+            self.cfg.run.seed, dist.rank(), self.cfg.lanes.threads, self.channel,
             vllm_options(self.cfg, next(model.parameters()).dtype) if sampling_engine(self.cfg) == "vllm" else None,
-            None if self.engine.ref is None else copy.deepcopy(dist.unwrap(self.engine.ref)).eval(), self.weights,
+            None if self.engine.ref is None else copy.deepcopy(dist.unwrap(self.engine.ref)).eval(),
             LaneRewards(self.cfg, self.engine.prompts["train"].rows, self.engine.hidden_columns)
             if lane_rewards(self.cfg) else None,
         )  # fmt: skip
@@ -319,6 +317,7 @@ class GenerationLane:
         # rebuilt every step (walking the modules took a third of a publish on the built-in model)
         self.live = dist.unwrap(self.engine.policy_module).state_dict()
         self.weights = WeightSlots(self.live, self.k + 1)
+        self.channel = Channel(self.requests, self.results, os.getpid(), self.weights)
         return sampler_copy(dist.unwrap(self.engine.policy_module))
 
     def _launch(self, target: Any, args: tuple, step: int) -> None:

@@ -26,7 +26,6 @@ fewer rows.
 from __future__ import annotations
 
 import functools
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -51,6 +50,7 @@ from postrl.lm.ppo.build import (
     summarize,
 )
 from postrl.lm.ppo.config import PPOConfig, PPOLossConfig, check_ppo_config
+from postrl.lm.ppo.lanes import PPOLane, PromptOrder, mine
 from postrl.lm.recipe import Setup, run_recipe
 from postrl.lm.rewards import TrainerState
 from postrl.lm.roles import Roles
@@ -226,22 +226,18 @@ class PPO:
         self.history: list[dict[str, float]] = []  # held-out evaluations, for the summary
         self.totals: dict[str, float] = {}  # seconds per phase and generated tokens, summed over steps
         self.steps_done = 0  # the step an evaluation reports (it follows a step, or is the one at step 0)
-        self.batches = iterate_batches(len(run.prompts.rows), run.cfg.batch_size, run.cfg.run.seed)
+        self.order = PromptOrder(len(run.prompts.rows), run.cfg.batch_size, run.cfg.run.seed)
+        self.lane = PPOLane(run) if run.cfg.lanes.enabled else None  # started at the first step
         # the reference's forward, chosen once: it scores every rollout inside `dist.gathered`
         use_fast = run.cfg.sampling.use_fast
         self.reference = response_forward(run.roles.reference, use_fast, gradients=False, gathered=True)
 
     def next_prompts(self) -> list[int]:
         """The next batch's prompt indices (all ranks'). Under torchrun an epoch's short last batch is skipped:
-        each rank needs a full share."""
-        while True:
-            self.position, indices = next(self.batches)
-            self.position += 1
-            if dist.world_size() == 1 or len(indices) == self.run.cfg.batch_size:
-                return indices
-            if dist.is_main():
-                print(f"ppo: skipped {len(indices)} prompts (< batch_size; each rank needs a full share)",
-                      file=sys.stderr)  # fmt: skip
+        each rank needs a full share (`PromptOrder`)."""
+        indices = self.order.next()
+        self.position = self.order.position
+        return indices
 
     def experience(
         self, step: int, indices: list[int]
@@ -251,12 +247,16 @@ class PPO:
         run, cfg, roles = self.run, self.run.cfg, self.run.roles
         if cfg.env.id is not None:
             return self.episode_experience(step, indices)
-        rows = [run.prompts.rows[indices[i]] for i in dist.shard_range(len(indices))]
+        rows = [run.prompts.rows[i] for i in mine(indices)]
         tic = time.perf_counter()
         with dist.gathered(roles.actor, roles.critic, roles.reference, roles.reward_model):  # whole weights
-            engine = RolloutEngine(roles.policy, run.tokenizer, cfg.sampling)
-            generator = seeded_generator(run.device, cfg.run.seed, "rollout", step, dist.rank())
-            rollout = engine.generate([r["prompt"] for r in rows], generator)
+            if self.lane is not None:  # sampled ahead by the generation lane (`postrl.lm.ppo.lanes`)
+                rollout = self.lane.take(step, mine(indices)).rollout
+                rollout.prompts = [r["prompt"] for r in rows]
+            else:
+                engine = RolloutEngine(roles.policy, run.tokenizer, cfg.sampling)
+                generator = seeded_generator(run.device, cfg.run.seed, "rollout", step, dist.rank())
+                rollout = engine.generate([r["prompt"] for r in rows], generator)
             seconds = time.perf_counter() - tic
             batch, metrics = make_batch(
                 roles, rollout, run.scorer(rollout, rows, self.trainer_state(step), "training"),
@@ -294,6 +294,8 @@ class PPO:
     def step(self, step: int) -> dict[str, float]:
         """Generate → score → update on the next batch of prompts; returns the step's metrics."""
         run, cfg = self.run, self.run.cfg
+        if self.lane is not None and self.lane.process is None:
+            self.lane.start(step, self.position)  # here, not at build: a resumed run starts at its own step
         indices = self.next_prompts()
         t0 = time.perf_counter()
         batch, metrics, rollout, t_generate = self.experience(step, indices)
@@ -302,6 +304,8 @@ class PPO:
         order = seeded_generator(torch.device("cpu"), cfg.run.seed, "minibatches", step, dist.rank())
         ptx = self.ptx_loss if run.ptx_examples else None
         metrics.update(optimise_ppo(run.train_roles, batch, cfg, run.optimizers, params, order, ptx))
+        if self.lane is not None:  # the new actor to the generation lane: part of the step's training time
+            self.lane.published(step + 1)
         t2 = time.perf_counter()
         for sched in run.schedulers.values():
             sched.step()
@@ -357,6 +361,8 @@ class PPO:
         run = self.run
         extra = {"position": self.position, "ptx_position": self.ptx_position, "kl": run.kl_ctl.state_dict()}
         extra |= {"reward_norm": run.norm_stats or {}, "history": self.history, "totals": self.totals}
+        if self.lane is not None:
+            extra["lane"] = self.lane.state()
         return Parts(dict(run.parts), run.optimizers, run.schedulers, extra)
 
     def load_extra(self, extra: dict[str, Any]) -> None:
@@ -365,9 +371,9 @@ class PPO:
         self.history, self.totals = list(extra["history"]), dict(extra["totals"])
         run.kl_ctl.load_state_dict(extra["kl"])
         run.norm_stats = dict(extra["reward_norm"]) or None  # the statistics the run started with
-        self.batches = iterate_batches(
-            len(run.prompts.rows), run.cfg.batch_size, run.cfg.run.seed, self.position
-        )
+        self.order = PromptOrder(len(run.prompts.rows), run.cfg.batch_size, run.cfg.run.seed, self.position)
+        if self.lane is not None and "lane" in extra:
+            self.lane.load(extra["lane"])
 
 
 class PPORecipe:
@@ -391,6 +397,8 @@ class PPORecipe:
 
     def finish(self, setup: Setup, algo: PPO, state: LoopState) -> dict[str, Any]:
         run = algo.run
+        if algo.lane is not None:
+            algo.lane.stop()
         export_models(run, setup.run_dir)
         if setup.info.is_main and setup.cfg.plots:
             plot_run(setup.run_dir)

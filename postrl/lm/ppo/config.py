@@ -74,6 +74,27 @@ def _optim() -> OptimConfig:
 
 
 @dataclass(frozen=True)
+class PPOLanesConfig:
+    """Asynchronous rollouts (`postrl.lm.ppo.lanes`): a generation lane, another process with its own copy of
+    the actor and its own torch threads, samples the next steps' responses while this process scores them and
+    trains on the last (GRPO's lanes, `postrl.lm.grpo.lanes`, for PPO-RLHF)."""
+
+    enabled: bool = False
+    """Sample in the generation lane; false: sample and train in turn, in this process."""
+    max_staleness: int = 1
+    """k: step s trains on responses sampled by the actor after step s − k. 0: by the current actor, nothing
+    overlaps and the run is the synchronous one. The sampler's log-probs are PPO's π_old, so the clipped ratio
+    is taken against the actor that sampled (and the KL penalty's log π is the sampler's)."""
+    threads: int = 1
+    """torch intra-op threads of the generation lane (run.threads are the training lane's)."""
+    timeout: float = 600.0
+    """Seconds to wait for a step's responses once the lane is up: a lane that died, or sent nothing for this
+    long, stops the run with one error."""
+
+    CHECKS = {"max_staleness": ">= 0", "threads": ">= 1", "timeout": "> 0"}
+
+
+@dataclass(frozen=True)
 class PPOConfig:
     """`postrl ppo --model SFT_DIR --reward-model RM_DIR --out RUN_DIR`."""
 
@@ -137,6 +158,8 @@ class PPOConfig:
     Scaling out)."""
     eval_size: int = 256
     """Held-out responses per evaluation (cycling through the held-out prompts)."""
+    lanes: PPOLanesConfig = field(default_factory=PPOLanesConfig)
+    """Generation of the next steps' responses in another process while this one trains (lanes.enabled)."""
     trust_remote_code: bool = False
     """Run the model repository's own code (only for models you trust)."""
     plots: bool = True
@@ -177,6 +200,12 @@ def check_ppo_config(cfg: PPOConfig) -> None:
         ),
         f"run.parallel must be one of {dist.PARALLEL}, got {parallel!r}": parallel not in dist.PARALLEL,
         f"run.parallel=fsdp with critic=shared: {SHARED_FSDP}": parallel == "fsdp" and cfg.critic == "shared",
+        "lanes.enabled samples prompts, not env episodes: unset env.id or lanes.enabled": (
+            cfg.lanes.enabled and cfg.env.id is not None
+        ),
+        "lanes.enabled sends whole weights to the generation lane: use run.parallel=ddp or none, not fsdp": (
+            cfg.lanes.enabled and parallel == "fsdp"
+        ),
     }
     bad = [message for message, failed in problems.items() if failed]
     if bad:
