@@ -312,10 +312,12 @@ class PPO:
         tokens = float(dist.all_reduce_sum(rollout.response_mask.sum().double()))
         run.kl_ctl.update(metrics["kl_to_ref"], n_steps=len(indices))
         seconds = {"generate": t_generate, "score": t1 - t0 - t_generate, "train": t2 - t1}
-        for key, value in {**seconds, "tokens": tokens}.items():
+        # tokens per second of sampling; with lanes the sampling is the lane's, unseen here: per second of step
+        per = t_generate if self.lane is None else t2 - t0
+        for key, value in {**seconds, "tokens": tokens, "tokens_seconds": per}.items():
             self.totals[key] = self.totals.get(key, 0.0) + value
         metrics.update({f"time_{key}": value for key, value in seconds.items()})
-        metrics["tokens_per_second"] = tokens / max(t_generate, 1e-9)
+        metrics["tokens_per_second"] = tokens / max(per, 1e-9)
         metrics["actor_lr"] = run.schedulers["actor"].get_last_lr()[0]
         self.steps_done = step + 1
         return metrics

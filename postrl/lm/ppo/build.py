@@ -286,7 +286,8 @@ def summarize(history: list[dict[str, float]], totals: dict[str, float], steps: 
         "time_generate": t.get("generate", 0.0),
         "time_score": t.get("score", 0.0),
         "time_train": t.get("train", 0.0),
-        "tokens_per_second": t.get("tokens", 0.0) / max(t.get("generate", 0.0), 1e-9),
+        "tokens_per_second": t.get("tokens", 0.0)
+        / max(t.get("tokens_seconds", t.get("generate", 0.0)), 1e-9),
         "heldout": history,
     }
 
