@@ -23,6 +23,10 @@ file-descriptor hand-over per tensor (`torch.multiprocessing`'s sharing: ~10 ms 
 Samples up to k steps old come from a behaviour policy μ ≠ π: ``grpo.is_correction`` (tis or mis) corrects
 for it (`postrl.core.importance`, decoupled PPO). A lane that dies, raises or sends nothing for
 ``lanes.timeout`` seconds stops the run with one error; a lane whose trainer was killed exits by itself.
+
+The lane also scores what it samples: the reference's log-probs (β > 0) and, with ``lanes.rewards``, the reward
+functions' terms, so neither waits in the training lane. PPO-RLHF's lanes (`postrl.lm.ppo.lanes`) reuse the
+loop (`serve`), the failure report (`reported`), the `Channel` and `GenerationLane` with their own sampling.
 """
 
 from __future__ import annotations
