@@ -13,6 +13,8 @@ from typing import Literal
 
 import torch
 
+from postrl.lm.tiled_mlp import tile_mlps
+
 log = logging.getLogger(__name__)
 
 MEMORY_ATTRIBUTE = "postrl_memory"
@@ -44,7 +46,13 @@ class MemoryConfig:
     """Refuse, before the run folder is touched, a run whose estimated peak memory exceeds the memory available
     (postrl.lm.estimate; one process: under torchrun only --dry-run estimates)."""
 
-    CHECKS = {"chunk_tokens": ">= 1"}
+    mlp_tile_tokens: int = 0
+    """Token-tiled MLP blocks (`postrl.lm.tiled_mlp`): a Llama-family model's gated MLPs keep only their input
+    for the backward and run it again this many tokens at a time, so one tile's [tokens, intermediate]
+    tensors exist at once instead of the whole batch's (one more MLP forward per backward). 0: off. Applies to
+    the trained model's Hugging Face blocks (with it, postrl's own fast training forward gives way to them)."""
+
+    CHECKS = {"chunk_tokens": ">= 1", "mlp_tile_tokens": ">= 0"}
 
 
 def memory_settings(model: torch.nn.Module) -> MemoryConfig:
@@ -68,6 +76,18 @@ def configure_memory(
     """Record ``memory`` on ``model`` and, for a ``trained`` model when ``memory.gradient_checkpointing``, turn
     on its activation checkpointing (non-reentrant: frozen inputs, e.g. a LoRA base, still get gradients)."""
     object.__setattr__(model, MEMORY_ATTRIBUTE, memory)
+    if trained and memory.mlp_tile_tokens > 0:
+        blocks = tile_mlps(model, memory.mlp_tile_tokens)
+        if blocks:
+            log.info(
+                "run.memory.mlp_tile_tokens: %d MLP blocks run %d tokens at a time",
+                blocks,
+                memory.mlp_tile_tokens,
+            )
+        else:
+            log.warning(
+                "run.memory.mlp_tile_tokens: %s has no gated MLP block; ignored", type(model).__name__
+            )
     if trained and memory.gradient_checkpointing:
         kwargs = {"use_reentrant": False}
         if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name

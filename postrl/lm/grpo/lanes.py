@@ -301,7 +301,7 @@ class GenerationLane:
     def start(self, step: int, stream: Any) -> None:
         """Spawn the lane at ``step`` (the loop's first) with the prompt stream at that step, and ask for the
         steps up to ``step`` + k that no checkpoint holds (all sampled by the current weights)."""
-        model = self._open()
+        model = self.open_channel()
         g = self.cfg.grpo
         args = (
             model, self.engine.tokenizer, self.cfg.sampling, self.engine.prompts["train"].ids, g.group_size,
@@ -312,9 +312,9 @@ class GenerationLane:
             if lane_rewards(self.cfg) else None,
         )  # fmt: skip
         self.ahead = PromptStream(stream.n, stream.seed, stream.position)
-        self._launch(lane_main, args, step)
+        self.launch(lane_main, args, step)
 
-    def _open(self) -> torch.nn.Module:
+    def open_channel(self) -> torch.nn.Module:
         """The queues and the weights' shared slots; returns the lane's copy of the policy."""
         self.requests, self.results = self.ctx.Queue(), self.ctx.Queue()
         # the state dict's tensors share the live weights' memory (the optimiser steps them in place): kept, not
@@ -324,7 +324,7 @@ class GenerationLane:
         self.channel = Channel(self.requests, self.results, os.getpid(), self.weights)
         return sampler_copy(dist.unwrap(self.engine.policy_module))
 
-    def _launch(self, target: Any, args: tuple, step: int) -> None:
+    def launch(self, target: Any, args: tuple, step: int) -> None:
         """Spawn ``target``(*``args``) and ask for steps ``step`` … ``step`` + k."""
         self.process = self.ctx.Process(target=target, args=args, daemon=True, name="postrl-generation-lane")
         self.process.start()
@@ -332,7 +332,7 @@ class GenerationLane:
         for t in range(step, step + self.k + 1):
             self._ask(t, current=step)
 
-    def _draw(self) -> list[int]:
+    def draw_prompts(self) -> list[int]:
         """This rank's prompts of the next step to ask for, from the look-ahead stream."""
         g = self.cfg.grpo
         return step_prompts(self.ahead, g.prompts_per_step, g.repeat_prompts)
@@ -354,7 +354,7 @@ class GenerationLane:
     def _ask(self, t: int, current: int) -> None:
         """Ask for step ``t`` (its prompts drawn from the look-ahead stream); the weights it needs,
         max(0, t − k), must be ``current``'s unless a checkpoint gave its responses."""
-        indices = self._draw()
+        indices = self.draw_prompts()
         self.next_step = t + 1
         if t in self.ready:  # loaded from a checkpoint
             if self.ready[t].indices != indices:

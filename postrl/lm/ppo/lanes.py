@@ -90,13 +90,14 @@ class PPOLane(GenerationLane):
         """Spawn the lane at ``step`` with the prompt order at ``position`` (that step's, not yet drawn), and
         ask for the steps up to ``step`` + k that no checkpoint holds."""
         run, cfg = self.run, self.run.cfg
-        model = self._open()
+        model = self.open_channel()
         prompts = [row["prompt"] for row in run.prompts.rows]
         args = (
             model, run.tokenizer, cfg.sampling, prompts, cfg.run.seed, dist.rank(), cfg.lanes.threads, self.channel,
         )  # fmt: skip
         self.ahead = PromptOrder(len(prompts), cfg.batch_size, cfg.run.seed, position, say_skips=False)
-        self._launch(ppo_lane_main, args, step)
+        self.launch(ppo_lane_main, args, step)
 
-    def _draw(self) -> list[int]:
+    def draw_prompts(self) -> list[int]:
+        """This rank's share of the next step's prompts to ask for, in PPO's order."""
         return mine(self.ahead.next())

@@ -48,6 +48,7 @@ from postrl.lm.rollout.decoders import cache_argument, fast_decoder_class
 from postrl.lm.rollout.packed_forward import PackedForward, packed_refusal
 from postrl.lm.rollout.sampling import token_log_probs
 from postrl.lm.step_in_backward import steps_in_backward
+from postrl.lm.tiled_mlp import tiled
 from postrl.runtime import distributed as dist
 
 log = logging.getLogger(__name__)
@@ -431,7 +432,8 @@ def response_forward(
     checkpointing = checkpointing_on(model)
     decoder = None if use_fast is False else fast_decoder_class(model)
     whole = not sharded or (gathered and not gradients)
-    if decoder is not None and whole and not (gradients and checkpointing):
+    # postrl's fast forward reads the weights itself: it would run neither checkpointing nor tiled MLPs
+    if decoder is not None and whole and not (gradients and (checkpointing or tiled(model))):
         if padding_free and packed_refusal(model, gradients) is None:
             return PackedForward(model)
         return FusedForward(model, decoder)
