@@ -131,8 +131,8 @@ def _steps_in_backward(cfg: Any) -> bool:
 
 def _gradient_elements(stage: str, cfg: Any, shape: Shape) -> int:
     """Gradient elements held at the peak: every trained parameter's, or with ``optim.step_in_backward`` (in
-    a stage that runs it) the largest tensor's (an output layer's [vocab, hidden] gradient waits for its tied
-    embedding's part)."""
+    a stage that runs it) the largest tensor's (an output layer's [vocab, hidden] gradient, whole at the start
+    of the backward; a tied one then steps outside its embedded rows, `postrl.lm.step_in_backward`)."""
     if stage in STEP_IN_BACKWARD_STAGES and _steps_in_backward(cfg):
         return min(shape.trained, shape.vocab * shape.hidden)
     return shape.trained

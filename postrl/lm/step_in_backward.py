@@ -24,44 +24,74 @@ accumulate`) and a weight accumulated twice in one step (`StepInBackward._step`)
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
+
+log = logging.getLogger(__name__)
 
 _BY_ID: weakref.WeakValueDictionary[int, StepInBackward] = weakref.WeakValueDictionary()
 """id(parameter) → the `StepInBackward` that steps it (not an attribute: a deepcopy of the model must not
 copy the optimiser)."""
 
 
+@dataclass
+class _Deferred:
+    """The rows of a weight that wait for the rest of their gradient, the rest having stepped."""
+
+    param: torch.Tensor
+    rows: torch.Tensor
+    """Sorted distinct row indices."""
+    grad: torch.Tensor
+    """[len(rows), ...]: the gradient's part in those rows so far (the input embedding adds its part into it)."""
+    scalars: dict[str, torch.Tensor]
+    """The weight's 0-d optimiser state (AdamW's ``step``) before the early step."""
+
+
 class StepInBackward:
     """Hooks that step ``optimizer`` on each of its parameters as autograd completes the parameter's gradient
-    and then free it; keeps the squared norm of the gradients it stepped for `grad_norm`."""
+    and then free it; keeps the squared norm of the gradients it stepped for `grad_norm`. With ``model``, the
+    tokens its input embedding embeds under grad are recorded, so that a tied output layer's adopted gradient
+    can step early outside their rows (`adopted`)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None = None) -> None:
         self.optimizer = optimizer
         self.group_of = {p: g for g in optimizer.param_groups for p in g["params"]}
         self.group_ids = [id(g) for g in optimizer.param_groups]
         self.squares: list[torch.Tensor] = []
         self.stepped: set[int] = set()  # ids of the weights stepped since the last `grad_norm`
+        # id(weight) → the token ids its forwards embedded since the last `grad_norm` (None: ids not seen)
+        self.rows: dict[int, list[torch.Tensor | None]] = {}
+        self.deferred: dict[int, _Deferred] = {}
+        self.early_steps = 0  # weights stepped early outside their embedded rows, over the run
         for p in self.group_of:
             p.register_post_accumulate_grad_hook(self._step)
             _BY_ID[id(p)] = self
+        embedding = getattr(model, "get_input_embeddings", lambda: None)() if model is not None else None
+        if isinstance(embedding, torch.nn.Embedding) and embedding.weight in self.group_of:
+            embedding.register_forward_pre_hook(record_rows_hook)
 
     def _step(self, param: torch.Tensor) -> None:
-        if id(param) in self.stepped:  # a second accumulation: the first step took part of the gradient
-            raise RuntimeError(
-                "optim.step_in_backward: a weight's gradient was accumulated twice in one optimiser step (a "
-                "second backward, or a forward whose backward runs in two passes)"
-            )
-        self.stepped.add(id(param))
+        if id(param) in self.deferred:
+            self._finish(param)
+            return
+        self._once(param)
         self.squares.append(_square_norm(param.grad))
         self.step_only(param)
         param.grad = None
 
+    def _once(self, param: torch.Tensor) -> None:
+        if id(param) in self.stepped:  # a second accumulation: the first step took part of the gradient
+            raise _twice()
+        self.stepped.add(id(param))
+
     @torch.no_grad()
-    def step_only(self, param: torch.Tensor) -> None:
-        """``optimizer.step()`` on ``param`` alone (its group's hyperparameters and schedule)."""
+    def step_only(self, param: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """``optimizer.step()`` on ``param`` alone (its group's hyperparameters and schedule), or on ``rows``, a
+        tensor of some of its rows with their own gradient and optimiser state, in its place."""
         groups = self.optimizer.param_groups
         if [id(g) for g in groups] != self.group_ids:  # load_state_dict makes new group dicts
             self.group_of = {p: g for g in groups for p in g["params"]}
@@ -69,20 +99,143 @@ class StepInBackward:
         mine = self.group_of[param]
         kept = [g["params"] for g in groups]
         for g in groups:
-            g["params"] = [param] if g is mine else []
+            g["params"] = [param if rows is None else rows] if g is mine else []
         try:
             self.optimizer.step()
         finally:
             for g, params in zip(groups, kept, strict=True):
                 g["params"] = params
 
+    @torch.no_grad()
+    def adopted(self, param: torch.Tensor) -> None:
+        """``param.grad`` was just set to the output layer's part of a tied weight's gradient: step every row
+        the forward's embedding did not reach, keep the others' part and pre-step values, free the rest."""
+        recorded = self.rows.pop(id(param), None)
+        if not recorded or any(r is None for r in recorded) or not self._rowwise(param):
+            return
+        if id(param) in self.deferred or id(param) in self.stepped:
+            raise _twice()
+        grad = param.grad
+        rows = torch.cat(recorded).to(grad.device).unique()  # sorted
+        if not rows.numel() or rows[0] < 0 or rows[-1] >= param.shape[0]:
+            return  # (the embedding itself raises on such ids)
+        part = grad.index_select(0, rows)
+        grad.index_fill_(0, rows, 0)
+        self.squares.append(_square_norm(grad))
+        state = self.optimizer.state[param]
+        scalars = {k: v.clone() for k, v in state.items() if torch.is_tensor(v) and v.dim() == 0}
+        kept = {k: v.index_select(0, rows) for k, v in state.items() if _row_shaped(v, param)}
+        weight_rows = param.index_select(0, rows)
+        self.step_only(param)  # those rows too, on a zero gradient: put back next
+        param.index_copy_(0, rows, weight_rows)
+        for key, value in kept.items():
+            state[key].index_copy_(0, rows, value)
+        param.grad = None
+        self.deferred[id(param)] = _Deferred(param, rows, part, scalars)
+        if not self.early_steps:
+            log.info(
+                "optim.step_in_backward: the tied output layer's %s gradient steps at once outside the %d rows "
+                "this step embeds, which wait for the embedding's part",
+                "×".join(map(str, param.shape)),
+                rows.numel(),
+            )
+        self.early_steps += 1
+
+    def _rowwise(self, param: torch.Tensor) -> bool:
+        """Whether ``param`` can step in two sets of rows: AdamW (torch's or `MasterAdamW`), whose state is
+        0-d counters and tensors of the weight's shape (created now if the first step would)."""
+        from postrl.lm.master_adamw import MasterAdamW, adamw_state
+
+        kind = type(self.optimizer)
+        if kind not in (torch.optim.AdamW, MasterAdamW) or param.dim() < 1 or param.grad is None:
+            return False
+        if param.grad.is_sparse or param.grad.shape != param.shape:
+            return False
+        state, group = self.optimizer.state[param], self.group_of[param]
+        if not state:  # what the first step would create: the same zeros (and master) now
+            if kind is MasterAdamW:
+                self.optimizer._state(group, param)
+            else:
+                state.update(adamw_state(group, param, param))
+        return all(torch.is_tensor(v) and (v.dim() == 0 or _row_shaped(v, param)) for v in state.values())
+
+    @torch.no_grad()
+    def _finish(self, param: torch.Tensor) -> None:
+        """Step a weight's waiting rows on their whole gradient (``param.grad``, when autograd added the
+        embedding's part there, holds it in those rows and zeros elsewhere)."""
+        deferred = self.deferred.pop(id(param))
+        self._once(param)
+        grad, rows = deferred.grad, deferred.rows
+        if param.grad is not None:
+            rest = param.grad.to_dense() if param.grad.is_sparse else param.grad
+            grad = grad + rest.index_select(0, rows)  # (what autograd's in-place sum gives these rows)
+            if rest.index_fill_(0, rows, 0).any():
+                raise RuntimeError(
+                    "optim.step_in_backward: the input embedding's gradient reached rows its forward did not "
+                    "record (an embedding called outside `postrl.lm.step_in_backward.record_rows`); those rows "
+                    "already stepped without it"
+                )
+        param.grad = None
+        self.squares.append(_square_norm(grad))
+        state = self.optimizer.state[param]
+        few = param.index_select(0, rows)
+        few.grad = grad
+        self.optimizer.state[few] = {
+            k: deferred.scalars[k] if v.dim() == 0 else v.index_select(0, rows) for k, v in state.items()
+        }
+        try:
+            self.step_only(param, few)
+            param.index_copy_(0, rows, few)
+            for key, value in self.optimizer.state[few].items():
+                if value.dim():
+                    state[key].index_copy_(0, rows, value)
+        finally:
+            del self.optimizer.state[few]
+
+    def embedding_part(self, param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rows, their gradient so far) of a weight whose other rows stepped early, for the input embedding's
+        backward to add its part into (`postrl.lm.rollout.forwards._Embedding`); None otherwise."""
+        deferred = self.deferred.get(id(param))
+        return None if deferred is None else (deferred.rows, deferred.grad)
+
     def grad_norm(self, params: Iterable[torch.Tensor]) -> float:
         """The step's global gradient norm: the weights stepped in the backward and those of ``params`` that
         still hold a gradient (stepped by the trainer's ``optimizer.step()``); ends the step (every trainer
-        that runs `StepInBackward` measures the norm once per step, through `trainer.clip_grad_norm`)."""
+        that runs `StepInBackward` measures the norm once per step, through `trainer.clip_grad_norm`). Rows
+        still waiting (a backward that never reached the input embedding) step now on what they have."""
+        for deferred in list(self.deferred.values()):
+            self._finish(deferred.param)
         squares = self.squares + [_square_norm(p.grad) for p in params if p.grad is not None]
-        self.squares, self.stepped = [], set()
+        self.squares, self.stepped, self.rows = [], set(), {}
         return float(torch.stack(squares).sum().sqrt()) if squares else 0.0
+
+
+def _twice() -> RuntimeError:
+    return RuntimeError(
+        "optim.step_in_backward: a weight's gradient was accumulated twice in one optimiser step (a second "
+        "backward, or a forward whose backward runs in two passes)"
+    )
+
+
+def _row_shaped(value: object, param: torch.Tensor) -> bool:
+    return torch.is_tensor(value) and value.shape == param.shape
+
+
+def record_rows(weight: torch.Tensor, ids: torch.Tensor | None) -> None:
+    """Note that a forward under grad embeds ``ids`` (None: tokens it cannot see) with ``weight``, when that
+    weight steps in the backward (at once otherwise)."""
+    if not _BY_ID or not torch.is_grad_enabled() or not weight.requires_grad:
+        return
+    owner = _BY_ID.get(id(weight))
+    if owner is not None and weight in owner.group_of:
+        owner.rows.setdefault(id(weight), []).append(None if ids is None else ids.detach().reshape(-1))
+
+
+def record_rows_hook(module: torch.nn.Module, args: tuple) -> None:
+    """A forward pre-hook on a model's input embedding: `record_rows` of its token ids (a plain function, so
+    that a deep copy of the model refers to no optimiser)."""
+    ids = args[0] if args and torch.is_tensor(args[0]) else None
+    record_rows(module.weight, ids)
 
 
 NORM_CHUNK = 1 << 20

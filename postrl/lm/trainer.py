@@ -120,7 +120,7 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
     if adamw is torch.optim.AdamW:  # (MasterAdamW's masters are copies of the weights at the first step)
         allocate_adamw_state(opt)
     if cfg.step_in_backward:
-        StepInBackward(opt)
+        StepInBackward(opt, model)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, cosine_schedule(cfg.warmup_steps, total_steps, cfg.min_lr_ratio)
     )

@@ -104,8 +104,10 @@ def test_an_adopted_output_layer_gradient_steps_once_and_whole(tied, monkeypatch
         patch.setattr(forwards, "steps_in_backward", lambda model: True)
         want_norms, _, _ = _train(plain, 3, loss, False)
     adopted.clear()
-    norms, left, _ = _train(fused, 3, loss, True)
+    norms, left, opt = _train(fused, 3, loss, True)
     assert adopted == [True] * 3
+    # a tied weight stepped outside its embedded rows as soon as the output layer's part was there
+    assert step_in_backward_of(fused.parameters()).early_steps == (3 if tied else 0)
     # every gradient is freed in the backward (autograd calls an untied head's hook too, though its backward
     # returned no gradient for it; were it not to, the trainer's optimizer.step() would step it)
     assert all(all(step) for step in left)
@@ -268,3 +270,93 @@ def test_kto_and_reward_model_runs_export_the_same_weights(tiny_lm_dir, tmp_path
     want, got = _exported(tmp_path / "False"), _exported(tmp_path / "True")
     assert want.keys() == got.keys()
     assert all(torch.equal(v, got[k]) for k, v in want.items())
+
+
+@pytest.mark.parametrize(("dtype", "master"), [("bfloat16", False), ("bfloat16", True), ("float32", True)])
+def test_a_tied_weight_steps_early_outside_its_embedded_rows_and_ends_the_same(
+    tiny_lm_dir, tmp_path, dtype, master, monkeypatch
+):
+    """DPO through the chunked output layer (as at a real vocabulary): the tied embedding's adopted gradient
+    steps at once outside the rows the step's tokens reach, those rows once the embedding's part is added; the
+    exported weights equal, bit for bit, those of the run that steps after the backward (bfloat16 weights with
+    bfloat16 moments, with `MasterAdamW`'s float32 masters, and float32)."""
+    from dataclasses import replace
+
+    from postrl.lm.dpo import run_dpo
+    from postrl.lm.memory import MemoryConfig
+    from postrl.lm.step_in_backward import StepInBackward
+    from tests.lm.test_dpo import _cfg
+
+    waited = []
+    original = StepInBackward.adopted
+    monkeypatch.setattr(
+        StepInBackward,
+        "adopted",
+        lambda self, p: original(self, p) or waited.append(self.deferred[id(p)].rows.numel() / p.shape[0]),
+    )
+
+    def cfg(step_in_backward: bool):
+        base = _cfg(tiny_lm_dir)
+        optim = replace(
+            base.optim, max_grad_norm=None, step_in_backward=step_in_backward, master_weights=master
+        )
+        memory = MemoryConfig(log_probs="chunked", chunk_tokens=16)
+        run = replace(base.run, dtype=dtype, memory=memory, eval_every=0, save_every=0)
+        return replace(base, optim=optim, run=run, dpo=replace(base.dpo, length_groups=1))
+
+    import postrl.lm.rollout.forwards as forwards
+
+    with monkeypatch.context() as patch:  # the full forward of every row, as stepping in the backward takes
+        patch.setattr(forwards, "steps_in_backward", lambda model: True)
+        run_dpo(cfg(False), tmp_path / "after")
+    assert not waited
+    run_dpo(cfg(True), tmp_path / "in")
+    assert len(waited) == 4 and all(0 < share < 1 for share in waited)  # every step, some rows waited
+    want, got = _exported(tmp_path / "after"), _exported(tmp_path / "in")
+    assert want.keys() == got.keys()
+    assert all(torch.equal(v, got[k]) for k, v in want.items())
+
+
+def test_an_embedding_outside_the_recorded_rows_is_an_error_not_a_wrong_step(monkeypatch):
+    """An embedding the forward did not record (a model calling ``F.embedding`` itself) would add its part to
+    rows that already stepped without it: the step raises instead. A backward that never reaches the embedding
+    steps the waiting rows at its end, or when the step's norm is taken."""
+    import postrl.lm.rollout.chunked as chunked
+    from postrl.lm.step_in_backward import record_rows
+
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(10, 4) * 0.1)
+    holder = torch.nn.Module()
+    holder.weight = weight
+    optimizer, _ = make_optimizer(holder, OptimConfig(lr=1e-2, max_grad_norm=None, step_in_backward=True), 4)
+    owner = step_in_backward_of([weight])
+    monkeypatch.setattr(chunked, "_writable", lambda w: True)
+
+    def loss(ids, recorded, embed=True):
+        record_rows(weight, recorded)
+        hidden = torch.nn.functional.embedding(ids, weight) if embed else torch.randn(len(ids), 4)
+        log_probs, _ = chunked.chunked_log_probs(
+            hidden, weight, None, torch.tensor([1, 2, 3]), chunk_tokens=2
+        )
+        return log_probs.sum()
+
+    ids = torch.tensor([4, 5, 6])
+    with pytest.raises(RuntimeError, match="reached rows its forward did not record"):
+        loss(ids, torch.tensor([4, 5])).backward()
+    weight.grad = None  # (the failed step's leftovers)
+    clip_grad_norm(holder, None)
+    before = weight.detach().clone()
+    loss(ids, torch.tensor([4, 5, 6]), embed=False).backward()  # the embedding is not in this backward
+    # autograd calls the weight's hook at the end all the same: every row has stepped
+    assert not owner.deferred and not torch.equal(weight[4:7], before[4:7])
+    clip_grad_norm(holder, None)
+    # rows still waiting when the step's norm is taken (a hook autograd did not call) step then
+    record_rows(weight, torch.tensor([2]))
+    weight.grad = torch.ones_like(weight)
+    before = weight.detach().clone()
+    owner.adopted(weight)
+    assert owner.deferred and weight.grad is None and torch.equal(weight[2], before[2])
+    assert not torch.equal(weight[3], before[3])
+    assert clip_grad_norm(holder, None) == pytest.approx(40**0.5) and not owner.deferred
+    assert not torch.equal(weight[2], before[2])
+    del optimizer

@@ -33,6 +33,7 @@ from torch import Tensor
 from transformers import LlamaForCausalLM
 
 from postrl.lm.fast.adapters import linear_weight, unsupported_projection
+from postrl.lm.step_in_backward import record_rows
 
 # RoPE variants whose inverse frequencies do not depend on the sequence length ("dynamic" and "longrope" do).
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
@@ -280,6 +281,7 @@ class FastLlama:
     def _run(self, ids: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
         """All layers on ids [B, S] with RoPE tables [B·S, (nh + nkv)·hs] → final hidden states [B·S, d]."""
         B, S = ids.shape
+        record_rows(self.embed, ids)  # (a weight that steps in the backward: `postrl.lm.step_in_backward`)
         x = F.embedding(ids.reshape(B * S), self.embed)  # (B·S, d)
         for i in range(len(self.layers)):
             x = self._layer(i, x, cos, sin, mask, B)

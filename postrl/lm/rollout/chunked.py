@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from postrl.lm.step_in_backward import StepInBackward
+from postrl.lm.step_in_backward import StepInBackward, step_in_backward_of
 
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
@@ -176,12 +176,16 @@ def adopt_grad(weight: Tensor, grad: Tensor) -> bool:
     `existing_grad` would take one; True when set, and the backward then returns None for W. A weight shared
     by another use in the same backward (a tied input embedding, `postrl.lm.rollout.forwards`) then adds its
     part into it in place, where autograd would hold both [V, d] parts to sum them (272 MB more at V = 151,936,
-    d = 896 in bfloat16)."""
+    d = 896 in bfloat16). A weight that steps in the backward steps at once outside the rows its tied
+    embedding reaches (`postrl.lm.step_in_backward.StepInBackward.adopted`), and ``weight.grad`` is None again."""
     if weight.grad is not None or not _writable(weight) or grad.shape != weight.shape:
         return False
     if grad.dtype != weight.dtype or not grad.is_contiguous():
         return False
     weight.grad = grad
+    owner = step_in_backward_of([weight])
+    if owner is not None:  # a tied weight steps now outside the rows its embedding reached
+        owner.adopted(weight)
     return True
 
 

@@ -47,7 +47,7 @@ from postrl.lm.rollout.chunked import chunked_log_probs, existing_grad
 from postrl.lm.rollout.decoders import cache_argument, fast_decoder_class
 from postrl.lm.rollout.packed_forward import PackedForward, packed_refusal
 from postrl.lm.rollout.sampling import token_log_probs
-from postrl.lm.step_in_backward import steps_in_backward
+from postrl.lm.step_in_backward import record_rows, record_rows_hook, step_in_backward_of, steps_in_backward
 from postrl.lm.tiled_mlp import tiled
 from postrl.runtime import distributed as dist
 
@@ -149,27 +149,41 @@ class _Embedding(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, ids: Tensor, weight: Tensor, padding_idx: int | None) -> Tensor:
-        ctx.save_for_backward(ids, weight)
+        ctx.save_for_backward(ids)
+        ctx.weight = (
+            weight  # (its shape and .grad only: a weight that steps early in the backward has changed)
+        )
         ctx.padding_idx = padding_idx
         return F.embedding(ids, weight, padding_idx)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor | None, None]:
-        ids, weight = ctx.saved_tensors
+        (ids,), weight = ctx.saved_tensors, ctx.weight
         if not ctx.needs_input_grad[1]:
             return None, None, None
         pad = -1 if ctx.padding_idx is None else ctx.padding_idx
         into = existing_grad(weight)
-        if into is None:
+        owner = step_in_backward_of([weight]) if into is None else None
+        waiting = owner.embedding_part(weight) if owner is not None else None  # rows not stepped yet
+        if into is None and waiting is None:
             return None, torch.ops.aten.embedding_dense_backward(grad, ids, weight.shape[0], pad, False), None
         rows, flat = grad.reshape(-1, grad.shape[-1]), ids.reshape(-1)
         if pad >= 0:  # the padding row gets no gradient, as F.embedding's backward
             real = flat != pad
             rows, flat = rows[real], flat[real]
-        if into.dtype.itemsize < 4:  # bfloat16 / float16: one rounding per distinct row
+        if weight.dtype.itemsize < 4:  # bfloat16 / float16: one rounding per distinct row
             flat, where = flat.unique(return_inverse=True)
             summed = rows.new_zeros(flat.shape[0], rows.shape[1], dtype=torch.float32)
             rows = summed.index_add_(0, where, rows.float())
+        if waiting is not None:  # into the waiting rows' gradient, at their places among them
+            recorded, into = waiting
+            at = torch.searchsorted(recorded, flat).clamp_(max=max(recorded.numel() - 1, 0))
+            if recorded.numel() == 0 or not torch.equal(recorded[at], flat):
+                raise RuntimeError(
+                    "optim.step_in_backward: the input embedding reached rows its forward did not record; those "
+                    "rows already stepped without its gradient"
+                )
+            flat = at
         into.index_add_(0, flat, rows.to(into.dtype))
         return None, None, None
 
@@ -178,7 +192,8 @@ def _token_inputs(model: torch.nn.Module, ids: Tensor, split: bool) -> dict[str,
     """The keyword that gives ``model`` its tokens: ``inputs_embeds`` through `_Embedding` when ``split`` (a
     trainer's forward under grad) and the model is one of `PLAIN_HEADS` with a plain ``nn.Embedding`` (no
     max_norm, frequency scaling or sparse gradient, no hooks on its forward, such as NEFTune's noise, that
-    ``inputs_embeds`` would skip, but transformers' own under checkpointing, which only marks the output as
+    ``inputs_embeds`` would skip, but `record_rows_hook`, whose record is made here, and transformers' own under
+    checkpointing, which only marks the output as
     requiring grad, as `_Embedding`'s already is), else ``input_ids``."""
     embedding = model.get_input_embeddings() if split and hasattr(model, "get_input_embeddings") else None
     plain = (
@@ -188,11 +203,12 @@ def _token_inputs(model: torch.nn.Module, ids: Tensor, split: bool) -> dict[str,
         and not embedding.scale_grad_by_freq
         and not embedding.sparse
         and embedding.weight.requires_grad
-        and not embedding._forward_pre_hooks
+        and all(hook is record_rows_hook for hook in embedding._forward_pre_hooks.values())
         and all(_requires_grad_hook(hook) for hook in embedding._forward_hooks.values())
     )
     if not plain:
         return {"input_ids": ids}
+    record_rows(embedding.weight, ids)  # (the hook on the embedding module is skipped with inputs_embeds)
     return {"inputs_embeds": _Embedding.apply(ids, embedding.weight, embedding.padding_idx)}
 
 
