@@ -20,6 +20,19 @@ What it costs: the global gradient norm is known only after every weight has ste
 backward (no gradient accumulation) in one process (DDP and FSDP reduce gradients after the backward).
 `postrl.lm.recipe.run_recipe` refuses other configs up front; `check_one_backward` (in `postrl.lm.spine.
 accumulate`) and a weight accumulated twice in one step (`StepInBackward._step`) are the nets behind it.
+
+A tied output layer (`postrl.lm.rollout.chunked.adopt_grad`) would hold its [vocabulary, hidden] gradient
+from the first node of the backward to the last, where the input embedding adds its rows (272 MB at
+Qwen2.5-0.5B's 151,936 × 896 in bfloat16). Only the rows of the tokens the step's forward embedded get that
+second part, so the rest of the weight steps as soon as the output layer's gradient is there
+(`StepInBackward.adopted`), and in bfloat16 a slice of the vocabulary at a time as the output layer's
+backward makes it, so that no [vocabulary, hidden] gradient exists at all (`open_rows`, `step_block`,
+`close_rows`; untied output layers too). The embedded rows' gradient (a few thousand rows) waits, their
+weights and state as before the step, and those rows step once the embedding's part is added
+(`StepInBackward._finish`), through the same optimiser on a tensor of just those rows. AdamW is elementwise,
+so every row ends as the whole weight's single step would leave it, bit for bit (tested). The forward records
+the embedded tokens (`record_rows`: postrl's own embedding function, a hook on the model's input embedding,
+the fast decoders); an embedding part that reaches an unrecorded row is an error, not a silent wrong step.
 """
 
 from __future__ import annotations
@@ -27,7 +40,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -49,6 +62,8 @@ class _Deferred:
     """[len(rows), ...]: the gradient's part in those rows so far (the input embedding adds its part into it)."""
     scalars: dict[str, torch.Tensor]
     """The weight's 0-d optimiser state (AdamW's ``step``) before the early step."""
+    after: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The same after the step of the other rows."""
 
 
 class StepInBackward:
@@ -70,9 +85,18 @@ class StepInBackward:
         for p in self.group_of:
             p.register_post_accumulate_grad_hook(self._step)
             _BY_ID[id(p)] = self
+        self.untied: set[int] = set()  # ids of output layers' weights that are no input embedding's
         embedding = getattr(model, "get_input_embeddings", lambda: None)() if model is not None else None
         if isinstance(embedding, torch.nn.Embedding) and embedding.weight in self.group_of:
             embedding.register_forward_pre_hook(record_rows_hook)
+        output = getattr(model, "get_output_embeddings", lambda: None)() if model is not None else None
+        weight = getattr(output, "weight", None)
+        if (
+            isinstance(embedding, torch.nn.Embedding)
+            and weight is not None
+            and weight is not embedding.weight
+        ):
+            self.untied.add(id(weight))
 
     def _step(self, param: torch.Tensor) -> None:
         if id(param) in self.deferred:
@@ -110,46 +134,91 @@ class StepInBackward:
     def adopted(self, param: torch.Tensor) -> None:
         """``param.grad`` was just set to the output layer's part of a tied weight's gradient: step every row
         the forward's embedding did not reach, keep the others' part and pre-step values, free the rest."""
-        recorded = self.rows.pop(id(param), None)
-        if not recorded or any(r is None for r in recorded) or not self._rowwise(param):
+        if id(param) not in self.rows:  # not an embedding's weight, or not one this step's forward recorded
             return
+        waiting = self.open_rows(param)
+        if waiting is None or param.grad is None or param.grad.shape != param.shape or param.grad.is_sparse:
+            return
+        self.step_block(waiting, 0, param.grad)
+        param.grad = None
+        self.close_rows(waiting)
+
+    def open_rows(self, param: torch.Tensor) -> _Deferred | None:
+        """Start ``param``'s step block by block of rows (`step_block`, then `close_rows`), the rows its
+        forward embedded held back; None when it cannot: an optimiser other than AdamW, a tied weight whose
+        embedded rows were not recorded (an untied output layer has none to hold back)."""
+        recorded = self.rows.pop(id(param), None)
+        if recorded is None and id(param) not in self.untied or any(r is None for r in recorded or []):
+            return None
+        if not self._rowwise(param):
+            return None
         if id(param) in self.deferred or id(param) in self.stepped:
             raise _twice()
-        grad = param.grad
-        rows = torch.cat(recorded).to(grad.device).unique()  # sorted
-        if not rows.numel() or rows[0] < 0 or rows[-1] >= param.shape[0]:
-            return  # (the embedding itself raises on such ids)
-        part = grad.index_select(0, rows)
-        grad.index_fill_(0, rows, 0)
-        self.squares.append(_square_norm(grad))
+        if recorded:
+            rows = torch.cat(recorded).to(param.device).unique()  # sorted
+            if rows[0] < 0 or rows[-1] >= param.shape[0]:
+                return None  # (the embedding itself raises on such ids)
+        else:
+            rows = torch.empty(0, dtype=torch.long, device=param.device)
         state = self.optimizer.state[param]
-        scalars = {k: v.clone() for k, v in state.items() if torch.is_tensor(v) and v.dim() == 0}
-        kept = {k: v.index_select(0, rows) for k, v in state.items() if _row_shaped(v, param)}
-        weight_rows = param.index_select(0, rows)
-        self.step_only(param)  # those rows too, on a zero gradient: put back next
-        param.index_copy_(0, rows, weight_rows)
-        for key, value in kept.items():
-            state[key].index_copy_(0, rows, value)
-        param.grad = None
-        self.deferred[id(param)] = _Deferred(param, rows, part, scalars)
+        scalars = {k: v.clone() for k, v in state.items() if v.dim() == 0}
+        held = param.new_zeros(rows.numel(), *param.shape[1:])
+        return _Deferred(param, rows, held, scalars)
+
+    @torch.no_grad()
+    def step_block(self, waiting: _Deferred, start: int, grad: torch.Tensor) -> None:
+        """Step rows ``start`` to ``start + len(grad)`` of the weight on ``grad`` (its gradient in those rows,
+        complete but for the held-back rows, whose part is kept and which are left as they were)."""
+        param, n = waiting.param, grad.shape[0]
+        lo, hi = (int(i) for i in torch.searchsorted(waiting.rows, torch.tensor([start, start + n])))
+        held = waiting.rows[lo:hi] - start
+        state = self.optimizer.state[param]
+        block = param.detach()[start : start + n]
+        views = {k: v[start : start + n] for k, v in state.items() if v.dim()}
+        if held.numel():
+            waiting.grad[lo:hi] = grad.index_select(0, held)
+            grad.index_fill_(0, held, 0)
+            kept = {k: v.index_select(0, held) for k, v in views.items()}
+            kept_weight = block.index_select(0, held)
+        self.squares.append(_square_norm(grad))
+        counters = {k: v.clone() for k, v in waiting.scalars.items()}
+        block.grad = grad
+        self.optimizer.state[block] = {**views, **counters}
+        try:
+            self.step_only(param, block)
+        finally:
+            del self.optimizer.state[block]
+            block.grad = None
+        waiting.after = counters
+        if held.numel():  # held back: as before this step (they stepped on a zero gradient)
+            block.index_copy_(0, held, kept_weight)
+            for key, value in kept.items():
+                views[key].index_copy_(0, held, value)
+
+    def close_rows(self, waiting: _Deferred) -> None:
+        """End `open_rows`: the weight's counters as after its step; its held-back rows step when the input
+        embedding has added its part (`_finish`), or when the step's norm is taken."""
+        param = waiting.param
+        state = self.optimizer.state[param]
+        for key, value in waiting.after.items():
+            state[key].copy_(value)
+        self.deferred[id(param)] = waiting
         if not self.early_steps:
             log.info(
-                "optim.step_in_backward: the tied output layer's %s gradient steps at once outside the %d rows "
-                "this step embeds, which wait for the embedding's part",
+                "optim.step_in_backward: the output layer's %s gradient steps as it is made, %d rows held back "
+                "for the input embedding's part",
                 "×".join(map(str, param.shape)),
-                rows.numel(),
+                waiting.rows.numel(),
             )
         self.early_steps += 1
 
     def _rowwise(self, param: torch.Tensor) -> bool:
-        """Whether ``param`` can step in two sets of rows: AdamW (torch's or `MasterAdamW`), whose state is
-        0-d counters and tensors of the weight's shape (created now if the first step would)."""
+        """Whether ``param`` can step in blocks of rows: AdamW (torch's or `MasterAdamW`), whose state is 0-d
+        counters and tensors of the weight's shape (created now if the first step would)."""
         from postrl.lm.master_adamw import MasterAdamW, adamw_state
 
         kind = type(self.optimizer)
-        if kind not in (torch.optim.AdamW, MasterAdamW) or param.dim() < 1 or param.grad is None:
-            return False
-        if param.grad.is_sparse or param.grad.shape != param.shape:
+        if kind not in (torch.optim.AdamW, MasterAdamW) or param.dim() < 1:
             return False
         state, group = self.optimizer.state[param], self.group_of[param]
         if not state:  # what the first step would create: the same zeros (and master) now
@@ -161,11 +230,11 @@ class StepInBackward:
 
     @torch.no_grad()
     def _finish(self, param: torch.Tensor) -> None:
-        """Step a weight's waiting rows on their whole gradient (``param.grad``, when autograd added the
+        """Step a weight's held-back rows on their whole gradient (``param.grad``, when autograd added the
         embedding's part there, holds it in those rows and zeros elsewhere)."""
-        deferred = self.deferred.pop(id(param))
+        waiting = self.deferred.pop(id(param))
         self._once(param)
-        grad, rows = deferred.grad, deferred.rows
+        grad, rows = waiting.grad, waiting.rows
         if param.grad is not None:
             rest = param.grad.to_dense() if param.grad.is_sparse else param.grad
             grad = grad + rest.index_select(0, rows)  # (what autograd's in-place sum gives these rows)
@@ -176,12 +245,14 @@ class StepInBackward:
                     "already stepped without it"
                 )
         param.grad = None
+        if not rows.numel():
+            return
         self.squares.append(_square_norm(grad))
         state = self.optimizer.state[param]
         few = param.index_select(0, rows)
         few.grad = grad
         self.optimizer.state[few] = {
-            k: deferred.scalars[k] if v.dim() == 0 else v.index_select(0, rows) for k, v in state.items()
+            k: waiting.scalars[k] if v.dim() == 0 else v.index_select(0, rows) for k, v in state.items()
         }
         try:
             self.step_only(param, few)

@@ -121,8 +121,9 @@ def _sliced_backward(
     """The backward of a trained low-precision output layer, a slice of the vocabulary at a time instead of a
     chunk of positions, as the plain path computes it: the slice's ∂L/∂z rounded to the weight's dtype (the
     plain path's logits are in that dtype), then low-precision products that accumulate in float32 inside and
-    round once: ∂L/∂W rows over all positions, ∂L/∂h summed over slices in float32. No float32 [V, d] gradient
-    is held (at V = 151,936, d = 896: 544 MB, and 272 MB more while it is rounded), and ∂L/∂W goes into
+    round once: ∂L/∂W rows over all positions, ∂L/∂h summed over slices in float32. A weight that steps in the
+    backward steps each slice's rows there (`_stepped_by_slices`): no [V, d] gradient exists. No float32 [V, d]
+    gradient is held (at V = 151,936, d = 896: 544 MB, and 272 MB more while it is rounded), and ∂L/∂W goes into
     ``W.grad`` itself where `existing_grad` or `adopt_grad` allow (a second [V, d] of 272 MB otherwise, while
     autograd adds it). The logits alive at once are at most a chunk's (``chunk_tokens`` · V), a slice at most
     `SLICE_ROWS` rows. float32 products instead of low-precision ones took 2.4x the time at 0.5B."""
@@ -131,7 +132,8 @@ def _sliced_backward(
     step = max(1, min(ctx.chunk_tokens * V // max(N, 1), SLICE_ROWS))  # vocabulary rows per slice
     g, h_low = grad_log_probs.float(), hidden.to(weight.dtype)
     into = existing_grad(weight)  # added to in place, None returned for W
-    grad_w = torch.empty_like(weight) if into is None else None
+    stepped = _stepped_by_slices(weight) if into is None else None  # each slice's rows step as they are made
+    grad_w = torch.empty_like(weight) if into is None and stepped is None else None
     grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_h else None
     grad_b = torch.empty_like(bias) if need_b else None
     rows = torch.arange(N, device=hidden.device)
@@ -145,16 +147,37 @@ def _sliced_backward(
         if need_b:
             grad_b[v : v + step] = grad_z.sum(0).to(bias.dtype)
         grad_z = grad_z.to(weight.dtype)  # (N, Vs)
-        if into is None:
+        if stepped is not None:
+            part = torch.mm(grad_z.T, h_low)  # (Vs, d)
+        elif into is None:
             torch.mm(grad_z.T, h_low, out=grad_w[v : v + step])  # (Vs, d)
         else:
             into[v : v + step].addmm_(grad_z.T, h_low)
         if need_h:
             grad_h += (grad_z @ w).float()
+        if stepped is not None:  # (after this slice's last use of its rows' weights)
+            owner, waiting = stepped
+            owner.step_block(waiting, v, part)
+            del part
+    if stepped is not None:
+        owner, waiting = stepped
+        owner.close_rows(waiting)
     if grad_w is not None and adopt_grad(weight, grad_w):
         grad_w = None  # W.grad is this product: a tied input embedding's rows are added into it next
     grad_h = None if grad_h is None else grad_h.to(hidden.dtype)
     return grad_h, grad_w, grad_b, None, None, None, None
+
+
+def _stepped_by_slices(weight: Tensor) -> tuple[StepInBackward, Any] | None:
+    """The `StepInBackward` that steps ``weight`` and its block-by-block step (`StepInBackward.open_rows`),
+    when the output layer's backward may step each slice of ∂L/∂W as it makes it instead of holding the whole
+    [V, d] gradient (272 MB at V = 151,936, d = 896 in bfloat16): a weight that steps in the backward, whose
+    gradient this backward may write itself (`_writable`), untied or with its embedded rows recorded."""
+    owner = step_in_backward_of([weight])
+    if owner is None or not _writable(weight):
+        return None
+    waiting = owner.open_rows(weight)
+    return None if waiting is None else (owner, waiting)
 
 
 def existing_grad(weight: Tensor) -> Tensor | None:
