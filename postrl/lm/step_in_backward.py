@@ -170,7 +170,9 @@ class StepInBackward:
         """Step rows ``start`` to ``start + len(grad)`` of the weight on ``grad`` (its gradient in those rows,
         complete but for the held-back rows, whose part is kept and which are left as they were)."""
         param, n = waiting.param, grad.shape[0]
-        lo, hi = (int(i) for i in torch.searchsorted(waiting.rows, torch.tensor([start, start + n])))
+        lo, hi = (
+            int(i) for i in torch.searchsorted(waiting.rows, waiting.rows.new_tensor([start, start + n]))
+        )
         held = waiting.rows[lo:hi] - start
         state = self.optimizer.state[param]
         block = param.detach()[start : start + n]
