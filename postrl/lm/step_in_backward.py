@@ -113,9 +113,16 @@ class StepInBackward:
         self.stepped.add(id(param))
 
     @torch.no_grad()
-    def step_only(self, param: torch.Tensor, rows: torch.Tensor | None = None) -> None:
-        """``optimizer.step()`` on ``param`` alone (its group's hyperparameters and schedule), or on ``rows``, a
-        tensor of some of its rows with their own gradient and optimiser state, in its place."""
+    def step_only(
+        self,
+        param: torch.Tensor,
+        rows: torch.Tensor | None = None,
+        grad: torch.Tensor | None = None,
+        state: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        """``optimizer.step()`` on ``param`` alone (its group's hyperparameters and schedule), or on ``rows`` in
+        its place: a tensor of some of its rows, stepped on ``grad`` with optimiser ``state`` (views or copies
+        of the weight's, updated in place)."""
         groups = self.optimizer.param_groups
         if [id(g) for g in groups] != self.group_ids:  # load_state_dict makes new group dicts
             self.group_of = {p: g for g in groups for p in g["params"]}
@@ -124,11 +131,16 @@ class StepInBackward:
         kept = [g["params"] for g in groups]
         for g in groups:
             g["params"] = [param if rows is None else rows] if g is mine else []
+        if rows is not None:
+            rows.grad, self.optimizer.state[rows] = grad, state
         try:
             self.optimizer.step()
         finally:
             for g, params in zip(groups, kept, strict=True):
                 g["params"] = params
+            if rows is not None:
+                rows.grad = None
+                del self.optimizer.state[rows]
 
     @torch.no_grad()
     def adopted(self, param: torch.Tensor) -> None:
@@ -184,13 +196,7 @@ class StepInBackward:
             kept_weight = block.index_select(0, held)
         self.squares.append(_square_norm(grad))
         counters = {k: v.clone() for k, v in waiting.scalars.items()}
-        block.grad = grad
-        self.optimizer.state[block] = {**views, **counters}
-        try:
-            self.step_only(param, block)
-        finally:
-            del self.optimizer.state[block]
-            block.grad = None
+        self.step_only(param, block, grad, {**views, **counters})
         waiting.after = counters
         if held.numel():  # held back: as before this step (they stepped on a zero gradient)
             block.index_copy_(0, held, kept_weight)
@@ -252,18 +258,14 @@ class StepInBackward:
         self.squares.append(_square_norm(grad))
         state = self.optimizer.state[param]
         few = param.index_select(0, rows)
-        few.grad = grad
-        self.optimizer.state[few] = {
+        copies = {
             k: waiting.scalars[k] if v.dim() == 0 else v.index_select(0, rows) for k, v in state.items()
         }
-        try:
-            self.step_only(param, few)
-            param.index_copy_(0, rows, few)
-            for key, value in self.optimizer.state[few].items():
-                if value.dim():
-                    state[key].index_copy_(0, rows, value)
-        finally:
-            del self.optimizer.state[few]
+        self.step_only(param, few, grad, copies)
+        param.index_copy_(0, rows, few)
+        for key, value in copies.items():
+            if value.dim():
+                state[key].index_copy_(0, rows, value)
 
     def embedding_part(self, param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(rows, their gradient so far) of a weight whose other rows stepped early, for the input embedding's

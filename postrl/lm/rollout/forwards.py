@@ -150,9 +150,8 @@ class _Embedding(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, ids: Tensor, weight: Tensor, padding_idx: int | None) -> Tensor:
         ctx.save_for_backward(ids)
-        ctx.weight = (
-            weight  # (its shape and .grad only: a weight that steps early in the backward has changed)
-        )
+        # its shape and .grad only, not saved: a weight stepping in the backward has changed by then
+        ctx.weight = weight
         ctx.padding_idx = padding_idx
         return F.embedding(ids, weight, padding_idx)
 
@@ -175,7 +174,9 @@ class _Embedding(torch.autograd.Function):
             flat, where = flat.unique(return_inverse=True)
             summed = rows.new_zeros(flat.shape[0], rows.shape[1], dtype=torch.float32)
             rows = summed.index_add_(0, where, rows.float())
-        if waiting is not None:  # into the waiting rows' gradient, at their places among them
+        if (
+            waiting is not None and flat.numel()
+        ):  # into the waiting rows' gradient, at their places among them
             recorded, into = waiting
             at = torch.searchsorted(recorded, flat).clamp_(max=max(recorded.numel() - 1, 0))
             if recorded.numel() == 0 or not torch.equal(recorded[at], flat):
@@ -184,6 +185,8 @@ class _Embedding(torch.autograd.Function):
                     "rows already stepped without its gradient"
                 )
             flat = at
+        elif waiting is not None:
+            return None, None, None  # (padding only)
         into.index_add_(0, flat, rows.to(into.dtype))
         return None, None, None
 
