@@ -1,11 +1,13 @@
 """Where the time and the memory of a real-size step go (issue #37 item 1): postrl or TRL 1.16, one process.
 
 Runs one contender of `benchmarks/real_size.py` in this process (postrl through ``postrl.cli.main``; TRL through
-that file's worker, under ``benchmarks/peers/.venv-trl``) with three instruments:
+that file's worker, under ``benchmarks/peers/.venv-trl``) with four instruments:
 
 - the resident set sampled every 0.1 s by a thread, each sample tagged with the phase the run is in: a forward
   of the ``*ForCausalLM`` module (with or without gradients), a backward (``torch.autograd.backward``), an
   optimiser step (torch's global optimiser hooks), or what came after one of them;
+- the process's CPU seconds (user and kernel) and minor page faults in each phase (``getrusage``): a page fault
+  is a fresh page, which an allocator that gives memory back (``run.memory.release_freed_mb``) makes more of;
 - with ``--ops``, ``torch.profiler`` (``profile_memory=True``) over the whole run: self CPU time and memory per op
   (its records cost memory: at 0.5B the run was killed by the kernel at 21 GB);
 - ``torch.get_num_threads()`` and the optimiser's class and kernel (fused / foreach) at its first step.
@@ -24,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import threading
 import time
 from pathlib import Path
@@ -39,7 +42,9 @@ class Phases:
 
     def __init__(self) -> None:
         self.now, self.t0 = "load", time.perf_counter()
-        self.rows: list[dict] = [{"phase": "load", "start": 0.0, "rss_start": _rss(), "rss_peak": _rss()}]
+        self.rows: list[dict] = [
+            {"phase": "load", "start": 0.0, "rss_start": _rss(), "rss_peak": _rss(), **_usage()}
+        ]
         self.lock, self.done = threading.Lock(), False
         self.info: dict = {"threads": torch.get_num_threads()}
 
@@ -48,7 +53,7 @@ class Phases:
             if phase != self.now:
                 rss = _rss()
                 self.rows.append({"phase": phase, "start": time.perf_counter() - self.t0, "rss_start": rss,
-                                  "rss_peak": rss})  # fmt: skip
+                                  "rss_peak": rss, **_usage()})  # fmt: skip
                 self.now = phase
 
     def sample(self, max_rss_mb: float) -> None:
@@ -64,15 +69,27 @@ class Phases:
     def merged(self) -> list[dict]:
         """Consecutive rows of one phase as one: seconds, RSS at the start, peak within."""
         out: list[dict] = []
-        end = time.perf_counter() - self.t0
-        for row, nxt in zip(self.rows, [*self.rows[1:], {"start": end}], strict=True):
-            seconds = nxt["start"] - row["start"]
+        end = {"start": time.perf_counter() - self.t0, **_usage()}
+        for row, nxt in zip(self.rows, [*self.rows[1:], end], strict=True):
+            spent = {k: nxt[k] - row[k] for k in ("start", *USAGE)}
             if out and out[-1]["phase"] == row["phase"]:
-                out[-1]["seconds"] += seconds
+                out[-1]["seconds"] += spent.pop("start")
                 out[-1]["rss_peak"] = max(out[-1]["rss_peak"], row["rss_peak"])
+                for k in USAGE:
+                    out[-1]["spent"][k] += spent[k]
             else:
-                out.append({**row, "seconds": seconds})
+                out.append({**row, "seconds": spent.pop("start"), "spent": spent})
         return out
+
+
+USAGE = ("user_s", "system_s", "minor_faults")
+"""getrusage fields each phase row records (the process's CPU seconds in user and kernel mode, page faults)."""
+
+
+def _usage() -> dict:
+    """This process's `USAGE` so far (all threads)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return {"user_s": ru.ru_utime, "system_s": ru.ru_stime, "minor_faults": ru.ru_minflt}
 
 
 def _rss() -> float:
@@ -149,8 +166,10 @@ def run(args: argparse.Namespace) -> None:
         by_memory = table.table(sort_by="self_cpu_memory_usage", row_limit=args.rows)
     merged = phases.merged()
     for row in merged:
+        spent = row["spent"]
         print(f"{row['start']:8.1f}s  {row['seconds']:7.1f}s  rss {row['rss_start']:8.0f} -> peak "
-              f"{row['rss_peak']:8.0f} MB  {row['phase']}")  # fmt: skip
+              f"{row['rss_peak']:8.0f} MB  cpu {spent['user_s']:7.1f}s user {spent['system_s']:6.1f}s sys "
+              f"{spent['minor_faults']:9d} faults  {row['phase']}")  # fmt: skip
     print(json.dumps(phases.info))
     print(by_time)
     print(by_memory)
