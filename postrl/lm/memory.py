@@ -49,7 +49,8 @@ class MemoryConfig:
     mlp_tile_tokens: int = 0
     """Token-tiled MLP blocks (`postrl.lm.tiled_mlp`): a Llama-family model's gated MLPs keep only their input
     for the backward and run it again this many tokens at a time, so one tile's [tokens, intermediate]
-    tensors exist at once instead of the whole batch's (one more MLP forward per backward). 0: off. Applies to
+    tensors exist at once instead of the whole batch's (one more MLP forward per backward); a forward without
+    gradients of more rows than a tile (a checkpointed block's first pass) runs tiled too. 0: off. Applies to
     the trained model's Hugging Face blocks (with it, postrl's own fast training forward gives way to them)."""
 
     release_freed_mb: int = 0

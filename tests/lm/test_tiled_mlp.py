@@ -102,3 +102,82 @@ def test_a_grpo_run_with_tiled_blocks_trains_as_one_without(tiny_lm_dir, tmp_pat
         tmp_path / "lanes",
     )
     assert (tmp_path / "lanes" / "model" / "model.safetensors").is_file()
+
+
+def _block_run(block, x, dy):
+    """(output, ∂L/∂x, ∂L/∂params by name) of one MLP block for L = <block(x), dy>."""
+    x = x.clone().requires_grad_(True)
+    block.zero_grad(set_to_none=True)
+    out = block(x)
+    out.backward(dy)
+    return out.detach(), x.grad, {n: p.grad for n, p in block.named_parameters()}
+
+
+def _relative(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_silu_blocks_take_the_buffered_path_with_the_gradients_of_autograd(tiny_lm_dir, dtype, monkeypatch):
+    """A SiLU block's tiles run through `_SiluTiles` (gradients by hand, into buffers): the block's own outputs
+    and gradients (float64 to 1e-10), and in bfloat16 those of the autograd tiles to its rounding."""
+    from postrl.lm import tiled_mlp
+
+    plain = load_causal_lm(tiny_lm_dir).to(dtype).model.layers[0].mlp
+    block = copy.deepcopy(plain)
+    assert tile_mlps(block, 3) == 1
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 7, plain.gate_proj.in_features, generator=gen).to(dtype)
+    dy = torch.randn(2, 7, plain.down_proj.out_features, generator=gen).to(dtype)
+    reference = _block_run(plain, x, dy)
+    with monkeypatch.context() as m:
+        m.setattr(tiled_mlp, "_autograd_backward", None)  # the buffered path, or a TypeError
+        buffered = _block_run(block, x, dy)
+    with monkeypatch.context() as m:
+        m.setattr(tiled_mlp, "_silu_block", lambda module, x: None)  # autograd's tiles
+        autograd = _block_run(block, x, dy)
+    for got, want in ((buffered, reference), (buffered, autograd)):
+        if dtype == torch.float64:
+            torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-12)
+            torch.testing.assert_close(got[1], want[1], rtol=1e-10, atol=1e-12)
+            for name in want[2]:
+                torch.testing.assert_close(got[2][name], want[2][name], rtol=1e-10, atol=1e-12, msg=name)
+        else:  # bfloat16: one rounding per product either way, summed over tiles in another order
+            assert _relative(got[0], want[0]) < 1e-2 and _relative(got[1], want[1]) < 1e-2
+            for name in want[2]:
+                assert _relative(got[2][name], want[2][name]) < 1e-2, name
+
+
+def test_other_blocks_and_frozen_weights_take_autograd_tiles(tiny_lm_dir, monkeypatch):
+    """A GELU block is not `_SiluTiles`' (autograd's tiles, the block's gradients); a frozen projection gets
+    no gradient on the buffered path; without gradients a batch of more rows than a tile runs tiled."""
+    from postrl.lm import tiled_mlp
+
+    plain = load_causal_lm(tiny_lm_dir).double().model.layers[0].mlp
+    plain.act_fn = torch.nn.GELU(approximate="tanh")
+    block = copy.deepcopy(plain)
+    tile_mlps(block, 4)
+    assert tiled_mlp._silu_block(block, torch.zeros(1, dtype=torch.float64)) is None
+    x = torch.randn(3, 5, plain.gate_proj.in_features, dtype=torch.float64)
+    dy = torch.randn(3, 5, plain.down_proj.out_features, dtype=torch.float64)
+    want, got = _block_run(plain, x, dy), _block_run(block, x, dy)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-10, atol=1e-12)
+    for name in want[2]:
+        torch.testing.assert_close(got[2][name], want[2][name], rtol=1e-10, atol=1e-12, msg=name)
+
+    silu = load_causal_lm(tiny_lm_dir).double().model.layers[0].mlp
+    silu.up_proj.weight.requires_grad_(False)
+    frozen = copy.deepcopy(silu)
+    tile_mlps(frozen, 4)
+    want, got = _block_run(silu, x, dy), _block_run(frozen, x, dy)
+    assert got[2]["up_proj.weight"] is None and want[2]["up_proj.weight"] is None
+    for name in ("gate_proj.weight", "down_proj.weight"):
+        torch.testing.assert_close(got[2][name], want[2][name], rtol=1e-10, atol=1e-12, msg=name)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-10, atol=1e-12)
+
+    calls = []
+    monkeypatch.setattr(tiled_mlp, "_tiled_output", lambda *a: calls.append(a) or silu(a[1]))
+    with torch.no_grad():
+        frozen(x)  # 15 rows > 4: tiled
+        frozen(x[:1, :4])  # 4 rows: the block as it is
+    assert len(calls) == 1
