@@ -181,3 +181,29 @@ def test_other_blocks_and_frozen_weights_take_autograd_tiles(tiny_lm_dir, monkey
         frozen(x)  # 15 rows > 4: tiled
         frozen(x[:1, :4])  # 4 rows: the block as it is
     assert len(calls) == 1
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # peft reads it
+def test_lora_wrapped_projections_take_autograd_tiles_with_the_adapters_gradients(tiny_lm_dir):
+    """LoRA on the MLP's projections (peft's layers, not plain linear ones): the autograd tiles, the adapters'
+    gradients those of the untiled model (float64)."""
+    peft = pytest.importorskip("peft")
+    from postrl.lm import tiled_mlp
+
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["gate_proj", "up_proj", "down_proj"])
+    base = load_causal_lm(tiny_lm_dir).double()
+    plain = peft.get_peft_model(base, config).train()
+    for name, p in plain.named_parameters():
+        if "lora_B" in name:  # non-zero B: the adapters change the output and get a gradient through x too
+            torch.nn.init.normal_(p, std=0.1, generator=torch.Generator().manual_seed(len(name)))
+    tiled_model = copy.deepcopy(plain)
+    assert tile_mlps(tiled_model, 3) == base.config.num_hidden_layers
+    block = next(m for m in tiled_model.modules() if isinstance(m.__dict__.get("forward"), TiledForward))
+    assert tiled_mlp._silu_block(block, torch.zeros(1, dtype=torch.float64)) is None
+    ids = torch.randint(3, base.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    out_a, grads_a = _loss_and_grads(plain, ids)
+    out_b, grads_b = _loss_and_grads(tiled_model, ids)
+    torch.testing.assert_close(out_b, out_a, rtol=0, atol=1e-12)
+    assert grads_a.keys() == grads_b.keys() and any("lora_A" in n for n in grads_a)
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-10, atol=1e-12, msg=name)
