@@ -18,6 +18,10 @@ that file's worker, under ``benchmarks/peers/.venv-trl``) with four instruments:
 
 It prints the phases in order (seconds, RSS at the start and peak within) and the op tables; ``--json`` writes
 them too.
+
+torch loads here before postrl's CLI would set ``THP_MEM_ALLOC_ENABLE=1`` (huge pages for allocations of 2 MB and
+up, `postrl.cli`): start this script with it in the environment to profile what ``postrl`` runs (page faults
+differ several-fold).
 """
 
 from __future__ import annotations
