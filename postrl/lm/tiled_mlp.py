@@ -47,10 +47,11 @@ def _silu_block(module: torch.nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Ten
         return None
     if torch.is_autocast_enabled(x.device.type):
         return None
-    act = module.act_fn
-    if not (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation") or "forward" in vars(
-        act
-    ):
+    act = (
+        module.act_fn
+    )  # torch's SiLU or transformers' (whose forward is F.silu), not replaced on the instance
+    silu = isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
+    if not silu or "forward" in vars(act):
         return None
     weights = tuple(m.weight for m in projections)
     if any(type(w) not in (torch.Tensor, torch.nn.Parameter) or w.dtype != x.dtype for w in weights):
@@ -59,8 +60,9 @@ def _silu_block(module: torch.nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Ten
 
 
 class _SiluTiles:
-    """A SiLU-gated block, down(silu(x Wg^T) · x Wu^T), a tile at a time through four [rows, intermediate]
-    buffers made once per call, by products written into them (``out=``) and in-place elementwise steps: the
+    """A SiLU-gated block, down(silu(x Wg^T) · x Wu^T), a tile at a time through [rows, intermediate] buffers
+    made once per call (two for the forward, four for the backward), by products written into them (``out=``)
+    and in-place elementwise steps: the
     autograd route makes each tile's intermediates and weight gradients afresh (4 forward, ~8 backward tensors
     of 10 MB at 1,024 rows of Qwen2.5-0.5B, then 3 weight gradients summed over the tiles), which an allocator
     that gives freed memory back (``run.memory.release_freed_mb``) turns into page faults at every tile. The
@@ -71,23 +73,20 @@ class _SiluTiles:
 
     (torch's own ``silu_backward`` for silu'). The weight gradients are summed over tiles in place (``addmm_``)."""
 
-    def __init__(self, weights: tuple[Tensor, Tensor, Tensor], rows: int, n: int) -> None:
+    def __init__(self, weights: tuple[Tensor, Tensor, Tensor], rows: int, n: int, backward: bool) -> None:
         self.wg, self.wu, self.wd = weights
         size = (min(rows, n), self.wg.shape[0])
-        self.g, self.u, self.a, self.b = (self.wg.new_empty(size) for _ in range(4))
+        self.buffers = [self.wg.new_empty(size) for _ in range(4 if backward else 2)]
 
-    def _gate(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """g = x Wg^T, u = x Wu^T, a = silu(g) for a tile x [n, d] (views of the buffers)."""
-        n = x.shape[0]
-        g, u, a = self.g[:n], self.u[:n], self.a[:n]
-        torch.mm(x, self.wg.t(), out=g)
-        torch.mm(x, self.wu.t(), out=u)
-        torch.nn.functional.silu(a.copy_(g), inplace=True)
-        return g, u, a
+    def _gate_up(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """g = x Wg^T, u = x Wu^T for a tile x [n, d], in the first two buffers."""
+        g, u = (buffer[: x.shape[0]] for buffer in self.buffers[:2])
+        return torch.mm(x, self.wg.t(), out=g), torch.mm(x, self.wu.t(), out=u)
 
     def forward(self, x: Tensor, out: Tensor) -> None:
         """out [n, d_out] = the block of the tile x [n, d] (no graph)."""
-        _, u, a = self._gate(x)
+        g, u = self._gate_up(x)
+        a = torch.nn.functional.silu(g, inplace=True)
         torch.mm(a.mul_(u), self.wd.t(), out=out)
 
     def backward(
@@ -95,9 +94,9 @@ class _SiluTiles:
     ) -> None:
         """Add the tile's ∂L/∂(Wg, Wu, Wd) into ``grads`` (each None until its first tile, then the sum; only
         where ``wants``) and write ∂L/∂x into ``dx`` [n, d] when given."""
-        n = x.shape[0]
-        g, u, a = self._gate(x)
-        b = self.b[:n]
+        g, u = self._gate_up(x)
+        a, b = (buffer[: x.shape[0]] for buffer in self.buffers[2:])
+        torch.nn.functional.silu(a.copy_(g), inplace=True)  # g itself is kept for silu'
 
         def add(k: int, left: Tensor, right: Tensor) -> None:
             if wants[k]:
@@ -122,7 +121,7 @@ def _tiled_output(module: torch.nn.Module, x: Tensor, rows: int) -> Tensor:
     if weights is None:
         out = torch.cat([_plain(module, tile) for tile in flat.split(rows)])
     else:
-        tiles = _SiluTiles(weights, rows, flat.shape[0])
+        tiles = _SiluTiles(weights, rows, flat.shape[0], backward=False)
         out = flat.new_empty(flat.shape[0], weights[2].shape[0])
         for s, tile in zip(range(0, flat.shape[0], rows), flat.split(rows), strict=True):
             tiles.forward(tile, out[s : s + tile.shape[0]])
@@ -157,7 +156,7 @@ def _silu_backward(
 ) -> list[Tensor | None]:  # fmt: skip
     """∂L/∂params (each of the block's weights or None) and ∂L/∂x into ``grad_x`` by `_SiluTiles`."""
     with torch.no_grad():
-        tiles = _SiluTiles(weights, rows, x.shape[0])
+        tiles = _SiluTiles(weights, rows, x.shape[0], backward=True)
         wants = [any(w is p for p in params) for w in weights]
         grads: list[Tensor | None] = [None, None, None]
         for s, (tile, tile_grad) in enumerate(zip(x.split(rows), dy.split(rows), strict=True)):
