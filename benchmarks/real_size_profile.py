@@ -71,7 +71,7 @@ class Phases:
             time.sleep(0.1)
 
     def merged(self) -> list[dict]:
-        """Consecutive rows of one phase as one: seconds, RSS at the start, peak within."""
+        """Consecutive rows of one phase as one: seconds, RSS at the start, peak within, the `USAGE` spent."""
         out: list[dict] = []
         end = {"start": time.perf_counter() - self.t0, **_usage()}
         for row, nxt in zip(self.rows, [*self.rows[1:], end], strict=True):
